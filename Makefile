@@ -1,0 +1,40 @@
+# Two commands on a fresh Debian machine with Python 3.11+: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck unit bench clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "streamlet needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python venv support missing; installing python3-venv"; \
+	  (apt-get update -qq && apt-get install -y -qq python3-venv) >/dev/null && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python examples/wordcount.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check streamlet tests examples benchmarks
+	$(BIN)/ruff format --check streamlet tests examples benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks wordcount --json
+	$(BIN)/python -m benchmarks latency --json
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

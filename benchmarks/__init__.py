@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks NAME --json``. Never part of the test run."""

@@ -1,0 +1,53 @@
+"""Shared helpers: timing, medians and the one-line JSON report."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class SlotRecord:
+    """The record a careful hand-written pipeline would use: key, value, ts in slots."""
+
+    __slots__ = ("key", "value", "ts")
+
+    def __init__(self, key: Any, value: Any, ts: float) -> None:
+        self.key = key
+        self.value = value
+        self.ts = ts
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds ``fn()`` took, and what it returned."""
+    began = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - began, result
+
+
+def median_rate(records: int, seconds: list[float]) -> float:
+    """Records per second at the median of the timed runs."""
+    return records / statistics.median(seconds)
+
+
+def report(name: str, records_per_s: float, baseline_records_per_s: float, **extra: Any) -> dict[str, Any]:
+    """The benchmark's JSON line (``ratio`` = measured / baseline; higher is better)."""
+    line = {
+        "name": name,
+        "records_per_s": round(records_per_s),
+        "baseline_records_per_s": round(baseline_records_per_s),
+        "ratio": round(records_per_s / baseline_records_per_s, 3),
+        **extra,
+    }
+    return line
+
+
+def emit(line: dict[str, Any], as_json: bool) -> None:
+    """Print the result: one JSON line, or a readable summary."""
+    if as_json:
+        print(json.dumps(line))
+    else:
+        for key, value in line.items():
+            print(f"{key:>28}: {value}")

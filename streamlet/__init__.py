@@ -1,0 +1,64 @@
+"""streamlet: asyncio-native stream processing.
+
+The layers stack like this: ``core`` holds the model (records, tasks,
+topologies) and the in-process runtime; ``transport`` moves batches between
+instances; ``backends`` decide where instances run (``local`` is the embedded
+default); ``adaptation`` changes placement and routing from statistics. This
+module only re-exports the public API.
+"""
+
+from __future__ import annotations
+
+from streamlet.backends.local import run, start
+from streamlet.core.clock import Clock, SystemClock
+from streamlet.core.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partitioning, stable_hash
+from streamlet.core.ports import Inputs, Outputs, PortDeclarer
+from streamlet.core.record import Record
+from streamlet.core.runtime import Job, JobResult
+from streamlet.core.sinks import CallbackSink, CollectSink, Sink, SinkContext, SinkWriter
+from streamlet.core.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
+from streamlet.core.state import KeyedState
+from streamlet.core.statistics import DeadLetter, JobStatistics, NodeStatistics
+from streamlet.core.task import Task
+from streamlet.core.topology import NodeHandle, Topology
+from streamlet.errors import JobError, StreamletError, TaskError, TopologyError, TransportError
+
+__all__ = (
+    "BROADCAST",
+    "ROUND_ROBIN",
+    "SAME_KEY",
+    "CallbackSink",
+    "Clock",
+    "CollectSink",
+    "DeadLetter",
+    "Inputs",
+    "IterableSource",
+    "Job",
+    "JobError",
+    "JobResult",
+    "JobStatistics",
+    "KeyedState",
+    "NodeHandle",
+    "NodeStatistics",
+    "Outputs",
+    "Partitioning",
+    "PortDeclarer",
+    "QueueSource",
+    "Record",
+    "Sink",
+    "SinkContext",
+    "SinkWriter",
+    "Source",
+    "SourceContext",
+    "SourceReader",
+    "StreamletError",
+    "SystemClock",
+    "Task",
+    "TaskError",
+    "Topology",
+    "TopologyError",
+    "TransportError",
+    "run",
+    "stable_hash",
+    "start",
+)

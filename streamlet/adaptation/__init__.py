@@ -1,0 +1,1 @@
+"""The control plane: policies that read statistics and change placement and routing."""

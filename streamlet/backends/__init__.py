@@ -1,0 +1,1 @@
+"""Where a topology runs: ``local`` (embedded default); cluster and Spark come later."""

@@ -1,0 +1,1 @@
+"""Connectors to outside systems (files, Kafka)."""

@@ -1,0 +1,159 @@
+"""What a task sees of its ports: the declarer, its inputs and its outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from streamlet.core.record import Batch, Record
+from streamlet.core.routing import Route
+from streamlet.errors import TopologyError
+
+
+class PortDeclarer:
+    """Passed to ``Task.declare_ports``: how many ports, and the input mode.
+
+    Defaults: one input, one output, async mode (execute runs when any
+    input has data).
+    """
+
+    __slots__ = ("inputs", "outputs", "sync")
+
+    def __init__(self) -> None:
+        self.inputs = 1
+        self.outputs = 1
+        self.sync = False
+
+    def set_inputs(self, count: int) -> None:
+        """Declare ``count`` input ports (numbered from 0)."""
+        self.inputs = _at_least_one(count, "input")
+
+    def set_outputs(self, count: int) -> None:
+        """Declare ``count`` output ports (numbered from 0)."""
+        self.outputs = _at_least_one(count, "output")
+
+    def sync_inputs(self, flag: bool = True) -> None:
+        """Sync mode: execute runs only when every open input port has data."""
+        self.sync = bool(flag)
+
+
+def _at_least_one(count: int, what: str) -> int:
+    if not isinstance(count, int) or count < 1:
+        raise TopologyError(f"a task needs at least one {what} port, got {count!r}")
+    return count
+
+
+class Inputs:
+    """The batches that woke a task.
+
+    In async mode one port woke it: ``inputs.port`` says which and ``get()``
+    returns its batch. In sync mode every open port delivered a batch:
+    ``get(i)`` returns port ``i``'s (empty for a port that has ended) and
+    ``get()`` all of them concatenated in port order.
+    """
+
+    __slots__ = ("_batches", "port", "window")
+
+    def __init__(self, ports: int) -> None:
+        self._batches: list[Batch] = [[] for _ in range(ports)]
+        self.port: int | None = 0
+        self.window: tuple[float, float] | None = None
+
+    def get(self, port: int | None = None) -> Batch:
+        """Records from ``port``, or from the port(s) that woke the task."""
+        if port is not None:
+            return self._batches[port]
+        if self.port is not None:
+            return self._batches[self.port]
+        return [record for batch in self._batches for record in batch]
+
+    def set_one(self, port: int, batch: Batch) -> None:
+        """Runtime: async mode, ``port`` woke the task with ``batch``."""
+        batches = self._batches
+        batches[self.port or 0] = []
+        batches[port] = batch
+        self.port = port
+
+    def set_all(self, batches: list[Batch]) -> None:
+        """Runtime: sync mode, one batch per port (empty for ended ports)."""
+        self._batches = batches
+        self.port = None
+
+    def count(self) -> int:
+        """Records in this wake-up."""
+        return sum(len(batch) for batch in self._batches)
+
+
+class Outputs:
+    """Where a task emits records: ``emit(key, value, port=0, ts=None)``.
+
+    Emitting only buffers; the runtime sends whole batches after ``execute``
+    returns. ``ts=None`` gives the record the event time of the last record
+    of the batch being processed, so event time flows through tasks.
+    """
+
+    __slots__ = ("_adders", "routes", "ts", "iteration", "_ports")
+
+    def __init__(self, routes_by_port: list[list[Route]], adders: list[Callable[[Record], None]] | None = None) -> None:
+        self._adders = adders if adders is not None else [route.add for route, *_ in routes_by_port]
+        self._ports = routes_by_port
+        self.routes = [route for routes in routes_by_port for route in routes]
+        self.ts: float | None = None
+        self.iteration = 0
+
+    def emit(self, key: Any, value: Any, port: int = 0, ts: float | None = None) -> None:
+        """Send ``(key, value)`` out of output ``port``."""
+        self._adders[port](Record(key, value, self.ts if ts is None else ts))
+
+    def emit_record(self, record: Record, port: int = 0) -> None:
+        """Send an existing record unchanged (a filter passing records through)."""
+        self._adders[port](record)
+
+    def set_adders(self, adders: list[Callable[[Record], None]]) -> None:
+        """Runtime: the per-port functions that take an emitted record."""
+        self._adders = adders
+
+    def emit_batch(self, records: Batch, port: int = 0) -> None:
+        """Send many records at once; cheaper than one ``emit`` per record."""
+        routes = self._ports[port]
+        if len(routes) == 1 and routes[0].add is self._adders[port]:
+            routes[0].add_batch(records)
+            return
+        add = self._adders[port]
+        for record in records:
+            add(record)
+
+    def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
+        """Emit every ``(key, value)`` pair of ``pairs``."""
+        add = self._adders[port]
+        ts = self.ts
+        for key, value in pairs:
+            add(Record(key, value, ts))
+
+    @property
+    def port_count(self) -> int:
+        """Number of output ports."""
+        return len(self._ports)
+
+    def marks(self) -> list[list[int]]:
+        """Where every buffer stands now (see :meth:`rollback`)."""
+        return [route.marks() for route in self.routes]
+
+    def rollback(self, marks: list[list[int]]) -> None:
+        """Forget what was emitted since :meth:`marks` (a failed execute)."""
+        for route, mark in zip(self.routes, marks, strict=True):
+            route.truncate(mark)
+
+    async def flush(self, at_least: int = 1) -> None:
+        """Send buffers holding at least ``at_least`` records."""
+        for route in self.routes:
+            await route.flush(at_least)
+
+    async def end(self) -> None:
+        """Flush everything and send end-of-stream downstream."""
+        for route in self.routes:
+            await route.end()
+
+    def sent(self) -> int:
+        """Records emitted so far (each counted once per output port)."""
+        return sum(routes[0].sent for routes in self._ports if routes)

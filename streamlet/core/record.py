@@ -1,0 +1,101 @@
+"""Records and the control markers that travel with them.
+
+A channel carries, in order, either a data batch (a ``list`` of :class:`Record`)
+or one control marker. Markers never overtake data: a barrier or end-of-stream
+is delivered after every batch sent before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+
+class Record:
+    """One element of a stream: a ``key``, a ``value`` and an event time ``ts``.
+
+    A plain ``__slots__`` class because records are created on the hot path
+    (one per record per hop); see the cost table in the design notes.
+    Records are read-only once emitted: the same object may reach several
+    downstream nodes.
+
+    Example:
+        >>> r = Record("user42", 3, 1.5)
+        >>> (r.key, r.value, r.ts)
+        ('user42', 3, 1.5)
+    """
+
+    __slots__ = ("key", "value", "ts")
+
+    #: How many times the record went round a cycle (see :class:`LoopRecord`).
+    iteration: int = 0
+
+    def __init__(self, key: Any, value: Any, ts: float | None = None) -> None:
+        self.key = key
+        self.value = value
+        self.ts = ts
+
+    def __repr__(self) -> str:
+        return f"Record(key={self.key!r}, value={self.value!r}, ts={self.ts!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return (self.key, self.value, self.ts) == (other.key, other.value, other.ts)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable slots; equality is by content
+
+
+class LoopRecord(Record):
+    """A record inside a cycle, carrying its iteration count.
+
+    Kept apart from :class:`Record` so that records outside loops stay three
+    slots wide (each extra field costs on every creation).
+    """
+
+    __slots__ = ("iteration",)
+
+    def __init__(self, key: Any, value: Any, ts: float | None, iteration: int) -> None:
+        self.key = key
+        self.value = value
+        self.ts = ts
+        self.iteration = iteration
+
+
+Batch: TypeAlias = list[Record]
+
+
+class Marker:
+    """Base of control markers carried in order with data batches."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfStream(Marker):
+    """The sending instance will send nothing more on this channel."""
+
+
+@dataclass(frozen=True, slots=True)
+class CycleEnd(Marker):
+    """A cycle went quiet: every in-cycle input port of the receiver is ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier(Marker):
+    """Checkpoint barrier for ``epoch`` (Flink's asynchronous barrier snapshots)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark(Marker):
+    """No record with an event time below ``ts`` will follow on this channel."""
+
+    ts: float
+
+
+END_OF_STREAM: Final = EndOfStream()
+CYCLE_END: Final = CycleEnd()
+
+Item: TypeAlias = "Batch | Marker"

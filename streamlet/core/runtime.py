@@ -1,0 +1,218 @@
+"""The job: runs a physical plan inside the caller's event loop.
+
+All instances of a job live in one anyio task group. The first error in any
+instance cancels the others and is raised from :meth:`Job.wait`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import structlog
+
+from streamlet.core.channel import ChannelFactory
+from streamlet.core.clock import Clock, SystemClock
+from streamlet.core.instance import Receiver, SourceInstance
+from streamlet.core.plan import PhysicalPlan, PlanOptions, build_plan
+from streamlet.core.record import Record
+from streamlet.core.sinks import SinkWriter
+from streamlet.core.sources import END_OF_FEED
+from streamlet.core.statistics import DeadLetter, JobStatistics, NodeStatistics
+from streamlet.core.topology import Topology
+from streamlet.errors import JobError
+
+DEFAULT_BATCH_SIZE = 1000
+DEFAULT_CHANNEL_CAPACITY = 8  # batches per input port: bounded memory, enough to overlap stages
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What a finished job leaves: sink contents, dead letters and statistics."""
+
+    statistics: JobStatistics
+    dead_letters: list[DeadLetter]
+    _sinks: dict[str, list[Record]]
+
+    def sink(self, name: str) -> list[Record]:
+        """Records a ``CollectSink`` called ``name`` received, instance by instance."""
+        try:
+            return self._sinks[name]
+        except KeyError:
+            raise JobError(f"no collecting sink called '{name}'; sinks that keep records: {sorted(self._sinks)}") from None
+
+
+class Job:
+    """One run of a topology. Create it with :func:`start` or :func:`run`."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        channel_factory: ChannelFactory,
+        clock: Clock | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        channel_capacity: int = DEFAULT_CHANNEL_CAPACITY,
+    ) -> None:
+        topology.validate()
+        self.topology = topology
+        self.clock = clock or SystemClock()
+        self._channel_factory = channel_factory
+        self._batch_size = batch_size
+        self._channel_capacity = channel_capacity
+        self._plan: PhysicalPlan | None = None
+        self._dead_letters: list[DeadLetter] = []
+        self._error: BaseException | None = None
+        self._finished = anyio.Event()
+        self._started = anyio.Event()
+        self._closed_feeds: set[str] = set()
+        self._began = self._ended = 0.0
+        self.log = structlog.get_logger("streamlet").bind(job=topology.name)
+
+    # -- running ------------------------------------------------------------
+
+    async def run(self) -> JobResult:
+        """Run to completion in the current event loop and return the result."""
+        await self._run_plan()
+        return await self.wait()
+
+    async def _run_plan(self) -> None:
+        self._began = time.perf_counter()
+        try:
+            async with anyio.create_task_group() as group:
+                options = PlanOptions(
+                    self._channel_factory, self._batch_size, self._channel_capacity, self.clock, group,
+                    self._dead_letters,
+                )  # fmt: skip
+                try:
+                    self._plan = build_plan(self.topology, options)
+                except Exception as exc:  # noqa: BLE001 - e.g. a sink that cannot open: raised by wait()
+                    self._error = exc
+                    return
+                for tracker in self._plan.trackers:
+                    tracker.check()  # a loop nothing feeds is over before it starts
+                self._started.set()
+                for instance in self._plan.all():
+                    group.start_soon(self._guarded, instance.run, group)
+        finally:
+            self._ended = time.perf_counter()
+            self._started.set()
+            self._finished.set()
+
+    async def _guarded(self, run: Any, group: anyio.abc.TaskGroup) -> None:
+        try:
+            await run()
+        except Exception as exc:  # noqa: BLE001 - the first failure stops the job and is re-raised by wait()
+            if self._error is None:
+                self._error = exc
+                self.log.error("job failed", error=str(exc))
+            group.cancel_scope.cancel()
+
+    async def wait(self) -> JobResult:
+        """Wait until the job has finished; raise the error that stopped it, if any."""
+        await self._finished.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result()
+
+    # -- feeding and stopping ---------------------------------------------
+
+    async def send(self, source: str, key: Any, value: Any, ts: float | None = None) -> None:
+        """Push one record into the ``QueueSource`` called ``source`` (waits while it is full)."""
+        feed = self._feed(source)
+        await feed.put(Record(key, value, self.clock.now() if ts is None else ts))
+
+    async def close_source(self, source: str) -> None:
+        """End the ``QueueSource`` called ``source``; the job drains and finishes."""
+        feed = self._feed(source)
+        self._closed_feeds.add(source)
+        await feed.put(END_OF_FEED)
+
+    async def stop(self) -> None:
+        """Stop every source, let what is in flight drain, and wait for the end."""
+        await self._started.wait()
+        if self._plan is not None and not self._finished.is_set():
+            for name, group in self._plan.instances.items():
+                if name in self._plan.feeds:
+                    if name not in self._closed_feeds:
+                        await self.close_source(name)
+                    continue
+                for instance in group:
+                    if isinstance(instance, SourceInstance):
+                        instance.stop()
+        await self._finished.wait()
+
+    def _feed(self, source: str) -> Any:
+        if self._plan is None:
+            raise JobError(f"job '{self.topology.name}' has not started")
+        feed = self._plan.feeds.get(source)
+        if feed is None:
+            raise JobError(f"job '{self.topology.name}' has no QueueSource called '{source}'")
+        if source in self._closed_feeds:
+            raise JobError(f"source '{source}' of job '{self.topology.name}' is closed")
+        return feed
+
+    # -- reporting ----------------------------------------------------------
+
+    def statistics(self) -> JobStatistics:
+        """A snapshot of the job's counters (also while it runs)."""
+        plan = self._plan
+        nodes: dict[str, NodeStatistics] = {}
+        if plan is not None:
+            for name, group in plan.instances.items():
+                node = group[0].node
+                queued = sum(i.inbox.depth() for i in group if isinstance(i, Receiver))
+                nodes[name] = NodeStatistics(
+                    name, node.kind, node.parallelism,
+                    sum(i.counters.records_in for i in group), sum(i.records_out() for i in group), queued,
+                )  # fmt: skip
+        end = self._ended if self._finished.is_set() else time.perf_counter()
+        return JobStatistics(
+            job=self.topology.name,
+            nodes=nodes,
+            dropped=sum(t.flow.dropped for t in plan.trackers) if plan else 0,
+            dead_lettered=len(self._dead_letters),
+            discarded=sum(d.sent for d in plan.discards) if plan else 0,
+            restarts=sum(getattr(i, "failures", 0) for g in plan.instances.values() for i in g) if plan else 0,
+            wall_time=end - self._began if self._began else 0.0,
+            running=self._started.is_set() and not self._finished.is_set(),
+        )
+
+    def _result(self) -> JobResult:
+        sinks: dict[str, list[Record]] = {}
+        assert self._plan is not None
+        for name, group in self._plan.instances.items():
+            writers = [getattr(i, "writer", None) for i in group]
+            kept = [w.result() for w in writers if isinstance(w, SinkWriter)]
+            if kept and all(r is not None for r in kept):
+                sinks[name] = [record for records in kept if records is not None for record in records]
+        return JobResult(self.statistics(), list(self._dead_letters), sinks)
+
+
+@asynccontextmanager
+async def open_job(topology: Topology, **options: Any) -> AsyncIterator[Job]:
+    """Run ``topology`` in the background of the current event loop.
+
+    Leaving the block stops the sources, drains and waits; an error inside the
+    block cancels the job instead.
+    """
+    job = Job(topology, **options)
+    async with anyio.create_task_group() as group:
+        group.start_soon(_run_quietly, job)
+        await job._started.wait()
+        try:
+            yield job
+        except BaseException:
+            group.cancel_scope.cancel()
+            raise
+        await job.stop()
+        await job.wait()
+
+
+async def _run_quietly(job: Job) -> None:
+    # The error is kept by the job and raised from wait(), not from the task group.
+    await job._run_plan()

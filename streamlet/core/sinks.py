@@ -1,0 +1,95 @@
+"""Sinks: where records leave a topology."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from streamlet.core.record import Batch, Record
+
+
+@dataclass(frozen=True, slots=True)
+class SinkContext:
+    """What a sink instance knows about where it runs."""
+
+    node: str
+    index: int
+    parallelism: int
+
+
+class SinkWriter:
+    """One instance's writer; ``write`` may be plain or ``async def``."""
+
+    def write(self, batch: Batch) -> Any:
+        """Consume one batch (read-only: the same list may reach other sinks)."""
+        raise NotImplementedError
+
+    def close(self) -> Any:
+        """Called once after the input has ended; may be ``async def``."""
+
+    def result(self) -> list[Record] | None:
+        """What ``JobResult.sink(name)`` returns for this instance, if anything."""
+        return None
+
+
+class Sink:
+    """Base class of sinks: configuration that opens one writer per instance."""
+
+    def open(self, context: SinkContext) -> SinkWriter:
+        """A writer for instance ``context.index``."""
+        raise NotImplementedError
+
+
+class CollectSink(Sink):
+    """Keeps every record; read them with ``result.sink(name)``.
+
+    Example:
+        >>> sink = CollectSink()
+    """
+
+    def open(self, context: SinkContext) -> SinkWriter:
+        """A writer that appends to its own list."""
+        return _CollectWriter()
+
+
+class _CollectWriter(SinkWriter):
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def write(self, batch: Batch) -> None:
+        self.records.extend(batch)
+
+    def result(self) -> list[Record]:
+        return self.records
+
+
+class CallbackSink(Sink):
+    """Calls ``fn(record)`` (plain or ``async def``) for every record, in order."""
+
+    def __init__(self, fn: Callable[[Record], Any]) -> None:
+        self.fn = fn
+
+    def open(self, context: SinkContext) -> SinkWriter:
+        """A writer calling the function."""
+        if inspect.iscoroutinefunction(self.fn):
+            return _AsyncCallbackWriter(self.fn)
+        return _CallbackWriter(self.fn)
+
+
+class _CallbackWriter(SinkWriter):
+    def __init__(self, fn: Callable[[Record], Any]) -> None:
+        self.fn = fn
+
+    def write(self, batch: Batch) -> None:
+        fn = self.fn
+        for record in batch:
+            fn(record)
+
+
+class _AsyncCallbackWriter(_CallbackWriter):
+    async def write(self, batch: Batch) -> None:  # type: ignore[override]
+        fn = self.fn
+        for record in batch:
+            await fn(record)

@@ -1,0 +1,171 @@
+"""Sources: where records enter a topology.
+
+A :class:`Source` is configuration; the runtime calls :meth:`Source.open`
+once per parallel instance and reads whole batches from the returned
+:class:`SourceReader`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio.abc
+
+from streamlet.core.clock import Clock
+from streamlet.core.record import Batch, Record
+from streamlet.errors import JobError, TopologyError
+
+
+@dataclass(frozen=True, slots=True)
+class SourceContext:
+    """What a source instance knows about where it runs."""
+
+    node: str
+    index: int
+    parallelism: int
+    clock: Clock
+    task_group: anyio.abc.TaskGroup
+    feed: asyncio.Queue[Any] | None = None  # set by the job for a QueueSource
+
+
+class SourceReader:
+    """One instance's reader; ``read`` returns ``None`` once the source is exhausted."""
+
+    async def read(self, max_records: int) -> Batch | None:
+        """Up to ``max_records`` records, waiting for at least one; ``None`` at the end."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Release what the reader holds."""
+
+
+class Source:
+    """Base class of sources: configuration that opens one reader per instance."""
+
+    def open(self, context: SourceContext) -> SourceReader:
+        """Start reading for instance ``context.index`` of ``context.parallelism``."""
+        raise NotImplementedError
+
+
+def to_records(items: list[Any], ts: float | None) -> Batch:
+    """Items to records: a ``Record`` stays, a ``(key, value)`` pair gets ``ts``,
+    anything else becomes the value of a record with key ``None``."""
+    kinds = set(map(type, items))
+    if tuple not in kinds and not any(issubclass(kind, Record) for kind in kinds):
+        return [Record(None, item, ts) for item in items]  # the common case, without per-item checks
+    records: Batch = []
+    append = records.append
+    for item in items:
+        if isinstance(item, Record):
+            append(item)
+        elif type(item) is tuple and len(item) == 2:
+            append(Record(item[0], item[1], ts))
+        else:
+            append(Record(None, item, ts))
+    return records
+
+
+class IterableSource(Source):
+    """Records from a sync or async iterable.
+
+    With ``parallelism`` n, instance i reads items i, i+n, i+2n, ... of its own
+    iterator, so the iterable must be re-iterable (a list, a range), not a
+    one-shot generator, when n > 1.
+
+    Example:
+        >>> source = IterableSource([("a", 1), ("b", 2)])
+    """
+
+    def __init__(self, items: Iterable[Any] | AsyncIterable[Any]) -> None:
+        self.items = items
+
+    def open(self, context: SourceContext) -> SourceReader:
+        """A reader over this instance's share of the items."""
+        if isinstance(self.items, AsyncIterable):
+            if context.parallelism > 1:
+                raise TopologyError(f"source '{context.node}': an async iterable cannot feed parallel instances")
+            return _AsyncIterableReader(self.items, context)
+        iterator = iter(self.items)
+        if context.parallelism > 1:
+            if iterator is self.items:
+                raise TopologyError(
+                    f"source '{context.node}': a one-shot iterator cannot feed "
+                    f"{context.parallelism} instances; pass a list or a factory-made iterable"
+                )
+            iterator = itertools.islice(iterator, context.index, None, context.parallelism)
+        return _IteratorReader(iterator, context.clock)
+
+
+class _IteratorReader(SourceReader):
+    def __init__(self, iterator: Iterator[Any], clock: Clock) -> None:
+        self._iterator = iterator
+        self._clock = clock
+
+    async def read(self, max_records: int) -> Batch | None:
+        items = list(itertools.islice(self._iterator, max_records))
+        return to_records(items, self._clock.now()) if items else None
+
+
+class _QueueReader(SourceReader):
+    """Drains an asyncio queue: everything ready, up to a batch, without waiting twice."""
+
+    def __init__(self, queue: asyncio.Queue[Any], clock: Clock) -> None:
+        self._queue = queue
+        self._clock = clock
+        self._ended = False
+
+    async def read(self, max_records: int) -> Batch | None:
+        if self._ended:
+            return None
+        queue = self._queue
+        items = [await queue.get()]
+        while len(items) < max_records and not queue.empty():
+            items.append(queue.get_nowait())
+        if items[-1] is _END:
+            self._ended = True
+            queue.put_nowait(_END)  # let sibling instances see the end too
+            items.pop()
+            if not items:
+                return None
+        return to_records(items, self._clock.now())
+
+
+class _AsyncIterableReader(_QueueReader):
+    """Pulls an async iterable in a helper task so a quiet stream flushes at once."""
+
+    def __init__(self, items: AsyncIterable[Any], context: SourceContext) -> None:
+        super().__init__(asyncio.Queue(maxsize=4096), context.clock)
+        context.task_group.start_soon(self._feed, items.__aiter__())
+
+    async def _feed(self, iterator: AsyncIterator[Any]) -> None:
+        async for item in iterator:
+            await self._queue.put(item)
+        await self._queue.put(_END)
+
+
+_END: Any = object()
+
+
+END_OF_FEED: Any = _END
+
+
+class QueueSource(Source):
+    """Records pushed by the embedding program: ``await job.send(name, key, value)``.
+
+    The job gives the source one queue of at most ``maxsize`` records; ``send``
+    waits while it is full (backpressure). The source ends after
+    ``job.close_source(name)`` or ``job.stop()``.
+    """
+
+    def __init__(self, maxsize: int = 10_000) -> None:
+        self.maxsize = maxsize
+
+    def open(self, context: SourceContext) -> SourceReader:
+        """A reader of one instance over the job's feed queue."""
+        if context.feed is None:
+            raise JobError(f"source '{context.node}': a QueueSource needs a job that feeds it")
+        return _QueueReader(context.feed, context.clock)

@@ -1,0 +1,77 @@
+"""Frozen snapshots of what a job has done so far."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamlet.core.record import Record
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatistics:
+    """Records into and out of one node, summed over its instances."""
+
+    name: str
+    kind: str
+    parallelism: int
+    records_in: int
+    records_out: int
+    queued: int  # items waiting in the node's inboxes now
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatistics:
+    """A job's counters at one moment.
+
+    ``dropped`` counts records removed on purpose (past a loop's iteration
+    limit, or sent into a loop that had already ended); ``dead_lettered``
+    counts records a ``skip`` task set aside; ``discarded`` counts records
+    emitted on output ports nothing is connected to.
+    """
+
+    job: str
+    nodes: dict[str, NodeStatistics]
+    dropped: int
+    dead_lettered: int
+    discarded: int
+    restarts: int
+    wall_time: float
+    running: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record a task with ``on_error="skip"`` could not process, and why."""
+
+    task: str
+    instance: int
+    record: Record
+    error: str
+    exception: BaseException = field(repr=False, compare=False)
+
+
+class InstanceCounters:
+    """Mutable per-instance counters, summed into :class:`NodeStatistics`."""
+
+    __slots__ = ("records_in", "records_out")
+
+    def __init__(self) -> None:
+        self.records_in = 0
+        self.records_out = 0
+
+    def as_tuple(self) -> tuple[int, int]:
+        """``(records_in, records_out)``."""
+        return self.records_in, self.records_out
+
+
+def summed(pairs: list[tuple[int, int]]) -> tuple[int, int]:
+    """Element-wise sum of ``(in, out)`` pairs."""
+    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+def plain(value: Any) -> Any:
+    """Statistics as plain data (dicts), for JSON or msgpack."""
+    from dataclasses import asdict
+
+    return asdict(value)

@@ -1,0 +1,184 @@
+"""The ``Task`` base class and the function shortcuts built on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+from streamlet.core.ports import Inputs, Outputs, PortDeclarer
+from streamlet.core.record import Record
+from streamlet.core.state import KeyedState
+
+
+class Task:
+    """User logic for one node; the runtime creates one object per instance.
+
+    Override :meth:`execute` (plain or ``async def``); optionally
+    :meth:`declare_ports`, :meth:`prepare` and :meth:`finish`.
+
+    Example:
+        >>> class Upper(Task):
+        ...     def execute(self, inputs, outputs):
+        ...         for record in inputs.get():
+        ...             outputs.emit(record.key, record.value.upper())
+    """
+
+    #: Set by function shortcuts that report the failing record themselves.
+    isolates_records: ClassVar[bool] = False
+    #: This instance's keyed state; the runtime sets it before ``prepare``.
+    state: KeyedState
+
+    def declare_ports(self, ports: PortDeclarer) -> None:
+        """Declare input/output port counts and the input mode (default 1, 1, async)."""
+
+    def prepare(self, config: dict[str, Any]) -> None:
+        """Called once per instance before the first ``execute``."""
+
+    def execute(self, inputs: Inputs, outputs: Outputs) -> Any:
+        """Process the batch(es) in ``inputs``; emit results to ``outputs``."""
+        raise NotImplementedError(f"{type(self).__name__} must define execute()")
+
+    def finish(self, outputs: Outputs) -> Any:
+        """Called once after every input of this instance has ended."""
+
+
+class RecordFailure(Exception):
+    """Raised by a shortcut task: record ``index`` of the batch failed with ``__cause__``."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+def _index_of(batch: list[Record], record: Record) -> int:
+    for index, candidate in enumerate(batch):
+        if candidate is record:
+            return index
+    raise AssertionError("record not in batch")  # pragma: no cover
+
+
+class MapTask(Task):
+    """``fn(record) -> (key, value)``; the output keeps the input's event time."""
+
+    isolates_records = True
+
+    def __init__(self, fn: Callable[[Record], tuple[Any, Any]]) -> None:
+        self.fn = fn
+
+    def execute(self, inputs: Inputs, outputs: Outputs) -> None:
+        """Map every record of the batch."""
+        fn, batch, out = self.fn, inputs.get(), []
+        append = out.append
+        record = None
+        try:
+            for record in batch:
+                key, value = fn(record)
+                append(Record(key, value, record.ts))
+        except Exception as exc:
+            outputs.emit_batch(out)
+            raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]
+        outputs.emit_batch(out)
+
+
+class FilterTask(Task):
+    """Keeps the records for which ``fn(record)`` is true, unchanged."""
+
+    isolates_records = True
+
+    def __init__(self, fn: Callable[[Record], bool]) -> None:
+        self.fn = fn
+
+    def execute(self, inputs: Inputs, outputs: Outputs) -> None:
+        """Filter the batch."""
+        fn, batch = self.fn, inputs.get()
+        kept: list[Record] = []
+        append = kept.append
+        record = None
+        try:
+            for record in batch:
+                if fn(record):
+                    append(record)
+        except Exception as exc:
+            outputs.emit_batch(kept)
+            raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]
+        outputs.emit_batch(kept)
+
+
+class FlatMapTask(Task):
+    """``fn(record) -> iterable of (key, value)``; zero or more outputs each."""
+
+    isolates_records = True
+
+    def __init__(self, fn: Callable[[Record], Iterable[tuple[Any, Any]]]) -> None:
+        self.fn = fn
+
+    def execute(self, inputs: Inputs, outputs: Outputs) -> None:
+        """Expand every record of the batch."""
+        fn, batch, out = self.fn, inputs.get(), []
+        append = out.append
+        record = None
+        try:
+            for record in batch:
+                ts = record.ts
+                for key, value in fn(record):
+                    append(Record(key, value, ts))
+        except Exception as exc:
+            outputs.emit_batch(out)
+            raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]
+        outputs.emit_batch(out)
+
+
+class KeyByTask(Task):
+    """Re-keys records: ``fn(record) -> key``; value and time unchanged."""
+
+    isolates_records = True
+
+    def __init__(self, fn: Callable[[Record], Any]) -> None:
+        self.fn = fn
+
+    def execute(self, inputs: Inputs, outputs: Outputs) -> None:
+        """Re-key every record of the batch."""
+        fn, batch, out = self.fn, inputs.get(), []
+        append = out.append
+        record = None
+        try:
+            for record in batch:
+                append(Record(fn(record), record.value, record.ts))
+        except Exception as exc:
+            outputs.emit_batch(out)
+            raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]
+        outputs.emit_batch(out)
+
+
+class ReduceTask(Task):
+    """Per key, ``fn(accumulated, value) -> value``; emits the running value.
+
+    The first value of a key is its initial accumulator. Route its input by
+    ``SAME_KEY`` when it runs in parallel, so each key lives in one instance.
+    """
+
+    isolates_records = True
+
+    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
+        self.fn = fn
+
+    def execute(self, inputs: Inputs, outputs: Outputs) -> None:
+        """Fold every record into its key's running value."""
+        fn, totals, batch, out = self.fn, self.state.values, inputs.get(), []
+        append = out.append
+        record = None
+        missing = _MISSING
+        try:
+            for record in batch:
+                key = record.key
+                current = totals.get(key, missing)
+                value = record.value if current is missing else fn(current, record.value)
+                totals[key] = value
+                append(Record(key, value, record.ts))
+        except Exception as exc:
+            outputs.emit_batch(out)
+            raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]
+        outputs.emit_batch(out)
+
+
+_MISSING: Any = object()

@@ -1,0 +1,248 @@
+"""The logical topology: nodes, ports and edges, as plain validated data.
+
+Backends derive the physical plan (instances and channels) from it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from streamlet.core import graph
+from streamlet.core.partition import ROUND_ROBIN, Partitioning, PartitionSpec
+from streamlet.core.ports import PortDeclarer
+from streamlet.core.record import Record
+from streamlet.core.sinks import CallbackSink, Sink
+from streamlet.core.sources import IterableSource, Source
+from streamlet.core.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task
+from streamlet.errors import TopologyError
+
+NodeKind = Literal["source", "task", "sink"]
+ErrorPolicy = Literal["fail", "skip", "restart"]
+_POLICIES = ("fail", "skip", "restart")
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """Output ``out_port`` of ``upstream`` feeds input ``in_port`` of ``downstream``."""
+
+    upstream: str
+    out_port: int
+    downstream: str
+    in_port: int
+    partitioning: PartitionSpec
+
+
+@dataclass(slots=True)
+class Node:
+    """One source, task or sink of a topology, before it is instantiated."""
+
+    name: str
+    kind: NodeKind
+    parallelism: int
+    inputs: int
+    outputs: int
+    sync: bool = False
+    make_task: Callable[[], Task] | None = None
+    source: Source | None = None
+    sink: Sink | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    on_error: ErrorPolicy = "fail"
+    max_failures: int = 3
+
+    def describe(self) -> str:
+        """``task 'count'`` style label used in messages."""
+        return f"{self.kind} '{self.name}'"
+
+
+class NodeHandle:
+    """Returned by ``add_*``: connect the node's inputs with :meth:`set_input`."""
+
+    __slots__ = ("_topology", "name")
+
+    def __init__(self, topology: Topology, name: str) -> None:
+        self._topology = topology
+        self.name = name
+
+    def set_input(
+        self,
+        upstream: NodeHandle | str,
+        out_port: int = 0,
+        in_port: int = 0,
+        partitioning: PartitionSpec = ROUND_ROBIN,
+    ) -> NodeHandle:
+        """Feed input ``in_port`` of this node from ``upstream``'s ``out_port``."""
+        source = upstream.name if isinstance(upstream, NodeHandle) else upstream
+        if not isinstance(partitioning, Partitioning) and not callable(partitioning):
+            raise TopologyError(
+                f"{self._topology.node(self.name).describe()} input port {in_port}: "
+                f"partitioning must be ROUND_ROBIN, SAME_KEY, BROADCAST or a function, got {partitioning!r}"
+            )
+        self._topology.edges.append(Edge(source, out_port, self.name, in_port, partitioning))
+        return self
+
+    def __repr__(self) -> str:
+        return f"NodeHandle({self.name!r})"
+
+
+class Topology:
+    """Sources, tasks and sinks connected port to port.
+
+    Example:
+        >>> topology = Topology("wordcount")
+        >>> lines = topology.add_source("lines", ["a b", "b"])
+        >>> words = topology.flat_map("split", lambda r: [(w, 1) for w in r.value.split()])
+        >>> _ = words.set_input(lines)
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.nodes: dict[str, Node] = {}
+        self.edges: list[Edge] = []
+        self.max_iterations: int | None = None
+        self.loop_limits: dict[str, int] = {}
+
+    # -- building ---------------------------------------------------------
+
+    def add_source(self, name: str, source: Source | Iterable[Any], parallelism: int = 1) -> NodeHandle:
+        """Add a source; a plain iterable is wrapped in an ``IterableSource``."""
+        if not isinstance(source, Source):
+            source = IterableSource(source)
+        return self._add(Node(name, "source", _parallelism(name, "source", parallelism), 0, 1, source=source))
+
+    def add_task(
+        self,
+        name: str,
+        task: type[Task] | Callable[[], Task] | Task,
+        parallelism: int = 1,
+        config: dict[str, Any] | None = None,
+        on_error: ErrorPolicy = "fail",
+        max_failures: int = 3,
+    ) -> NodeHandle:
+        """Add a task: a ``Task`` subclass or zero-argument factory (one object per instance)."""
+        make_task = _task_factory(name, task)
+        ports = PortDeclarer()
+        make_task().declare_ports(ports)
+        if on_error not in _POLICIES:
+            raise TopologyError(f"task '{name}': on_error must be one of {_POLICIES}, got {on_error!r}")
+        node = Node(
+            name, "task", _parallelism(name, "task", parallelism), ports.inputs, ports.outputs, ports.sync,
+            make_task=make_task, config=dict(config or {}), on_error=on_error, max_failures=max_failures,
+        )  # fmt: skip
+        return self._add(node)
+
+    def add_sink(self, name: str, sink: Sink | Callable[[Record], Any], parallelism: int = 1) -> NodeHandle:
+        """Add a sink; a plain callable becomes a ``CallbackSink``."""
+        if not isinstance(sink, Sink):
+            if not callable(sink):
+                raise TopologyError(f"sink '{name}': expected a Sink or a callable, got {sink!r}")
+            sink = CallbackSink(sink)
+        return self._add(Node(name, "sink", _parallelism(name, "sink", parallelism), 1, 0, sink=sink))
+
+    def map(self, name: str, fn: Callable[[Record], tuple[Any, Any]], **options: Any) -> NodeHandle:
+        """A task emitting ``fn(record) -> (key, value)`` for every record."""
+        return self.add_task(name, lambda: MapTask(fn), **options)
+
+    def filter(self, name: str, fn: Callable[[Record], bool], **options: Any) -> NodeHandle:
+        """A task passing on the records for which ``fn(record)`` is true."""
+        return self.add_task(name, lambda: FilterTask(fn), **options)
+
+    def flat_map(self, name: str, fn: Callable[[Record], Iterable[tuple[Any, Any]]], **options: Any) -> NodeHandle:
+        """A task emitting every ``(key, value)`` of ``fn(record)``."""
+        return self.add_task(name, lambda: FlatMapTask(fn), **options)
+
+    def key_by(self, name: str, fn: Callable[[Record], Any], **options: Any) -> NodeHandle:
+        """A task re-keying every record with ``fn(record)``."""
+        return self.add_task(name, lambda: KeyByTask(fn), **options)
+
+    def reduce(self, name: str, fn: Callable[[Any, Any], Any], **options: Any) -> NodeHandle:
+        """A task folding values per key with ``fn(acc, value)``, emitting the running value."""
+        return self.add_task(name, lambda: ReduceTask(fn), **options)
+
+    def set_max_iterations(self, limit: int, at: NodeHandle | str | None = None) -> None:
+        """Allow cycles: a record goes round a loop at most ``limit`` times.
+
+        ``at`` names the node a loop's back edge enters, for a per-loop limit;
+        without it the limit applies to every loop.
+        """
+        if not isinstance(limit, int) or limit < 1:
+            raise TopologyError(f"topology '{self.name}': max_iterations must be >= 1, got {limit!r}")
+        if at is None:
+            self.max_iterations = limit
+        else:
+            self.loop_limits[at.name if isinstance(at, NodeHandle) else at] = limit
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``."""
+        return self.nodes[name]
+
+    def _add(self, node: Node) -> NodeHandle:
+        if node.name in self.nodes:
+            raise TopologyError(f"{node.describe()}: topology '{self.name}' already has a node with that name")
+        self.nodes[node.name] = node
+        return NodeHandle(self, node.name)
+
+    # -- reading ----------------------------------------------------------
+
+    def successors(self) -> dict[str, list[str]]:
+        """Downstream node names of every node, in edge order."""
+        following: dict[str, list[str]] = {name: [] for name in self.nodes}
+        for edge in self.edges:
+            if edge.downstream not in following[edge.upstream]:
+                following[edge.upstream].append(edge.downstream)
+        return following
+
+    def back_edges(self) -> set[tuple[str, str]]:
+        """``(upstream, downstream)`` pairs that close a cycle."""
+        sources = [name for name, node in self.nodes.items() if node.kind == "source"]
+        return graph.back_edges(sources, self.successors())
+
+    def loop_limit(self, head: str) -> int | None:
+        """Iteration limit of the loop whose back edge enters ``head``."""
+        return self.loop_limits.get(head, self.max_iterations)
+
+    def describe(self) -> dict[str, Any]:
+        """The topology as plain data (for printing, or shipping by reference)."""
+        return {
+            "name": self.name,
+            "nodes": [
+                {"name": n.name, "kind": n.kind, "parallelism": n.parallelism, "inputs": n.inputs,
+                 "outputs": n.outputs, "sync": n.sync, "on_error": n.on_error}
+                for n in self.nodes.values()
+            ],
+            "edges": [
+                {"from": e.upstream, "out_port": e.out_port, "to": e.downstream, "in_port": e.in_port,
+                 "partitioning": e.partitioning.name if isinstance(e.partitioning, Partitioning) else "custom"}
+                for e in self.edges
+            ],
+        }  # fmt: skip
+
+    def validate(self) -> None:
+        """Raise ``TopologyError`` naming the node and port of the first problem."""
+        from streamlet.core.validation import validate
+
+        validate(self)
+
+
+def _parallelism(name: str, kind: str, parallelism: int) -> int:
+    if not isinstance(parallelism, int) or parallelism < 1:
+        raise TopologyError(f"{kind} '{name}': parallelism must be >= 1, got {parallelism!r}")
+    return parallelism
+
+
+def _task_factory(name: str, task: type[Task] | Callable[[], Task] | Task) -> Callable[[], Task]:
+    if isinstance(task, Task):
+        prototype = task
+        return lambda: copy.deepcopy(prototype)
+    if not callable(task):
+        raise TopologyError(f"task '{name}': expected a Task subclass or a factory, got {task!r}")
+
+    def make() -> Task:
+        made = task()
+        if not isinstance(made, Task):
+            raise TopologyError(f"task '{name}': the factory returned {made!r}, not a Task")
+        return made
+
+    return make

@@ -1,0 +1,69 @@
+"""Checks that a topology can run; every message names the node and the port."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streamlet.core import graph
+from streamlet.errors import TopologyError
+
+if TYPE_CHECKING:
+    from streamlet.core.topology import Topology
+
+
+def validate(topology: Topology) -> None:
+    """Raise ``TopologyError`` for the first problem found."""
+    if not any(node.kind == "source" for node in topology.nodes.values()):
+        raise TopologyError(f"topology '{topology.name}' has no source")
+    _check_edges(topology)
+    _check_inputs_connected(topology)
+    _check_cycles(topology)
+
+
+def _check_edges(topology: Topology) -> None:
+    for edge in topology.edges:
+        downstream = topology.nodes[edge.downstream]
+        upstream = topology.nodes.get(edge.upstream)
+        if upstream is None:
+            raise TopologyError(
+                f"{downstream.describe()} input port {edge.in_port}: unknown upstream '{edge.upstream}'"
+            )
+        if downstream.inputs == 0:
+            raise TopologyError(f"{downstream.describe()} has no input ports but was given input from '{upstream.name}'")
+        if not 0 <= edge.in_port < downstream.inputs:
+            raise TopologyError(
+                f"{downstream.describe()} has {_ports(downstream.inputs, 'input')} but input port "
+                f"{edge.in_port} was connected from '{upstream.name}'"
+            )
+        if upstream.outputs == 0:
+            raise TopologyError(f"{upstream.describe()} has no output ports but feeds '{downstream.name}'")
+        if not 0 <= edge.out_port < upstream.outputs:
+            raise TopologyError(
+                f"{upstream.describe()} has {_ports(upstream.outputs, 'output')} but output port "
+                f"{edge.out_port} was connected to '{downstream.name}'"
+            )
+
+
+def _check_inputs_connected(topology: Topology) -> None:
+    connected = {(edge.downstream, edge.in_port) for edge in topology.edges}
+    for node in topology.nodes.values():
+        for port in range(node.inputs):
+            if (node.name, port) not in connected:
+                raise TopologyError(
+                    f"{node.describe()} has {_ports(node.inputs, 'input')} but input port {port} is not connected"
+                )
+
+
+def _check_cycles(topology: Topology) -> None:
+    successors = topology.successors()
+    for upstream, head in sorted(topology.back_edges()):
+        if topology.loop_limit(head) is None:
+            cycle = " -> ".join(graph.cycle_through((upstream, head), successors))
+            raise TopologyError(
+                f"topology '{topology.name}' has a cycle {cycle} (back edge into input of "
+                f"'{head}') without an iteration limit; call topology.set_max_iterations(n)"
+            )
+
+
+def _ports(count: int, what: str) -> str:
+    return f"{count} {what} port" + ("" if count == 1 else "s")

@@ -1,0 +1,38 @@
+"""Errors raised by streamlet.
+
+Every error derives from one root, so ``except StreamletError`` catches them all::
+
+    StreamletError
+    ├── TopologyError        a topology that cannot run (names the node and port)
+    ├── TaskError            user code in a task failed under the ``fail`` policy
+    ├── JobError             a job could not start, was stopped, or is misused
+    └── TransportError       moving batches between processes failed
+"""
+
+from __future__ import annotations
+
+
+class StreamletError(Exception):
+    """Root of every error streamlet raises."""
+
+
+class TopologyError(StreamletError):
+    """The topology is malformed; the message names the node and the port."""
+
+
+class TaskError(StreamletError):
+    """A task's user code raised; the message names task, instance and record key."""
+
+    def __init__(self, message: str, *, task: str, instance: int, key: object) -> None:
+        super().__init__(message)
+        self.task = task
+        self.instance = instance
+        self.key = key
+
+
+class JobError(StreamletError):
+    """A job was used wrongly (unknown source, sent to after it ended, ...)."""
+
+
+class TransportError(StreamletError):
+    """A channel between processes failed."""

@@ -1,0 +1,1 @@
+"""Moving batches between instances: ``local`` (in memory); TCP comes with the cluster."""
