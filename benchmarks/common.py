@@ -12,7 +12,7 @@ from typing import Any
 class SlotRecord:
     """The record a careful hand-written pipeline would use: key, value, ts in slots."""
 
-    __slots__ = ("key", "value", "ts")
+    __slots__ = ("key", "ts", "value")
 
     def __init__(self, key: Any, value: Any, ts: float) -> None:
         self.key = key

@@ -109,4 +109,6 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         theirs.append(base_seconds)
         if counts != base_counts:
             raise AssertionError("streamlet and the baseline disagree on the counts")
-    return report("wordcount", median_rate(records, ours), median_rate(records, theirs), records=records, repeats=repeats)
+    return report(
+        "wordcount", median_rate(records, ours), median_rate(records, theirs), records=records, repeats=repeats
+    )

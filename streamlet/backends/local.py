@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -45,9 +45,7 @@ def run(
         pass
     else:
         raise JobError("streamlet.run() was called inside a running event loop; use 'async with streamlet.start(...)'")
-    return anyio.run(
-        _run_job, topology, job_options, backend="asyncio", backend_options=_backend_options(use_uvloop)
-    )
+    return anyio.run(_run_job, topology, job_options, backend="asyncio", backend_options=_backend_options(use_uvloop))
 
 
 async def _run_job(topology: Topology, job_options: dict[str, Any]) -> JobResult:
@@ -85,5 +83,3 @@ async def start(
         topology, channel_factory=LocalChannel, clock=clock, batch_size=batch_size, channel_capacity=channel_capacity
     ) as job:
         yield job
-
-

@@ -42,7 +42,7 @@ class Inbox:
     backpressure that reaches back to the sources.
     """
 
-    __slots__ = ("_queues", "_capacities", "_space_waiters", "_reader")
+    __slots__ = ("_capacities", "_queues", "_reader", "_space_waiters")
 
     def __init__(self, ports: int, capacity: int) -> None:
         self._queues: list[deque[Item]] = [deque() for _ in range(ports)]

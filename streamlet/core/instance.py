@@ -226,8 +226,7 @@ class TaskInstance(Receiver):
                     self._execute(self.inputs, self.outputs)
                 return
             except RecordFailure as failure:
-                assert failure.__cause__ is not None
-                batch = await self._record_failed(batch, failure.index, failure.__cause__)
+                batch = await self._record_failed(batch, failure.index, failure.__cause__ or failure)
             except Exception as exc:  # noqa: BLE001 - user code: any error follows the policy
                 if marks is not None:
                     self.outputs.rollback(marks)
@@ -257,7 +256,7 @@ class TaskInstance(Receiver):
                     await self._execute(self.inputs, self.outputs)
                 else:
                     self._execute(self.inputs, self.outputs)
-            except Exception as exc:  # noqa: BLE001 - user code
+            except Exception as exc:
                 if self.node.on_error == "skip":
                     self._dead_letter(record, exc)
                 else:
@@ -282,8 +281,7 @@ class TaskInstance(Receiver):
         self, record: Record, error: BaseException, *, what: str = "record with key", after: str = ""
     ) -> TaskError:
         message = (
-            f"task '{self.node.name}' instance {self.index} failed on {what} {record.key!r}{after}: "
-            f"{_describe(error)}"
+            f"task '{self.node.name}' instance {self.index} failed on {what} {record.key!r}{after}: {_describe(error)}"
         )
         task_error = TaskError(message, task=self.node.name, instance=self.index, key=record.key)
         task_error.__cause__ = error
@@ -312,9 +310,7 @@ class TaskInstance(Receiver):
             if self._take_markers():
                 continue
             if all(self.open_senders[p] == 0 or _has_batch(inbox, p) for p in ports):
-                batches: list[Batch] = [
-                    inbox.pop(p) if self.open_senders[p] > 0 else [] for p in ports  # type: ignore[misc]
-                ]
+                batches = [_pop_batch(inbox, p) if self.open_senders[p] > 0 else [] for p in ports]
                 await self._process_sync(batches)
                 await outputs.flush(self.batch_size if self.cycle is None else 1)
                 if self.cycle is not None:
@@ -376,6 +372,12 @@ def _runs_by_iteration(batch: Batch) -> list[tuple[int, Batch]]:
         else:
             runs.append((record.iteration, [record]))
     return runs
+
+
+def _pop_batch(inbox: Inbox, port: int) -> Batch:
+    batch = inbox.pop(port)
+    assert type(batch) is list  # the caller saw a batch at the head
+    return batch
 
 
 def _has_batch(inbox: Inbox, port: int) -> bool:

@@ -55,7 +55,7 @@ class KeyPartitioner:
     stream keys repeat, so the answer is cached until the cache is full.
     """
 
-    __slots__ = ("parts", "cache", "_limit")
+    __slots__ = ("_limit", "cache", "parts")
 
     def __init__(self, parts: int, cache_limit: int = 1 << 17) -> None:
         self.parts = parts

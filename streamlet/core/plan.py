@@ -45,7 +45,9 @@ class PhysicalPlan:
 
     def all(self) -> list[Instance]:
         """Every instance, sinks first so receivers are waiting before data flows."""
-        ordered = sorted(self.instances.values(), key=lambda group: {"sink": 0, "task": 1, "source": 2}[group[0].node.kind])
+        ordered = sorted(
+            self.instances.values(), key=lambda group: {"sink": 0, "task": 1, "source": 2}[group[0].node.kind]
+        )
         return [instance for group in ordered for instance in group]
 
 
@@ -92,8 +94,8 @@ class _Builder:
         node = self.topology.nodes[name]
         routes: list[list[Route]] = [[] for _ in range(node.outputs)]
         edges = [e for e in self.topology.edges if e.upstream == name]
-        for edge in edges:
-            routes[edge.out_port].append(self._route(edge))
+        for out_edge in edges:
+            routes[out_edge.out_port].append(self._route(out_edge))
         for port in range(node.outputs):
             if not routes[port]:
                 discard = DiscardRoute()
@@ -102,7 +104,7 @@ class _Builder:
         outputs = Outputs(routes)
         adders: list[list[Callable[[Record], None]]] = [[] for _ in range(node.outputs)]
         for port, port_routes in enumerate(routes):
-            port_edges = [e for e in edges if e.out_port == port] or [None]
+            port_edges: list[Edge | None] = [e for e in edges if e.out_port == port] or [None]
             for edge, route in zip(port_edges, port_routes, strict=True):
                 adders[port].append(self._adder(edge, route, outputs))
         outputs.set_adders([_fan_out(port_adders) for port_adders in adders])
@@ -143,7 +145,7 @@ def build_plan(topology: Topology, options: PlanOptions) -> PhysicalPlan:
     for name, node in topology.nodes.items():
         if node.kind != "source":
             builder.make_inboxes(name)
-    feeds = {
+    feeds: dict[str, asyncio.Queue[Any]] = {
         name: asyncio.Queue(maxsize=node.source.maxsize)
         for name, node in topology.nodes.items()
         if isinstance(node.source, QueueSource)
@@ -154,7 +156,9 @@ def build_plan(topology: Topology, options: PlanOptions) -> PhysicalPlan:
         for index in range(node.parallelism):
             outputs = builder.make_outputs(name)
             if node.kind == "source":
-                context = SourceContext(name, index, node.parallelism, options.clock, options.task_group, feeds.get(name))
+                context = SourceContext(
+                    name, index, node.parallelism, options.clock, options.task_group, feeds.get(name)
+                )
                 group.append(SourceInstance(node, index, outputs, options.batch_size, context))
                 continue
             inbox, senders = builder.inboxes[name][index], builder.senders[name][index]

@@ -92,7 +92,7 @@ class Outputs:
     of the batch being processed, so event time flows through tasks.
     """
 
-    __slots__ = ("_adders", "routes", "ts", "iteration", "_ports")
+    __slots__ = ("_adders", "_ports", "iteration", "routes", "ts")
 
     def __init__(self, routes_by_port: list[list[Route]], adders: list[Callable[[Record], None]] | None = None) -> None:
         self._adders = adders if adders is not None else [route.add for route, *_ in routes_by_port]

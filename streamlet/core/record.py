@@ -25,7 +25,7 @@ class Record:
         ('user42', 3, 1.5)
     """
 
-    __slots__ = ("key", "value", "ts")
+    __slots__ = ("key", "ts", "value")
 
     #: How many times the record went round a cycle (see :class:`LoopRecord`).
     iteration: int = 0

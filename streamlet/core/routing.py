@@ -18,7 +18,7 @@ from streamlet.core.record import END_OF_STREAM, Batch, LoopRecord, Marker, Reco
 class FlowCounter:
     """Counts batches in flight inside a cycle (see ``runtime.CycleTracker``)."""
 
-    __slots__ = ("pending", "closed", "dropped")
+    __slots__ = ("closed", "dropped", "pending")
 
     def __init__(self) -> None:
         self.pending = 0
@@ -29,7 +29,7 @@ class FlowCounter:
 class Route:
     """One edge from an output port to all instances of a downstream node."""
 
-    __slots__ = ("channels", "buffers", "sent", "cycle", "send_eos")
+    __slots__ = ("buffers", "channels", "cycle", "send_eos", "sent")
 
     def __init__(self, channels: list[Channel], buffers: int) -> None:
         self.channels = channels
@@ -96,11 +96,11 @@ class Route:
 class RoundRobinRoute(Route):
     """Whole batches go to the instances in turn (cheaper than per record)."""
 
-    __slots__ = ("add", "_next")
+    __slots__ = ("_next", "add")
 
     def __init__(self, channels: list[Channel]) -> None:
         super().__init__(channels, 1)
-        self.add = self.buffers[0].append  # type: ignore[method-assign]
+        self.add = self.buffers[0].append  # type: ignore[method-assign,assignment]
         self._next = 0
 
     def add_batch(self, records: Batch) -> None:
@@ -197,7 +197,7 @@ class HasIteration(Protocol):
 
 def make_route(channels: list[Channel], partitioning: PartitionSpec) -> Route:
     """The route for ``partitioning`` towards ``channels`` (one per instance)."""
-    if partitioning is ROUND_ROBIN or len(channels) == 1 and partitioning is SAME_KEY:
+    if partitioning is ROUND_ROBIN or (len(channels) == 1 and partitioning is SAME_KEY):
         return RoundRobinRoute(channels)
     if partitioning is BROADCAST:
         return BroadcastRoute(channels)

@@ -43,7 +43,9 @@ class JobResult:
         try:
             return self._sinks[name]
         except KeyError:
-            raise JobError(f"no collecting sink called '{name}'; sinks that keep records: {sorted(self._sinks)}") from None
+            raise JobError(
+                f"no collecting sink called '{name}'; sinks that keep records: {sorted(self._sinks)}"
+            ) from None
 
 
 class Job:

@@ -67,7 +67,8 @@ class MapTask(Task):
 
     def execute(self, inputs: Inputs, outputs: Outputs) -> None:
         """Map every record of the batch."""
-        fn, batch, out = self.fn, inputs.get(), []
+        fn, batch = self.fn, inputs.get()
+        out: list[Record] = []
         append = out.append
         record = None
         try:
@@ -114,7 +115,8 @@ class FlatMapTask(Task):
 
     def execute(self, inputs: Inputs, outputs: Outputs) -> None:
         """Expand every record of the batch."""
-        fn, batch, out = self.fn, inputs.get(), []
+        fn, batch = self.fn, inputs.get()
+        out: list[Record] = []
         append = out.append
         record = None
         try:
@@ -138,7 +140,8 @@ class KeyByTask(Task):
 
     def execute(self, inputs: Inputs, outputs: Outputs) -> None:
         """Re-key every record of the batch."""
-        fn, batch, out = self.fn, inputs.get(), []
+        fn, batch = self.fn, inputs.get()
+        out: list[Record] = []
         append = out.append
         record = None
         try:
@@ -164,7 +167,8 @@ class ReduceTask(Task):
 
     def execute(self, inputs: Inputs, outputs: Outputs) -> None:
         """Fold every record into its key's running value."""
-        fn, totals, batch, out = self.fn, self.state.values, inputs.get(), []
+        fn, totals, batch = self.fn, self.state.values, inputs.get()
+        out: list[Record] = []
         append = out.append
         record = None
         missing = _MISSING

@@ -29,7 +29,9 @@ def _check_edges(topology: Topology) -> None:
                 f"{downstream.describe()} input port {edge.in_port}: unknown upstream '{edge.upstream}'"
             )
         if downstream.inputs == 0:
-            raise TopologyError(f"{downstream.describe()} has no input ports but was given input from '{upstream.name}'")
+            raise TopologyError(
+                f"{downstream.describe()} has no input ports but was given input from '{upstream.name}'"
+            )
         if not 0 <= edge.in_port < downstream.inputs:
             raise TopologyError(
                 f"{downstream.describe()} has {_ports(downstream.inputs, 'input')} but input port "

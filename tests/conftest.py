@@ -1,0 +1,34 @@
+"""Shared fixtures: a topology builder and a one-line runner for in-process jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+
+import streamlet as sl
+
+
+def values(records: Iterable[sl.Record]) -> list[Any]:
+    """The values of ``records``, in order."""
+    return [record.value for record in records]
+
+
+def pairs(records: Iterable[sl.Record]) -> list[tuple[Any, Any]]:
+    """``(key, value)`` of ``records``, in order."""
+    return [(record.key, record.value) for record in records]
+
+
+@pytest.fixture
+def linear() -> Callable[..., sl.JobResult]:
+    """Run ``items`` through one task (given as a Task class/factory) into a collecting sink."""
+
+    def run(items: Iterable[Any], task: Any, **options: Any) -> sl.JobResult:
+        topology = sl.Topology("linear")
+        source = topology.add_source("in", list(items))
+        node = topology.add_task("task", task, **options).set_input(source)
+        topology.add_sink("out", sl.CollectSink()).set_input(node)
+        return sl.run(topology)
+
+    return run
