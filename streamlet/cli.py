@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+import structlog
 
 from streamlet.backends.local import run as run_topology
 from streamlet.core.statistics import JobStatistics
@@ -20,6 +22,11 @@ from streamlet.errors import StreamletError
 @click.version_option(package_name="streamlet")
 def main() -> None:
     """streamlet: asyncio-native stream processing."""
+    # The command is an application, so it may set up logging: warnings and errors, on stderr.
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
 
 
 @main.command("run")

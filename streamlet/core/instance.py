@@ -9,6 +9,7 @@ the inbox is idle, so batching costs no latency on a quiet stream.
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from streamlet.core.topology import Node
 
 
-class Instance:
+class Instance(ABC):
     """What every instance has: its node, index, counters and outputs."""
 
     def __init__(self, node: Node, index: int, outputs: Outputs, batch_size: int) -> None:
@@ -41,9 +42,9 @@ class Instance:
         self.counters = InstanceCounters()
         self.log = structlog.get_logger("streamlet").bind(task=node.name, instance=index)
 
+    @abstractmethod
     async def run(self) -> None:
         """Run until the input ends (or the job is cancelled)."""
-        raise NotImplementedError
 
     def records_out(self) -> int:
         """Records emitted so far."""
@@ -145,9 +146,9 @@ class Receiver(Instance):
                 self.on_marker(port, item)  # type: ignore[arg-type]
         await self.complete()
 
+    @abstractmethod
     async def process(self, port: int, batch: Batch) -> None:
         """Handle one data batch from ``port``."""
-        raise NotImplementedError
 
     async def complete(self) -> None:
         """Every input has ended."""

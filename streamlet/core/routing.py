@@ -7,6 +7,7 @@ whole batches to its channels when flushed, so emitting never awaits.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -26,10 +27,13 @@ class FlowCounter:
         self.dropped = 0
 
 
-class Route:
+class Route(ABC):
     """One edge from an output port to all instances of a downstream node."""
 
-    __slots__ = ("buffers", "channels", "cycle", "send_eos", "sent")
+    __slots__ = ("add", "buffers", "channels", "cycle", "send_eos", "sent")
+
+    #: Buffers one record: the hot path, bound by each subclass to a list append or a small closure.
+    add: Callable[[Record], None]
 
     def __init__(self, channels: list[Channel], buffers: int) -> None:
         self.channels = channels
@@ -37,10 +41,6 @@ class Route:
         self.sent = 0
         self.cycle: FlowCounter | None = None  # set when the receiver is in a cycle
         self.send_eos = True  # False on edges inside a cycle: the tracker ends them
-
-    def add(self, record: Record) -> None:
-        """Buffer one record (the hot path; subclasses bind it to a list append)."""
-        raise NotImplementedError  # pragma: no cover - every subclass overrides
 
     def add_batch(self, records: Batch) -> None:
         """Buffer many records."""
@@ -79,8 +79,9 @@ class Route:
         for channel in self.channels:
             await channel.send(marker)
 
+    @abstractmethod
     async def _deliver(self, index: int, batch: Batch) -> None:
-        raise NotImplementedError  # pragma: no cover - every subclass overrides
+        """Send buffer ``index``'s batch to its channel(s)."""
 
     async def _send(self, channel: Channel, batch: Batch) -> None:
         cycle = self.cycle
@@ -96,11 +97,11 @@ class Route:
 class RoundRobinRoute(Route):
     """Whole batches go to the instances in turn (cheaper than per record)."""
 
-    __slots__ = ("_next", "add")
+    __slots__ = ("_next",)
 
     def __init__(self, channels: list[Channel]) -> None:
         super().__init__(channels, 1)
-        self.add = self.buffers[0].append  # type: ignore[method-assign,assignment]
+        self.add = self.buffers[0].append
         self._next = 0
 
     def add_batch(self, records: Batch) -> None:
@@ -127,7 +128,7 @@ class BroadcastRoute(RoundRobinRoute):
 class PartitionedRoute(Route):
     """Each record goes to the instance its partition function picks."""
 
-    __slots__ = ("add",)
+    __slots__ = ()
 
     def __init__(self, channels: list[Channel], pick: Callable[[Record], int]) -> None:
         super().__init__(channels, len(channels))
@@ -136,7 +137,7 @@ class PartitionedRoute(Route):
         def add(record: Record) -> None:
             appenders[pick(record)](record)
 
-        self.add = add  # type: ignore[method-assign]
+        self.add = add
 
     async def _deliver(self, index: int, batch: Batch) -> None:
         await self._send(self.channels[index], batch)
@@ -159,7 +160,7 @@ class KeyedRoute(PartitionedRoute):
                 index = by_key(record.key)
             appenders[index](record)
 
-        self.add = add  # type: ignore[method-assign]
+        self.add = add
 
 
 def in_loop_adder(

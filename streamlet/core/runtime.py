@@ -203,16 +203,20 @@ async def open_job(topology: Topology, **options: Any) -> AsyncIterator[Job]:
     block cancels the job instead.
     """
     job = Job(topology, **options)
+    body_error: BaseException | None = None
     async with anyio.create_task_group() as group:
         group.start_soon(_run_quietly, job)
         await job._started.wait()
         try:
             yield job
-        except BaseException:
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, unwrapped from the task group
+            body_error = exc
             group.cancel_scope.cancel()
-            raise
-        await job.stop()
-        await job.wait()
+        else:
+            await job.stop()
+    if body_error is not None:
+        raise body_error
+    await job.wait()
 
 
 async def _run_quietly(job: Job) -> None:

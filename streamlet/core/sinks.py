@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +20,12 @@ class SinkContext:
     parallelism: int
 
 
-class SinkWriter:
+class SinkWriter(ABC):
     """One instance's writer; ``write`` may be plain or ``async def``."""
 
+    @abstractmethod
     def write(self, batch: Batch) -> Any:
         """Consume one batch (read-only: the same list may reach other sinks)."""
-        raise NotImplementedError
 
     def close(self) -> Any:
         """Called once after the input has ended; may be ``async def``."""
@@ -34,12 +35,12 @@ class SinkWriter:
         return None
 
 
-class Sink:
+class Sink(ABC):
     """Base class of sinks: configuration that opens one writer per instance."""
 
+    @abstractmethod
     def open(self, context: SinkContext) -> SinkWriter:
         """A writer for instance ``context.index``."""
-        raise NotImplementedError
 
 
 class CollectSink(Sink):

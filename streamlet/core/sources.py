@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,23 +33,23 @@ class SourceContext:
     feed: asyncio.Queue[Any] | None = None  # set by the job for a QueueSource
 
 
-class SourceReader:
+class SourceReader(ABC):
     """One instance's reader; ``read`` returns ``None`` once the source is exhausted."""
 
+    @abstractmethod
     async def read(self, max_records: int) -> Batch | None:
         """Up to ``max_records`` records, waiting for at least one; ``None`` at the end."""
-        raise NotImplementedError
 
     async def aclose(self) -> None:
         """Release what the reader holds."""
 
 
-class Source:
+class Source(ABC):
     """Base class of sources: configuration that opens one reader per instance."""
 
+    @abstractmethod
     def open(self, context: SourceContext) -> SourceReader:
         """Start reading for instance ``context.index`` of ``context.parallelism``."""
-        raise NotImplementedError
 
 
 def to_records(items: list[Any], ts: float | None) -> Batch:

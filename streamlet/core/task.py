@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -10,7 +11,7 @@ from streamlet.core.record import Record
 from streamlet.core.state import KeyedState
 
 
-class Task:
+class Task(ABC):
     """User logic for one node; the runtime creates one object per instance.
 
     Override :meth:`execute` (plain or ``async def``); optionally
@@ -34,9 +35,9 @@ class Task:
     def prepare(self, config: dict[str, Any]) -> None:
         """Called once per instance before the first ``execute``."""
 
+    @abstractmethod
     def execute(self, inputs: Inputs, outputs: Outputs) -> Any:
         """Process the batch(es) in ``inputs``; emit results to ``outputs``."""
-        raise NotImplementedError(f"{type(self).__name__} must define execute()")
 
     def finish(self, outputs: Outputs) -> Any:
         """Called once after every input of this instance has ended."""

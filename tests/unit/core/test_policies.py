@@ -1,0 +1,160 @@
+"""Error policies: fail names task, instance and key; skip dead-letters; restart retries with state."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+import streamlet as sl
+from tests.conftest import pairs, values
+
+
+def parse(record: sl.Record) -> tuple[Any, Any]:
+    if record.value == "bad":
+        raise ValueError(f"cannot parse {record.value!r}")
+    return record.key, int(record.value)
+
+
+def job(items: list[Any], task: Any = None, **options: Any) -> sl.Topology:
+    topology = sl.Topology("policies")
+    source = topology.add_source("in", items)
+    if task is None:
+        node = topology.map("parse", parse, **options).set_input(source)
+    else:
+        node = topology.add_task("parse", task, **options).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    return topology
+
+
+ITEMS = [("a", "1"), ("b", "bad"), ("c", "3")]
+
+
+def test_fail_stops_the_job_naming_task_instance_and_key() -> None:
+    """on_error='fail' raises TaskError naming the task, the instance and the record's key."""
+    message = "task 'parse' instance 0 failed on record with key 'b': ValueError: cannot parse 'bad'"
+    with pytest.raises(sl.TaskError, match=f"^{re.escape(message)}$") as caught:
+        sl.run(job(ITEMS))
+    assert (caught.value.task, caught.value.instance, caught.value.key) == ("parse", 0, "b")
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_skip_sends_the_record_to_dead_letters_and_continues() -> None:
+    """on_error='skip' keeps going; the failing record and its error are in dead_letters."""
+    result = sl.run(job(ITEMS, on_error="skip"))
+    assert pairs(result.sink("out")) == [("a", 1), ("c", 3)]
+    [letter] = result.dead_letters
+    assert (letter.task, letter.instance, letter.record.key, letter.record.value) == ("parse", 0, "b", "bad")
+    assert letter.error == "ValueError: cannot parse 'bad'"
+    assert result.statistics.dead_lettered == 1
+
+
+def test_skip_handles_several_poison_records_in_one_batch() -> None:
+    """Every failing record of a batch is dead-lettered; the others all pass."""
+    items = [(str(i), "bad" if i % 3 == 0 else str(i)) for i in range(30)]
+    result = sl.run(job(items, on_error="skip"))
+    assert values(result.sink("out")) == [i for i in range(30) if i % 3]
+    assert [d.record.key for d in result.dead_letters] == [str(i) for i in range(0, 30, 3)]
+
+
+class BatchParser(sl.Task):
+    """A user task that fails on a whole batch: the runtime must find the record."""
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        parsed = [(r.key, int(r.value)) for r in inputs.get()]
+        for key, value in parsed:
+            outputs.emit(key, value)
+
+
+def test_fail_in_a_batch_task_is_traced_to_the_record() -> None:
+    """A batch-level failure is replayed record by record to name the key."""
+    message = "task 'parse' instance 0 failed on record with key 'b': ValueError: invalid literal for int() with base 10: 'bad'"
+    with pytest.raises(sl.TaskError, match=f"^{re.escape(message)}$"):
+        sl.run(job(ITEMS, BatchParser))
+
+
+def test_skip_in_a_batch_task_keeps_the_good_records_once() -> None:
+    """After a batch failure the output of the failed call is discarded and the replay emits each good record once."""
+    result = sl.run(job(ITEMS, BatchParser, on_error="skip"))
+    assert pairs(result.sink("out")) == [("a", 1), ("c", 3)]
+    assert [d.record.key for d in result.dead_letters] == ["b"]
+
+
+class Flaky(sl.Task):
+    """Fails the first ``fail_times`` executions across restarts; counts in keyed state."""
+
+    attempts = 0
+    fail_times = 2
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        for record in inputs.get():
+            self.state.put("seen", self.state.get("seen", 0) + 1)
+            outputs.emit(record.key, record.value)
+        type(self).attempts += 1
+        if type(self).attempts <= self.fail_times:
+            raise ConnectionError("backend away")
+
+    def finish(self, outputs: sl.Outputs) -> None:
+        outputs.emit("seen", self.state.get("seen"))
+
+
+def test_restart_retries_with_a_new_task_object_and_keeps_state() -> None:
+    """on_error='restart' recreates the task, keeps runtime-owned state and retries the batch."""
+    Flaky.attempts = 0
+    result = sl.run(job([("a", 1), ("b", 2)], Flaky, on_error="restart", max_failures=3))
+    # the two failed attempts were rolled back from the output but their state updates stayed
+    assert pairs(result.sink("out")) == [("a", 1), ("b", 2), ("seen", 6)]
+    assert result.statistics.restarts == 2
+
+
+def test_restart_gives_up_after_max_failures() -> None:
+    """Past max_failures the job fails with a TaskError that says so."""
+    Flaky.attempts = -100
+    message = "task 'parse' instance 0 failed on record with key 'a' after 2 restarts: ConnectionError: backend away"
+    with pytest.raises(sl.TaskError, match=f"^{re.escape(message)}$"):
+        sl.run(job([("a", 1)], Flaky, on_error="restart", max_failures=2))
+
+
+def test_restart_in_a_shortcut_retries_from_the_failing_record() -> None:
+    """A shortcut that fails once on a record is restarted and continues from that record."""
+    failed: list[str] = []
+
+    def once(record: sl.Record) -> tuple[Any, Any]:
+        if record.key == "b" and not failed:
+            failed.append(record.key)
+            raise TimeoutError("slow")
+        return record.key, record.value
+
+    topology = sl.Topology("restart-shortcut")
+    source = topology.add_source("in", [("a", 1), ("b", 2), ("c", 3)])
+    node = topology.map("m", once, on_error="restart").set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    result = sl.run(topology)
+    assert pairs(result.sink("out")) == [("a", 1), ("b", 2), ("c", 3)]
+    assert failed == ["b"]
+
+
+class BadFinish(sl.Task):
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        pass
+
+    def finish(self, outputs: sl.Outputs) -> None:
+        raise RuntimeError("no totals")
+
+
+def test_failure_in_finish_names_the_task() -> None:
+    """An exception in finish() fails the job with the task and instance named."""
+    message = "task 'parse' instance 0 failed in finish(): RuntimeError: no totals"
+    with pytest.raises(sl.TaskError, match=f"^{re.escape(message)}$"):
+        sl.run(job([("a", 1)], BadFinish))
+
+
+def test_failure_in_a_parallel_instance_names_that_instance() -> None:
+    """The instance index in the message is the one that failed."""
+    topology = sl.Topology("which")
+    source = topology.add_source("in", [("k", "bad")])
+    node = topology.map("parse", parse, parallelism=3).set_input(source, partitioning=lambda record, n: 2)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    with pytest.raises(sl.TaskError, match=r"^task 'parse' instance 2 failed on record with key 'k'"):
+        sl.run(topology)
