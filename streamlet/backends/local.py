@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,6 +11,7 @@ from typing import Any
 
 import anyio
 
+from streamlet.core.checkpoint_store import CheckpointStore, DirectoryCheckpointStore
 from streamlet.core.clock import Clock
 from streamlet.core.runtime import DEFAULT_BATCH_SIZE, DEFAULT_CHANNEL_CAPACITY, Job, JobResult, open_job
 from streamlet.core.topology import Topology
@@ -24,9 +26,15 @@ def run(
     clock: Clock | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     channel_capacity: int = DEFAULT_CHANNEL_CAPACITY,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_interval: float | None = None,
+    checkpoint_store: CheckpointStore | None = None,
 ) -> JobResult:
     """Run ``topology`` to completion in a new event loop and return its result.
 
+    With ``checkpoint_dir`` (or a ``checkpoint_store``) the job takes a
+    checkpoint every ``checkpoint_interval`` seconds and, when the directory
+    holds an unfinished job's checkpoint, resumes from the latest intact one.
     Call it from synchronous code; inside a running loop use :func:`start`.
 
     Example:
@@ -38,18 +46,40 @@ def run(
         >>> [r.value for r in sl.run(t).sink("out")]
         [2, 4, 6]
     """
-    job_options = {"clock": clock, "batch_size": batch_size, "channel_capacity": channel_capacity}
+    options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         pass
     else:
         raise JobError("streamlet.run() was called inside a running event loop; use 'async with streamlet.start(...)'")
-    return anyio.run(_run_job, topology, job_options, backend="asyncio", backend_options=_backend_options(use_uvloop))
+    return anyio.run(_run_job, topology, options, backend="asyncio", backend_options=_backend_options(use_uvloop))
 
 
-async def _run_job(topology: Topology, job_options: dict[str, Any]) -> JobResult:
-    return await Job(topology, channel_factory=LocalChannel, **job_options).run()
+def job_options(
+    clock: Clock | None,
+    batch_size: int,
+    channel_capacity: int,
+    checkpoint_dir: str | os.PathLike[str] | None,
+    checkpoint_interval: float | None,
+    checkpoint_store: CheckpointStore | None,
+) -> dict[str, Any]:
+    """Keyword arguments for :class:`~streamlet.core.runtime.Job`."""
+    if checkpoint_dir is not None:
+        if checkpoint_store is not None:
+            raise JobError("pass checkpoint_dir or checkpoint_store, not both")
+        checkpoint_store = DirectoryCheckpointStore(checkpoint_dir)
+    return {
+        "clock": clock,
+        "batch_size": batch_size,
+        "channel_capacity": channel_capacity,
+        "checkpoint_store": checkpoint_store,
+        "checkpoint_interval": checkpoint_interval,
+    }
+
+
+async def _run_job(topology: Topology, options: dict[str, Any]) -> JobResult:
+    return await Job(topology, channel_factory=LocalChannel, **options).run()
 
 
 def _backend_options(use_uvloop: bool) -> dict[str, Any]:
@@ -69,6 +99,9 @@ async def start(
     clock: Clock | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     channel_capacity: int = DEFAULT_CHANNEL_CAPACITY,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    checkpoint_interval: float | None = None,
+    checkpoint_store: CheckpointStore | None = None,
 ) -> AsyncIterator[Job]:
     """Run ``topology`` inside the caller's event loop.
 
@@ -79,7 +112,6 @@ async def start(
         ...         await job.close_source("requests")
         ...         result = await job.wait()
     """
-    async with open_job(
-        topology, channel_factory=LocalChannel, clock=clock, batch_size=batch_size, channel_capacity=channel_capacity
-    ) as job:
+    options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
+    async with open_job(topology, channel_factory=LocalChannel, **options) as job:
         yield job

@@ -1,10 +1,12 @@
 """The receiving side of channels, and the ``Channel`` seam senders use.
 
-Every task or sink instance owns one :class:`Inbox` with a bounded FIFO per
-input port. A :class:`Channel` is the sending end of one edge into one input
-port of one instance; the in-process implementation puts the batch object
-itself into the inbox, a network implementation serialises it first. The
-runtime only ever sees the ``Channel`` interface.
+Every task or sink instance owns one :class:`Inbox`: one bounded FIFO per
+incoming channel (one sender instance into one input port). Keeping senders
+apart is what lets a checkpoint barrier hold back one sender while the
+others catch up (Flink's alignment). A :class:`Channel` is the sending end;
+the in-process implementation puts the batch object itself into the inbox,
+a network implementation serialises it first. The runtime only ever sees
+the ``Channel`` interface.
 """
 
 from __future__ import annotations
@@ -35,53 +37,64 @@ ChannelFactory = Callable[["Inbox", int], Channel]
 
 
 class Inbox:
-    """Bounded per-port FIFOs of one instance, with one waiting reader.
+    """Bounded per-channel FIFOs of one instance, with one waiting reader.
 
-    Capacity is counted in items (batches or markers). A sender finding its
-    port full waits until the reader takes an item from that port: this is the
-    backpressure that reaches back to the sources.
+    Capacity is counted in items (batches or markers) per channel. A sender
+    finding its channel full waits until the reader takes an item from it:
+    the backpressure that reaches back to the sources.
     """
 
-    __slots__ = ("_capacities", "_queues", "_reader", "_space_waiters")
+    __slots__ = ("_capacities", "_capacity", "_queues", "_reader", "_space_waiters", "ports")
 
-    def __init__(self, ports: int, capacity: int) -> None:
-        self._queues: list[deque[Item]] = [deque() for _ in range(ports)]
-        self._capacities = [capacity] * ports
-        self._space_waiters: list[deque[asyncio.Future[None]]] = [deque() for _ in range(ports)]
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._queues: list[deque[Item]] = []
+        self._capacities: list[int] = []
+        self._space_waiters: list[deque[asyncio.Future[None]]] = []
         self._reader: asyncio.Future[None] | None = None
+        self.ports: list[int] = []  # the input port of each channel
 
-    def make_unbounded(self, port: int) -> None:
-        """Never make senders to ``port`` wait (back edges of a cycle, see runtime)."""
-        self._capacities[port] = UNBOUNDED
+    def add_channel(self, port: int, *, unbounded: bool = False) -> int:
+        """A new channel into ``port``; returns its index (what senders put to)."""
+        self._queues.append(deque())
+        self._capacities.append(UNBOUNDED if unbounded else self._capacity)
+        self._space_waiters.append(deque())
+        self.ports.append(port)
+        return len(self._queues) - 1
 
-    async def put(self, port: int, item: Item) -> None:
-        """Append ``item`` to ``port``, waiting while the port is full."""
-        queue = self._queues[port]
-        while len(queue) >= self._capacities[port]:
+    @property
+    def channel_count(self) -> int:
+        """Number of incoming channels."""
+        return len(self._queues)
+
+    async def put(self, channel: int, item: Item) -> None:
+        """Append ``item`` to ``channel``, waiting while it is full."""
+        queue = self._queues[channel]
+        while len(queue) >= self._capacities[channel]:
             waiter = asyncio.get_running_loop().create_future()
-            self._space_waiters[port].append(waiter)
+            self._space_waiters[channel].append(waiter)
             try:
                 await waiter
             except asyncio.CancelledError:
-                self._pass_on_wakeup(port, waiter)
+                self._pass_on_wakeup(channel, waiter)
                 raise
         queue.append(item)
-        self._wake_reader()
+        self.wake()
 
-    def put_nowait(self, port: int, item: Item) -> None:
+    def put_nowait(self, channel: int, item: Item) -> None:
         """Append ``item`` ignoring capacity (control markers from the runtime)."""
-        self._queues[port].append(item)
-        self._wake_reader()
+        self._queues[channel].append(item)
+        self.wake()
 
-    def head(self, port: int) -> Item | None:
-        """The next item of ``port`` without taking it, or ``None`` when empty."""
-        queue = self._queues[port]
+    def head(self, channel: int) -> Item | None:
+        """The next item of ``channel`` without taking it, or ``None`` when empty."""
+        queue = self._queues[channel]
         return queue[0] if queue else None
 
-    def pop(self, port: int) -> Item:
-        """Take the next item of ``port`` (which must not be empty)."""
-        item = self._queues[port].popleft()
-        waiters = self._space_waiters[port]
+    def pop(self, channel: int) -> Item:
+        """Take the next item of ``channel`` (which must not be empty)."""
+        item = self._queues[channel].popleft()
+        waiters = self._space_waiters[channel]
         while waiters:
             waiter = waiters.popleft()
             if not waiter.done():
@@ -89,16 +102,16 @@ class Inbox:
                 break
         return item
 
-    def is_empty(self, port: int) -> bool:
-        """True when ``port`` holds nothing."""
-        return not self._queues[port]
+    def is_empty(self, channel: int) -> bool:
+        """True when ``channel`` holds nothing."""
+        return not self._queues[channel]
 
     def depth(self) -> int:
-        """Items queued over all ports (a load signal)."""
+        """Items queued over all channels (a load signal)."""
         return sum(len(queue) for queue in self._queues)
 
     async def wait(self) -> None:
-        """Return once something is put into any port."""
+        """Return once something is put (or :meth:`wake` is called)."""
         waiter = asyncio.get_running_loop().create_future()
         self._reader = waiter
         try:
@@ -106,15 +119,16 @@ class Inbox:
         finally:
             self._reader = None
 
-    def _wake_reader(self) -> None:
+    def wake(self) -> None:
+        """Wake the waiting reader, if any (new data, or a timer fell due)."""
         reader = self._reader
         if reader is not None and not reader.done():
             reader.set_result(None)
 
-    def _pass_on_wakeup(self, port: int, waiter: asyncio.Future[None]) -> None:
+    def _pass_on_wakeup(self, channel: int, waiter: asyncio.Future[None]) -> None:
         # A cancelled sender that had already been woken must hand its turn on.
         if waiter.done() and not waiter.cancelled():
-            for other in self._space_waiters[port]:
+            for other in self._space_waiters[channel]:
                 if not other.done():
                     other.set_result(None)
                     break

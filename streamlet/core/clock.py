@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
+class Timer(Protocol):
+    """A scheduled callback that can be cancelled."""
+
+    def cancel(self) -> None:
+        """Do not call the callback (no effect once it ran)."""
+        ...
+
+
 class Clock(Protocol):
-    """What the runtime needs from time: now, and a way to wait."""
+    """What the runtime needs from time: now, waiting, and callbacks at a time."""
 
     def now(self) -> float:
         """Seconds since the epoch (or since the clock's own origin)."""
@@ -18,9 +29,13 @@ class Clock(Protocol):
         """Return after ``seconds`` of this clock's time."""
         ...
 
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Call ``callback`` (in the event loop) once the clock reads ``when``."""
+        ...
+
 
 class SystemClock:
-    """Wall-clock time for ``now`` and the event loop's timer for ``sleep``."""
+    """Wall-clock time for ``now``; the event loop's timer for waiting."""
 
     def now(self) -> float:
         """Seconds since the Unix epoch."""
@@ -29,3 +44,77 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         """Sleep on the running event loop."""
         await asyncio.sleep(seconds)
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Schedule ``callback`` on the running loop."""
+        return asyncio.get_running_loop().call_later(max(0.0, when - time.time()), callback)
+
+
+class ManualClock:
+    """A clock that moves only when told to: deterministic time for tests.
+
+    Example:
+        >>> clock = ManualClock(start=100.0)
+        >>> fired = []
+        >>> _ = clock.call_at(105.0, lambda: fired.append(clock.now()))
+        >>> clock.advance(10)
+        >>> fired
+        [105.0]
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._timers: list[tuple[float, int, _ManualTimer]] = []
+        self._order = itertools.count()
+
+    def now(self) -> float:
+        """The current manual time."""
+        return self._now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` when :meth:`advance` reaches ``when``."""
+        timer = _ManualTimer(callback)
+        heapq.heappush(self._timers, (when, next(self._order), timer))
+        return timer
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait until the clock has been advanced by ``seconds``."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        self.call_at(self._now + seconds, wake)
+        await done
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward, running every callback that falls due, in time order."""
+        if seconds < 0:
+            raise ValueError(f"a clock cannot go back ({seconds} s)")
+        target = self._now + seconds
+        while self._timers and self._timers[0][0] <= target:
+            when, _, timer = heapq.heappop(self._timers)
+            self._now = max(self._now, when)
+            timer.fire()
+        self._now = target
+
+    def pending(self) -> int:
+        """Timers not yet fired or cancelled."""
+        return sum(1 for _, _, timer in self._timers if not timer.cancelled)
+
+
+class _ManualTimer:
+    __slots__ = ("callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self.callback()

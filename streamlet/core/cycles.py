@@ -4,7 +4,7 @@ Inside a strongly connected part of the graph no instance sends
 end-of-stream to another (each waits for the other). Instead a tracker
 counts end-of-stream still expected from outside the loop and batches in
 flight towards loop members; when both reach zero the loop is quiet for good,
-and the tracker ends every in-loop input port with a ``CycleEnd`` marker.
+and the tracker ends every in-loop channel with a ``CycleEnd`` marker.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ class CycleTracker:
         self.members = members
         self.flow = FlowCounter()  # routes into members count batches here
         self.external_open = 0  # end-of-stream markers still expected from outside
-        self._in_loop_ports: list[tuple[Inbox, int]] = []
+        self._in_loop_channels: list[tuple[Inbox, int]] = []
 
-    def add_in_loop_port(self, inbox: Inbox, port: int) -> None:
-        """``port`` of ``inbox`` has at least one sender inside the loop."""
-        self._in_loop_ports.append((inbox, port))
+    def add_in_loop_channel(self, inbox: Inbox, channel: int) -> None:
+        """``channel`` of ``inbox`` comes from a sender inside the loop: the tracker ends it."""
+        self._in_loop_channels.append((inbox, channel))
 
     def external_ended(self) -> None:
         """A sender outside the loop ended."""
@@ -42,5 +42,5 @@ class CycleTracker:
         flow = self.flow
         if not flow.closed and flow.pending == 0 and self.external_open == 0:
             flow.closed = True
-            for inbox, port in self._in_loop_ports:
-                inbox.put_nowait(port, CYCLE_END)
+            for inbox, channel in self._in_loop_channels:
+                inbox.put_nowait(channel, CYCLE_END)

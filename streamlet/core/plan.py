@@ -1,37 +1,24 @@
-"""The physical plan: instances, inboxes and routes derived from a topology."""
+"""The physical plan: instances, inboxes, channels and routes derived from a topology."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.abc
 
 from streamlet.core import graph
-from streamlet.core.channel import ChannelFactory, Inbox
-from streamlet.core.clock import Clock
+from streamlet.core.channel import Channel, ChannelFactory, Inbox
 from streamlet.core.cycles import CycleTracker
-from streamlet.core.instance import Instance, Receiver, SinkInstance, SourceInstance, TaskInstance
+from streamlet.core.instance import Environment, Instance, Receiver, SinkInstance, SourceInstance
 from streamlet.core.ports import Outputs
 from streamlet.core.record import Record
 from streamlet.core.routing import DiscardRoute, Route, in_loop_adder, make_route
 from streamlet.core.sources import QueueSource, SourceContext
-from streamlet.core.statistics import DeadLetter
-from streamlet.core.topology import Edge, Topology
-
-
-@dataclass
-class PlanOptions:
-    """How to build instances: channels, batch sizes, time."""
-
-    channel_factory: ChannelFactory
-    batch_size: int
-    channel_capacity: int
-    clock: Clock
-    task_group: anyio.abc.TaskGroup
-    dead_letters: list[DeadLetter] = field(default_factory=list)
+from streamlet.core.task_instance import TaskInstance
+from streamlet.core.topology import Edge, Node, Topology
 
 
 @dataclass
@@ -45,68 +32,71 @@ class PhysicalPlan:
 
     def all(self) -> list[Instance]:
         """Every instance, sinks first so receivers are waiting before data flows."""
-        ordered = sorted(
-            self.instances.values(), key=lambda group: {"sink": 0, "task": 1, "source": 2}[group[0].node.kind]
-        )
+        rank = {"sink": 0, "task": 1, "source": 2}
+        ordered = sorted(self.instances.values(), key=lambda group: rank[group[0].node.kind])
         return [instance for group in ordered for instance in group]
+
+    def sources(self) -> list[SourceInstance]:
+        """Every source instance."""
+        return [i for group in self.instances.values() for i in group if isinstance(i, SourceInstance)]
 
 
 class _Builder:
-    def __init__(self, topology: Topology, options: PlanOptions) -> None:
+    def __init__(self, topology: Topology, channel_factory: ChannelFactory, capacity: int) -> None:
         self.topology = topology
-        self.options = options
+        self.channel_factory = channel_factory
+        self.capacity = capacity
         self.back = topology.back_edges()
         self.trackers = [CycleTracker(part) for part in graph.strongly_connected(topology.successors())]
         self.tracker_of = {name: t for t in self.trackers for name in t.members}
         self.inboxes: dict[str, list[Inbox]] = {}
-        self.senders: dict[str, list[list[int]]] = {}
+        # (edge index, sender index, receiver index) -> channel index in the receiver's inbox
+        self.channel_ids: dict[tuple[int, int, int], int] = {}
         self.discards: list[DiscardRoute] = []
 
     def in_loop(self, edge: Edge) -> bool:
         tracker = self.tracker_of.get(edge.upstream)
         return tracker is not None and tracker is self.tracker_of.get(edge.downstream)
 
-    def make_inboxes(self, name: str) -> None:
-        node = self.topology.nodes[name]
-        incoming = [e for e in self.topology.edges if e.downstream == name]
-        tracker = self.tracker_of.get(name)
-        self.inboxes[name], self.senders[name] = [], []
-        for _ in range(node.parallelism):
-            inbox = Inbox(node.inputs, self.options.channel_capacity)
-            senders, looped = [0] * node.inputs, set()
-            for edge in incoming:
-                if self.in_loop(edge):
-                    looped.add(edge.in_port)
-                else:
-                    senders[edge.in_port] += self.topology.nodes[edge.upstream].parallelism
-                    if tracker is not None:
-                        tracker.external_open += self.topology.nodes[edge.upstream].parallelism
-                if (edge.upstream, edge.downstream) in self.back:
-                    inbox.make_unbounded(edge.in_port)  # a loop must not deadlock on its own back edge
-            for port in looped:
-                senders[port] += 1  # the tracker's CycleEnd closes the in-loop senders at once
-                assert tracker is not None
-                tracker.add_in_loop_port(inbox, port)
-            self.inboxes[name].append(inbox)
-            self.senders[name].append(senders)
+    def make_inboxes(self, node: Node) -> None:
+        tracker = self.tracker_of.get(node.name)
+        inboxes = self.inboxes[node.name] = [Inbox(self.capacity) for _ in range(node.parallelism)]
+        for edge_index, edge in enumerate(self.topology.edges):
+            if edge.downstream != node.name:
+                continue
+            back_edge = (edge.upstream, edge.downstream) in self.back
+            for receiver, inbox in enumerate(inboxes):
+                for sender in range(self.topology.nodes[edge.upstream].parallelism):
+                    # a back edge is never full, so a loop cannot deadlock on itself
+                    channel = inbox.add_channel(edge.in_port, unbounded=back_edge)
+                    self.channel_ids[edge_index, sender, receiver] = channel
+                    if tracker is None:
+                        continue
+                    if self.in_loop(edge):
+                        tracker.add_in_loop_channel(inbox, channel)
+                    else:
+                        tracker.external_open += 1
 
-    def make_outputs(self, name: str) -> Outputs:
-        node = self.topology.nodes[name]
-        routes: list[list[Route]] = [[] for _ in range(node.outputs)]
-        edges = [e for e in self.topology.edges if e.upstream == name]
-        for out_edge in edges:
-            routes[out_edge.out_port].append(self._route(out_edge))
-        for port in range(node.outputs):
+    def make_outputs(self, node: Node, sender: int) -> Outputs:
+        port_count = node.outputs + (1 if node.kind == "task" else 0)  # tasks: + the late side output
+        routes: list[list[Route]] = [[] for _ in range(port_count)]
+        edges: list[list[Edge | None]] = [[] for _ in range(port_count)]
+        for edge_index, edge in enumerate(self.topology.edges):
+            if edge.upstream == node.name:
+                port = edge.out_port % port_count
+                routes[port].append(self._route(edge_index, edge, sender))
+                edges[port].append(edge)
+        for port in range(port_count):
             if not routes[port]:
                 discard = DiscardRoute()
                 self.discards.append(discard)
                 routes[port].append(discard)
+                edges[port].append(None)
         outputs = Outputs(routes)
-        adders: list[list[Callable[[Record], None]]] = [[] for _ in range(node.outputs)]
-        for port, port_routes in enumerate(routes):
-            port_edges: list[Edge | None] = [e for e in edges if e.out_port == port] or [None]
-            for edge, route in zip(port_edges, port_routes, strict=True):
-                adders[port].append(self._adder(edge, route, outputs))
+        adders = [
+            [self._adder(edge, route, outputs) for edge, route in zip(edges[port], routes[port], strict=True)]
+            for port in range(port_count)
+        ]
         outputs.set_adders([_fan_out(port_adders) for port_adders in adders])
         return outputs
 
@@ -117,9 +107,11 @@ class _Builder:
         limit = self.topology.loop_limit(edge.downstream) if (edge.upstream, edge.downstream) in self.back else None
         return in_loop_adder(route.add, sender, limit, tracker.flow)
 
-    def _route(self, edge: Edge) -> Route:
-        factory = self.options.channel_factory
-        channels = [factory(inbox, edge.in_port) for inbox in self.inboxes[edge.downstream]]
+    def _route(self, edge_index: int, edge: Edge, sender: int) -> Route:
+        channels: list[Channel] = [
+            self.channel_factory(inbox, self.channel_ids[edge_index, sender, receiver])
+            for receiver, inbox in enumerate(self.inboxes[edge.downstream])
+        ]
         route = make_route(channels, edge.partitioning)
         tracker = self.tracker_of.get(edge.downstream)
         if tracker is not None:
@@ -139,12 +131,19 @@ def _fan_out(adders: list[Callable[[Record], None]]) -> Callable[[Record], None]
     return add_to_all
 
 
-def build_plan(topology: Topology, options: PlanOptions) -> PhysicalPlan:
+def build_plan(
+    topology: Topology,
+    env: Environment,
+    *,
+    channel_factory: ChannelFactory,
+    channel_capacity: int,
+    task_group: anyio.abc.TaskGroup,
+) -> PhysicalPlan:
     """Instances and channels for ``topology`` (which must be valid)."""
-    builder = _Builder(topology, options)
-    for name, node in topology.nodes.items():
+    builder = _Builder(topology, channel_factory, channel_capacity)
+    for node in topology.nodes.values():
         if node.kind != "source":
-            builder.make_inboxes(name)
+            builder.make_inboxes(node)
     feeds: dict[str, asyncio.Queue[Any]] = {
         name: asyncio.Queue(maxsize=node.source.maxsize)
         for name, node in topology.nodes.items()
@@ -154,19 +153,17 @@ def build_plan(topology: Topology, options: PlanOptions) -> PhysicalPlan:
     for name, node in topology.nodes.items():
         group: list[Instance] = []
         for index in range(node.parallelism):
-            outputs = builder.make_outputs(name)
+            outputs = builder.make_outputs(node, index)
             if node.kind == "source":
-                context = SourceContext(
-                    name, index, node.parallelism, options.clock, options.task_group, feeds.get(name)
-                )
-                group.append(SourceInstance(node, index, outputs, options.batch_size, context))
+                context = SourceContext(name, index, node.parallelism, env.clock, task_group, feeds.get(name))
+                group.append(SourceInstance(node, index, outputs, env, context))
                 continue
-            inbox, senders = builder.inboxes[name][index], builder.senders[name][index]
+            inbox = builder.inboxes[name][index]
             receiver: Receiver
             if node.kind == "sink":
-                receiver = SinkInstance(node, index, outputs, options.batch_size, inbox, senders)
+                receiver = SinkInstance(node, index, outputs, env, inbox)
             else:
-                receiver = TaskInstance(node, index, outputs, options.batch_size, inbox, senders, options.dead_letters)
+                receiver = TaskInstance(node, index, outputs, env, inbox)
             receiver.cycle = builder.tracker_of.get(name)
             group.append(receiver)
         instances[name] = group

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from streamlet.core.record import Batch, Record
+from streamlet.core.record import Batch, Marker, Record
 from streamlet.core.routing import Route
 from streamlet.errors import TopologyError
 
@@ -148,6 +148,11 @@ class Outputs:
         """Send buffers holding at least ``at_least`` records."""
         for route in self.routes:
             await route.flush(at_least)
+
+    async def broadcast(self, marker: Marker) -> None:
+        """Send a control marker to every receiver of every port, after what was flushed."""
+        for route in self.routes:
+            await route.broadcast(marker)
 
     async def end(self) -> None:
         """Flush everything and send end-of-stream downstream."""

@@ -13,18 +13,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.abc
 import structlog
 
 from streamlet.core.channel import ChannelFactory
+from streamlet.core.checkpoint import Coordinator
+from streamlet.core.checkpoint_store import CheckpointStore
 from streamlet.core.clock import Clock, SystemClock
-from streamlet.core.instance import Receiver, SourceInstance
-from streamlet.core.plan import PhysicalPlan, PlanOptions, build_plan
+from streamlet.core.instance import Environment, Receiver, SinkInstance
+from streamlet.core.plan import PhysicalPlan, build_plan
 from streamlet.core.record import Record
-from streamlet.core.sinks import SinkWriter
+from streamlet.core.restore import restore
 from streamlet.core.sources import END_OF_FEED
 from streamlet.core.statistics import DeadLetter, JobStatistics, NodeStatistics
+from streamlet.core.task_instance import TaskInstance
 from streamlet.core.topology import Topology
-from streamlet.errors import JobError
+from streamlet.errors import JobError, TopologyError
 
 DEFAULT_BATCH_SIZE = 1000
 DEFAULT_CHANNEL_CAPACITY = 8  # batches per input port: bounded memory, enough to overlap stages
@@ -59,15 +63,23 @@ class Job:
         clock: Clock | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
         channel_capacity: int = DEFAULT_CHANNEL_CAPACITY,
+        checkpoint_store: CheckpointStore | None = None,
+        checkpoint_interval: float | None = None,
     ) -> None:
         topology.validate()
         self.topology = topology
         self.clock = clock or SystemClock()
         self._channel_factory = channel_factory
-        self._batch_size = batch_size
         self._channel_capacity = channel_capacity
+        self._env = Environment(batch_size, self.clock)
+        self._coordinator: Coordinator | None = None
+        if checkpoint_store is not None:
+            _refuse_cycles(topology)
+            self._coordinator = Coordinator(topology.name, checkpoint_store, self.clock, checkpoint_interval)
+            self._env.checkpoints = self._coordinator
+        elif checkpoint_interval is not None:
+            raise JobError("checkpoint_interval needs a checkpoint store (checkpoint_dir=...)")
         self._plan: PhysicalPlan | None = None
-        self._dead_letters: list[DeadLetter] = []
         self._error: BaseException | None = None
         self._finished = anyio.Event()
         self._started = anyio.Event()
@@ -85,25 +97,39 @@ class Job:
     async def _run_plan(self) -> None:
         self._began = time.perf_counter()
         try:
-            async with anyio.create_task_group() as group:
-                options = PlanOptions(
-                    self._channel_factory, self._batch_size, self._channel_capacity, self.clock, group,
-                    self._dead_letters,
-                )  # fmt: skip
-                try:
-                    self._plan = build_plan(self.topology, options)
-                except Exception as exc:  # noqa: BLE001 - e.g. a sink that cannot open: raised by wait()
-                    self._error = exc
-                    return
-                for tracker in self._plan.trackers:
-                    tracker.check()  # a loop nothing feeds is over before it starts
-                self._started.set()
-                for instance in self._plan.all():
-                    group.start_soon(self._guarded, instance.run, group)
+            async with anyio.create_task_group() as outer:
+                async with anyio.create_task_group() as instances:
+                    if not await self._start(instances, outer):
+                        return
+                if self._coordinator is not None and self._error is None:
+                    await self._coordinator.finish()
+                outer.cancel_scope.cancel()  # the coordinator's loop runs until the job is over
         finally:
             self._ended = time.perf_counter()
             self._started.set()
             self._finished.set()
+
+    async def _start(self, instances: anyio.abc.TaskGroup, outer: anyio.abc.TaskGroup) -> bool:
+        try:
+            self._plan = build_plan(
+                self.topology, self._env, channel_factory=self._channel_factory,
+                channel_capacity=self._channel_capacity, task_group=instances,
+            )  # fmt: skip
+            if self._coordinator is not None:
+                latest = await anyio.to_thread.run_sync(self._coordinator.store.latest)
+                document = None if latest is None else latest[1]
+                restore(self._plan.instances, document)
+                self._coordinator.attach(self._plan.all(), None if latest is None else latest[0])
+                outer.start_soon(self._coordinator.run)
+        except Exception as exc:  # noqa: BLE001 - e.g. a sink that cannot open: raised by wait()
+            self._error = exc
+            return False
+        for tracker in self._plan.trackers:
+            tracker.check()  # a loop nothing feeds is over before it starts
+        self._started.set()
+        for instance in self._plan.all():
+            instances.start_soon(self._guarded, instance.run, outer)
+        return True
 
     async def _guarded(self, run: Any, group: anyio.abc.TaskGroup) -> None:
         try:
@@ -120,6 +146,13 @@ class Job:
         if self._error is not None:
             raise self._error
         return self._result()
+
+    async def checkpoint(self) -> int:
+        """Take a checkpoint now and wait until it is complete; returns its epoch."""
+        if self._coordinator is None:
+            raise JobError(f"job '{self.topology.name}' has no checkpoint store (pass checkpoint_dir=...)")
+        await self._started.wait()
+        return await self._coordinator.checkpoint()
 
     # -- feeding and stopping ---------------------------------------------
 
@@ -138,14 +171,12 @@ class Job:
         """Stop every source, let what is in flight drain, and wait for the end."""
         await self._started.wait()
         if self._plan is not None and not self._finished.is_set():
-            for name, group in self._plan.instances.items():
-                if name in self._plan.feeds:
-                    if name not in self._closed_feeds:
-                        await self.close_source(name)
-                    continue
-                for instance in group:
-                    if isinstance(instance, SourceInstance):
-                        instance.stop()
+            for name in self._plan.feeds:
+                if name not in self._closed_feeds:
+                    await self.close_source(name)
+            for instance in self._plan.sources():
+                if instance.node.name not in self._plan.feeds:
+                    instance.stop()
         await self._finished.wait()
 
     def _feed(self, source: str) -> Any:
@@ -164,6 +195,7 @@ class Job:
         """A snapshot of the job's counters (also while it runs)."""
         plan = self._plan
         nodes: dict[str, NodeStatistics] = {}
+        everything = plan.all() if plan is not None else []
         if plan is not None:
             for name, group in plan.instances.items():
                 node = group[0].node
@@ -173,13 +205,17 @@ class Job:
                     sum(i.counters.records_in for i in group), sum(i.records_out() for i in group), queued,
                 )  # fmt: skip
         end = self._ended if self._finished.is_set() else time.perf_counter()
+        coordinator = self._coordinator
         return JobStatistics(
             job=self.topology.name,
             nodes=nodes,
             dropped=sum(t.flow.dropped for t in plan.trackers) if plan else 0,
-            dead_lettered=len(self._dead_letters),
+            dead_lettered=len(self._env.dead_letters),
             discarded=sum(d.sent for d in plan.discards) if plan else 0,
-            restarts=sum(getattr(i, "failures", 0) for g in plan.instances.values() for i in g) if plan else 0,
+            late=sum(i.late_records() for i in everything if isinstance(i, TaskInstance)),
+            restarts=sum(i.failures for i in everything if isinstance(i, TaskInstance)),
+            checkpoints=coordinator.completed if coordinator else 0,
+            last_checkpoint=coordinator.last if coordinator else None,
             wall_time=end - self._began if self._began else 0.0,
             running=self._started.is_set() and not self._finished.is_set(),
         )
@@ -188,11 +224,20 @@ class Job:
         sinks: dict[str, list[Record]] = {}
         assert self._plan is not None
         for name, group in self._plan.instances.items():
-            writers = [getattr(i, "writer", None) for i in group]
-            kept = [w.result() for w in writers if isinstance(w, SinkWriter)]
+            writers = [i.writer for i in group if isinstance(i, SinkInstance)]
+            kept = [w.result() for w in writers]
             if kept and all(r is not None for r in kept):
                 sinks[name] = [record for records in kept if records is not None for record in records]
-        return JobResult(self.statistics(), list(self._dead_letters), sinks)
+        return JobResult(self.statistics(), list(self._env.dead_letters), sinks)
+
+
+def _refuse_cycles(topology: Topology) -> None:
+    back = sorted(topology.back_edges())
+    if back:
+        raise TopologyError(
+            f"topology '{topology.name}': checkpoints are not supported with cycles yet "
+            f"(back edge from '{back[0][0]}' into '{back[0][1]}')"
+        )
 
 
 @asynccontextmanager

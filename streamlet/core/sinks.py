@@ -30,6 +30,24 @@ class SinkWriter(ABC):
     def close(self) -> Any:
         """Called once after the input has ended; may be ``async def``."""
 
+    def prepare_commit(self, epoch: int) -> Any:
+        """Checkpoint ``epoch`` reached this sink: stage what was written since the last one.
+
+        Together with :meth:`commit` this makes output exactly-once: staged
+        data becomes visible only when the checkpoint is complete. Plain or
+        ``async def``; the default does nothing (at-least-once output).
+        """
+
+    def commit(self, epoch: int) -> Any:
+        """Checkpoint ``epoch`` is complete: make what was staged for it visible."""
+
+    def restore(self, epoch: int | None) -> Any:
+        """A job resumes from checkpoint ``epoch`` (``None``: from scratch).
+
+        Commit what was staged for epochs up to ``epoch`` and not yet
+        committed; discard what was staged after it.
+        """
+
     def result(self) -> list[Record] | None:
         """What ``JobResult.sink(name)`` returns for this instance, if anything."""
         return None

@@ -40,6 +40,14 @@ class SourceReader(ABC):
     async def read(self, max_records: int) -> Batch | None:
         """Up to ``max_records`` records, waiting for at least one; ``None`` at the end."""
 
+    def position(self) -> Any:
+        """Where the reader stands, msgpack-able, for checkpoints (``None``: not replayable)."""
+        return None
+
+    async def seek(self, position: Any) -> None:
+        """Continue from a :meth:`position` taken earlier (a restore)."""
+        raise JobError(f"{type(self).__name__} cannot be replayed from a checkpoint")
+
     async def aclose(self) -> None:
         """Release what the reader holds."""
 
@@ -102,13 +110,24 @@ class IterableSource(Source):
 
 
 class _IteratorReader(SourceReader):
+    """Replayable by position: the number of items this instance has read."""
+
     def __init__(self, iterator: Iterator[Any], clock: Clock) -> None:
         self._iterator = iterator
         self._clock = clock
+        self._read = 0
 
     async def read(self, max_records: int) -> Batch | None:
         items = list(itertools.islice(self._iterator, max_records))
+        self._read += len(items)
         return to_records(items, self._clock.now()) if items else None
+
+    def position(self) -> int:
+        return self._read
+
+    async def seek(self, position: Any) -> None:
+        skipped = sum(1 for _ in itertools.islice(self._iterator, position - self._read))
+        self._read += skipped
 
 
 class _QueueReader(SourceReader):

@@ -27,7 +27,10 @@ class JobStatistics:
     ``dropped`` counts records removed on purpose (past a loop's iteration
     limit, or sent into a loop that had already ended); ``dead_lettered``
     counts records a ``skip`` task set aside; ``discarded`` counts records
-    emitted on output ports nothing is connected to.
+    emitted on output ports nothing is connected to; ``late`` counts records
+    that reached an event-time window after it closed (they went to the late
+    output). ``checkpoints`` counts completed checkpoints and
+    ``last_checkpoint`` describes the newest (epoch, size, seconds).
     """
 
     job: str
@@ -35,7 +38,10 @@ class JobStatistics:
     dropped: int
     dead_lettered: int
     discarded: int
+    late: int
     restarts: int
+    checkpoints: int
+    last_checkpoint: Any
     wall_time: float
     running: bool
 

@@ -17,6 +17,8 @@ from streamlet.core.record import Record
 from streamlet.core.sinks import CallbackSink, Sink
 from streamlet.core.sources import IterableSource, Source
 from streamlet.core.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task
+from streamlet.core.topology_constants import LATE
+from streamlet.core.window import WindowSpec
 from streamlet.errors import TopologyError
 
 NodeKind = Literal["source", "task", "sink"]
@@ -51,6 +53,8 @@ class Node:
     config: dict[str, Any] = field(default_factory=dict)
     on_error: ErrorPolicy = "fail"
     max_failures: int = 3
+    window: WindowSpec | None = None  # a task's own window, or a source's window for its consumers
+    windowed_ports: tuple[int, ...] = ()  # set by validation: the task's input ports that are windowed
 
     def describe(self) -> str:
         """``task 'count'`` style label used in messages."""
@@ -83,6 +87,11 @@ class NodeHandle:
         self._topology.edges.append(Edge(source, out_port, self.name, in_port, partitioning))
         return self
 
+    @property
+    def late_port(self) -> int:
+        """The output port of late records (``LATE``), for ``set_input(handle, out_port=handle.late_port)``."""
+        return LATE
+
     def __repr__(self) -> str:
         return f"NodeHandle({self.name!r})"
 
@@ -106,11 +115,18 @@ class Topology:
 
     # -- building ---------------------------------------------------------
 
-    def add_source(self, name: str, source: Source | Iterable[Any], parallelism: int = 1) -> NodeHandle:
-        """Add a source; a plain iterable is wrapped in an ``IterableSource``."""
+    def add_source(
+        self, name: str, source: Source | Iterable[Any], parallelism: int = 1, window: WindowSpec | None = None
+    ) -> NodeHandle:
+        """Add a source; a plain iterable is wrapped in an ``IterableSource``.
+
+        With ``window``, every task input this source feeds is windowed by it.
+        """
         if not isinstance(source, Source):
             source = IterableSource(source)
-        return self._add(Node(name, "source", _parallelism(name, "source", parallelism), 0, 1, source=source))
+        _check_window(f"source '{name}'", window)
+        node = Node(name, "source", _parallelism(name, "source", parallelism), 0, 1, source=source, window=window)
+        return self._add(node)
 
     def add_task(
         self,
@@ -120,16 +136,23 @@ class Topology:
         config: dict[str, Any] | None = None,
         on_error: ErrorPolicy = "fail",
         max_failures: int = 3,
+        window: WindowSpec | None = None,
     ) -> NodeHandle:
-        """Add a task: a ``Task`` subclass or zero-argument factory (one object per instance)."""
+        """Add a task: a ``Task`` subclass or zero-argument factory (one object per instance).
+
+        With ``window``, ``execute`` is called once per closed window of the
+        task's input, and ``inputs.window`` gives its ``(start, end)``.
+        """
         make_task = _task_factory(name, task)
         ports = PortDeclarer()
         make_task().declare_ports(ports)
         if on_error not in _POLICIES:
             raise TopologyError(f"task '{name}': on_error must be one of {_POLICIES}, got {on_error!r}")
+        _check_window(f"task '{name}'", window)
         node = Node(
             name, "task", _parallelism(name, "task", parallelism), ports.inputs, ports.outputs, ports.sync,
             make_task=make_task, config=dict(config or {}), on_error=on_error, max_failures=max_failures,
+            window=window,
         )  # fmt: skip
         return self._add(node)
 
@@ -224,6 +247,14 @@ class Topology:
         from streamlet.core.validation import validate
 
         validate(self)
+
+
+def _check_window(where: str, window: WindowSpec | None) -> None:
+    if window is None:
+        return
+    if not isinstance(window, WindowSpec):
+        raise TopologyError(f"{where}: window must be a CountWindow, TimeWindow or CountOrTimeWindow, got {window!r}")
+    window.validate(where)
 
 
 def _parallelism(name: str, kind: str, parallelism: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from streamlet.core import graph
+from streamlet.core.topology_constants import LATE
 from streamlet.errors import TopologyError
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ def validate(topology: Topology) -> None:
     _check_edges(topology)
     _check_inputs_connected(topology)
     _check_cycles(topology)
+    _resolve_windows(topology)
 
 
 def _check_edges(topology: Topology) -> None:
@@ -39,6 +41,8 @@ def _check_edges(topology: Topology) -> None:
             )
         if upstream.outputs == 0:
             raise TopologyError(f"{upstream.describe()} has no output ports but feeds '{downstream.name}'")
+        if edge.out_port == LATE and upstream.kind == "task":
+            continue
         if not 0 <= edge.out_port < upstream.outputs:
             raise TopologyError(
                 f"{upstream.describe()} has {_ports(upstream.outputs, 'output')} but output port "
@@ -65,6 +69,44 @@ def _check_cycles(topology: Topology) -> None:
                 f"topology '{topology.name}' has a cycle {cycle} (back edge into input of "
                 f"'{head}') without an iteration limit; call topology.set_max_iterations(n)"
             )
+
+
+def _resolve_windows(topology: Topology) -> None:
+    """Give every task the window of its own, or of the windowed sources that feed it."""
+    for node in topology.nodes.values():
+        feeding = [e for e in topology.edges if e.downstream == node.name]
+        windowed = [(e, topology.nodes[e.upstream]) for e in feeding if topology.nodes[e.upstream].kind == "source"]
+        windowed = [(e, source) for e, source in windowed if source.window is not None]
+        if node.kind == "sink":
+            if windowed:
+                edge, source = windowed[0]
+                raise TopologyError(
+                    f"{node.describe()} input port {edge.in_port}: windowed {source.describe()} feeds a sink "
+                    "directly; windows are applied by tasks"
+                )
+            continue
+        if node.kind != "task":
+            continue
+        if node.windowed_ports and node.window is not None:
+            continue  # resolved by an earlier validate()
+        own = node.window
+        if own is not None:
+            if windowed:
+                edge, source = windowed[0]
+                raise TopologyError(
+                    f"{node.describe()} input port {edge.in_port} is fed by windowed {source.describe()}, "
+                    "but the task has a window of its own"
+                )
+            node.windowed_ports = tuple(range(node.inputs))
+            continue
+        specs = {source.window for _, source in windowed}
+        if len(specs) > 1:
+            raise TopologyError(
+                f"{node.describe()} is fed by sources with different windows: {sorted(map(repr, specs))}"
+            )
+        if specs:
+            node.window = specs.pop()
+            node.windowed_ports = tuple(sorted({edge.in_port for edge, _ in windowed}))
 
 
 def _ports(count: int, what: str) -> str:

@@ -1,0 +1,161 @@
+"""Checkpoint coordination (Flink's asynchronous barrier snapshots, aligned).
+
+The coordinator asks every source instance to inject ``Barrier(epoch)``;
+each instance reports its snapshot when the barrier has arrived on all its
+open channels; when every instance has reported, the checkpoint is complete:
+it is saved to the :class:`~streamlet.core.checkpoint_store.CheckpointStore`
+and only then are the sinks told to ``commit(epoch)``. Instances that have
+already completed report their final snapshot at once (a completed sink
+stages what it still holds).
+
+A checkpoint document::
+
+    {"epoch": 7, "job": "wordcount", "finished": False,
+     "sources": {"lines": [position, ...]},         # one entry per instance
+     "tasks": {"count": [{"state": [[k, v], ...], "window": ..., "finished": False}, ...]}}
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+
+from streamlet.core.checkpoint_store import CheckpointStore
+from streamlet.core.clock import Clock
+from streamlet.core.instance import Instance, SinkInstance, SourceInstance, _maybe_await
+from streamlet.core.task_instance import TaskInstance
+
+log = structlog.get_logger("streamlet")
+
+
+@dataclass
+class _Pending:
+    snapshots: dict[tuple[str, int], Any] = field(default_factory=dict)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    began: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """The last completed checkpoint: epoch, encoded size and time from trigger to saved."""
+
+    epoch: int
+    size_bytes: int
+    seconds: float
+
+
+class Coordinator:
+    """Triggers checkpoints, collects the instances' snapshots, saves and commits."""
+
+    def __init__(self, job: str, store: CheckpointStore, clock: Clock, interval: float | None) -> None:
+        self.job = job
+        self.store = store
+        self.clock = clock
+        self.interval = interval
+        self.instances: list[Instance] = []
+        self.next_epoch = 1
+        self.completed = 0
+        self.last: CheckpointInfo | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._finishing: int | None = None
+        self._ready = anyio.create_memory_object_stream[int](100)
+
+    def attach(self, instances: list[Instance], last_epoch: int | None) -> None:
+        """The instances of the job; epochs continue after ``last_epoch``."""
+        self.instances = instances
+        self.next_epoch = (last_epoch or 0) + 1
+
+    # -- triggering -----------------------------------------------------------
+
+    async def checkpoint(self) -> int:
+        """Take a checkpoint now and wait until it is complete; returns its epoch."""
+        epoch = await self.trigger()
+        await self._pending[epoch].done.wait()
+        return epoch
+
+    async def trigger(self) -> int:
+        """Start checkpoint ``epoch`` (the next one) without waiting for it."""
+        epoch = self.next_epoch
+        self.next_epoch += 1
+        self._pending[epoch] = _Pending()
+        for instance in self.instances:
+            if instance.completed:
+                await self.report_completed(instance, epoch)
+            elif isinstance(instance, SourceInstance):
+                instance.request_barrier(epoch)
+        return epoch
+
+    async def report_completed(self, instance: Instance, epoch: int | None = None) -> None:
+        """``instance`` has completed: answer ``epoch`` (or every pending one) with its final snapshot."""
+        epochs = [epoch] if epoch is not None else sorted(self._pending)
+        for pending_epoch in epochs:
+            pending = self._pending.get(pending_epoch)
+            if pending is None or (instance.node.name, instance.index) in pending.snapshots:
+                continue
+            if isinstance(instance, SinkInstance):
+                await instance.prepare_commit(pending_epoch)
+            self.ack(pending_epoch, instance.node.name, instance.index, instance.final_snapshot())
+
+    def ack(self, epoch: int, node: str, index: int, snapshot: Any) -> None:
+        """Instance ``(node, index)`` has its snapshot for ``epoch``."""
+        pending = self._pending.get(epoch)
+        if pending is None:
+            return
+        pending.snapshots[node, index] = snapshot
+        if len(pending.snapshots) == len(self.instances):
+            self._ready[0].send_nowait(epoch)
+
+    # -- completing -------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Save and commit checkpoints as they complete; trigger one every ``interval``."""
+        async with anyio.create_task_group() as group:
+            if self.interval is not None:
+                group.start_soon(self._tick)
+            async for epoch in self._ready[1]:
+                await self._complete(epoch, finished=epoch == self._finishing)
+
+    async def _tick(self) -> None:
+        assert self.interval is not None
+        while True:
+            await self.clock.sleep(self.interval)
+            if not self._pending:  # one checkpoint at a time: a slow one is not piled upon
+                await self.trigger()
+
+    async def _complete(self, epoch: int, finished: bool = False) -> None:
+        pending = self._pending[epoch]
+        document = self._document(epoch, pending, finished)
+        size = await anyio.to_thread.run_sync(self.store.save, epoch, document)
+        for instance in self.instances:
+            if isinstance(instance, SinkInstance):
+                await _maybe_await(instance.writer.commit(epoch))
+        self.completed += 1
+        self.last = CheckpointInfo(epoch, size, time.perf_counter() - pending.began)
+        log.debug("checkpoint complete", job=self.job, epoch=epoch, bytes=size)
+        del self._pending[epoch]
+        pending.done.set()
+
+    def _document(self, epoch: int, pending: _Pending, finished: bool) -> dict[str, Any]:
+        sources: dict[str, list[Any]] = {}
+        tasks: dict[str, list[Any]] = {}
+        for instance in self.instances:
+            snapshot = pending.snapshots[instance.node.name, instance.index]
+            if isinstance(instance, SourceInstance):
+                sources.setdefault(instance.node.name, []).append(snapshot)
+            elif isinstance(instance, TaskInstance):
+                tasks.setdefault(instance.node.name, []).append(snapshot)
+        return {"epoch": epoch, "job": self.job, "finished": finished, "sources": sources, "tasks": tasks}
+
+    async def finish(self) -> None:
+        """The job ended normally: a final checkpoint commits what sinks still hold, then they close."""
+        epoch = self.next_epoch
+        self._finishing = epoch
+        await self.trigger()  # every instance has completed, so every answer comes at once
+        await self._pending[epoch].done.wait()
+        for instance in self.instances:
+            if isinstance(instance, SinkInstance):
+                await _maybe_await(instance.writer.close())

@@ -1,0 +1,63 @@
+"""Putting a job back where a checkpoint left it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamlet.core.instance import Instance, SinkInstance, SourceInstance
+from streamlet.core.state import KeyedState
+from streamlet.core.task_instance import TaskInstance
+from streamlet.errors import JobError
+
+
+def restore(instances: dict[str, list[Instance]], document: dict[str, Any] | None) -> None:
+    """Restore sources' positions, tasks' state and windows, and sinks' staged output.
+
+    ``document`` is ``None`` for a fresh start (sinks still clean up what an
+    earlier, unfinished run staged). A task's keyed state is re-split by key
+    when its parallelism changed; sources and windowed tasks must keep theirs.
+    """
+    epoch = None if document is None else document["epoch"]
+    for group in instances.values():
+        for instance in group:
+            if isinstance(instance, SinkInstance):
+                instance.writer.restore(epoch)
+    if document is None or document["finished"]:
+        return
+    for name, group in instances.items():
+        kind = group[0].node.kind
+        if kind == "source":
+            _restore_sources(name, group, _entries(document, "sources", name, group))
+        elif kind == "task":
+            _restore_tasks(name, group, _entries(document, "tasks", name, group, exact=False))
+
+
+def _entries(document: dict[str, Any], section: str, name: str, group: list[Instance], exact: bool = True) -> list[Any]:
+    entries = document[section].get(name)
+    if entries is None:
+        raise JobError(f"checkpoint {document['epoch']} of job '{document['job']}' has nothing for '{name}'")
+    if exact and len(entries) != len(group):
+        raise JobError(
+            f"'{name}' ran with parallelism {len(entries)} at checkpoint {document['epoch']}; "
+            f"it cannot resume with {len(group)}"
+        )
+    return list(entries)
+
+
+def _restore_sources(name: str, group: list[Instance], positions: list[Any]) -> None:
+    for instance, position in zip(group, positions, strict=True):
+        assert isinstance(instance, SourceInstance)
+        instance.restore_position = position
+
+
+def _restore_tasks(name: str, group: list[Instance], snapshots: list[Any]) -> None:
+    if len(snapshots) != len(group):
+        if any(snapshot["window"] is not None for snapshot in snapshots):
+            raise JobError(f"windowed task '{name}' cannot change parallelism ({len(snapshots)} -> {len(group)})")
+        merged = KeyedState.merge([snapshot["state"] for snapshot in snapshots])
+        finished = all(snapshot["finished"] for snapshot in snapshots)
+        parts = KeyedState.partition(merged, len(group))
+        snapshots = [{"state": part, "window": None, "finished": finished} for part in parts]
+    for instance, snapshot in zip(group, snapshots, strict=True):
+        assert isinstance(instance, TaskInstance)
+        instance.restore(snapshot)

@@ -1,0 +1,331 @@
+"""A task instance: user ``execute`` under its error policy, in sync or async mode, windowed or not."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from streamlet.core.channel import Inbox
+from streamlet.core.instance import Environment, Receiver, _maybe_await
+from streamlet.core.ports import Inputs, Outputs
+from streamlet.core.record import Barrier, Batch, Record
+from streamlet.core.state import KeyedState
+from streamlet.core.statistics import DeadLetter
+from streamlet.core.task import RecordFailure, Task
+from streamlet.core.topology_constants import LATE
+from streamlet.core.window import ClosedWindow, TimeWindow, WindowLogic
+from streamlet.errors import TaskError
+
+if TYPE_CHECKING:
+    from streamlet.core.topology import Node
+
+LATE_PORT = LATE  # the late side output: the last output port of every task
+
+
+class TaskInstance(Receiver):
+    """Runs a user ``Task`` under its error policy (fail, skip or restart)."""
+
+    def __init__(self, node: Node, index: int, outputs: Outputs, env: Environment, inbox: Inbox) -> None:
+        super().__init__(node, index, outputs, env, inbox)
+        self.inputs = Inputs(node.inputs)
+        self.state = KeyedState()
+        self.failures = 0
+        self.finished = False  # restored from a checkpoint taken after finish(): do not run it again
+        self.task = self._new_task()
+        self.window: WindowLogic | None = None
+        self.windowed_ports: frozenset[int] = frozenset()
+        if node.window is not None:
+            self.window = node.window.build()
+            self.windowed_ports = frozenset(node.windowed_ports)
+        self._window_ts_is_end = isinstance(node.window, TimeWindow)
+        self._channels_of = [[c for c, p in enumerate(inbox.ports) if p == port] for port in range(node.inputs)]
+
+    def _new_task(self) -> Task:
+        assert self.node.make_task is not None
+        task = self.node.make_task()
+        task.state = self.state
+        self._execute: Callable[[Inputs, Outputs], Any] = task.execute
+        self._async = inspect.iscoroutinefunction(task.execute)
+        return task
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Prepare the task."""
+        self.task.prepare(dict(self.node.config))
+
+    async def run(self) -> None:
+        """Run the loop of the task's input mode."""
+        if self.node.sync and self.node.inputs > 1:
+            await self.open()
+            await self._run_sync()
+        else:
+            await super().run()
+
+    def snapshot(self) -> dict[str, Any]:
+        """State, open windows and whether finish() already ran."""
+        window = None if self.window is None else self.window.snapshot()
+        return {"state": self.state.checkpoint(), "window": window, "finished": self.finished}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Continue from :meth:`snapshot`'s data."""
+        self.state.restore(snapshot["state"])
+        if self.window is not None and snapshot["window"] is not None:
+            self.window.restore(snapshot["window"])
+        self.finished = snapshot["finished"]
+
+    def final_snapshot(self) -> Any:
+        """The snapshot once inputs ended (after finish)."""
+        return self.snapshot()
+
+    async def on_aligned(self, epoch: int) -> None:
+        """Snapshot, report, and pass the barrier on."""
+        self._ack(epoch, self.snapshot())
+        await self.outputs.flush()
+        await self.outputs.broadcast(Barrier(epoch))
+
+    async def complete(self) -> None:
+        """Close open windows, run ``finish`` (which may emit final results), then end downstream."""
+        if not self.finished:
+            if self.window is not None:
+                for window in self.window.close_all():
+                    await self._run_window(window)
+            self.outputs.ts = None
+            try:
+                await _maybe_await(self.task.finish(self.outputs))
+            except Exception as exc:
+                raise TaskError(
+                    f"task '{self.node.name}' instance {self.index} failed in finish(): {_describe(exc)}",
+                    task=self.node.name, instance=self.index, key=None,
+                ) from exc  # fmt: skip
+            self.finished = True
+        await super().complete()
+
+    # -- data -------------------------------------------------------------------
+
+    async def process(self, port: int, batch: Batch) -> None:
+        """A batch from ``port``: into its windows, or straight to ``execute``."""
+        if port in self.windowed_ports:
+            assert self.window is not None
+            closed, late = self.window.add(port, batch, self.env.clock.now())
+            if late:
+                self._send_late(late)
+            for window in closed:
+                await self._run_window(window)
+        else:
+            await self._execute_batch(port, batch)
+
+    def next_deadline(self) -> float | None:
+        """The next time a window closes by the clock."""
+        return None if self.window is None else self.window.next_deadline()
+
+    async def on_time(self) -> None:
+        """Run the windows the clock has closed."""
+        if self.window is not None:
+            for window in self.window.on_time(self.env.clock.now()):
+                await self._run_window(window)
+
+    def late_records(self) -> int:
+        """Records that arrived after their windows closed."""
+        return 0 if self.window is None else self.window.late
+
+    def _send_late(self, late: Batch) -> None:
+        on_late = getattr(self.node.window, "on_late", None)
+        self.outputs.emit_batch(late, port=LATE_PORT)
+        if on_late is not None:
+            for record in late:
+                on_late(record)
+
+    async def _run_window(self, window: ClosedWindow) -> None:
+        self.inputs.window = (window.start, window.end)
+        records = window.all_records()
+        if self._window_ts_is_end:
+            self.outputs.ts = window.end
+        elif records:
+            self.outputs.ts = records[-1].ts
+        batches = [window.records.get(port, []) for port in range(self.node.inputs)]
+        if len(window.records) == 1 and not self.node.sync:
+            [port] = window.records
+            await self._execute_unit(records, lambda: self.inputs.set_one(port, records), "a window starting with key")
+        else:
+            await self._execute_unit(records, lambda: self.inputs.set_all(batches), "a window starting with key")
+        self.inputs.window = None
+
+    async def _call(self) -> None:
+        if self._async:
+            await self._execute(self.inputs, self.outputs)
+        else:
+            self._execute(self.inputs, self.outputs)
+
+    async def _execute_batch(self, port: int, batch: Batch) -> None:
+        """Execute one batch under the error policy, isolating the failing record."""
+        self.outputs.ts = batch[-1].ts
+        while batch:
+            marks = self.outputs.marks() if self.node.on_error != "fail" else None
+            self.inputs.set_one(port, batch)
+            try:
+                await self._call()
+                return
+            except RecordFailure as failure:
+                batch = self._record_failed(batch, failure.index, failure.__cause__ or failure)
+            except Exception as exc:  # noqa: BLE001 - user code: any error follows the policy
+                if marks is not None:
+                    self.outputs.rollback(marks)
+                batch = await self._batch_failed(port, batch, exc)
+
+    def _record_failed(self, batch: Batch, index: int, error: BaseException) -> Batch:
+        """A shortcut told us which record failed: apply the policy, return what is left."""
+        record = batch[index]
+        if self.node.on_error == "skip":
+            self._dead_letter(record, error)
+            return batch[index + 1 :]
+        if self.node.on_error == "restart":
+            self._restart(record, error)
+            return batch[index:]
+        raise self._task_error(record, error)
+
+    async def _batch_failed(self, port: int, batch: Batch, error: BaseException) -> Batch:
+        """``execute`` raised on a whole batch: retry after a restart, or isolate the record."""
+        if self.node.on_error == "restart":
+            self._restart(batch[0], error)
+            return batch
+        for record in batch:  # replay one record at a time so the policy lands on the exact record
+            self.inputs.set_one(port, [record])
+            try:
+                await self._call()
+            except Exception as exc:
+                if self.node.on_error == "skip":
+                    self._dead_letter(record, exc)
+                else:
+                    raise self._task_error(record, exc) from exc
+        if self.node.on_error == "fail":  # the replay did not fail again: report the batch
+            raise self._task_error(batch[0], error, what=f"a batch of {len(batch)} records starting with key")
+        return []
+
+    async def _execute_unit(self, records: Batch, set_inputs: Callable[[], None], what: str) -> None:
+        """Execute a sync wake-up or a window as one unit: on failure the policy applies to all of it."""
+        while True:
+            marks = self.outputs.marks()
+            set_inputs()
+            try:
+                await self._call()
+                return
+            except Exception as exc:  # noqa: BLE001 - user code
+                self.outputs.rollback(marks)
+                error = exc.__cause__ if isinstance(exc, RecordFailure) and exc.__cause__ else exc
+                first = records[0] if records else Record(None, None)
+                if self.node.on_error == "skip":
+                    for record in records:
+                        self._dead_letter(record, error)
+                    return
+                if self.node.on_error == "restart":
+                    self._restart(first, error)
+                    continue
+                raise self._task_error(first, error, what=what) from error
+
+    # -- policies ---------------------------------------------------------------
+
+    def _dead_letter(self, record: Record, error: BaseException) -> None:
+        self.env.dead_letters.append(DeadLetter(self.node.name, self.index, record, _describe(error), error))
+        self.log.warning("record dead-lettered", key=record.key, error=_describe(error))
+
+    def _restart(self, record: Record, error: BaseException) -> None:
+        self.failures += 1
+        if self.failures > self.node.max_failures:
+            raise self._task_error(record, error, after=f" after {self.node.max_failures} restarts")
+        self.log.warning("restarting instance", key=record.key, error=_describe(error), failures=self.failures)
+        self.task = self._new_task()
+        self.task.prepare(dict(self.node.config))
+
+    def _task_error(
+        self, record: Record, error: BaseException, *, what: str = "record with key", after: str = ""
+    ) -> TaskError:
+        message = (
+            f"task '{self.node.name}' instance {self.index} failed on {what} {record.key!r}{after}: {_describe(error)}"
+        )
+        task_error = TaskError(message, task=self.node.name, instance=self.index, key=record.key)
+        task_error.__cause__ = error
+        return task_error
+
+    # -- sync mode ----------------------------------------------------------------
+
+    async def _run_sync(self) -> None:
+        """Execute when every open port has a batch; markers are taken as they reach a head."""
+        while self.open_ports:
+            if await self._take_markers():
+                continue
+            picks = self._sync_picks()
+            if picks is None:
+                await self.idle()
+                continue
+            batches = [[] if channel is None else _pop_batch(self.inbox, channel) for channel in picks]
+            records = [record for batch in batches for record in batch]
+            self.counters.records_in += len(records)
+            self.outputs.ts = records[-1].ts
+            if self.cycle is not None:
+                self.outputs.iteration = max(record.iteration for record in records)
+            if self.windowed_ports:
+                for port, batch in enumerate(batches):
+                    if batch:
+                        await self.process(port, batch)
+            else:
+                await self._execute_unit(
+                    records, partial(self.inputs.set_all, batches), "a sync wake-up starting with key"
+                )
+            if self.cycle is None:
+                await self.outputs.flush(self.env.batch_size)
+            else:
+                await self.outputs.flush()
+                self.cycle.batches_done(sum(1 for channel in picks if channel is not None))
+        await self.complete()
+
+    def has_work(self) -> bool:
+        """In sync mode: a marker to take, or a batch on every open port."""
+        if not (self.node.sync and self.node.inputs > 1):
+            return super().has_work()
+        return self._marker_at_head() is not None or self._sync_picks() is not None
+
+    def _marker_at_head(self) -> int | None:
+        for channel in range(self.inbox.channel_count):
+            if not self.blocked[channel]:
+                head = self.inbox.head(channel)
+                if head is not None and type(head) is not list:
+                    return channel
+        return None
+
+    async def _take_markers(self) -> bool:
+        took = False
+        while (channel := self._marker_at_head()) is not None:
+            await self.on_marker(channel, self.inbox.pop(channel))  # type: ignore[arg-type]
+            took = True
+        return took
+
+    def _sync_picks(self) -> list[int | None] | None:
+        """Per port the channel to take a batch from (None: ended or held by a barrier), or None if not ready.
+
+        While a checkpoint aligns, a port whose channels all delivered the
+        barrier counts as having nothing, so the other ports can reach theirs.
+        """
+        picks: list[int | None] = []
+        for channels in self._channels_of:
+            usable = [c for c in channels if self.channel_open[c] and not self.blocked[c]]
+            if not usable:
+                picks.append(None)
+                continue
+            ready = next((c for c in usable if type(self.inbox.head(c)) is list), None)
+            if ready is None:
+                return None
+            picks.append(ready)
+        return picks if any(pick is not None for pick in picks) else None
+
+
+def _pop_batch(inbox: Inbox, channel: int) -> Batch:
+    batch = inbox.pop(channel)
+    assert type(batch) is list  # the caller saw a batch at the head
+    return batch
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

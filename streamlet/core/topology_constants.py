@@ -1,0 +1,7 @@
+"""Constants shared by the topology model and the runtime."""
+
+from __future__ import annotations
+
+from typing import Final
+
+LATE: Final = -1  #: ``set_input(task, out_port=LATE)``: a task's late side output (records after their window closed)
