@@ -10,27 +10,39 @@ module only re-exports the public API.
 from __future__ import annotations
 
 from streamlet.backends.local import run, start
-from streamlet.core.clock import Clock, SystemClock
+from streamlet.connectors.files import FileSink, FileSource, read_file_sink
+from streamlet.core.checkpoint_store import CheckpointStore, DirectoryCheckpointStore, InMemoryCheckpointStore
+from streamlet.core.clock import Clock, ManualClock, SystemClock
 from streamlet.core.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partitioning, stable_hash
 from streamlet.core.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.record import Record
 from streamlet.core.runtime import Job, JobResult
 from streamlet.core.sinks import CallbackSink, CollectSink, Sink, SinkContext, SinkWriter
 from streamlet.core.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
-from streamlet.core.state import KeyedState
+from streamlet.core.state import KeyedState, StateStore
 from streamlet.core.statistics import DeadLetter, JobStatistics, NodeStatistics
 from streamlet.core.task import Task
 from streamlet.core.topology import NodeHandle, Topology
+from streamlet.core.topology_constants import LATE
+from streamlet.core.window import CountOrTimeWindow, CountWindow, TimeWindow, WindowSpec
 from streamlet.errors import JobError, StreamletError, TaskError, TopologyError, TransportError
 
 __all__ = (
     "BROADCAST",
+    "LATE",
     "ROUND_ROBIN",
     "SAME_KEY",
     "CallbackSink",
+    "CheckpointStore",
     "Clock",
     "CollectSink",
+    "CountOrTimeWindow",
+    "CountWindow",
     "DeadLetter",
+    "DirectoryCheckpointStore",
+    "FileSink",
+    "FileSource",
+    "InMemoryCheckpointStore",
     "Inputs",
     "IterableSource",
     "Job",
@@ -38,6 +50,7 @@ __all__ = (
     "JobResult",
     "JobStatistics",
     "KeyedState",
+    "ManualClock",
     "NodeHandle",
     "NodeStatistics",
     "Outputs",
@@ -51,13 +64,17 @@ __all__ = (
     "Source",
     "SourceContext",
     "SourceReader",
+    "StateStore",
     "StreamletError",
     "SystemClock",
     "Task",
     "TaskError",
+    "TimeWindow",
     "Topology",
     "TopologyError",
     "TransportError",
+    "WindowSpec",
+    "read_file_sink",
     "run",
     "stable_hash",
     "start",

@@ -28,6 +28,7 @@ from streamlet.core.checkpoint_store import CheckpointStore
 from streamlet.core.clock import Clock
 from streamlet.core.instance import Instance, SinkInstance, SourceInstance, _maybe_await
 from streamlet.core.task_instance import TaskInstance
+from streamlet.errors import JobError
 
 log = structlog.get_logger("streamlet")
 
@@ -37,6 +38,7 @@ class _Pending:
     snapshots: dict[tuple[str, int], Any] = field(default_factory=dict)
     done: anyio.Event = field(default_factory=anyio.Event)
     began: float = field(default_factory=time.perf_counter)
+    abandoned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class Coordinator:
         self.last: CheckpointInfo | None = None
         self._pending: dict[int, _Pending] = {}
         self._finishing: int | None = None
+        self._closed = False
         self._ready = anyio.create_memory_object_stream[int](100)
 
     def attach(self, instances: list[Instance], last_epoch: int | None) -> None:
@@ -73,9 +76,21 @@ class Coordinator:
 
     async def checkpoint(self) -> int:
         """Take a checkpoint now and wait until it is complete; returns its epoch."""
+        if self._closed:
+            raise JobError(f"job '{self.job}' has ended: no more checkpoints")
         epoch = await self.trigger()
-        await self._pending[epoch].done.wait()
+        pending = self._pending[epoch]
+        await pending.done.wait()
+        if pending.abandoned:
+            raise JobError(f"checkpoint {epoch} of job '{self.job}' did not complete: the job ended first")
         return epoch
+
+    def close(self) -> None:
+        """The job is over: checkpoints still pending will never complete."""
+        self._closed = True
+        for pending in self._pending.values():
+            pending.abandoned = True
+            pending.done.set()
 
     async def trigger(self) -> int:
         """Start checkpoint ``epoch`` (the next one) without waiting for it."""
@@ -135,7 +150,6 @@ class Coordinator:
                 await _maybe_await(instance.writer.commit(epoch))
         self.completed += 1
         self.last = CheckpointInfo(epoch, size, time.perf_counter() - pending.began)
-        log.debug("checkpoint complete", job=self.job, epoch=epoch, bytes=size)
         del self._pending[epoch]
         pending.done.set()
 

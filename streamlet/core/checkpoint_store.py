@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import msgpack
 import structlog
 
+from streamlet.core.durable import fsync_directory
+
 _MAGIC = b"STLTCKP1"
 _HEADER = struct.Struct(">8sIQ")  # magic, crc32 of the body, body length
 _PREFIX = "checkpoint-"
@@ -110,7 +112,7 @@ class DirectoryCheckpointStore:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, final)
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
         for old in self.epochs()[: -self.keep]:
             self.path(old).unlink(missing_ok=True)
         return len(data)
@@ -136,11 +138,3 @@ def _newest_intact(epochs: list[int], read: Any) -> tuple[int, dict[str, Any]] |
         except (OSError, ValueError, msgpack.UnpackException) as exc:
             log.warning("skipping unreadable checkpoint", epoch=epoch, reason=str(exc))
     return None
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 
 def back_edges(roots: Iterable[str], successors: Mapping[str, list[str]]) -> set[tuple[str, str]]:
@@ -52,35 +52,52 @@ def cycle_through(edge: tuple[str, str], successors: Mapping[str, list[str]]) ->
 
 
 def strongly_connected(successors: Mapping[str, list[str]]) -> list[set[str]]:
-    """Strongly connected components with a cycle (size > 1 or a self-loop)."""
+    """Strongly connected components with a cycle (size > 1 or a self-loop).
+
+    Tarjan's algorithm with an explicit stack, so a topology of any length
+    does not hit Python's recursion limit.
+    """
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()
     stack: list[str] = []
     found: list[set[str]] = []
 
-    def visit(node: str) -> None:
+    def enter(node: str) -> tuple[str, Iterator[str]]:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for child in successors.get(node, ()):
-            if child not in index:
-                visit(child)
-                low[node] = min(low[node], low[child])
-            elif child in on_stack:
-                low[node] = min(low[node], index[child])
-        if low[node] == index[node]:
-            part = set()
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                part.add(member)
-                if member == node:
-                    break
-            if len(part) > 1 or node in successors.get(node, ()):
-                found.append(part)
+        return node, iter(successors.get(node, ()))
 
-    for node in successors:
-        if node not in index:
-            visit(node)
+    for root in successors:
+        if root in index:
+            continue
+        work = [enter(root)]
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    work.append(enter(child))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                part = _pop_component(stack, on_stack, node)
+                if len(part) > 1 or node in successors.get(node, ()):
+                    found.append(part)
     return found
+
+
+def _pop_component(stack: list[str], on_stack: set[str], root: str) -> set[str]:
+    part = set()
+    while True:
+        member = stack.pop()
+        on_stack.discard(member)
+        part.add(member)
+        if member == root:
+            return part

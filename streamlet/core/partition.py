@@ -36,11 +36,28 @@ PartitionSpec: TypeAlias = "Partitioning | PartitionFn"
 def stable_hash(key: Any) -> int:
     """A 32-bit hash of ``key`` that is the same in every process and run.
 
+    Keys that Python holds equal hash the same (``1``, ``1.0`` and ``True``;
+    a tuple and the list msgpack turns it into), because they are the same
+    key to a task's state.
+
     Example:
         >>> stable_hash("user42") == stable_hash("user42")
         True
+        >>> stable_hash(1) == stable_hash(1.0) == stable_hash(True)
+        True
     """
-    return zlib.crc32(msgpack.packb(key, use_bin_type=True))
+    return zlib.crc32(msgpack.packb(_canonical(key), use_bin_type=True))
+
+
+def _canonical(key: Any) -> Any:
+    kind = type(key)
+    if kind is bool:
+        return int(key)
+    if kind is float and key.is_integer():
+        return int(key)
+    if kind is tuple or kind is list:
+        return [_canonical(item) for item in key]
+    return key
 
 
 def partition_of(key: Any, parts: int) -> int:
@@ -64,7 +81,10 @@ class KeyPartitioner:
 
     def __call__(self, key: Any) -> int:
         """The instance index for ``key``."""
-        index = self.cache.get(key)
+        try:
+            index = self.cache.get(key)
+        except TypeError:  # an unhashable key (a list): correct, just not cached
+            return partition_of(key, self.parts)
         if index is None:
             index = partition_of(key, self.parts)
             if len(self.cache) >= self._limit:

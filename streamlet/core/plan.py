@@ -112,7 +112,8 @@ class _Builder:
             self.channel_factory(inbox, self.channel_ids[edge_index, sender, receiver])
             for receiver, inbox in enumerate(self.inboxes[edge.downstream])
         ]
-        route = make_route(channels, edge.partitioning)
+        label = f"edge '{edge.upstream}' -> '{edge.downstream}' input port {edge.in_port}"
+        route = make_route(channels, edge.partitioning, label)
         tracker = self.tracker_of.get(edge.downstream)
         if tracker is not None:
             route.cycle = tracker.flow

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from streamlet.core.channel import Channel
 from streamlet.core.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, KeyPartitioner, PartitionSpec
 from streamlet.core.record import END_OF_STREAM, Batch, LoopRecord, Marker, Record
+from streamlet.errors import TopologyError
 
 
 class FlowCounter:
@@ -155,7 +156,10 @@ class KeyedRoute(PartitionedRoute):
         cache = by_key.cache
 
         def add(record: Record) -> None:
-            index = cache.get(record.key)
+            try:
+                index = cache.get(record.key)
+            except TypeError:  # unhashable key: the partitioner hashes it uncached
+                index = None
             if index is None:
                 index = by_key(record.key)
             appenders[index](record)
@@ -196,8 +200,8 @@ class HasIteration(Protocol):
     iteration: int
 
 
-def make_route(channels: list[Channel], partitioning: PartitionSpec) -> Route:
-    """The route for ``partitioning`` towards ``channels`` (one per instance)."""
+def make_route(channels: list[Channel], partitioning: PartitionSpec, label: str = "edge") -> Route:
+    """The route for ``partitioning`` towards ``channels`` (one per instance); ``label`` names the edge in errors."""
     if partitioning is ROUND_ROBIN or (len(channels) == 1 and partitioning is SAME_KEY):
         return RoundRobinRoute(channels)
     if partitioning is BROADCAST:
@@ -206,13 +210,17 @@ def make_route(channels: list[Channel], partitioning: PartitionSpec) -> Route:
         return KeyedRoute(channels)
     count = len(channels)
     user_fn: Any = partitioning
-    return PartitionedRoute(channels, lambda record: _checked(user_fn(record, count), count))
 
+    def pick(record: Record) -> int:
+        try:
+            index = user_fn(record, count)
+        except Exception as exc:
+            raise TopologyError(f"{label}: the partition function raised {type(exc).__name__}: {exc}") from exc
+        if type(index) is not int or not 0 <= index < count:
+            raise TopologyError(f"{label}: the partition function returned {index!r}, expected 0..{count - 1}")
+        return index
 
-def _checked(index: int, count: int) -> int:
-    if not 0 <= index < count:
-        raise ValueError(f"partition function returned {index!r}, expected 0..{count - 1}")
-    return index
+    return PartitionedRoute(channels, pick)
 
 
 class DiscardRoute(RoundRobinRoute):

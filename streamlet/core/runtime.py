@@ -106,6 +106,8 @@ class Job:
                 outer.cancel_scope.cancel()  # the coordinator's loop runs until the job is over
         finally:
             self._ended = time.perf_counter()
+            if self._coordinator is not None:
+                self._coordinator.close()
             self._started.set()
             self._finished.set()
 
@@ -136,8 +138,7 @@ class Job:
             await run()
         except Exception as exc:  # noqa: BLE001 - the first failure stops the job and is re-raised by wait()
             if self._error is None:
-                self._error = exc
-                self.log.error("job failed", error=str(exc))
+                self._error = exc  # raised by wait(); logging it as well would report it twice
             group.cancel_scope.cancel()
 
     async def wait(self) -> JobResult:

@@ -16,7 +16,7 @@ from streamlet.core.statistics import DeadLetter
 from streamlet.core.task import RecordFailure, Task
 from streamlet.core.topology_constants import LATE
 from streamlet.core.window import ClosedWindow, TimeWindow, WindowLogic
-from streamlet.errors import TaskError
+from streamlet.errors import TaskError, TopologyError
 
 if TYPE_CHECKING:
     from streamlet.core.topology import Node
@@ -170,6 +170,8 @@ class TaskInstance(Receiver):
                 return
             except RecordFailure as failure:
                 batch = self._record_failed(batch, failure.index, failure.__cause__ or failure)
+            except TopologyError:
+                raise  # a wiring mistake (a partition function), not the task's: no policy applies
             except Exception as exc:  # noqa: BLE001 - user code: any error follows the policy
                 if marks is not None:
                     self.outputs.rollback(marks)
@@ -195,6 +197,8 @@ class TaskInstance(Receiver):
             self.inputs.set_one(port, [record])
             try:
                 await self._call()
+            except TopologyError:
+                raise
             except Exception as exc:
                 if self.node.on_error == "skip":
                     self._dead_letter(record, exc)
@@ -212,6 +216,8 @@ class TaskInstance(Receiver):
             try:
                 await self._call()
                 return
+            except TopologyError:
+                raise
             except Exception as exc:  # noqa: BLE001 - user code
                 self.outputs.rollback(marks)
                 error = exc.__cause__ if isinstance(exc, RecordFailure) and exc.__cause__ else exc

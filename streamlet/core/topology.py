@@ -145,7 +145,11 @@ class Topology:
         """
         make_task = _task_factory(name, task)
         ports = PortDeclarer()
-        make_task().declare_ports(ports)
+        probe = make_task()
+        try:
+            probe.declare_ports(ports)
+        except TopologyError as exc:
+            raise TopologyError(f"task '{name}': {exc}") from None
         if on_error not in _POLICIES:
             raise TopologyError(f"task '{name}': on_error must be one of {_POLICIES}, got {on_error!r}")
         _check_window(f"task '{name}'", window)
