@@ -60,12 +60,18 @@ async def test_leaving_the_block_stops_sources_and_drains() -> None:
             await asyncio.sleep(0.001)
             return [sl.Record(None, next(self.numbers)) for _ in range(10)]
 
+    enough = asyncio.Event()
+
+    def collect(record: sl.Record) -> None:
+        seen.append(record.value)
+        if len(seen) >= 50:
+            enough.set()
+
     topology = sl.Topology("endless")
     source = topology.add_source("numbers", Endless())
-    topology.add_sink("out", sl.CallbackSink(lambda r: seen.append(r.value))).set_input(source)
+    topology.add_sink("out", sl.CallbackSink(collect)).set_input(source)
     async with sl.start(topology) as job:
-        while len(seen) < 50:
-            await asyncio.sleep(0.005)
+        await enough.wait()
     stats = job.statistics()
     assert stats.running is False
     assert seen == list(range(len(seen)))
@@ -83,10 +89,14 @@ async def test_stop_closes_queue_sources() -> None:
 
 async def test_error_inside_the_block_cancels_the_job() -> None:
     """An exception in the embedding code propagates and the job is cancelled."""
-    with pytest.raises(KeyError, match="boom"):
+
+    async def embed() -> None:
         async with sl.start(service_topology(sl.CollectSink())) as job:
             await job.send("requests", "a", "x")
             raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        await embed()
 
 
 async def test_task_failure_is_raised_from_wait() -> None:
@@ -95,10 +105,14 @@ async def test_task_failure_is_raised_from_wait() -> None:
     requests = topology.add_source("requests", sl.QueueSource())
     node = topology.map("explode", lambda r: (r.key, 1 / 0)).set_input(requests)
     topology.add_sink("out", sl.CollectSink()).set_input(node)
-    with pytest.raises(sl.TaskError, match=r"^task 'explode' instance 0 failed on record with key 'k'"):
+
+    async def embed() -> None:
         async with sl.start(topology) as job:
             await job.send("requests", "k", 1)
             await job.wait()
+
+    with pytest.raises(sl.TaskError, match=r"^task 'explode' instance 0 failed on record with key 'k'"):
+        await embed()
 
 
 async def test_send_to_unknown_or_closed_source_is_refused() -> None:

@@ -69,7 +69,10 @@ class BatchParser(sl.Task):
 
 def test_fail_in_a_batch_task_is_traced_to_the_record() -> None:
     """A batch-level failure is replayed record by record to name the key."""
-    message = "task 'parse' instance 0 failed on record with key 'b': ValueError: invalid literal for int() with base 10: 'bad'"
+    message = (
+        "task 'parse' instance 0 failed on record with key 'b': "
+        "ValueError: invalid literal for int() with base 10: 'bad'"
+    )
     with pytest.raises(sl.TaskError, match=f"^{re.escape(message)}$"):
         sl.run(job(ITEMS, BatchParser))
 
