@@ -151,6 +151,9 @@ class _FileWriter(SinkWriter):
             else:
                 staged.unlink()
 
+    def abort(self) -> None:
+        self._file.close()  # what it holds is uncommitted: a restore discards it
+
     def close(self) -> None:
         if self._file.closed:
             return

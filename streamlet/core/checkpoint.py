@@ -88,6 +88,8 @@ class Coordinator:
     def close(self) -> None:
         """The job is over: checkpoints still pending will never complete."""
         self._closed = True
+        self._ready[0].close()
+        self._ready[1].close()
         for pending in self._pending.values():
             pending.abandoned = True
             pending.done.set()
@@ -122,7 +124,8 @@ class Coordinator:
             return
         pending.snapshots[node, index] = snapshot
         if len(pending.snapshots) == len(self.instances):
-            self._ready[0].send_nowait(epoch)
+            if not self._closed:
+                self._ready[0].send_nowait(epoch)
 
     # -- completing -------------------------------------------------------------
 

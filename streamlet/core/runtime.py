@@ -108,6 +108,8 @@ class Job:
             self._ended = time.perf_counter()
             if self._coordinator is not None:
                 self._coordinator.close()
+            if self._error is not None or not self._started.is_set() or self._unfinished():
+                self._abort_sinks()
             self._started.set()
             self._finished.set()
 
@@ -140,6 +142,16 @@ class Job:
             if self._error is None:
                 self._error = exc  # raised by wait(); logging it as well would report it twice
             group.cancel_scope.cancel()
+
+    def _unfinished(self) -> bool:
+        return self._plan is not None and not all(i.completed for i in self._plan.all())
+
+    def _abort_sinks(self) -> None:
+        if self._plan is None:
+            return
+        for instance in self._plan.all():
+            if isinstance(instance, SinkInstance):
+                instance.writer.abort()
 
     async def wait(self) -> JobResult:
         """Wait until the job has finished; raise the error that stopped it, if any."""

@@ -30,6 +30,9 @@ class SinkWriter(ABC):
     def close(self) -> Any:
         """Called once after the input has ended; may be ``async def``."""
 
+    def abort(self) -> None:
+        """The job ended with an error: release resources, publish nothing more (plain method)."""
+
     def prepare_commit(self, epoch: int) -> Any:
         """Checkpoint ``epoch`` reached this sink: stage what was written since the last one.
 

@@ -1,0 +1,154 @@
+"""Checkpoints: exactly-once state and FileSink output across a crash (an exception, and SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import streamlet as sl
+from tests.support import exactly_once
+from tests.support.exactly_once import Bomb, expected_output
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def written(output: Path) -> list[tuple[str, int]]:
+    return sorted((record.key, record.value) for record in sl.read_file_sink(output))
+
+
+@pytest.fixture
+def armed_bomb(tmp_path: Path) -> Iterator[Path]:
+    """Arm the crash for one run; the checkpoint directory it watches."""
+    checkpoints = tmp_path / "checkpoints"
+    Bomb.armed, Bomb.checkpoints, Bomb.seen_at_crash = True, checkpoints, 0
+    yield checkpoints
+    Bomb.armed, Bomb.checkpoints = False, None
+
+
+def test_failure_free_run_writes_every_count_once(tmp_path: Path) -> None:
+    """The reference: without a crash the FileSink holds each (key, n) exactly once."""
+    result = exactly_once.run(tmp_path / "checkpoints", tmp_path / "out")
+    assert written(tmp_path / "out") == expected_output()
+    assert result.statistics.checkpoints >= 2
+
+
+def test_exception_mid_stream_then_restart_is_exactly_once(tmp_path: Path, armed_bomb: Path) -> None:
+    """A task raises after two checkpoints; the rerun resumes and the output has no duplicate and no gap."""
+    with pytest.raises(sl.TaskError, match=r"^task 'bomb' instance 0 failed on a batch of 10 records"):
+        exactly_once.run(armed_bomb, tmp_path / "out")
+    assert Bomb.seen_at_crash >= 2
+    committed_before_restart = len(sl.read_file_sink(tmp_path / "out"))
+    assert 0 < committed_before_restart < len(expected_output())
+
+    result = exactly_once.run(armed_bomb, tmp_path / "out")
+    assert written(tmp_path / "out") == expected_output()
+    assert result.statistics.nodes["in"].records_out < exactly_once.RECORDS  # it resumed, not restarted
+
+
+def test_sigkill_mid_stream_then_restart_is_exactly_once(tmp_path: Path) -> None:
+    """A child process running the job is killed with SIGKILL after two checkpoints; the rerun is exactly-once."""
+    checkpoints, output = tmp_path / "checkpoints", tmp_path / "out"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.exactly_once", str(checkpoints), str(output)], cwd=ROOT
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(checkpoints.glob("checkpoint-*.msgpack"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            assert child.poll() is None, "the job ended before it could be killed"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    assert len(sl.read_file_sink(output)) < len(expected_output())
+
+    result = exactly_once.run(checkpoints, output)
+    assert written(output) == expected_output()
+    assert result.statistics.nodes["in"].records_out < exactly_once.RECORDS
+
+
+def test_restart_skips_a_corrupt_newest_checkpoint(tmp_path: Path) -> None:
+    """With the newest checkpoint file damaged, the job resumes from the one before and the state is exact."""
+    store = sl.InMemoryCheckpointStore()
+
+    class Totals(sl.Task):
+        def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+            for record in inputs.get():
+                self.state.put(record.key, self.state.get(record.key, 0) + 1)
+
+        def finish(self, outputs: sl.Outputs) -> None:
+            outputs.emit_all(sorted(self.state.items()))
+
+    def topology() -> sl.Topology:
+        built = sl.Topology("totals")
+        source = built.add_source("in", sl.QueueSource())
+        totals = built.add_task("totals", Totals).set_input(source)
+        built.add_sink("out", sl.CollectSink()).set_input(totals)
+        return built
+
+    async def first_run() -> None:
+        async with sl.start(topology(), checkpoint_store=store) as job:
+            for epoch_items in (["a", "b"], ["a"], ["c"]):
+                for key in epoch_items:
+                    await job.send("in", key, 1)
+                await job.checkpoint()
+            raise KeyboardInterrupt  # leave without finishing, like a crash
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(first_run())
+    assert store.epochs() == [1, 2, 3]
+    store.corrupt(3, b"STLTCKP1 torn")
+
+    async def second_run() -> list[tuple[str, int]]:
+        async with sl.start(topology(), checkpoint_store=store) as job:
+            await job.close_source("in")
+            result = await job.wait()
+        return [(r.key, r.value) for r in result.sink("out")]
+
+    assert asyncio.run(second_run()) == [("a", 2), ("b", 1)]  # epoch 2's state: 'c' came after it
+
+
+def test_finished_job_leaves_a_final_checkpoint_and_a_rerun_starts_fresh(tmp_path: Path) -> None:
+    """After a normal end the newest checkpoint is marked finished; running again reads everything again."""
+    checkpoints = tmp_path / "checkpoints"
+    first = exactly_once.run(checkpoints, tmp_path / "first", interval=None)
+    latest = sl.DirectoryCheckpointStore(checkpoints).latest()
+    assert latest is not None
+    assert latest[1]["finished"] is True
+    second = exactly_once.run(checkpoints, tmp_path / "second", interval=None)
+    assert first.statistics.nodes["in"].records_out == second.statistics.nodes["in"].records_out == 4000
+    assert written(tmp_path / "second") == expected_output()
+
+
+def test_checkpoints_refuse_cycles() -> None:
+    """A topology with a loop cannot take checkpoints yet, and says which edge closes the loop."""
+    topology = sl.Topology("loop")
+    source = topology.add_source("in", [1])
+    step = topology.map("step", lambda r: (r.key, r.value))
+    step.set_input(source).set_input(step)
+    topology.add_sink("out", sl.CollectSink()).set_input(step)
+    topology.set_max_iterations(2)
+    message = "topology 'loop': checkpoints are not supported with cycles yet (back edge from 'step' into 'step')"
+    with pytest.raises(sl.TopologyError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
+        sl.run(topology, checkpoint_store=sl.InMemoryCheckpointStore())
+
+
+def test_checkpoint_without_a_store_is_refused() -> None:
+    """job.checkpoint() on a job without a store names the missing option."""
+    topology = sl.Topology("plain")
+    topology.add_sink("out", sl.CollectSink()).set_input(topology.add_source("in", sl.QueueSource()))
+
+    async def attempt() -> None:
+        async with sl.start(topology) as job:
+            await job.checkpoint()
+
+    with pytest.raises(sl.JobError, match=r"^job 'plain' has no checkpoint store \(pass checkpoint_dir=\.\.\.\)$"):
+        asyncio.run(attempt())
