@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import latency, wordcount
+from benchmarks import checkpoint, latency, windows, wordcount
 from benchmarks.common import emit
 
 
 def main() -> None:
     """Run one benchmark and print its line."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("name", choices=["wordcount", "latency"])
+    parser.add_argument("name", choices=["wordcount", "latency", "windows", "checkpoint"])
     parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
     if args.name == "wordcount":
         line = wordcount.main(args.records or 1_000_000, args.repeats)
+    elif args.name == "windows":
+        line = windows.main(args.records or 1_000_000, args.repeats)
+    elif args.name == "checkpoint":
+        line = checkpoint.main(args.records or 3_000_000, args.repeats)
     else:
         line = latency.main(args.records or 50_000, args.repeats)
     emit(line, args.json)

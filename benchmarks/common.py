@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import time
@@ -25,6 +26,23 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     began = time.perf_counter()
     result = fn()
     return time.perf_counter() - began, result
+
+
+def alternating(repeats: int, runs: dict[str, Callable[[], Any]]) -> dict[str, list[tuple[float, Any]]]:
+    """Time every run ``repeats`` times, rotating which goes first.
+
+    The order matters on this machine (a run following another is measurably
+    slower), so each repeat starts with a different run, and garbage is
+    collected before every timed run.
+    """
+    names = list(runs)
+    timings: dict[str, list[tuple[float, Any]]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            gc.collect()
+            timings[name].append(timed(runs[name]))
+    return timings
 
 
 def median_rate(records: int, seconds: list[float]) -> float:

@@ -19,6 +19,7 @@ from typing import Any
 import uvloop
 
 import streamlet as sl
+from benchmarks.common import alternating
 
 TICK = 0.001
 Send = Callable[[float], Awaitable[None]]
@@ -105,11 +106,15 @@ async def _baseline(records: int, rate: float | None) -> tuple[float, list[float
 
 def main(records: int, repeats: int) -> dict[str, Any]:
     """Peak rates (median of ``repeats``), then latency at half of streamlet's peak."""
-    peaks, base_peaks = [], []
-    for _ in range(repeats):
-        peaks.append(records / uvloop.run(_streamlet(records, None))[0])
-        base_peaks.append(records / uvloop.run(_baseline(records, None))[0])
-    peak, base_peak = statistics.median(peaks), statistics.median(base_peaks)
+    timings = alternating(
+        repeats,
+        {
+            "streamlet": lambda: uvloop.run(_streamlet(records, None)),
+            "baseline": lambda: uvloop.run(_baseline(records, None)),
+        },
+    )
+    peak = statistics.median(records / elapsed for _, (elapsed, _) in timings["streamlet"])
+    base_peak = statistics.median(records / elapsed for _, (elapsed, _) in timings["baseline"])
     _, latencies = uvloop.run(_streamlet(records, peak / 2))
     _, base_latencies = uvloop.run(_baseline(records, peak / 2))
     return {

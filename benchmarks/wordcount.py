@@ -15,7 +15,7 @@ from typing import Any
 import uvloop
 
 import streamlet as sl
-from benchmarks.common import SlotRecord, median_rate, report, timed
+from benchmarks.common import SlotRecord, alternating, median_rate, report
 
 BATCH = 1000
 QUEUE_BATCHES = 8
@@ -99,16 +99,11 @@ def run_streamlet(words: list[str], parallelism: int = 1) -> dict[str, int]:
 
 
 def main(records: int, repeats: int) -> dict[str, Any]:
-    """Alternate the two, ``repeats`` times each; report medians."""
+    """Both pipelines ``repeats`` times, alternating which goes first; report medians."""
     words = make_words(records)
-    ours, theirs = [], []
-    for _ in range(repeats):
-        seconds, counts = timed(lambda: run_streamlet(words))
-        ours.append(seconds)
-        base_seconds, base_counts = timed(lambda: run_baseline(words))
-        theirs.append(base_seconds)
-        if counts != base_counts:
-            raise AssertionError("streamlet and the baseline disagree on the counts")
-    return report(
-        "wordcount", median_rate(records, ours), median_rate(records, theirs), records=records, repeats=repeats
-    )
+    timings = alternating(repeats, {"streamlet": lambda: run_streamlet(words), "baseline": lambda: run_baseline(words)})
+    if any(counts != timings["baseline"][0][1] for _, counts in timings["streamlet"]):
+        raise AssertionError("streamlet and the baseline disagree on the counts")
+    rate = median_rate(records, [seconds for seconds, _ in timings["streamlet"]])
+    baseline = median_rate(records, [seconds for seconds, _ in timings["baseline"]])
+    return report("wordcount", rate, baseline, records=records, repeats=repeats)

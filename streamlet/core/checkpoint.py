@@ -123,9 +123,8 @@ class Coordinator:
         if pending is None:
             return
         pending.snapshots[node, index] = snapshot
-        if len(pending.snapshots) == len(self.instances):
-            if not self._closed:
-                self._ready[0].send_nowait(epoch)
+        if len(pending.snapshots) == len(self.instances) and not self._closed:
+            self._ready[0].send_nowait(epoch)
 
     # -- completing -------------------------------------------------------------
 

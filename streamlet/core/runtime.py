@@ -34,13 +34,18 @@ DEFAULT_BATCH_SIZE = 1000
 DEFAULT_CHANNEL_CAPACITY = 8  # batches per input port: bounded memory, enough to overlap stages
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class JobResult:
     """What a finished job leaves: sink contents, dead letters and statistics."""
 
     statistics: JobStatistics
     dead_letters: list[DeadLetter]
     _sinks: dict[str, list[Record]]
+
+    def __repr__(self) -> str:
+        # Short on purpose: asyncio and debuggers repr results, and a sink may hold millions of records.
+        kept = {name: len(records) for name, records in self._sinks.items()}
+        return f"JobResult(job={self.statistics.job!r}, sinks={kept}, dead_letters={len(self.dead_letters)})"
 
     def sink(self, name: str) -> list[Record]:
         """Records a ``CollectSink`` called ``name`` received, instance by instance."""

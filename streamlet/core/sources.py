@@ -64,8 +64,10 @@ def to_records(items: list[Any], ts: float | None) -> Batch:
     """Items to records: a ``Record`` stays, a ``(key, value)`` pair gets ``ts``,
     anything else becomes the value of a record with key ``None``."""
     kinds = set(map(type, items))
+    if kinds == {Record}:
+        return items  # already records: nothing to make
     if tuple not in kinds and not any(issubclass(kind, Record) for kind in kinds):
-        return [Record(None, item, ts) for item in items]  # the common case, without per-item checks
+        return [Record(None, item, ts) for item in items]  # plain values, without per-item checks
     records: Batch = []
     append = records.append
     for item in items:

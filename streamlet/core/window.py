@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from streamlet.core.record import Batch, Record
+from streamlet.core.state import hashable
 from streamlet.errors import TopologyError
 
 TimeKind = Literal["processing", "event"]
@@ -100,11 +101,11 @@ class CountWindow(WindowSpec):
 
     def build(self) -> WindowLogic:
         """Count-window logic."""
-        return _CountLogic(self.size, self.slide or self.size)
+        return _CountLogic(self.size, (self.size if self.slide is None else self.slide))
 
     def validate(self, where: str) -> None:
         """Sizes are whole numbers > 0."""
-        for name, value in (("size", self.size), ("slide", self.slide or self.size)):
+        for name, value in (("size", self.size), ("slide", (self.size if self.slide is None else self.slide))):
             if not isinstance(value, int):
                 raise TopologyError(f"{where}: window {name} must be a whole number of records, got {value!r}")
             _positive(where, name, value)
@@ -179,7 +180,7 @@ class TimeWindow(WindowSpec):
 
     def build(self) -> WindowLogic:
         """Time-window logic."""
-        slide = self.slide or self.size
+        slide = self.size if self.slide is None else self.slide
         if self.time == "event":
             return _EventTimeLogic(self.size, slide, self.allowed_lateness, self.idle_timeout)
         return _ProcessingTimeLogic(self.size, slide)
@@ -187,7 +188,7 @@ class TimeWindow(WindowSpec):
     def validate(self, where: str) -> None:
         """Positive sizes, a known time kind, non-negative lateness."""
         _positive(where, "size", self.size)
-        _positive(where, "slide", self.slide or self.size)
+        _positive(where, "slide", (self.size if self.slide is None else self.slide))
         if self.time not in ("processing", "event"):
             raise TopologyError(f"{where}: window time must be 'processing' or 'event', got {self.time!r}")
         if self.allowed_lateness < 0:
@@ -241,6 +242,9 @@ class _ProcessingTimeLogic(_TimeLogic):
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
         closed = self.close_until(now)
         starts = self.starts(now)
+        if not starts:  # hopping windows with gaps: no window is open now
+            self.late += len(batch)
+            return closed, batch
         for start in starts:
             if start not in self.windows:
                 self.windows[start] = ClosedWindow(start, start + self.size, {})
@@ -317,12 +321,14 @@ class _EventTimeLogic(_TimeLogic):
         return self.last_arrival + self.idle_timeout
 
     def snapshot(self) -> Any:
-        return {**super().snapshot(), "watermark": self.watermark, "late": self.late}
+        extra = {"watermark": self.watermark, "late": self.late, "last_arrival": self.last_arrival}
+        return {**super().snapshot(), **extra}
 
     def restore(self, snapshot: Any) -> None:
         super().restore(snapshot)
         self.watermark = snapshot["watermark"]
         self.late = snapshot["late"]
+        self.last_arrival = snapshot["last_arrival"]
 
 
 # -- count or time -----------------------------------------------------------
@@ -407,4 +413,6 @@ def _window_data(window: ClosedWindow) -> list[Any]:
 
 def _window_from(data: list[Any]) -> ClosedWindow:
     start, end, ports = data
-    return ClosedWindow(start, end, {port: [Record(k, v, ts) for k, v, ts in records] for port, records in ports})
+    return ClosedWindow(
+        start, end, {port: [Record(hashable(k), v, ts) for k, v, ts in records] for port, records in ports}
+    )

@@ -1,0 +1,183 @@
+"""Windows in running topologies: execute per window, windowed sources, late output, manual-clock time."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import streamlet as sl
+from streamlet.core.clock import Timer
+from tests.conftest import pairs, values
+
+
+class Collect(sl.Task):
+    """Emits one record per window: key ``inputs.window``, value the window's values."""
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        outputs.emit(inputs.window, values(inputs.get()))
+
+
+class CollectThenDone(Collect):
+    """Collect, and emit ``("done", None)`` from finish."""
+
+    def finish(self, outputs: sl.Outputs) -> None:
+        outputs.emit("done", None)
+
+
+def at(*times: float) -> list[sl.Record]:
+    """Records whose value is their event time ``ts``."""
+    return [sl.Record("k", ts, ts) for ts in times]
+
+
+def windowed_task(items: list[Any], window: sl.WindowSpec, task: Any = Collect) -> sl.Topology:
+    """source 'in' -> task 'w' with ``window`` -> CollectSink 'out'."""
+    topology = sl.Topology("windows")
+    source = topology.add_source("in", items)
+    node = topology.add_task("w", task, window=window).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    return topology
+
+
+THREES = [((0, 3), [0, 1, 2]), ((3, 6), [3, 4, 5]), ((6, 8), [6, 7])]
+
+
+def test_count_window_task_executes_once_per_window() -> None:
+    """window=CountWindow(3) over 8 records: execute sees (0,3), (3,6), then the partial (6,8)."""
+    result = sl.run(windowed_task(list(range(8)), sl.CountWindow(3)))
+    assert pairs(result.sink("out")) == THREES
+
+
+def test_windowed_source_windows_its_consumer() -> None:
+    """add_source(..., window=CountWindow(3)) gives the consuming task the same windows."""
+    topology = sl.Topology("windows")
+    source = topology.add_source("in", list(range(8)), window=sl.CountWindow(3))
+    node = topology.add_task("w", Collect).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    assert pairs(sl.run(topology).sink("out")) == THREES
+
+
+OUT_OF_ORDER = at(1, 7, 3, 12, 4, 18, 25, 11, 9, 31)
+
+
+def event_topology(late: list[sl.Record]) -> sl.Topology:
+    """Event-time TimeWindow(10) task 'w' -> 'out'; its LATE port -> 'late'; on_late appends to ``late``."""
+    topology = windowed_task(OUT_OF_ORDER, sl.TimeWindow(10, time="event", on_late=late.append))
+    topology.add_sink("late", sl.CollectSink()).set_input("w", out_port=sl.LATE)
+    return topology
+
+
+def test_event_time_window_contents_and_timestamps() -> None:
+    """Out-of-order records land in the windows of their ts; each output's ts is its window's end."""
+    result = sl.run(event_topology([]))
+    assert result.sink("out") == [
+        sl.Record((0, 10), [1, 7, 3], 10),
+        sl.Record((10, 20), [12, 18], 20),
+        sl.Record((20, 30), [25], 30),
+        sl.Record((30, 40), [31], 40),
+    ]
+
+
+def test_late_records_reach_the_late_port_on_late_and_statistics() -> None:
+    """Records behind the watermark go to the LATE sink and on_late, and are counted in statistics.late."""
+    late: list[sl.Record] = []
+    result = sl.run(event_topology(late))
+    assert result.sink("late") == at(4, 11, 9)
+    assert late == at(4, 11, 9)
+    assert result.statistics.late == 3
+
+
+def test_end_of_stream_closes_open_windows_before_finish() -> None:
+    """Windows the watermark never passed run at end of stream, before finish()."""
+    result = sl.run(windowed_task(at(1, 2, 13), sl.TimeWindow(10, time="event"), CollectThenDone))
+    assert pairs(result.sink("out")) == [((0, 10), [1, 2]), ((10, 20), [13]), ("done", None)]
+
+
+def queue_topology(window: sl.WindowSpec, emitted: list[sl.Record], arrived: asyncio.Event) -> sl.Topology:
+    """QueueSource 'in' -> task 'w' with ``window`` -> a CallbackSink that records and sets ``arrived``."""
+
+    def deliver(record: sl.Record) -> None:
+        emitted.append(record)
+        arrived.set()
+
+    topology = sl.Topology("clocked")
+    source = topology.add_source("in", sl.QueueSource())
+    node = topology.add_task("w", Collect, window=window).set_input(source)
+    topology.add_sink("out", sl.CallbackSink(deliver)).set_input(node)
+    return topology
+
+
+def first_timer(clock: sl.ManualClock, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Set when something first schedules a timer on ``clock``.
+
+    Only task 'w' uses the clock, and only once its window holds records: the
+    event says the records sent so far (one batch) are in the window.
+    """
+    scheduled = asyncio.Event()
+    call_at = clock.call_at
+
+    def watched(when: float, callback: Callable[[], None]) -> Timer:
+        scheduled.set()
+        return call_at(when, callback)
+
+    monkeypatch.setattr(clock, "call_at", watched)
+    return scheduled
+
+
+async def test_processing_time_window_closes_when_the_manual_clock_passes_its_end(
+    manual_clock: sl.ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TimeWindow(10) driven by a ManualClock: advancing to 10 runs the window [0,10)."""
+    emitted: list[sl.Record] = []
+    arrived = asyncio.Event()
+    scheduled = first_timer(manual_clock, monkeypatch)
+    async with sl.start(queue_topology(sl.TimeWindow(10), emitted, arrived), clock=manual_clock) as job:
+        for value in ("a", "b", "c"):
+            await job.send("in", "k", value)
+        await asyncio.wait_for(scheduled.wait(), timeout=10)
+        assert emitted == []
+        manual_clock.advance(10)
+        await asyncio.wait_for(arrived.wait(), timeout=10)
+        assert emitted == [sl.Record((0, 10), ["a", "b", "c"], 10)]
+
+
+async def test_count_or_time_window_closes_by_time_on_the_manual_clock(
+    manual_clock: sl.ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CountOrTimeWindow(10, 5) with two records: advancing 5 s closes the window (0, 5)."""
+    emitted: list[sl.Record] = []
+    arrived = asyncio.Event()
+    scheduled = first_timer(manual_clock, monkeypatch)
+    async with sl.start(queue_topology(sl.CountOrTimeWindow(10, 5), emitted, arrived), clock=manual_clock) as job:
+        await job.send("in", "k", "a")
+        await job.send("in", "k", "b")
+        await asyncio.wait_for(scheduled.wait(), timeout=10)
+        manual_clock.advance(5)
+        await asyncio.wait_for(arrived.wait(), timeout=10)
+        assert emitted == [sl.Record((0.0, 5.0), ["a", "b"], 0.0)]
+
+
+def rejects(message: str) -> pytest.RaisesExc[sl.TopologyError]:
+    """Expect a TopologyError whose message is exactly ``message``."""
+    return pytest.raises(sl.TopologyError, match=f"^{re.escape(message)}$")
+
+
+def test_windowed_source_feeding_a_sink_is_rejected() -> None:
+    """Windows are applied by tasks: a windowed source straight into a sink is an error."""
+    topology = sl.Topology("t")
+    source = topology.add_source("in", [1], window=sl.CountWindow(3))
+    topology.add_sink("out", sl.CollectSink()).set_input(source)
+    with rejects("sink 'out' input port 0: windowed source 'in' feeds a sink directly; windows are applied by tasks"):
+        topology.validate()
+
+
+def test_task_with_own_window_fed_by_windowed_source_is_rejected() -> None:
+    """A task cannot have a window of its own and a windowed source as input."""
+    topology = sl.Topology("t")
+    source = topology.add_source("in", [1], window=sl.CountWindow(3))
+    topology.add_task("w", Collect, window=sl.CountWindow(2)).set_input(source)
+    with rejects("task 'w' input port 0 is fed by windowed source 'in', but the task has a window of its own"):
+        topology.validate()
