@@ -13,9 +13,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("name", choices=["wordcount", "latency", "windows", "checkpoint"])
     parser.add_argument("--records", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (checkpoint: 7)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
+    if args.repeats is None:
+        args.repeats = 7 if args.name == "checkpoint" else 5
     if args.name == "wordcount":
         line = wordcount.main(args.records or 1_000_000, args.repeats)
     elif args.name == "windows":

@@ -31,7 +31,9 @@ from streamlet.core.topology import Topology
 from streamlet.errors import JobError, TopologyError
 
 DEFAULT_BATCH_SIZE = 1000
-DEFAULT_CHANNEL_CAPACITY = 8  # batches per input port: bounded memory, enough to overlap stages
+# Batches per channel: one in hand, one queued. In one event loop deeper queues buy no overlap,
+# they only keep records alive long enough to be promoted by the garbage collector (measured).
+DEFAULT_CHANNEL_CAPACITY = 2
 
 
 @dataclass(frozen=True, slots=True, repr=False)

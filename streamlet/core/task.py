@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from streamlet.core.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.record import Record
 from streamlet.core.state import KeyedState
+from streamlet.core.window_base import FoldHow
 
 
 class Task(ABC):
@@ -184,6 +185,23 @@ class ReduceTask(Task):
             outputs.emit_batch(out)
             raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]
         outputs.emit_batch(out)
+
+
+class WindowReduceTask(Task):
+    """Per window and key, the values folded by ``how`` (see ``Topology.window_reduce``).
+
+    The window folds records as they arrive, so ``execute`` receives the
+    per-key results of a closed window and passes them on.
+    """
+
+    isolates_records = True
+
+    def __init__(self, how: FoldHow) -> None:
+        self.window_fold = how
+
+    def execute(self, inputs: Inputs, outputs: Outputs) -> None:
+        """Emit the window's per-key results."""
+        outputs.emit_batch(inputs.get())
 
 
 _MISSING: Any = object()

@@ -38,6 +38,7 @@ class TaskInstance(Receiver):
         self.windowed_ports: frozenset[int] = frozenset()
         if node.window is not None:
             self.window = node.window.build()
+            self.window.fold = getattr(self.task, "window_fold", None)
             self.windowed_ports = frozenset(node.windowed_ports)
         self._window_ts_is_end = isinstance(node.window, TimeWindow)
         self._channels_of = [[c for c, p in enumerate(inbox.ports) if p == port] for port in range(node.inputs)]
@@ -109,13 +110,25 @@ class TaskInstance(Receiver):
         """A batch from ``port``: into its windows, or straight to ``execute``."""
         if port in self.windowed_ports:
             assert self.window is not None
-            closed, late = self.window.add(port, batch, self.env.clock.now())
+            closed, late = self._add_to_windows(port, batch)
             if late:
                 self._send_late(late)
             for window in closed:
                 await self._run_window(window)
+            if closed:  # a window's results are a batch of their own: send them while they are young
+                await self.outputs.flush()
         else:
             await self._execute_batch(port, batch)
+
+    def _add_to_windows(self, port: int, batch: Batch) -> tuple[list[ClosedWindow], Batch]:
+        assert self.window is not None
+        try:
+            return self.window.add(port, batch, self.env.clock.now())
+        except Exception as exc:  # a window_reduce function failed while folding
+            raise TaskError(
+                f"task '{self.node.name}' instance {self.index} failed folding a window: {_describe(exc)}",
+                task=self.node.name, instance=self.index, key=None,
+            ) from exc  # fmt: skip
 
     def next_deadline(self) -> float | None:
         """The next time a window closes by the clock."""
@@ -140,6 +153,9 @@ class TaskInstance(Receiver):
 
     async def _run_window(self, window: ClosedWindow) -> None:
         self.inputs.window = (window.start, window.end)
+        if window.folded is not None:
+            ts = window.end if self._window_ts_is_end else window.last_ts
+            window.records = {0: [Record(key, value, ts) for key, value in window.folded.items()]}
         records = window.all_records()
         if self._window_ts_is_end:
             self.outputs.ts = window.end

@@ -16,9 +16,10 @@ from streamlet.core.ports import PortDeclarer
 from streamlet.core.record import Record
 from streamlet.core.sinks import CallbackSink, Sink
 from streamlet.core.sources import IterableSource, Source
-from streamlet.core.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task
+from streamlet.core.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task, WindowReduceTask
 from streamlet.core.topology_constants import LATE
 from streamlet.core.window import WindowSpec
+from streamlet.core.window_base import BUILT_IN_FOLDS, FoldHow
 from streamlet.errors import TopologyError
 
 NodeKind = Literal["source", "task", "sink"]
@@ -187,6 +188,24 @@ class Topology:
     def reduce(self, name: str, fn: Callable[[Any, Any], Any], **options: Any) -> NodeHandle:
         """A task folding values per key with ``fn(acc, value)``, emitting the running value."""
         return self.add_task(name, lambda: ReduceTask(fn), **options)
+
+    def window_reduce(self, name: str, how: FoldHow, window: WindowSpec, **options: Any) -> NodeHandle:
+        """Per window and key, fold the values: ``how`` is ``"sum"``, ``"count"``, ``"min"``, ``"max"``
+        or ``fn(acc, value) -> acc`` (the first value of a key is its start).
+
+        Values are folded as records arrive (nothing is buffered), and each
+        closed window emits one ``(key, result)`` record per key, stamped with
+        the window's end for time windows. Route its input by ``SAME_KEY`` when
+        it runs in parallel. Errors in ``fn`` stop the job.
+
+        Example:
+            >>> topology = Topology("clicks")
+            >>> clicks = topology.add_source("clicks", [("home", 1), ("cart", 1), ("home", 1)])
+            >>> per_page = topology.window_reduce("per-page", "sum", window=CountWindow(3)).set_input(clicks)
+        """
+        if not (callable(how) or how in BUILT_IN_FOLDS):
+            raise TopologyError(f"task '{name}': how must be one of {BUILT_IN_FOLDS} or a function, got {how!r}")
+        return self.add_task(name, lambda: WindowReduceTask(how), window=window, **options)
 
     def set_max_iterations(self, limit: int, at: NodeHandle | str | None = None) -> None:
         """Allow cycles: a record goes round a loop at most ``limit`` times.

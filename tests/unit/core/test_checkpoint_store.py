@@ -84,19 +84,19 @@ def test_decode_rejects_a_body_that_is_not_a_document() -> None:
 
 
 def test_in_memory_store_returns_the_newest_checkpoint() -> None:
-    """latest() is the highest epoch; save returns the encoded size."""
+    """latest() is the highest epoch, decoded."""
     store = sl.InMemoryCheckpointStore()
     assert store.latest() is None
-    sizes = [store.save(epoch, document(epoch)) for epoch in (1, 2)]
-    assert sizes == [len(encode(document(1))), len(encode(document(2)))]
+    for epoch in (1, 2):
+        store.save(epoch, encode(document(epoch)))
     assert (store.epochs(), store.latest()) == ([1, 2], (2, document(2)))
 
 
 def test_in_memory_store_skips_a_corrupt_newest_checkpoint() -> None:
     """A torn newest checkpoint is passed over for the previous one, with a warning."""
     store = sl.InMemoryCheckpointStore()
-    store.save(1, document(1))
-    store.save(2, document(2))
+    store.save(1, encode(document(1)))
+    store.save(2, encode(document(2)))
     store.corrupt(2, encode(document(2))[:-1])
     with capture_logs() as logs:
         assert store.latest() == (1, document(1))
@@ -115,7 +115,7 @@ def test_in_memory_store_skips_a_corrupt_newest_checkpoint() -> None:
 def test_in_memory_store_with_only_corrupt_checkpoints_has_none() -> None:
     """When nothing reads back intact, latest() is None."""
     store = sl.InMemoryCheckpointStore()
-    store.save(1, document(1))
+    store.save(1, encode(document(1)))
     store.corrupt(1, b"garbage")
     assert store.latest() is None
 
@@ -128,17 +128,16 @@ def files(directory: Path) -> list[str]:
 def test_directory_store_writes_one_file_per_epoch(tmp_path: Path) -> None:
     """Checkpoint 7 is checkpoint-0000000007.msgpack, holding the encoded document."""
     store = sl.DirectoryCheckpointStore(tmp_path / "ckpt")
-    size = store.save(7, document(7))
+    store.save(7, encode(document(7)))
     assert files(tmp_path / "ckpt") == ["checkpoint-0000000007.msgpack"]
     assert (tmp_path / "ckpt" / "checkpoint-0000000007.msgpack").read_bytes() == encode(document(7))
-    assert size == len(encode(document(7)))
 
 
 def test_directory_store_keeps_only_the_newest(tmp_path: Path) -> None:
     """keep=2: after five saves only epochs 4 and 5 remain, and no .tmp file is left."""
     store = sl.DirectoryCheckpointStore(tmp_path, keep=2)
     for epoch in range(1, 6):
-        store.save(epoch, document(epoch))
+        store.save(epoch, encode(document(epoch)))
     assert files(tmp_path) == ["checkpoint-0000000004.msgpack", "checkpoint-0000000005.msgpack"]
     assert (store.epochs(), store.latest()) == ([4, 5], (5, document(5)))
 
@@ -146,8 +145,8 @@ def test_directory_store_keeps_only_the_newest(tmp_path: Path) -> None:
 def test_directory_store_skips_a_truncated_newest_file(tmp_path: Path) -> None:
     """A newest file cut short (a crash mid-write) is passed over for the previous one."""
     store = sl.DirectoryCheckpointStore(tmp_path)
-    store.save(1, document(1))
-    store.save(2, document(2))
+    store.save(1, encode(document(1)))
+    store.save(2, encode(document(2)))
     newest = store.path(2)
     newest.write_bytes(newest.read_bytes()[:30])
     assert store.latest() == (1, document(1))
@@ -156,7 +155,7 @@ def test_directory_store_skips_a_truncated_newest_file(tmp_path: Path) -> None:
 def test_directory_store_skips_a_garbage_file(tmp_path: Path) -> None:
     """A file with a checkpoint name but no checkpoint inside is passed over."""
     store = sl.DirectoryCheckpointStore(tmp_path)
-    store.save(1, document(1))
+    store.save(1, encode(document(1)))
     (tmp_path / "checkpoint-0000000009.msgpack").write_bytes(b"\x00garbage")
     assert (store.epochs(), store.latest()) == ([1, 9], (1, document(1)))
 
@@ -166,7 +165,7 @@ def test_directory_store_ignores_unrelated_files(tmp_path: Path) -> None:
     for name in ("notes.txt", "checkpoint-latest.msgpack", "checkpoint-0000000008.tmp", "other-0000000009.msgpack"):
         (tmp_path / name).write_bytes(encode(document(99)))
     store = sl.DirectoryCheckpointStore(tmp_path)
-    store.save(3, document(3))
+    store.save(3, encode(document(3)))
     assert (store.epochs(), store.latest()) == ([3], (3, document(3)))
 
 

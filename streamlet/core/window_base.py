@@ -1,0 +1,123 @@
+"""What every window logic shares: closed windows, the logic interface, folding and snapshots."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from streamlet.core.record import Batch, Record
+from streamlet.core.state import hashable
+
+#: How ``window_reduce`` combines values per key: a built-in name or ``fn(acc, value) -> acc``.
+FoldHow: TypeAlias = "str | Callable[[Any, Any], Any]"
+BUILT_IN_FOLDS = ("sum", "count", "min", "max")
+_MISSING: Any = object()
+
+
+@dataclass(slots=True)
+class ClosedWindow:
+    """A window: its bounds and its records per input port (or, when folding, its value per key)."""
+
+    start: float
+    end: float
+    records: dict[int, Batch]
+    folded: dict[Any, Any] | None = field(default=None)
+    last_ts: float | None = None  # event time of the last record folded in
+
+    def all_records(self) -> Batch:
+        """Records of every port, in port order."""
+        return [record for port in sorted(self.records) for record in self.records[port]]
+
+
+def fold_into(folded: dict[Any, Any], records: Batch, how: FoldHow) -> None:
+    """Fold ``records`` into ``folded`` (key -> value so far), one loop per built-in."""
+    get = folded.get
+    if how == "sum":
+        for record in records:
+            folded[record.key] = get(record.key, 0) + record.value
+    elif how == "count":
+        for record in records:
+            folded[record.key] = get(record.key, 0) + 1
+    elif how == "min":
+        for record in records:
+            current = get(record.key, _MISSING)
+            if current is _MISSING or record.value < current:
+                folded[record.key] = record.value
+    elif how == "max":
+        for record in records:
+            current = get(record.key, _MISSING)
+            if current is _MISSING or record.value > current:
+                folded[record.key] = record.value
+    else:
+        fn: Any = how
+        for record in records:
+            current = get(record.key, _MISSING)
+            folded[record.key] = record.value if current is _MISSING else fn(current, record.value)
+
+
+class WindowLogic(ABC):
+    """Per-instance window state: assigns records, reports closed windows.
+
+    With ``fold`` set (by ``window_reduce``) windows keep one value per key
+    instead of their records.
+    """
+
+    late: int = 0
+    fold: FoldHow | None = None
+
+    def collect(self, window: ClosedWindow, port: int, records: Batch) -> None:
+        """Put ``records`` into ``window``: append them, or fold them per key."""
+        if not records:
+            return
+        if self.fold is None:
+            bucket = window.records.get(port)
+            if bucket is None:
+                window.records[port] = list(records)
+            else:
+                bucket.extend(records)
+            return
+        if window.folded is None:
+            window.folded = {}
+        fold_into(window.folded, records, self.fold)
+        window.last_ts = records[-1].ts
+
+    @abstractmethod
+    def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
+        """Assign ``batch``; return the windows that closed and the records that came too late."""
+
+    def on_time(self, now: float) -> list[ClosedWindow]:
+        """Windows closed by time alone (no record arrived)."""
+        return []
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`on_time` next has something to close, if ever."""
+        return None
+
+    @abstractmethod
+    def close_all(self) -> list[ClosedWindow]:
+        """End of stream: every open window, in order."""
+
+    @abstractmethod
+    def snapshot(self) -> Any:
+        """Open windows and counters as msgpack-able data."""
+
+    @abstractmethod
+    def restore(self, snapshot: Any) -> None:
+        """Continue from :meth:`snapshot`'s data."""
+
+
+def window_data(window: ClosedWindow) -> list[Any]:
+    """A window as msgpack-able data."""
+    ports = [[port, [[r.key, r.value, r.ts] for r in records]] for port, records in window.records.items()]
+    folded = None if window.folded is None else [[key, value] for key, value in window.folded.items()]
+    return [window.start, window.end, ports, folded, window.last_ts]
+
+
+def window_from(data: list[Any]) -> ClosedWindow:
+    """Back from :func:`window_data` (tuple keys come back as tuples)."""
+    start, end, ports, folded, last_ts = data
+    records = {port: [Record(hashable(k), v, ts) for k, v, ts in batch] for port, batch in ports}
+    pairs = None if folded is None else {hashable(key): value for key, value in folded}
+    return ClosedWindow(start, end, records, pairs, last_ts)
