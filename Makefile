@@ -35,6 +35,8 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks wordcount --json
 	$(BIN)/python -m benchmarks latency --json
+	$(BIN)/python -m benchmarks windows --json
+	$(BIN)/python -m benchmarks checkpoint --json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
