@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 
+from streamlet.core.channel import ChannelFactory
 from streamlet.core.checkpoint_store import CheckpointStore, DirectoryCheckpointStore
 from streamlet.core.clock import Clock
 from streamlet.core.runtime import DEFAULT_BATCH_SIZE, DEFAULT_CHANNEL_CAPACITY, Job, JobResult, open_job
@@ -102,8 +103,12 @@ async def start(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_interval: float | None = None,
     checkpoint_store: CheckpointStore | None = None,
+    channel_factory: ChannelFactory | None = None,
 ) -> AsyncIterator[Job]:
     """Run ``topology`` inside the caller's event loop.
+
+    ``channel_factory`` replaces the in-memory channels (for instance with
+    TCP channels from :func:`streamlet.transport.tcp_client.open_loopback_transport`).
 
     Example:
         >>> async def service(topology):
@@ -113,5 +118,5 @@ async def start(
         ...         result = await job.wait()
     """
     options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
-    async with open_job(topology, channel_factory=LocalChannel, **options) as job:
+    async with open_job(topology, channel_factory=channel_factory or LocalChannel, **options) as job:
         yield job

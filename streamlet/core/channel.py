@@ -44,7 +44,7 @@ class Inbox:
     the backpressure that reaches back to the sources.
     """
 
-    __slots__ = ("_capacities", "_capacity", "_queues", "_reader", "_space_waiters", "ports")
+    __slots__ = ("_capacities", "_capacity", "_on_pop", "_queues", "_reader", "_space_waiters", "ports")
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
@@ -52,6 +52,7 @@ class Inbox:
         self._capacities: list[int] = []
         self._space_waiters: list[deque[asyncio.Future[None]]] = []
         self._reader: asyncio.Future[None] | None = None
+        self._on_pop: list[Callable[[], None] | None] = []
         self.ports: list[int] = []  # the input port of each channel
 
     def add_channel(self, port: int, *, unbounded: bool = False) -> int:
@@ -59,8 +60,21 @@ class Inbox:
         self._queues.append(deque())
         self._capacities.append(UNBOUNDED if unbounded else self._capacity)
         self._space_waiters.append(deque())
+        self._on_pop.append(None)
         self.ports.append(port)
         return len(self._queues) - 1
+
+    def capacity(self, channel: int) -> int:
+        """How many items ``channel`` holds before senders wait."""
+        return self._capacities[channel]
+
+    def queued(self, channel: int) -> int:
+        """Items waiting in ``channel``."""
+        return len(self._queues[channel])
+
+    def on_pop(self, channel: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` each time the reader takes an item from ``channel`` (network credit)."""
+        self._on_pop[channel] = callback
 
     @property
     def channel_count(self) -> int:
@@ -94,6 +108,9 @@ class Inbox:
     def pop(self, channel: int) -> Item:
         """Take the next item of ``channel`` (which must not be empty)."""
         item = self._queues[channel].popleft()
+        hook = self._on_pop[channel]
+        if hook is not None:
+            hook()
         waiters = self._space_waiters[channel]
         while waiters:
             waiter = waiters.popleft()

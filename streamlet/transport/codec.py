@@ -1,0 +1,119 @@
+"""Frames: batches and control messages <-> bytes, with msgpack bodies and strict checks.
+
+A frame is a 9-byte header followed by a msgpack body::
+
+    magic "SL" (2 bytes) | version (1) | type (1) | flags (1) | body length (4, big-endian)
+
+Decoding checks magic, version, type and the length (against a maximum,
+16 MiB by default) before reading the body, unpacks with ``strict_map_key``
+and refuses msgpack extension types. Nothing is ever unpickled. Any
+violation raises :class:`FrameError`, after which the connection is closed.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any
+
+import msgpack
+
+from streamlet.core.record import Batch, Record
+from streamlet.core.state import hashable
+from streamlet.errors import TransportError
+
+MAGIC = b"SL"
+VERSION = 1
+HEADER = struct.Struct(">2sBBBI")
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+
+
+class FrameType(enum.IntEnum):
+    """What a frame carries."""
+
+    HELLO = 1  # handshake: challenge, response, confirmation
+    DATA = 2  # [channel, epoch, seq, rows]: a batch of [key, value, ts] rows
+    ACK = 3  # [[channel, seq], ...]: everything up to seq arrived
+    CREDIT = 4  # [[channel, items], ...]: the receiver has room for that many more items
+    BARRIER = 5  # [channel, epoch, seq, barrier epoch]
+    EOS = 6  # [channel, epoch, seq]: the sender will send nothing more
+    ERROR = 7  # [reason]: sent before closing a connection
+    OPEN = 8  # [channel, ...]: the sender (re)attaches channels after connecting
+
+
+# The shape each body must have once decoded: (exact length or None for any, element check)
+_SHAPES: dict[FrameType, int | None] = {
+    FrameType.HELLO: None,
+    FrameType.DATA: 4,
+    FrameType.ACK: None,
+    FrameType.CREDIT: None,
+    FrameType.BARRIER: 4,
+    FrameType.EOS: 3,
+    FrameType.ERROR: 1,
+    FrameType.OPEN: None,
+}
+
+
+class FrameError(TransportError):
+    """A frame broke the protocol; ``reason`` says how (the connection is closed)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def frame(kind: FrameType, body: Any, flags: int = 0) -> bytes:
+    """Header and msgpack body of one frame."""
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return HEADER.pack(MAGIC, VERSION, kind, flags, len(packed)) + packed
+
+
+def data_frame(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
+    """A DATA frame for ``batch``: rows of ``[key, value, ts]``."""
+    return frame(FrameType.DATA, [channel, epoch, seq, [(r.key, r.value, r.ts) for r in batch]])
+
+
+def parse_header(header: bytes, max_length: int = DEFAULT_MAX_FRAME) -> tuple[FrameType, int, int]:
+    """``(type, flags, body length)`` of a header, checked before the body is read."""
+    if len(header) != HEADER.size:
+        raise FrameError(f"truncated header ({len(header)} of {HEADER.size} bytes)")
+    magic, version, kind, flags, length = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {magic!r}")
+    if version != VERSION:
+        raise FrameError(f"unsupported protocol version {version}")
+    try:
+        frame_type = FrameType(kind)
+    except ValueError:
+        raise FrameError(f"unknown frame type {kind}") from None
+    if length > max_length:
+        raise FrameError(f"frame of {length} bytes exceeds the maximum of {max_length}")
+    return frame_type, flags, length
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise FrameError(f"msgpack extension type {code} is not allowed")
+
+
+def decode_body(kind: FrameType, body: bytes) -> list[Any]:
+    """The body of a frame of type ``kind``, unpacked and checked for shape."""
+    try:
+        decoded = msgpack.unpackb(body, raw=False, strict_map_key=True, ext_hook=_refuse_ext, use_list=True)
+    except FrameError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types for malformed input; all are the peer's fault
+        raise FrameError(f"undecodable {kind.name} body: {type(exc).__name__}") from None
+    expected = _SHAPES[kind]
+    if not isinstance(decoded, list) or (expected is not None and len(decoded) != expected):
+        raise FrameError(f"malformed {kind.name} body")
+    return decoded
+
+
+def records_from(rows: Any) -> Batch:
+    """Rows of a DATA frame as records (list keys, which were tuples, become tuples again)."""
+    if not isinstance(rows, list):
+        raise FrameError("malformed DATA rows")
+    try:
+        return [Record(key if type(key) is not list else hashable(key), value, ts) for key, value, ts in rows]
+    except (TypeError, ValueError):
+        raise FrameError("malformed DATA row") from None

@@ -1,0 +1,284 @@
+"""The receiving end of TCP channels: one data server per process.
+
+Channels are multiplexed over connections by channel id. For every channel
+registered here the server keeps an *inlet*: the inbox channel it feeds, the
+last sequence number delivered (duplicates after a resend are dropped) and
+the credit the sender holds. Credit is counted in items: a sender may have
+at most the inbox channel's capacity in flight or queued, and gets one item
+of credit back each time the receiving instance takes an item, so a slow
+receiver slows the sender down and memory stays bounded on both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from streamlet.core.channel import Inbox
+from streamlet.core.record import END_OF_STREAM, Barrier, Item
+from streamlet.transport import auth
+from streamlet.transport.codec import (
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    FrameError,
+    FrameType,
+    decode_body,
+    frame,
+    parse_header,
+    records_from,
+)
+
+log = structlog.get_logger("streamlet")
+HANDSHAKE_TIMEOUT = 5.0
+_GONE = (asyncio.IncompleteReadError, ConnectionError, TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatistics:
+    """Counters of a data server."""
+
+    connections: int
+    active: int
+    frames: int
+    duplicates: int
+    bad_frames: int
+    auth_failures: int
+
+
+class _Inlet:
+    """Receiver-side state of one channel."""
+
+    __slots__ = ("channel", "channel_id", "granted", "inbox", "last_seq", "link", "outstanding", "window")
+
+    def __init__(self, channel_id: str, inbox: Inbox, channel: int) -> None:
+        self.channel_id = channel_id
+        self.inbox = inbox
+        self.channel = channel
+        self.window = inbox.capacity(channel)
+        self.last_seq = 0
+        self.outstanding = 0  # credit the sender holds
+        self.granted = 0  # credit given since the last CREDIT frame
+        self.link: _Connection | None = None
+
+
+class DataServer:
+    """Accepts authenticated connections and delivers their frames into inboxes.
+
+    Example:
+        >>> async def serve(inbox):
+        ...     async with DataServer(b"cluster secret") as server:
+        ...         server.register("job/count.0@0/split.1", inbox, inbox.add_channel(0))
+    """
+
+    def __init__(
+        self, secret: bytes, host: str = "127.0.0.1", port: int = 0, max_frame: int = DEFAULT_MAX_FRAME
+    ) -> None:
+        self.secret = secret
+        self.host = host
+        self.port = port
+        self.max_frame = max_frame
+        self._inlets: dict[str, _Inlet] = {}
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self.counts = {"connections": 0, "frames": 0, "duplicates": 0, "bad_frames": 0, "auth_failures": 0}
+
+    async def __aenter__(self) -> DataServer:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop accepting and close every connection."""
+        if self._server is None:
+            return
+        self._server.close()
+        for connection in list(self._connections):
+            connection.close()
+        await self._server.wait_closed()
+        await self._drained.wait()  # the handlers see their closed sockets and finish
+        self._server = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` senders connect to."""
+        return self.host, self.port
+
+    def register(self, channel_id: str, inbox: Inbox, channel: int) -> None:
+        """Frames for ``channel_id`` go to ``channel`` of ``inbox``."""
+        inlet = self._inlets[channel_id] = _Inlet(channel_id, inbox, channel)
+        inbox.on_pop(channel, lambda: self._consumed(inlet))
+
+    def statistics(self) -> ServerStatistics:
+        """A snapshot of the counters."""
+        return ServerStatistics(active=len(self._connections), **self.counts)
+
+    def _consumed(self, inlet: _Inlet) -> None:
+        # The instance took an item: the sender may send one more.
+        if inlet.link is not None and inlet.outstanding + inlet.inbox.queued(inlet.channel) < inlet.window:
+            inlet.outstanding += 1
+            inlet.granted += 1
+            inlet.link.grant(inlet)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(self, reader, writer)
+        self._connections.add(connection)
+        self._drained.clear()
+        self.counts["connections"] += 1
+        try:
+            await connection.serve()
+        finally:
+            connection.detach()
+            connection.close()
+            self._connections.discard(connection)
+            if not self._connections:
+                self._drained.set()
+
+    # -- called by connections --------------------------------------------------
+
+    def open(self, connection: _Connection, channel_ids: list[Any]) -> list[list[Any]]:
+        """A sender (re)attaches channels: their last delivered seq and fresh credit."""
+        replies = []
+        for channel_id in channel_ids:
+            inlet = self._inlets.get(channel_id) if isinstance(channel_id, str) else None
+            if inlet is None:
+                raise FrameError(f"unknown channel {channel_id!r}")
+            inlet.link = connection
+            inlet.outstanding = max(0, inlet.window - inlet.inbox.queued(inlet.channel))
+            inlet.granted = 0
+            replies.append([channel_id, inlet.last_seq, inlet.outstanding])
+        return replies
+
+    def deliver(self, connection: _Connection, kind: FrameType, body: list[Any]) -> None:
+        """One DATA, BARRIER or EOS frame: drop it if seen, else into the inbox."""
+        channel_id, seq = body[0], body[2]
+        inlet = self._inlets.get(channel_id) if isinstance(channel_id, str) else None
+        if inlet is None or inlet.link is not connection:
+            raise FrameError(f"frame for a channel not opened on this connection: {channel_id!r}")
+        if not isinstance(seq, int) or seq > inlet.last_seq + 1:
+            raise FrameError(f"channel {channel_id!r}: sequence {seq!r} after {inlet.last_seq}")
+        if seq <= inlet.last_seq:
+            self.counts["duplicates"] += 1
+            return
+        if inlet.outstanding <= 0:
+            raise FrameError(f"channel {channel_id!r}: sent without credit")
+        item = _item(kind, body)
+        inlet.outstanding -= 1
+        inlet.last_seq = seq
+        inlet.inbox.put_nowait(inlet.channel, item)
+        connection.acknowledge(inlet)
+
+
+def _item(kind: FrameType, body: list[Any]) -> Item:
+    if kind is FrameType.DATA:
+        return records_from(body[3])
+    if kind is FrameType.BARRIER:
+        if not isinstance(body[3], int):
+            raise FrameError("malformed BARRIER body")
+        return Barrier(body[3])
+    return END_OF_STREAM
+
+
+async def read_frame(reader: asyncio.StreamReader, max_length: int) -> tuple[FrameType, list[Any]]:
+    """The next frame: the header is checked before the body is read."""
+    kind, _flags, length = parse_header(await reader.readexactly(HEADER.size), max_length)
+    body = await reader.readexactly(length) if length else b""
+    return kind, decode_body(kind, body)
+
+
+class _Connection:
+    """One accepted connection: handshake, then frames until it closes or misbehaves."""
+
+    def __init__(self, server: DataServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self._acks: dict[str, _Inlet] = {}
+        self._credits: dict[str, _Inlet] = {}
+        self._flush_scheduled = False
+
+    async def serve(self) -> None:
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                authenticated = await self._handshake()
+            while authenticated:
+                kind, body = await read_frame(self.reader, self.server.max_frame)
+                self.server.counts["frames"] += 1
+                self._handle(kind, body)
+        except FrameError as exc:
+            self.server.counts["bad_frames"] += 1
+            log.warning("closing data connection", reason=exc.reason)
+            self._write(frame(FrameType.ERROR, [exc.reason]))
+        except _GONE:
+            pass  # the peer went away (or stalled in the handshake); a sender reconnects and resends
+
+    async def _handshake(self) -> bool:
+        challenge = auth.nonce()
+        self._write(frame(FrameType.HELLO, ["challenge", challenge]))
+        kind, body = await read_frame(self.reader, auth.HELLO_MAX)
+        ok = kind is FrameType.HELLO and len(body) == 3 and body[0] == "response" and isinstance(body[1], bytes)
+        if not ok or not auth.matches(auth.client_proof(self.server.secret, challenge, body[1]), body[2]):
+            self.server.counts["auth_failures"] += 1
+            log.warning("data connection failed authentication")
+            self._write(frame(FrameType.ERROR, ["authentication failed"]))
+            return False
+        self._write(frame(FrameType.HELLO, ["welcome", auth.server_proof(self.server.secret, challenge, body[1])]))
+        return True
+
+    def _handle(self, kind: FrameType, body: list[Any]) -> None:
+        if kind in (FrameType.DATA, FrameType.BARRIER, FrameType.EOS):
+            self.server.deliver(self, kind, body)
+        elif kind is FrameType.OPEN:
+            self._write(frame(FrameType.OPEN, self.server.open(self, body)))
+        else:
+            raise FrameError(f"unexpected {kind.name} frame from a sender")
+
+    # -- replies, coalesced: one ACK and one CREDIT frame per turn of the event loop ----------
+
+    def acknowledge(self, inlet: _Inlet) -> None:
+        self._acks[inlet.channel_id] = inlet
+        self._schedule_flush()
+
+    def grant(self, inlet: _Inlet) -> None:
+        self._credits[inlet.channel_id] = inlet
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        parts = []
+        if self._acks:
+            parts.append(frame(FrameType.ACK, [[cid, inlet.last_seq] for cid, inlet in self._acks.items()]))
+            self._acks.clear()
+        if self._credits:
+            parts.append(frame(FrameType.CREDIT, [[cid, inlet.granted] for cid, inlet in self._credits.items()]))
+            for inlet in self._credits.values():
+                inlet.granted = 0
+            self._credits.clear()
+        if parts:
+            self._write(b"".join(parts))
+
+    def _write(self, data: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop may already be closing
+            self.writer.close()
+
+    def detach(self) -> None:
+        for inlet in self.server._inlets.values():
+            if inlet.link is self:
+                inlet.link = None
