@@ -57,6 +57,13 @@ class TcpChannel:
         self.backup: deque[tuple[int, bytes]] = deque()  # sent, not yet acknowledged
         self._resend: deque[tuple[int, bytes]] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._drained: asyncio.Event | None = None
+
+    async def wait_acknowledged(self) -> None:
+        """Return once the receiver has acknowledged everything sent so far."""
+        if self.backup:
+            self._drained = asyncio.Event()
+            await self._drained.wait()
 
     async def send(self, item: Item) -> None:
         """Send a batch or marker in order; waits for credit (and for the link after a cut)."""
@@ -105,6 +112,8 @@ class TcpChannel:
         """Drop backed-up frames the receiver has."""
         while self.backup and self.backup[0][0] <= seq:
             self.backup.popleft()
+        if not self.backup and self._drained is not None:
+            self._drained.set()
 
     def granted(self, items: int) -> None:
         """The receiver has room for ``items`` more."""
@@ -155,6 +164,7 @@ class _Link:
 
     async def run(self) -> None:
         delay = self.client.reconnect_delay
+        down = False  # log an outage once, not every retry
         while True:
             try:
                 await self._session()
@@ -164,9 +174,16 @@ class _Link:
                 self._fail_all()
                 return
             except (OSError, asyncio.IncompleteReadError, FrameError, TimeoutError) as exc:
-                log.info("data link down", peer=f"{self.address[0]}:{self.address[1]}", reason=str(exc))
+                if not down:
+                    log.warning("data link down, reconnecting", peer=self.peer, reason=str(exc))
+                down = self.client.connects == 0 or not self.up
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.client.max_reconnect_delay)
+
+    @property
+    def peer(self) -> str:
+        """``host:port`` of the data server."""
+        return f"{self.address[0]}:{self.address[1]}"
 
     async def _session(self) -> None:
         async with asyncio.timeout(self.client.connect_timeout):
