@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks latency --json
 	$(BIN)/python -m benchmarks windows --json
 	$(BIN)/python -m benchmarks checkpoint --json
+	$(BIN)/python -m benchmarks tcp --json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

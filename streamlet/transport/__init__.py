@@ -1,1 +1,69 @@
-"""Moving batches between instances: ``local`` (in memory); TCP comes with the cluster."""
+"""Moving batches between instances: in memory (``local``) or over TCP (``tcp``, ``tcp_client``).
+
+The runtime only sees the ``Channel`` seam (``core/channel.py``): an
+ordered, bounded, backpressured pipe of batches and control markers into
+one input channel of one instance. ``LocalChannel`` hands the batch object
+itself to an inbox in the same process. ``TcpChannel`` carries it to a
+``DataServer`` in another process, which puts the decoded batch into the
+receiving inbox. Either way, the receiving task gets ``Record`` objects.
+
+Wire format
+===========
+
+A connection carries frames. Every frame is a 9-byte header and a msgpack body::
+
+    +-------+---------+------+-------+------------------+------------------+
+    | magic | version | type | flags | body length      | body (msgpack)   |
+    | "SL"  | 1 byte  | 1 B  | 1 B   | 4 B, big-endian  | length bytes     |
+    +-------+---------+------+-------+------------------+------------------+
+
+Version is 1; flags are 0. The receiver checks magic, version, type and
+length (at most 16 MiB by default, 1 KiB before authentication) before it
+reads the body. It unpacks with ``strict_map_key`` and refuses msgpack
+extension types, and it never unpickles. Any violation makes it send
+``ERROR`` and close that connection, and counts it; the server goes on
+serving its other connections.
+
+Frame types and bodies:
+
+======== ======================================================= =========================
+type     body                                                     direction
+======== ======================================================= =========================
+HELLO 1  ``["challenge", nonce]`` / ``["response", nonce, mac]`` server -> client -> server
+         / ``["welcome", mac]``                                   -> client
+DATA 2   ``[channel, epoch, seq, keys, values, timestamps]``      sender -> receiver
+ACK 3    ``[[channel, seq], ...]``: delivered up to ``seq``       receiver -> sender
+CREDIT 4 ``[[channel, items], ...]``: room for ``items`` more     receiver -> sender
+BARRIER 5 ``[channel, epoch, seq, barrier_epoch]``                sender -> receiver
+EOS 6    ``[channel, epoch, seq]``: nothing more on ``channel``   sender -> receiver
+ERROR 7  ``[reason]``, then the connection closes                 either way
+OPEN 8   ``[channel, ...]`` / ``[[channel, last_seq, credit], ...]`` sender -> receiver -> sender
+======== ======================================================= =========================
+
+* **Authentication.** Mutual HMAC-SHA256 over nonces with the shared
+  cluster secret: the client proves ``hmac(secret, "client" + server_nonce +
+  client_nonce)`` and the server answers with
+  ``hmac(secret, "server" + client_nonce + server_nonce)``. A peer that fails
+  is disconnected before any DATA frame is parsed.
+* **Multiplexing.** Channel ids are strings. One connection per pair of
+  processes carries all their channels. ``OPEN`` attaches channels to the
+  connection; the reply gives, per channel, the last sequence number
+  delivered and the sender's credit.
+* **Flow control.** Credit is counted in items (a DATA, BARRIER or EOS frame
+  each). A sender never has more unconfirmed items than its credit, which
+  starts at the receiving inbox channel's capacity. The receiver grants one
+  item of credit each time the receiving instance takes one out of the inbox,
+  so memory is bounded on both sides and a slow receiver slows the sender.
+* **Delivery.** Every item carries its channel's ``seq`` (1, 2, 3, ...) and
+  the checkpoint ``epoch`` it belongs to. The receiver delivers ``seq ==
+  last + 1``, drops ``seq <= last`` (a resend) and refuses a gap. The sender
+  keeps each frame in its upstream-backup buffer until it is acknowledged.
+  After a reconnect it resends, in order, everything after the ``last_seq``
+  that ``OPEN`` reports, and only then sends anything new. The result: no
+  loss, no duplicate, order kept per channel. Barriers and end-of-stream are
+  items like batches, so they keep their place among the data.
+* **Columns.** DATA carries a batch as three arrays (keys, values, event
+  times), which packs and unpacks about twice as fast as an array per
+  record. msgpack has one array type: tuple keys come back as tuples (they
+  must stay hashable), and arrays inside values come back as lists.
+"""
