@@ -7,6 +7,8 @@ Every error derives from one root, so ``except StreamletError`` catches them all
     ├── TaskError            user code in a task failed under the ``fail`` policy
     ├── JobError             a job could not start, was stopped, or is misused
     └── TransportError       moving batches between processes failed
+        ├── FrameError       a peer broke the wire protocol (that connection is closed)
+        └── AuthenticationError  a peer does not share the cluster secret
 """
 
 from __future__ import annotations
@@ -36,3 +38,7 @@ class JobError(StreamletError):
 
 class TransportError(StreamletError):
     """A channel between processes failed."""
+
+
+class AuthenticationError(TransportError):
+    """The other side of a data connection does not know the cluster secret (retrying will not help)."""

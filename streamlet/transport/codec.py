@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from streamlet.core.record import Batch, Record
+from streamlet.core.record import Batch, LoopRecord, Record
 from streamlet.core.state import hashable
 from streamlet.errors import TransportError
 
@@ -32,7 +32,7 @@ class FrameType(enum.IntEnum):
     """What a frame carries."""
 
     HELLO = 1  # handshake: challenge, response, confirmation
-    DATA = 2  # [channel, epoch, seq, keys, values, timestamps]: a batch, column by column
+    DATA = 2  # [channel, epoch, seq, keys, values, timestamps(, iterations)]: a batch, column by column
     ACK = 3  # [[channel, seq], ...]: everything up to seq arrived
     CREDIT = 4  # [[channel, items], ...]: the receiver has room for that many more items
     BARRIER = 5  # [channel, epoch, seq, barrier epoch]
@@ -41,15 +41,15 @@ class FrameType(enum.IntEnum):
     OPEN = 8  # [channel, ...]: the sender (re)attaches channels after connecting
 
 
-# The shape each body must have once decoded: (exact length or None for any, element check)
-_SHAPES: dict[FrameType, int | None] = {
+# The lengths a body may have once decoded (None: any)
+_SHAPES: dict[FrameType, tuple[int, ...] | None] = {
     FrameType.HELLO: None,
-    FrameType.DATA: 6,
+    FrameType.DATA: (6, 7),
     FrameType.ACK: None,
     FrameType.CREDIT: None,
-    FrameType.BARRIER: 4,
-    FrameType.EOS: 3,
-    FrameType.ERROR: 1,
+    FrameType.BARRIER: (4,),
+    FrameType.EOS: (3,),
+    FrameType.ERROR: (1,),
     FrameType.OPEN: None,
 }
 
@@ -78,7 +78,10 @@ def data_frame(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
     keys = [r.key for r in batch]
     values = [r.value for r in batch]
     stamps = [r.ts for r in batch]
-    return frame(FrameType.DATA, [channel, epoch, seq, keys, values, stamps])
+    body = [channel, epoch, seq, keys, values, stamps]
+    if LoopRecord in set(map(type, batch)):  # inside a cycle: the loop counts travel too
+        body.append([r.iteration for r in batch])
+    return frame(FrameType.DATA, body)
 
 
 def parse_header(header: bytes, max_length: int = DEFAULT_MAX_FRAME) -> tuple[FrameType, int, int]:
@@ -112,17 +115,35 @@ def decode_body(kind: FrameType, body: bytes) -> list[Any]:
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for malformed input; all are the peer's fault
         raise FrameError(f"undecodable {kind.name} body: {type(exc).__name__}") from None
     expected = _SHAPES[kind]
-    if not isinstance(decoded, list) or (expected is not None and len(decoded) != expected):
+    if not isinstance(decoded, list) or (expected is not None and len(decoded) not in expected):
         raise FrameError(f"malformed {kind.name} body")
     return decoded
 
 
-def records_from(keys: Any, values: Any, stamps: Any) -> Batch:
-    """The columns of a DATA frame as records (list keys, which were tuples, become tuples again)."""
+_KEY_TYPES = frozenset({str, bytes, int, float, bool, type(None), list})
+_TS_TYPES = frozenset({float, int, type(None)})
+
+
+def records_from(keys: Any, values: Any, stamps: Any, iterations: Any = None) -> Batch:
+    """The columns of a DATA frame as records (list keys, which were tuples, become tuples again).
+
+    Keys must be hashable once lists become tuples, event times numbers or
+    ``None``; msgpack's timestamp type (which it decodes by itself, past the
+    extension hook) is refused here with everything else.
+    """
     if not (type(keys) is list and type(values) is list and type(stamps) is list):
         raise FrameError("malformed DATA columns")
     if not len(keys) == len(values) == len(stamps):
         raise FrameError("DATA columns of different lengths")
-    if list in set(map(type, keys)):
+    key_types = set(map(type, keys))
+    if not key_types <= _KEY_TYPES or not set(map(type, stamps)) <= _TS_TYPES:
+        raise FrameError("DATA keys or event times of a type that is not allowed")
+    if msgpack.Timestamp in set(map(type, values)):
+        raise FrameError("msgpack extension type -1 is not allowed")
+    if list in key_types:
         keys = [hashable(key) for key in keys]
-    return list(map(Record, keys, values, stamps))
+    if iterations is None:
+        return list(map(Record, keys, values, stamps))
+    if type(iterations) is not list or len(iterations) != len(keys) or not set(map(type, iterations)) <= {int}:
+        raise FrameError("malformed DATA iterations")
+    return list(map(LoopRecord, keys, values, stamps, iterations))

@@ -179,7 +179,7 @@ class DataServer:
 
 def _item(kind: FrameType, body: list[Any]) -> Item:
     if kind is FrameType.DATA:
-        return records_from(body[3], body[4], body[5])
+        return records_from(*body[3:])
     if kind is FrameType.BARRIER:
         if not isinstance(body[3], int):
             raise FrameError("malformed BARRIER body")

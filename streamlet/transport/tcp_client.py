@@ -26,7 +26,7 @@ import structlog
 
 from streamlet.core.channel import Inbox
 from streamlet.core.record import Barrier, EndOfStream, Item
-from streamlet.errors import TransportError
+from streamlet.errors import AuthenticationError, TransportError
 from streamlet.transport import auth
 from streamlet.transport.codec import DEFAULT_MAX_FRAME, FrameError, FrameType, data_frame, frame
 from streamlet.transport.tcp import DataServer, read_frame
@@ -74,9 +74,9 @@ class TcpChannel:
                 await self._waiter
             finally:
                 self._waiter = None
+        data = self._encode(item, self.seq + 1)  # first: an item that cannot be sent spends nothing
         self.credit -= 1
         self.seq += 1
-        data = self._encode(item)
         self.backup.append((self.seq, data))
         self.link.write(data)
         if isinstance(item, Barrier):
@@ -88,13 +88,13 @@ class TcpChannel:
     def _can_send(self) -> bool:
         return self.opened and self.link.up and not self._resend and self.credit > 0
 
-    def _encode(self, item: Item) -> bytes:
+    def _encode(self, item: Item, seq: int) -> bytes:
         if type(item) is list:
-            return data_frame(self.channel_id, self.epoch, self.seq, item)
+            return data_frame(self.channel_id, self.epoch, seq, item)
         if isinstance(item, Barrier):
-            return frame(FrameType.BARRIER, [self.channel_id, self.epoch, self.seq, item.epoch])
+            return frame(FrameType.BARRIER, [self.channel_id, self.epoch, seq, item.epoch])
         if isinstance(item, EndOfStream):
-            return frame(FrameType.EOS, [self.channel_id, self.epoch, self.seq])
+            return frame(FrameType.EOS, [self.channel_id, self.epoch, seq])
         raise TransportError(f"channel {self.channel_id!r} cannot send {item!r} over TCP")
 
     # -- driven by the link ---------------------------------------------------------
@@ -169,7 +169,7 @@ class _Link:
             try:
                 await self._session()
                 delay = self.client.reconnect_delay
-            except TransportError as exc:  # a wrong secret does not get better by retrying
+            except AuthenticationError as exc:  # a wrong secret does not get better by retrying
                 self.failure = exc
                 self._fail_all()
                 return
@@ -213,26 +213,32 @@ class _Link:
         writer.write(frame(FrameType.HELLO, ["response", mine, auth.client_proof(secret, body[1], mine)]))
         kind, reply = await read_frame(reader, auth.HELLO_MAX)
         if kind is FrameType.ERROR or len(reply) != 2 or reply[0] != "welcome":
-            raise TransportError(f"data server {self.address[0]}:{self.address[1]} refused us: {reply}")
+            raise AuthenticationError(f"data server {self.peer} refused us: {reply}")
         if not auth.matches(auth.server_proof(secret, body[1], mine), reply[1]):
-            raise TransportError(f"data server {self.address[0]}:{self.address[1]} does not know the secret")
+            raise AuthenticationError(f"data server {self.peer} does not know the secret")
 
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         while True:
             kind, body = await read_frame(reader, self.client.max_frame)
-            if kind is FrameType.ACK:
-                for channel_id, seq in body:
-                    self.channels[channel_id].acknowledged(seq)
-            elif kind is FrameType.CREDIT:
-                for channel_id, items in body:
-                    self.channels[channel_id].granted(items)
-            elif kind is FrameType.OPEN:
-                for channel_id, last_seq, credit in body:
-                    self.channels[channel_id].reopened(last_seq, credit)
-            elif kind is FrameType.ERROR:
-                raise FrameError(f"the data server closed the connection: {body[0]}")
-            else:
-                raise FrameError(f"unexpected {kind.name} frame from a data server")
+            try:
+                self._on_reply(kind, body)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise FrameError(f"malformed {kind.name} reply from the data server: {exc!r}") from None
+
+    def _on_reply(self, kind: FrameType, body: list[Any]) -> None:
+        if kind is FrameType.ACK:
+            for channel_id, seq in body:
+                self.channels[channel_id].acknowledged(seq)
+        elif kind is FrameType.CREDIT:
+            for channel_id, items in body:
+                self.channels[channel_id].granted(items)
+        elif kind is FrameType.OPEN:
+            for channel_id, last_seq, credit in body:
+                self.channels[channel_id].reopened(last_seq, credit)
+        elif kind is FrameType.ERROR:
+            raise FrameError(f"the data server closed the connection: {body[0]}")
+        else:
+            raise FrameError(f"unexpected {kind.name} frame from a data server")
 
     def _fail_all(self) -> None:
         for channel in self.channels.values():

@@ -1,0 +1,68 @@
+"""Whole jobs with every channel over loopback TCP give exactly the in-memory sink output."""
+
+from __future__ import annotations
+
+import asyncio
+
+import streamlet as sl
+from examples import wordcount
+from streamlet.transport.tcp import ServerStatistics
+from streamlet.transport.tcp_client import open_loopback_transport
+from tests.conftest import pairs
+from tests.unit.core.test_cycles import halving_loop
+
+
+async def in_memory(topology: sl.Topology) -> sl.JobResult:
+    """Run ``topology`` with in-memory channels."""
+    async with asyncio.timeout(5), sl.start(topology) as job:
+        return await job.wait()
+
+
+async def over_tcp(topology: sl.Topology) -> tuple[sl.JobResult, ServerStatistics]:
+    """Run ``topology`` with every channel over loopback TCP; the result and the server's counters."""
+    async with (
+        asyncio.timeout(5),
+        open_loopback_transport() as transport,
+        sl.start(topology, channel_factory=transport.channel_factory) as job,
+    ):
+        return await job.wait(), transport.server.statistics()
+
+
+async def test_wordcount_over_tcp_equals_in_memory() -> None:
+    """examples/wordcount.py gives the same word counts with every channel over TCP."""
+    expected = wordcount.word_counts(await in_memory(wordcount.build_topology()))
+    result, stats = await over_tcp(wordcount.build_topology())
+    assert wordcount.word_counts(result) == expected
+    assert (stats.connections, stats.bad_frames, stats.duplicates) == (1, 0, 0)
+
+
+def fan_out_topology() -> sl.Topology:
+    """numbers -> double (x2) -> total (x2, SAME_KEY) -> 'totals'; double -> 'doubled' too."""
+    topology = sl.Topology("fan-out")
+    source = topology.add_source("numbers", [(f"k{n % 7}", n) for n in range(500)])
+    doubled = topology.map("double", lambda r: (r.key, r.value * 2), parallelism=2).set_input(source)
+    total = topology.add_task("total", wordcount.CountWords, parallelism=2)
+    total.set_input(doubled, partitioning=sl.SAME_KEY)
+    topology.add_sink("doubled", sl.CollectSink()).set_input(doubled)
+    topology.add_sink("totals", sl.CollectSink()).set_input(total)
+    return topology
+
+
+async def test_parallel_same_key_two_sinks_over_tcp_equals_in_memory() -> None:
+    """Parallelism 2, SAME_KEY and two sinks: both sinks hold the same records over TCP as in memory."""
+    expected = await in_memory(fan_out_topology())
+    result, stats = await over_tcp(fan_out_topology())
+    assert sorted(pairs(result.sink("doubled"))) == sorted(pairs(expected.sink("doubled")))
+    assert sorted(pairs(result.sink("totals"))) == sorted(pairs(expected.sink("totals")))
+    assert dict(pairs(expected.sink("totals"))) == {f"k{k}": sum(range(2 * k, 1000, 14)) for k in range(7)}
+    assert len(result.sink("doubled")) == 500
+    assert (stats.connections, stats.bad_frames, stats.duplicates) == (1, 0, 0)
+
+
+async def test_loop_over_tcp_equals_in_memory() -> None:
+    """A cycle with an iteration limit: same sink and drop count over TCP (records keep their iteration)."""
+    expected = await in_memory(halving_loop([1, 2, 8, 16, 1024], limit=3))
+    result, stats = await over_tcp(halving_loop([1, 2, 8, 16, 1024], limit=3))
+    assert sorted(pairs(expected.sink("done"))) == [("1", 0), ("2", 1), ("8", 3)]
+    assert (sorted(pairs(result.sink("done"))), result.statistics.dropped) == (sorted(pairs(expected.sink("done"))), 2)
+    assert (stats.connections, stats.bad_frames) == (1, 0)

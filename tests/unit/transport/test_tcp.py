@@ -1,0 +1,282 @@
+"""TCP channels on loopback: delivery in order, authentication, bad peers, credit, cuts and corruption."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+
+import streamlet as sl
+from streamlet.core.channel import Inbox
+from streamlet.core.record import END_OF_STREAM, Barrier, Item
+from streamlet.errors import TransportError
+from streamlet.transport import auth
+from streamlet.transport.codec import DEFAULT_MAX_FRAME, HEADER, MAGIC, VERSION, FrameType, data_frame, frame
+from streamlet.transport.tcp import DataServer, read_frame
+from streamlet.transport.tcp_client import TcpChannel, TcpClient
+from tests.unit.transport.proxy import CuttingProxy
+
+SECRET = b"cluster secret"
+CHANNEL = "job/sink.0@0/source.0"
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def batch(*numbers: int) -> list[sl.Record]:
+    """Records keyed ``k<n % 7>`` with value ``n`` and event time ``n / 2``."""
+    return [sl.Record(f"k{n % 7}", n, n / 2) for n in numbers]
+
+
+def header(kind: int, length: int, magic: bytes = MAGIC) -> bytes:
+    """A frame header announcing ``length`` body bytes."""
+    return HEADER.pack(magic, VERSION, kind, 0, length)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (at most 2 s) until ``condition()`` holds."""
+    async with asyncio.timeout(2):
+        while not condition():  # noqa: ASYNC110 - the server's counters have no event to wait on
+            await asyncio.sleep(0.005)
+
+
+@dataclass
+class Pipe:
+    """A TCP channel from a client into channel 0 of an inbox registered with a server."""
+
+    server: DataServer
+    client: TcpClient
+    inbox: Inbox
+    sender: TcpChannel
+
+    async def take(self) -> Item:
+        """The next item that arrived, waiting at most 2 s for it."""
+        async with asyncio.timeout(2):
+            while self.inbox.is_empty(0):
+                await self.inbox.wait()
+        return self.inbox.pop(0)
+
+
+@asynccontextmanager
+async def opened(
+    server: DataServer, *, capacity: int = 8, secret: bytes = SECRET, via: tuple[str, int] | None = None
+) -> AsyncIterator[Pipe]:
+    """A client with one channel ``CHANNEL`` to ``server`` (through ``via`` when given)."""
+    inbox = Inbox(capacity)
+    server.register(CHANNEL, inbox, inbox.add_channel(0))
+    async with TcpClient(secret) as client:
+        yield Pipe(server, client, inbox, client.channel(via or server.address, CHANNEL))
+
+
+@asynccontextmanager
+async def raw(server: DataServer) -> AsyncIterator[Streams]:
+    """A plain socket to ``server``, closed on exit."""
+    reader, writer = await asyncio.open_connection(*server.address)
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The client side of the HELLO handshake, by hand."""
+    kind, (tag, challenge) = await read_frame(reader, auth.HELLO_MAX)
+    assert (kind, tag) == (FrameType.HELLO, "challenge")
+    mine = auth.nonce()
+    writer.write(frame(FrameType.HELLO, ["response", mine, auth.client_proof(SECRET, challenge, mine)]))
+    welcome = ["welcome", auth.server_proof(SECRET, challenge, mine)]
+    assert await read_frame(reader, auth.HELLO_MAX) == (FrameType.HELLO, welcome)
+
+
+async def refusal(reader: asyncio.StreamReader) -> str:
+    """The reason of the ERROR frame the server sends; the connection must then be closed."""
+    kind, body = await read_frame(reader, DEFAULT_MAX_FRAME)
+    assert kind is FrameType.ERROR
+    assert await reader.read() == b""
+    return str(body[0])
+
+
+async def test_channel_delivers_batches_and_markers_in_order() -> None:
+    """Batches, a Barrier and EndOfStream arrive in order as equal Records and markers."""
+    async with DataServer(SECRET) as server, opened(server) as pipe:
+        items: list[Item] = [batch(1, 2), [sl.Record(("user", 7), {"n": [1, 2]}, None)], Barrier(3), batch(3)]
+        for item in [*items, END_OF_STREAM]:
+            await pipe.sender.send(item)
+        assert [await pipe.take() for _ in range(5)] == [*items, END_OF_STREAM]
+        stats = server.statistics()
+        assert (stats.connections, stats.frames, stats.duplicates, stats.bad_frames) == (1, 6, 0, 0)
+
+
+async def test_wrong_secret_fails_the_send() -> None:
+    """A client with the wrong secret gets a TransportError; the server counts one auth failure."""
+    async with DataServer(SECRET) as server, opened(server, secret=b"not the secret") as pipe:
+        message = rf"^data server 127\.0\.0\.1:{server.port} refused us: \['authentication failed'\]$"
+        with pytest.raises(TransportError, match=message):
+            async with asyncio.timeout(2):
+                await pipe.sender.send(batch(1))
+        stats = server.statistics()
+        assert (stats.connections, stats.auth_failures, stats.bad_frames, stats.frames) == (1, 1, 0, 0)
+        assert pipe.inbox.queued(0) == 0
+
+
+EXT = b"\xd4\x05x"  # msgpack ExtType(5, b"x")
+ABUSES = {
+    "bad-magic": (False, header(FrameType.HELLO, 0, magic=b"XX"), "bad magic b'XX'", (1, 0)),
+    "oversized-hello": (
+        False,
+        header(FrameType.HELLO, 1025),
+        "frame of 1025 bytes exceeds the maximum of 1024",
+        (1, 0),
+    ),
+    "data-before-auth": (False, data_frame(CHANNEL, 0, 1, batch(9)), "authentication failed", (0, 1)),
+    "oversized-data": (
+        True,
+        header(FrameType.DATA, DEFAULT_MAX_FRAME + 1),
+        f"frame of {DEFAULT_MAX_FRAME + 1} bytes exceeds the maximum of {DEFAULT_MAX_FRAME}",
+        (1, 0),
+    ),
+    "ext-type": (True, header(FrameType.DATA, len(EXT)) + EXT, "msgpack extension type 5 is not allowed", (1, 0)),
+}
+
+
+@pytest.mark.parametrize(("authenticated", "garbage", "reason", "counts"), ABUSES.values(), ids=ABUSES.keys())
+async def test_bad_peer_is_closed_and_others_keep_working(
+    authenticated: bool, garbage: bytes, reason: str, counts: tuple[int, int]
+) -> None:
+    """A socket sending garbage gets an ERROR and is closed; a good client is served before, during and after."""
+    async with DataServer(SECRET) as server, opened(server) as good:
+        await good.sender.send(batch(1))
+        assert await good.take() == batch(1)
+        async with raw(server) as (reader, writer):
+            if authenticated:
+                await authenticate(reader, writer)
+            else:
+                await read_frame(reader, auth.HELLO_MAX)  # the challenge
+            await good.sender.send(batch(2))
+            assert await good.take() == batch(2)
+            writer.write(garbage)
+            assert await refusal(reader) == reason
+        await until(lambda: server.statistics().active == 1)
+        await good.sender.send(batch(3))
+        assert await good.take() == batch(3)
+        stats = server.statistics()
+        assert (stats.bad_frames, stats.auth_failures) == counts
+        assert (stats.connections, stats.frames, stats.duplicates, good.inbox.queued(0)) == (2, 4, 0, 0)
+
+
+async def test_credit_blocks_the_sender_until_the_receiver_takes() -> None:
+    """With capacity 2 and nothing taken, a third send waits; taking one item lets it through."""
+    async with DataServer(SECRET) as server, opened(server, capacity=2) as pipe:
+        await pipe.sender.send(batch(1))
+        await pipe.sender.send(batch(2))
+        third = asyncio.create_task(pipe.sender.send(batch(3)))
+        await until(lambda: pipe.inbox.queued(0) == 2)
+        await asyncio.sleep(0.05)
+        assert third.done() is False
+        assert len(pipe.sender.backup) <= 2
+        assert (pipe.sender.credit, pipe.inbox.queued(0)) == (0, 2)
+        assert pipe.inbox.pop(0) == batch(1)
+        async with asyncio.timeout(2):
+            await third
+        await until(lambda: pipe.inbox.queued(0) == 2)
+        assert [pipe.inbox.pop(0), pipe.inbox.pop(0)] == [batch(2), batch(3)]
+        assert server.statistics().duplicates == 0
+
+
+def frames_of(count: int) -> list[list[sl.Record]]:
+    """``count`` batches of 10 records numbered 0, 1, ... in order."""
+    return [batch(*range(10 * index, 10 * index + 10)) for index in range(count)]
+
+
+def bytes_before(batches: list[list[sl.Record]], index: int) -> int:
+    """Bytes a client sends before DATA frame ``index`` (0-based): HELLO response, OPEN, the DATA frames before it."""
+    hello = frame(FrameType.HELLO, ["response", bytes(auth.NONCE_BYTES), bytes(32)])
+    opening = frame(FrameType.OPEN, [CHANNEL])
+    data = [data_frame(CHANNEL, 0, seq, item) for seq, item in enumerate(batches[:index], start=1)]
+    return len(hello) + len(opening) + sum(map(len, data))
+
+
+async def send_through(proxy: CuttingProxy, server: DataServer, batches: list[list[sl.Record]]) -> list[sl.Record]:
+    """Send ``batches`` via ``proxy`` while a consumer takes them; every record received, in order."""
+    async with opened(server, capacity=4, via=proxy.address) as pipe:
+        received: list[sl.Record] = []
+
+        async def consume() -> None:
+            while len(received) < 10 * len(batches):
+                item = await pipe.take()
+                assert type(item) is list
+                received.extend(item)
+
+        consumer = asyncio.create_task(consume())
+        try:
+            for item in batches:
+                await pipe.sender.send(item)
+            async with asyncio.timeout(4):
+                await consumer
+        finally:
+            consumer.cancel()
+        assert pipe.client.statistics().connects >= 2
+        return received
+
+
+async def test_cut_mid_frame_loses_nothing_and_duplicates_nothing() -> None:
+    """A connection cut inside a DATA frame: the client reconnects and resends; every record arrives once, in order."""
+    batches = frames_of(200)
+    middle = bytes_before(batches, 100) + len(data_frame(CHANNEL, 0, 101, batches[100])) // 2
+    async with DataServer(SECRET) as server, CuttingProxy(server.address, middle) as proxy:
+        assert await send_through(proxy, server, batches) == [record for item in batches for record in item]
+        stats = server.statistics()
+        assert (proxy.cuts, proxy.connections, stats.frames, stats.duplicates, stats.bad_frames) == (1, 2, 202, 0, 0)
+
+
+async def test_garbage_in_transit_makes_the_client_reconnect() -> None:
+    """Bytes corrupted between frames: the server refuses the connection, the client reconnects and resends."""
+    batches = frames_of(200)
+    garbage = header(FrameType.DATA, 0, magic=b"XX")
+    async with DataServer(SECRET) as server, CuttingProxy(server.address, bytes_before(batches, 100), garbage) as proxy:
+        assert await send_through(proxy, server, batches) == [record for item in batches for record in item]
+        stats = server.statistics()
+        assert (proxy.cuts, proxy.connections, stats.frames, stats.duplicates, stats.bad_frames) == (1, 2, 202, 0, 1)
+
+
+async def test_refused_item_leaves_the_channel_usable() -> None:
+    """Sending what TCP cannot carry raises TransportError; the next batch still arrives."""
+    async with DataServer(SECRET) as server, opened(server) as pipe:
+        with pytest.raises(TransportError, match=rf"^channel '{CHANNEL}' cannot send 42 over TCP$"):
+            await pipe.sender.send(42)  # type: ignore[arg-type]
+        await pipe.sender.send(batch(1))
+        await until(lambda: pipe.inbox.queued(0) + server.statistics().bad_frames > 0)
+        assert (server.statistics().bad_frames, pipe.inbox.queued(0)) == (0, 1)
+        assert pipe.inbox.pop(0) == batch(1)
+
+
+ABUSE_CYCLE = [header(FrameType.HELLO, 0, magic=b"XX"), header(FrameType.HELLO, 5000), ABUSES["data-before-auth"][1]]
+
+
+async def abuse(server: DataServer, number: int) -> None:
+    """One bad connection: garbage (kind ``number % 4``) after the challenge; the last kind hangs up mid-header."""
+    async with raw(server) as (reader, writer):
+        await read_frame(reader, auth.HELLO_MAX)
+        if number % 4 == 3:
+            writer.write(b"SL\x01")
+            return
+        writer.write(ABUSE_CYCLE[number % 4])
+        await refusal(reader)
+
+
+async def test_stream_of_bad_connections_leaves_nothing_behind() -> None:
+    """200 abusive connections, one after another: all closed, counted exactly, and a good client is served."""
+    async with DataServer(SECRET) as server:
+        for number in range(200):
+            await abuse(server, number)
+        await until(lambda: server.statistics().active == 0)
+        stats = server.statistics()
+        assert (stats.connections, stats.bad_frames, stats.auth_failures, stats.frames) == (200, 100, 50, 0)
+        async with opened(server) as good:
+            await good.sender.send(batch(1))
+            assert await good.take() == batch(1)
+        assert server.statistics().connections == 201
