@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run test lint typecheck unit bench clean zookeeper
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "streamlet needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
@@ -14,8 +14,14 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,cluster]'
 	@touch $(STAMP)
+
+# The cluster tests need a real ZooKeeper server (and Java); install Debian's when it is missing.
+zookeeper:
+	@test -e /usr/share/java/zookeeper.jar || test -n "$$ZOOKEEPER_HOME" || { \
+	  echo "installing ZooKeeper (apt-get install -y zookeeper)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper) >/dev/null; }
 
 run: $(STAMP)
 	$(BIN)/python examples/wordcount.py
@@ -27,7 +33,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) zookeeper
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

@@ -1,0 +1,1 @@
+"""The ZooKeeper-coordinated cluster backend: a local ZooKeeper launcher, the coordinator, masters and workers."""

@@ -1,0 +1,204 @@
+"""ZooKeeper through kazoo, without blocking the event loop.
+
+kazoo is thread-based: every call here runs in a worker thread
+(``anyio.to_thread``) and every kazoo callback is handed back to the event
+loop with ``call_soon_threadsafe``. Node data is JSON (readable with
+``zkCli``; never pickle). All paths are relative to the cluster's root
+``/streamlet/<cluster>``.
+
+Connection states follow ZooKeeper's rules. SUSPENDED means the connection
+dropped but the session may live: callers pause decisions. LOST means the
+session expired and its ephemeral nodes are gone: callers re-register and
+re-check what they owned once kazoo has a new session (CONNECTED again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import structlog
+
+from streamlet.errors import StreamletError
+
+log = structlog.get_logger("streamlet")
+
+
+class CoordinationError(StreamletError):
+    """ZooKeeper could not be reached, or a node was not what we expected."""
+
+
+class VersionConflict(CoordinationError):
+    """A conditional write lost to someone else's."""
+
+
+class NodeExists(CoordinationError):
+    """The node was already there."""
+
+
+def _kazoo() -> Any:
+    try:
+        import kazoo.client
+    except ImportError:  # pragma: no cover - depends on the install
+        raise CoordinationError("the cluster backend needs kazoo: pip install 'streamlet[cluster]'") from None
+    return kazoo
+
+
+class ZkCoordinator:
+    """The cluster's view of ZooKeeper: JSON nodes under ``/streamlet/<cluster>``.
+
+    Example:
+        >>> async def show(hosts):                                  # doctest: +SKIP
+        ...     async with ZkCoordinator(hosts, "demo") as zk:
+        ...         await zk.create("/workers/w1", {"host": "10.0.0.5"}, ephemeral=True)
+    """
+
+    def __init__(self, hosts: str, cluster: str, session_timeout: float = 4.0) -> None:
+        self.hosts = hosts
+        self.cluster = cluster
+        self.root = f"/streamlet/{cluster}"
+        self.session_timeout = session_timeout
+        self.state = "disconnected"
+        self._listeners: list[Callable[[str], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+
+    async def __aenter__(self) -> ZkCoordinator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Connect (with a session of ``session_timeout`` seconds)."""
+        kazoo = _kazoo()
+        self._loop = asyncio.get_running_loop()
+        self._client = kazoo.client.KazooClient(hosts=self.hosts, timeout=self.session_timeout)
+        self._client.add_listener(self._on_state)
+        try:
+            await anyio.to_thread.run_sync(lambda: self._client.start(timeout=max(10.0, self.session_timeout)))
+        except Exception as exc:
+            raise CoordinationError(f"cannot reach ZooKeeper at {self.hosts}: {exc}") from exc
+        self.state = "connected"
+        await self.ensure("")
+
+    async def aclose(self) -> None:
+        """Close the session: our ephemeral nodes disappear at once."""
+        client, self._client = self._client, None
+        if client is not None:
+            await anyio.to_thread.run_sync(lambda: (client.stop(), client.close()))
+        self.state = "closed"
+
+    def on_state(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback("suspended" | "lost" | "connected")`` on the event loop when the state changes."""
+        self._listeners.append(callback)
+
+    def _on_state(self, state: Any) -> None:
+        # kazoo's thread: only hand over to the loop here
+        name = str(state).lower()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._changed, name)
+
+    def _changed(self, name: str) -> None:
+        previous, self.state = self.state, name
+        if name != previous:
+            log.info("zookeeper session", cluster=self.cluster, state=name)
+        for callback in list(self._listeners):
+            callback(name)
+
+    # -- nodes --------------------------------------------------------------------
+
+    def path(self, relative: str) -> str:
+        """The absolute path of ``relative`` under the cluster root."""
+        return self.root + relative
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        if self._client is None:
+            raise CoordinationError("the coordinator is not connected")
+        kazoo = _kazoo()
+        try:
+            return await anyio.to_thread.run_sync(fn)
+        except kazoo.exceptions.NodeExistsError as exc:
+            raise NodeExists(str(exc) or "node exists") from exc
+        except kazoo.exceptions.BadVersionError as exc:
+            raise VersionConflict(str(exc) or "version conflict") from exc
+        except kazoo.exceptions.KazooException as exc:
+            raise CoordinationError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def ensure(self, relative: str) -> None:
+        """Create ``relative`` (and its parents) if missing."""
+        await self._call(lambda: self._client.ensure_path(self.path(relative)))
+
+    async def create(self, relative: str, data: Any, *, ephemeral: bool = False, sequence: bool = False) -> str:
+        """Create a node holding ``data`` as JSON; returns its path relative to the root."""
+        value = json.dumps(data).encode()
+        created: str = await self._call(
+            lambda: self._client.create(
+                self.path(relative), value, ephemeral=ephemeral, sequence=sequence, makepath=True
+            )
+        )
+        return created[len(self.root) :]
+
+    async def get(self, relative: str) -> tuple[Any, int] | None:
+        """``(data, version)`` of a node, or ``None`` when it does not exist."""
+        kazoo = _kazoo()
+
+        def read() -> tuple[Any, int] | None:
+            try:
+                raw, stat = self._client.get(self.path(relative))
+            except kazoo.exceptions.NoNodeError:
+                return None
+            return (json.loads(raw) if raw else None), stat.version
+
+        result: tuple[Any, int] | None = await self._call(read)
+        return result
+
+    async def set(self, relative: str, data: Any, version: int = -1) -> int:
+        """Write ``data``; with ``version`` only if the node is still at it. Returns the new version."""
+        value = json.dumps(data).encode()
+        stat = await self._call(lambda: self._client.set(self.path(relative), value, version=version))
+        new_version: int = stat.version
+        return new_version
+
+    async def children(self, relative: str) -> list[str]:
+        """Names of a node's children (empty when the node does not exist)."""
+        kazoo = _kazoo()
+
+        def read() -> list[str]:
+            try:
+                return sorted(self._client.get_children(self.path(relative)))
+            except kazoo.exceptions.NoNodeError:
+                return []
+
+        names: list[str] = await self._call(read)
+        return names
+
+    async def delete(self, relative: str, *, recursive: bool = False) -> None:
+        """Remove a node (no error when it is already gone)."""
+        kazoo = _kazoo()
+
+        def remove() -> None:
+            with contextlib.suppress(kazoo.exceptions.NoNodeError):
+                self._client.delete(self.path(relative), recursive=recursive)
+
+        await self._call(remove)
+
+    async def wait_gone(self, relative: str) -> None:
+        """Return once ``relative`` does not exist (at once if it does not now)."""
+        assert self._loop is not None
+        loop = self._loop
+        while True:
+            gone = asyncio.Event()
+
+            def watch(event: Any, gone: asyncio.Event = gone) -> None:
+                loop.call_soon_threadsafe(gone.set)
+
+            exists = await self._call(lambda: self._client.exists(self.path(relative), watch=watch))
+            if exists is None:
+                return
+            await gone.wait()

@@ -1,0 +1,85 @@
+"""The local ZooKeeper launcher and the coordinator, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from streamlet.backends.cluster.coordinator import VersionConflict, ZkCoordinator
+from streamlet.backends.cluster.zookeeper import ZooKeeperServer, find_classpath, four_letter_word
+
+pytestmark = pytest.mark.integration
+
+
+def test_launcher_starts_a_server_and_stops_it_by_pid(tmp_path: Path) -> None:
+    """A server answers 'imok'; after stop() its process is gone."""
+    server = ZooKeeperServer(data_dir=tmp_path).start()
+    assert server.process is not None
+    pid = server.process.pid
+    try:
+        assert four_letter_word("127.0.0.1", server.port) == "imok"
+        assert (tmp_path / "zoo.cfg").read_text(encoding="utf-8").splitlines()[:3] == [
+            "tickTime=500",
+            f"dataDir={tmp_path / 'data'}",
+            f"clientPort={server.port}",
+        ]
+    finally:
+        server.stop()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_missing_installation_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no ZooKeeper anywhere, the error names the package to install."""
+    from streamlet.backends.cluster import zookeeper
+
+    monkeypatch.delenv("ZOOKEEPER_HOME", raising=False)
+    monkeypatch.setattr(zookeeper, "DEBIAN_JAR", Path("/nonexistent/zookeeper.jar"))
+    monkeypatch.setattr(zookeeper.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(
+        zookeeper.ZooKeeperError,
+        match=r"^no ZooKeeper server found: install one \(Debian: 'apt-get install -y zookeeper'\)",
+    ):
+        find_classpath()
+
+
+async def test_nodes_hold_json_and_versioned_writes_detect_conflicts(zk: ZkCoordinator) -> None:
+    """set(version=...) succeeds only from the version read; a stale write raises VersionConflict."""
+    await zk.create("/jobs/wc/spec", {"module": "examples.wordcount", "parallelism": {"count": 2}})
+    data, version = await zk.get("/jobs/wc/spec") or (None, -1)
+    assert data == {"module": "examples.wordcount", "parallelism": {"count": 2}}
+    new_version = await zk.set("/jobs/wc/spec", {"module": "x"}, version=version)
+    assert new_version == version + 1
+    with pytest.raises(VersionConflict):
+        await zk.set("/jobs/wc/spec", {"module": "y"}, version=version)
+    assert await zk.children("/jobs") == ["wc"]
+    assert await zk.get("/jobs/missing") is None
+
+
+async def test_ephemeral_nodes_vanish_with_their_session(zookeeper: ZooKeeperServer, cluster_name: str) -> None:
+    """A closed session takes its ephemeral node with it; wait_gone returns then."""
+    async with ZkCoordinator(zookeeper.address, cluster_name, session_timeout=2.0) as watcher:
+        owner = ZkCoordinator(zookeeper.address, cluster_name, session_timeout=2.0)
+        await owner.start()
+        await owner.create("/workers/w1", {"host": "127.0.0.1"}, ephemeral=True)
+        waiting = asyncio.ensure_future(watcher.wait_gone("/workers/w1"))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await owner.aclose()
+        await asyncio.wait_for(waiting, timeout=5)
+        assert await watcher.get("/workers/w1") is None
+
+
+async def test_unreachable_zookeeper_is_a_clear_error() -> None:
+    """A coordinator pointed at a port nobody serves fails with the address in the message."""
+    from streamlet.backends.cluster.coordinator import CoordinationError
+    from streamlet.backends.cluster.zookeeper import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    coordinator = ZkCoordinator(address, "nowhere", session_timeout=1.0)
+    with pytest.raises(CoordinationError, match=rf"^cannot reach ZooKeeper at {address}: "):
+        await coordinator.start()
+    await coordinator.aclose()
