@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import anyio
 import click
 import structlog
 
@@ -46,7 +48,117 @@ def run_command(target: str) -> None:
     click.echo(format_summary(result.statistics))
 
 
-def _fail(exc: BaseException) -> None:
+DEFAULT_STATE_DIR = ".streamlet"
+
+
+def _secret() -> bytes:
+    from streamlet.backends.cluster.local_cluster import SECRET_ENV
+
+    value = os.environ.get(SECRET_ENV)
+    if not value:
+        _fail(StreamletError(f"set {SECRET_ENV} to the cluster secret (hex), as 'streamlet cluster up' does"))
+    return bytes.fromhex(value or "")
+
+
+@main.command("master")
+@click.option("--zk", required=True, help="ZooKeeper HOST:PORT")
+@click.option("--name", default="default", show_default=True, help="cluster name")
+@click.option("--id", "master_id", default=None, help="this master's name (default: master-<pid>)")
+def master_command(zk: str, name: str, master_id: str | None) -> None:
+    """Run one master: a candidate that leads the cluster when elected."""
+    from streamlet.backends.cluster.processes import run_master
+
+    anyio.run(run_master, zk, name, master_id or f"master-{os.getpid()}", backend_options={"use_uvloop": True})
+
+
+@main.command("worker")
+@click.option("--zk", required=True, help="ZooKeeper HOST:PORT")
+@click.option("--name", default="default", show_default=True, help="cluster name")
+@click.option("--id", "worker_id", default=None, help="this worker's name (default: worker-<pid>)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address other workers reach this one on")
+@click.option("--capacity", default=8, show_default=True, help="instances this worker takes")
+def worker_command(zk: str, name: str, worker_id: str | None, host: str, capacity: int) -> None:
+    """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
+    from streamlet.backends.cluster.processes import run_worker
+
+    anyio.run(
+        run_worker, zk, name, worker_id or f"worker-{os.getpid()}", host, _secret(), capacity,
+        backend_options={"use_uvloop": True},
+    )  # fmt: skip
+
+
+@main.group("cluster")
+def cluster_group() -> None:
+    """A ZooKeeper-coordinated cluster of processes on this machine."""
+
+
+@cluster_group.command("up")
+@click.option("--workers", default=2, show_default=True)
+@click.option("--masters", default=1, show_default=True)
+@click.option("--zk", default=None, help="use this ZooKeeper instead of starting one")
+@click.option("--name", default="default", show_default=True)
+@click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
+def cluster_up(workers: int, masters: int, zk: str | None, name: str, state_dir: Path) -> None:
+    """Start ZooKeeper (unless --zk), the masters and the workers in the background."""
+    from streamlet.backends.cluster import local_cluster
+    from streamlet.backends.cluster.status import format_status, wait_until_ready
+
+    try:
+        state = local_cluster.up(state_dir, name, workers, masters, zk)
+        status = anyio.run(wait_until_ready, state.zk, name, workers)
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        if (state_dir / local_cluster.STATE_FILE).exists():
+            local_cluster.down(state_dir)
+        _fail(exc)
+    click.echo(f"ZooKeeper at {state.zk}; state in {state_dir}")
+    for process in state.processes:
+        click.echo(f"  {process['role']:<9} {process['id']:<10} pid {process['pid']}")
+    click.echo(format_status(status))
+
+
+@cluster_group.command("status")
+@click.option("--zk", default=None)
+@click.option("--name", default=None)
+@click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
+def cluster_status(zk: str | None, name: str | None, state_dir: Path) -> None:
+    """Leader and epoch, candidates, workers with state and load, jobs."""
+    from streamlet.backends.cluster.coordinator import ZkCoordinator
+    from streamlet.backends.cluster.status import format_status, read_status
+
+    async def show(hosts: str, cluster: str) -> str:
+        async with ZkCoordinator(hosts, cluster) as coordinator:
+            return format_status(await read_status(coordinator))
+
+    try:
+        hosts, cluster = _where(zk, name, state_dir)
+        click.echo(anyio.run(show, hosts, cluster))
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+
+
+@cluster_group.command("down")
+@click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
+def cluster_down(state_dir: Path) -> None:
+    """Stop every process 'cluster up' started, by PID."""
+    from streamlet.backends.cluster import local_cluster
+
+    try:
+        stopped = local_cluster.down(state_dir)
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    click.echo(f"stopped {len(stopped)} processes: " + ", ".join(f"{p['id']} ({p['pid']})" for p in stopped))
+
+
+def _where(zk: str | None, name: str | None, state_dir: Path) -> tuple[str, str]:
+    if zk is not None:
+        return zk, name or "default"
+    from streamlet.backends.cluster.local_cluster import ClusterState
+
+    state = ClusterState.load(state_dir)
+    return state.zk, name or state.name
+
+
+def _fail(exc: BaseException) -> NoReturn:
     click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
     sys.exit(1)
 
@@ -94,3 +206,7 @@ def format_summary(stats: JobStatistics) -> str:
     extras = {"dropped": stats.dropped, "dead-lettered": stats.dead_lettered, "discarded": stats.discarded}
     lines.extend(f"  {label}: {count}" for label, count in extras.items() if count)
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""``streamlet cluster up/status/down``: a cluster of background processes on this machine.
+
+``up`` starts ZooKeeper (unless given ``--zk``), the masters and the
+workers, waits until a leader and every worker are registered, and records
+in its state directory (``.streamlet/`` by default) how to reach the cluster
+and the PID of every process it started. ``down`` stops exactly those PIDs.
+The cluster secret is kept in ``<state dir>/secret`` (mode 600) and handed
+to the processes through the environment, never on their command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.errors import StreamletError
+
+STATE_FILE = "cluster.json"
+SECRET_ENV = "STREAMLET_SECRET"
+
+
+class ClusterError(StreamletError):
+    """A local cluster could not be started, found or stopped."""
+
+
+@dataclass
+class ClusterState:
+    """What ``cluster up`` records, and ``status``/``down``/``submit`` read."""
+
+    name: str
+    zk: str
+    secret_file: str
+    processes: list[dict[str, Any]] = field(default_factory=list)  # role, id, pid
+
+    def save(self, state_dir: Path) -> None:
+        """Write the state file."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / STATE_FILE).write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
+
+    @classmethod
+    def load(cls, state_dir: Path) -> ClusterState:
+        """Read the state file that ``cluster up`` wrote."""
+        path = state_dir / STATE_FILE
+        if not path.exists():
+            raise ClusterError(f"no cluster recorded in {state_dir} (run 'streamlet cluster up' or pass --zk)")
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+    def secret(self) -> bytes:
+        """The cluster secret."""
+        return Path(self.secret_file).read_bytes()
+
+
+def streamlet_command() -> list[str]:
+    """How to start a ``streamlet`` process, so that ``ps`` shows ``streamlet master ...``."""
+    script = shutil.which("streamlet") or str(Path(sys.executable).parent / "streamlet")
+    return [sys.executable, script] if Path(script).exists() else [sys.executable, "-m", "streamlet.cli"]
+
+
+def start_process(role: str, args: list[str], secret: bytes, log_file: Path) -> subprocess.Popen[bytes]:
+    """A background ``streamlet <role>`` process in its own session (it outlives this command)."""
+    environment = {**os.environ, SECRET_ENV: secret.hex()}
+    with open(log_file, "ab") as log:
+        return subprocess.Popen(
+            [*streamlet_command(), role, *args],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment, start_new_session=True,
+        )  # fmt: skip
+
+
+def up(state_dir: Path, name: str, workers: int, masters: int, zk: str | None) -> ClusterState:
+    """Start ZooKeeper (unless ``zk``), masters and workers; record them in ``state_dir``."""
+    if (state_dir / STATE_FILE).exists():
+        raise ClusterError(f"a cluster is already recorded in {state_dir}; run 'streamlet cluster down' first")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    secret_file = state_dir / "secret"
+    secret_file.write_bytes(secrets.token_bytes(32))
+    secret_file.chmod(0o600)
+    state = ClusterState(name=name, zk=zk or "", secret_file=str(secret_file.resolve()))
+    try:
+        if zk is None:
+            server = ZooKeeperServer(data_dir=state_dir / "zookeeper").start()
+            assert server.process is not None
+            state.zk = server.address
+            state.processes.append({"role": "zookeeper", "id": "zookeeper", "pid": server.process.pid})
+        state.save(state_dir)
+        secret = state.secret()
+        for index in range(masters):
+            args = ["--zk", state.zk, "--name", name, "--id", f"master-{index}"]
+            process = start_process("master", args, secret, state_dir / f"master-{index}.log")
+            state.processes.append({"role": "master", "id": f"master-{index}", "pid": process.pid})
+        for index in range(workers):
+            args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}"]
+            process = start_process("worker", args, secret, state_dir / f"worker-{index}.log")
+            state.processes.append({"role": "worker", "id": f"worker-{index}", "pid": process.pid})
+        state.save(state_dir)
+    except BaseException:
+        down(state_dir)
+        raise
+    return state
+
+
+def down(state_dir: Path) -> list[dict[str, Any]]:
+    """Stop every process ``up`` started (workers, masters, then ZooKeeper) by PID; forget the cluster."""
+    state = ClusterState.load(state_dir)
+    order = {"worker": 0, "master": 1, "zookeeper": 2}
+    stopped = []
+    for process in sorted(state.processes, key=lambda p: order[p["role"]]):
+        if stop_pid(int(process["pid"])):
+            stopped.append(process)
+    (state_dir / STATE_FILE).unlink()
+    return stopped
+
+
+def stop_pid(pid: int, timeout: float = 10.0) -> bool:
+    """SIGTERM ``pid``, SIGKILL it after ``timeout``; True if it was running."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    while alive(pid):
+        time.sleep(0.05)
+    return True
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie child counts as gone, and is reaped)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: ask the kernel
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,63 @@
+"""The long-running cluster processes: a master (candidate, then leader) and a worker."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import anyio
+import structlog
+
+from streamlet.backends.cluster.coordinator import ZkCoordinator
+from streamlet.backends.cluster.election import LeaderElection
+from streamlet.backends.cluster.registry import WorkerRegistration
+from streamlet.transport.tcp import DataServer
+
+log = structlog.get_logger("streamlet")
+SESSION_TIMEOUT = 4.0
+
+
+async def run_master(zk_hosts: str, cluster: str, name: str, session_timeout: float = SESSION_TIMEOUT) -> None:
+    """Campaign for leadership and lead until the session is lost; then campaign again."""
+    async with ZkCoordinator(zk_hosts, cluster, session_timeout) as zk:
+        identity = {"name": name, "pid": os.getpid(), "host": socket.gethostname()}
+        while True:
+            election = LeaderElection(zk, identity)
+            epoch = await election.campaign()
+            log.info("leading the cluster", cluster=cluster, master=name, epoch=epoch)
+            await _lead_until_lost(zk)
+            log.warning("lost leadership", cluster=cluster, master=name, epoch=epoch)
+            election.candidate = None  # the lost session took our candidate node too
+
+
+async def _lead_until_lost(zk: ZkCoordinator) -> None:
+    lost, reconnected = anyio.Event(), anyio.Event()
+
+    def follow(state: str) -> None:
+        if state == "lost":
+            lost.set()
+        elif state == "connected" and lost.is_set():
+            reconnected.set()
+
+    zk.on_state(follow)
+    await lost.wait()
+    await reconnected.wait()  # kazoo opens a new session; campaign again in it
+
+
+async def run_worker(
+    zk_hosts: str,
+    cluster: str,
+    worker_id: str,
+    host: str,
+    secret: bytes,
+    capacity: int,
+    session_timeout: float = SESSION_TIMEOUT,
+) -> None:
+    """Serve data connections, register, and heartbeat until stopped."""
+    async with ZkCoordinator(zk_hosts, cluster, session_timeout) as zk, DataServer(secret, host=host) as server:
+        info: dict[str, Any] = {"host": host, "data_port": server.port, "capacity": capacity, "pid": os.getpid()}
+        registration = WorkerRegistration(zk, worker_id, info)
+        await registration.register()
+        log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{host}:{server.port}")
+        await registration.run()

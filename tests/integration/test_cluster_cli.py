@@ -1,0 +1,99 @@
+"""``streamlet cluster up/status/down`` and ``streamlet master``/``worker`` as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamlet.backends.cluster.local_cluster import alive, stop_pid
+
+pytestmark = pytest.mark.integration
+STREAMLET = [sys.executable, "-m", "streamlet.cli"]
+
+
+def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*STREAMLET, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[Path, list[dict[str, object]]]]:
+    """A cluster of ZooKeeper, 2 masters and 2 workers; every PID it started is stopped afterwards."""
+    up = streamlet("cluster", "up", "--workers", "2", "--masters", "2", "--name", "cli", cwd=tmp_path)
+    state_file = tmp_path / ".streamlet" / "cluster.json"
+    processes = json.loads(state_file.read_text())["processes"] if state_file.exists() else []
+    try:
+        assert up.returncode == 0, up.stderr
+        yield tmp_path, processes
+    finally:
+        for process in processes:
+            stop_pid(int(str(process["pid"])))
+
+
+def leader_line(output: str) -> tuple[str, int]:
+    match = re.search(r"leader: (\S+) \(epoch (\d+)\)", output)
+    assert match is not None, output
+    return match.group(1), int(match.group(2))
+
+
+def test_up_starts_every_process_and_status_shows_them(cluster: tuple[Path, list[dict[str, object]]]) -> None:
+    """up records ZooKeeper, 2 masters and 2 workers; status shows a leader, both candidates, both workers."""
+    directory, processes = cluster
+    assert [(p["role"], p["id"]) for p in processes] == [
+        ("zookeeper", "zookeeper"), ("master", "master-0"), ("master", "master-1"),
+        ("worker", "worker-0"), ("worker", "worker-1"),
+    ]  # fmt: skip
+    assert all(alive(int(str(p["pid"]))) for p in processes)
+    status = streamlet("cluster", "status", cwd=directory)
+    assert status.returncode == 0, status.stderr
+    assert leader_line(status.stdout)[1] == 1
+    assert "candidates: master-0, master-1" in status.stdout
+    rows = re.findall(r"^  (worker-\d)\s+127\.0\.0\.1:\d+\s+STANDBY/waiting\s+[\d.]+\s+ok$", status.stdout, re.M)
+    assert rows == ["worker-0", "worker-1"]
+
+
+def test_ps_shows_streamlet_master_and_worker(cluster: tuple[Path, list[dict[str, object]]]) -> None:
+    """Each started process shows in ps as 'streamlet master ...' or 'streamlet worker ...'."""
+    _, processes = cluster
+    for process in processes[1:]:
+        command = Path(f"/proc/{process['pid']}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        assert f"streamlet {process['role']} --zk" in command
+
+
+def test_master_failover_elects_a_candidate_with_a_higher_epoch(cluster: tuple[Path, list[dict[str, object]]]) -> None:
+    """SIGKILL the leader: the other master leads within session timeout + 1 s, with a higher epoch."""
+    directory, processes = cluster
+    name, epoch = leader_line(streamlet("cluster", "status", cwd=directory).stdout)
+    [victim] = [p for p in processes if p["id"] == name]
+    os.kill(int(str(victim["pid"])), signal.SIGKILL)
+    began = time.monotonic()
+    while True:
+        new_name, new_epoch = leader_line(
+            streamlet("cluster", "status", cwd=directory).stdout + "leader: none (epoch 0)"
+        )
+        if new_name != name and new_name != "none":
+            break
+        assert time.monotonic() - began < 4.0 + 1.0 + 2.0, "no new leader in time"  # session + 1 s + CLI start-up
+        time.sleep(0.2)
+    assert new_epoch > epoch
+
+
+def test_down_stops_every_process_by_pid(cluster: tuple[Path, list[dict[str, object]]]) -> None:
+    """down stops ZooKeeper, masters and workers and forgets the cluster."""
+    directory, processes = cluster
+    down = streamlet("cluster", "down", cwd=directory)
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.startswith("stopped 5 processes: worker-0")
+    assert not any(alive(int(str(p["pid"]))) for p in processes)
+    assert not (directory / ".streamlet" / "cluster.json").exists()
+    again = streamlet("cluster", "status", cwd=directory)
+    assert again.returncode == 1
+    assert again.stderr.strip().startswith("error: ClusterError: no cluster recorded in .streamlet")
