@@ -50,6 +50,16 @@ def median_rate(records: int, seconds: list[float]) -> float:
     return records / statistics.median(seconds)
 
 
+def latency_ms(seconds: list[float], prefix: str = "") -> dict[str, float]:
+    """``p50_ms`` and ``p99_ms`` (with ``prefix``) of latencies given in seconds."""
+    ordered = sorted(seconds)
+
+    def at(fraction: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 3)
+
+    return {f"{prefix}p50_ms": at(0.50), f"{prefix}p99_ms": at(0.99)}
+
+
 def report(name: str, records_per_s: float, baseline_records_per_s: float, **extra: Any) -> dict[str, Any]:
     """The benchmark's JSON line (``ratio`` = measured / baseline; higher is better)."""
     line = {

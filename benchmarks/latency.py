@@ -19,15 +19,10 @@ from typing import Any
 import uvloop
 
 import streamlet as sl
-from benchmarks.common import alternating
+from benchmarks.common import alternating, latency_ms, report
 
 TICK = 0.001
 Send = Callable[[float], Awaitable[None]]
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 async def _pace(send: Send, records: int, rate: float) -> None:
@@ -117,15 +112,12 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     base_peak = statistics.median(records / elapsed for _, (elapsed, _) in timings["baseline"])
     _, latencies = uvloop.run(_streamlet(records, peak / 2))
     _, base_latencies = uvloop.run(_baseline(records, peak / 2))
-    return {
-        "name": "latency",
-        "records_per_s": round(peak),
-        "baseline_records_per_s": round(base_peak),
-        "ratio": round(peak / base_peak, 3),
-        "paced_rate": round(peak / 2),
-        "p50_ms": round(_percentile(latencies, 0.50) * 1000, 3),
-        "p99_ms": round(_percentile(latencies, 0.99) * 1000, 3),
-        "baseline_p50_ms": round(_percentile(base_latencies, 0.50) * 1000, 3),
-        "baseline_p99_ms": round(_percentile(base_latencies, 0.99) * 1000, 3),
-        "records": records,
-    }
+    return report(
+        "latency",
+        peak,
+        base_peak,
+        paced_rate=round(peak / 2),
+        **latency_ms(latencies),
+        **latency_ms(base_latencies, prefix="baseline_"),
+        records=records,
+    )

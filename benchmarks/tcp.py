@@ -24,6 +24,7 @@ import msgpack
 import uvloop
 
 import streamlet as sl
+from benchmarks.common import latency_ms, report
 from streamlet.core.channel import Inbox
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
@@ -150,18 +151,8 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         for mode in ("streamlet", "raw") if repeat % 2 == 0 else ("raw", "streamlet"):
             (ours if mode == "streamlet" else raw).append(measure(mode, records)["records_per_s"])
     peak, base = statistics.median(ours), statistics.median(raw)
-    lags = sorted(measure("streamlet", records // 2, rate=peak / 2)["lags"])
-    return {
-        "name": "tcp",
-        "records_per_s": round(peak),
-        "baseline_records_per_s": round(base),
-        "ratio": round(peak / base, 3),
-        "paced_rate": round(peak / 2),
-        "p50_ms": round(lags[len(lags) // 2] * 1000, 3),
-        "p99_ms": round(lags[min(len(lags) - 1, int(len(lags) * 0.99))] * 1000, 3),
-        "records": records,
-        "repeats": repeats,
-    }
+    lags = measure("streamlet", records // 2, rate=peak / 2)["lags"]
+    return report("tcp", peak, base, paced_rate=round(peak / 2), **latency_ms(lags), records=records, repeats=repeats)
 
 
 def _receive(role: str, records: int) -> None:
