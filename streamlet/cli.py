@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import anyio
 import click
@@ -16,8 +14,8 @@ import structlog
 
 from streamlet.backends.local import run as run_topology
 from streamlet.core.statistics import JobStatistics
-from streamlet.core.topology import Topology
 from streamlet.errors import StreamletError
+from streamlet.loading import load_topology
 
 
 @click.group()
@@ -161,39 +159,6 @@ def _where(zk: str | None, name: str | None, state_dir: Path) -> tuple[str, str]
 def _fail(exc: BaseException) -> NoReturn:
     click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
     sys.exit(1)
-
-
-def load_topology(target: str) -> Topology:
-    """The topology named by ``path/to/file.py[:name]``."""
-    path_text, _, name = target.partition(":")
-    path = Path(path_text)
-    if not path.is_file():
-        raise StreamletError(f"no such file: {path}")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    if spec is None or spec.loader is None:
-        raise StreamletError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    found = _pick(module, path, name)
-    topology = found() if callable(found) and not isinstance(found, Topology) else found
-    if not isinstance(topology, Topology):
-        raise StreamletError(f"{target} is not a Topology or a function returning one (got {type(topology).__name__})")
-    return topology
-
-
-def _pick(module: Any, path: Path, name: str) -> Any:
-    if name:
-        if not hasattr(module, name):
-            raise StreamletError(f"{path} has no attribute '{name}'")
-        return getattr(module, name)
-    topologies = [value for value in vars(module).values() if isinstance(value, Topology)]
-    if len(topologies) == 1:
-        return topologies[0]
-    builder = getattr(module, "build_topology", None)
-    if builder is not None and inspect.isfunction(builder):
-        return builder
-    raise StreamletError(f"{path}: name the topology, as {path}:NAME ({len(topologies)} Topology objects found)")
 
 
 def format_summary(stats: JobStatistics) -> str:

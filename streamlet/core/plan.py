@@ -41,11 +41,30 @@ class PhysicalPlan:
         return [i for group in self.instances.values() for i in group if isinstance(i, SourceInstance)]
 
 
+@dataclass
+class Placement:
+    """Which instances run here, and how to reach the others (the cluster backend fills it in).
+
+    ``local(node, index)`` says whether an instance runs in this process.
+    ``remote(channel_id, node, index)`` opens a channel to an instance that
+    does not; ``expose(channel_id, inbox, channel)`` lets senders elsewhere
+    reach a local inbox channel under ``channel_id``.
+    """
+
+    job: str
+    local: Callable[[str, int], bool]
+    remote: Callable[[str, str, int], Channel]
+    expose: Callable[[str, Inbox, int], None]
+
+
 class _Builder:
-    def __init__(self, topology: Topology, channel_factory: ChannelFactory, capacity: int) -> None:
+    def __init__(
+        self, topology: Topology, channel_factory: ChannelFactory, capacity: int, placement: Placement | None = None
+    ) -> None:
         self.topology = topology
         self.channel_factory = channel_factory
         self.capacity = capacity
+        self.placement = placement
         self.back = topology.back_edges()
         self.trackers = [CycleTracker(part) for part in graph.strongly_connected(topology.successors())]
         self.tracker_of = {name: t for t in self.trackers for name in t.members}
@@ -57,6 +76,13 @@ class _Builder:
     def in_loop(self, edge: Edge) -> bool:
         tracker = self.tracker_of.get(edge.upstream)
         return tracker is not None and tracker is self.tracker_of.get(edge.downstream)
+
+    def is_local(self, node: str, index: int) -> bool:
+        return self.placement is None or self.placement.local(node, index)
+
+    def channel_name(self, edge_index: int, sender: int, receiver: int) -> str:
+        assert self.placement is not None
+        return f"{self.placement.job}/{edge_index}/{sender}/{receiver}"
 
     def make_inboxes(self, node: Node) -> None:
         tracker = self.tracker_of.get(node.name)
@@ -70,12 +96,21 @@ class _Builder:
                     # a back edge is never full, so a loop cannot deadlock on itself
                     channel = inbox.add_channel(edge.in_port, unbounded=back_edge)
                     self.channel_ids[edge_index, sender, receiver] = channel
+                    self._expose_if_remote(edge_index, edge, sender, receiver, channel)
                     if tracker is None:
                         continue
                     if self.in_loop(edge):
                         tracker.add_in_loop_channel(inbox, channel)
                     else:
                         tracker.external_open += 1
+
+    def _expose_if_remote(self, edge_index: int, edge: Edge, sender: int, receiver: int, channel: int) -> None:
+        # a local receiver fed by a sender in another process: let that sender reach it by name
+        if self.placement is None or not self.is_local(edge.downstream, receiver):
+            return
+        if not self.is_local(edge.upstream, sender):
+            inbox = self.inboxes[edge.downstream][receiver]
+            self.placement.expose(self.channel_name(edge_index, sender, receiver), inbox, channel)
 
     def make_outputs(self, node: Node, sender: int) -> Outputs:
         port_count = node.outputs + (1 if node.kind == "task" else 0)  # tasks: + the late side output
@@ -108,10 +143,14 @@ class _Builder:
         return in_loop_adder(route.add, sender, limit, tracker.flow)
 
     def _route(self, edge_index: int, edge: Edge, sender: int) -> Route:
-        channels: list[Channel] = [
-            self.channel_factory(inbox, self.channel_ids[edge_index, sender, receiver])
-            for receiver, inbox in enumerate(self.inboxes[edge.downstream])
-        ]
+        channels: list[Channel] = []
+        for receiver, inbox in enumerate(self.inboxes[edge.downstream]):
+            if self.is_local(edge.downstream, receiver):
+                channels.append(self.channel_factory(inbox, self.channel_ids[edge_index, sender, receiver]))
+            else:
+                assert self.placement is not None
+                name = self.channel_name(edge_index, sender, receiver)
+                channels.append(self.placement.remote(name, edge.downstream, receiver))
         label = f"edge '{edge.upstream}' -> '{edge.downstream}' input port {edge.in_port}"
         route = make_route(channels, edge.partitioning, label)
         tracker = self.tracker_of.get(edge.downstream)
@@ -139,9 +178,10 @@ def build_plan(
     channel_factory: ChannelFactory,
     channel_capacity: int,
     task_group: anyio.abc.TaskGroup,
+    placement: Placement | None = None,
 ) -> PhysicalPlan:
-    """Instances and channels for ``topology`` (which must be valid)."""
-    builder = _Builder(topology, channel_factory, channel_capacity)
+    """Instances and channels for ``topology`` (which must be valid); with ``placement``, only the local ones."""
+    builder = _Builder(topology, channel_factory, channel_capacity, placement)
     for node in topology.nodes.values():
         if node.kind != "source":
             builder.make_inboxes(node)
@@ -154,6 +194,8 @@ def build_plan(
     for name, node in topology.nodes.items():
         group: list[Instance] = []
         for index in range(node.parallelism):
+            if not builder.is_local(name, index):
+                continue
             outputs = builder.make_outputs(node, index)
             if node.kind == "source":
                 context = SourceContext(name, index, node.parallelism, env.clock, task_group, feeds.get(name))
@@ -167,5 +209,6 @@ def build_plan(
                 receiver = TaskInstance(node, index, outputs, env, inbox)
             receiver.cycle = builder.tracker_of.get(name)
             group.append(receiver)
-        instances[name] = group
+        if group:
+            instances[name] = group
     return PhysicalPlan(instances, builder.trackers, builder.discards, feeds)

@@ -21,7 +21,7 @@ from streamlet.core.checkpoint import Coordinator
 from streamlet.core.checkpoint_store import CheckpointStore
 from streamlet.core.clock import Clock, SystemClock
 from streamlet.core.instance import Environment, Receiver, SinkInstance
-from streamlet.core.plan import PhysicalPlan, build_plan
+from streamlet.core.plan import PhysicalPlan, Placement, build_plan
 from streamlet.core.record import Record
 from streamlet.core.restore import restore
 from streamlet.core.sources import END_OF_FEED
@@ -72,8 +72,12 @@ class Job:
         channel_capacity: int = DEFAULT_CHANNEL_CAPACITY,
         checkpoint_store: CheckpointStore | None = None,
         checkpoint_interval: float | None = None,
+        placement: Placement | None = None,
     ) -> None:
         topology.validate()
+        self._placement = placement
+        if placement is not None:
+            _refuse_cycles(topology, "cluster runs are")
         self.topology = topology
         self.clock = clock or SystemClock()
         self._channel_factory = channel_factory
@@ -81,7 +85,7 @@ class Job:
         self._env = Environment(batch_size, self.clock)
         self._coordinator: Coordinator | None = None
         if checkpoint_store is not None:
-            _refuse_cycles(topology)
+            _refuse_cycles(topology, "checkpoints are")
             self._coordinator = Coordinator(topology.name, checkpoint_store, self.clock, checkpoint_interval)
             self._env.checkpoints = self._coordinator
         elif checkpoint_interval is not None:
@@ -124,7 +128,7 @@ class Job:
         try:
             self._plan = build_plan(
                 self.topology, self._env, channel_factory=self._channel_factory,
-                channel_capacity=self._channel_capacity, task_group=instances,
+                channel_capacity=self._channel_capacity, task_group=instances, placement=self._placement,
             )  # fmt: skip
             if self._coordinator is not None:
                 latest = await anyio.to_thread.run_sync(self._coordinator.store.latest)
@@ -251,11 +255,11 @@ class Job:
         return JobResult(self.statistics(), list(self._env.dead_letters), sinks)
 
 
-def _refuse_cycles(topology: Topology) -> None:
+def _refuse_cycles(topology: Topology, what: str) -> None:
     back = sorted(topology.back_edges())
     if back:
         raise TopologyError(
-            f"topology '{topology.name}': checkpoints are not supported with cycles yet "
+            f"topology '{topology.name}': {what} not supported with cycles yet "
             f"(back edge from '{back[0][0]}' into '{back[0][1]}')"
         )
 

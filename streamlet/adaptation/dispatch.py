@@ -1,0 +1,69 @@
+"""Load-aware instance dispatch (seed 000, SpeedStream): a pure function from worker loads to an assignment.
+
+Instances go, in topological order, to the worker that already holds most
+of their upstream neighbours when it has room (co-located instances talk in
+memory instead of over TCP), otherwise to the least loaded NORMAL worker
+with room, and only then to an OVERLOADED one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Instance = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """What dispatch needs to know of a worker."""
+
+    worker_id: str
+    capacity: int
+    used: int = 0
+    overloaded: bool = False
+
+
+class DispatchError(Exception):
+    """No worker can take an instance."""
+
+
+def assign(
+    instances: list[Instance], upstream: dict[Instance, list[Instance]], workers: list[WorkerLoad]
+) -> dict[Instance, str]:
+    """Map every instance (in topological order) to a worker id.
+
+    Example:
+        >>> assign([("a", 0), ("b", 0)], {("b", 0): [("a", 0)]}, [WorkerLoad("w1", 4), WorkerLoad("w2", 4)])
+        {('a', 0): 'w1', ('b', 0): 'w1'}
+    """
+    if not workers:
+        raise DispatchError("no worker is registered")
+    used = {w.worker_id: w.used for w in workers}
+    by_id = {w.worker_id: w for w in workers}
+    placed: dict[Instance, str] = {}
+    for instance in instances:
+        neighbours = [placed[n] for n in upstream.get(instance, []) if n in placed]
+        choice = _co_located(neighbours, used, by_id) or _least_loaded(used, by_id)
+        placed[instance] = choice
+        used[choice] += 1
+    return placed
+
+
+def _room(worker_id: str, used: dict[str, int], by_id: dict[str, WorkerLoad]) -> bool:
+    return used[worker_id] < by_id[worker_id].capacity and not by_id[worker_id].overloaded
+
+
+def _co_located(neighbours: list[str], used: dict[str, int], by_id: dict[str, WorkerLoad]) -> str | None:
+    for worker_id in sorted(set(neighbours), key=lambda w: (-neighbours.count(w), w)):
+        if _room(worker_id, used, by_id):
+            return worker_id
+    return None
+
+
+def _least_loaded(used: dict[str, int], by_id: dict[str, WorkerLoad]) -> str:
+    def rank(worker_id: str) -> tuple[bool, bool, float, str]:
+        worker = by_id[worker_id]
+        full = used[worker_id] >= worker.capacity
+        return (worker.overloaded, full, used[worker_id] / max(1, worker.capacity), worker_id)
+
+    return min(used, key=rank)
