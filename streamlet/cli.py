@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import anyio
 import click
@@ -95,14 +96,15 @@ def cluster_group() -> None:
 @click.option("--masters", default=1, show_default=True)
 @click.option("--zk", default=None, help="use this ZooKeeper instead of starting one")
 @click.option("--name", default="default", show_default=True)
+@click.option("--capacity", default=8, show_default=True, help="instances each worker takes")
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
-def cluster_up(workers: int, masters: int, zk: str | None, name: str, state_dir: Path) -> None:
+def cluster_up(workers: int, masters: int, zk: str | None, name: str, capacity: int, state_dir: Path) -> None:
     """Start ZooKeeper (unless --zk), the masters and the workers in the background."""
     from streamlet.backends.cluster import local_cluster
     from streamlet.backends.cluster.status import format_status, wait_until_ready
 
     try:
-        state = local_cluster.up(state_dir, name, workers, masters, zk)
+        state = local_cluster.up(state_dir, name, workers, masters, zk, capacity)
         status = anyio.run(wait_until_ready, state.zk, name, workers)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         if (state_dir / local_cluster.STATE_FILE).exists():
@@ -145,6 +147,81 @@ def cluster_down(state_dir: Path) -> None:
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     click.echo(f"stopped {len(stopped)} processes: " + ", ".join(f"{p['id']} ({p['pid']})" for p in stopped))
+
+
+def _cluster_options(command: Any) -> Any:
+    for option in (
+        click.option("--zk", default=None, help="ZooKeeper HOST:PORT (default: the cluster in --state-dir)"),
+        click.option("--name", "cluster", default=None, help="cluster name"),
+        click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path)),
+    ):
+        command = option(command)
+    return command
+
+
+@main.command("submit")
+@click.argument("target")
+@click.option("--job", "job_name", default=None, help="job name (default: the topology's)")
+@click.option("--parallelism", "-p", multiple=True, help="TASK=N, repeatable")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="wait until the job ends")
+@click.option("--timeout", default=300.0, show_default=True, help="seconds to wait")
+@click.option("--results", default=None, type=click.Path(path_type=Path), help="write collected sink records (JSON)")
+@_cluster_options
+def submit_command(
+    target: str, job_name: str | None, parallelism: tuple[str, ...], wait: bool, timeout: float,
+    results: Path | None, zk: str | None, cluster: str | None, state_dir: Path,
+) -> None:  # fmt: skip
+    """Run TARGET (module:name or path/to/file.py[:name]) on the cluster, by reference."""
+    from streamlet.backends.cluster import client as cluster_client
+
+    try:
+        hosts, name = _where(zk, cluster, state_dir)
+        counts = dict(_parallelism(item) for item in parallelism)
+        outcome = anyio.run(cluster_client.submit_and_wait, hosts, name, target, job_name, counts, wait, timeout)
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    click.echo(cluster_client.describe(outcome))
+    if results is not None:
+        results.write_text(json.dumps(cluster_client.collected(outcome)), encoding="utf-8")
+    if outcome["state"] == "failed":
+        sys.exit(1)
+
+
+def _parallelism(item: str) -> tuple[str, int]:
+    task, _, count = item.partition("=")
+    if not count.isdigit() or int(count) < 1:
+        raise click.BadParameter(f"expected TASK=N with N >= 1, got {item!r}")
+    return task, int(count)
+
+
+@main.command("jobs")
+@_cluster_options
+def jobs_command(zk: str | None, cluster: str | None, state_dir: Path) -> None:
+    """Every job on the cluster and its state."""
+    from streamlet.backends.cluster import client as cluster_client
+
+    try:
+        hosts, name = _where(zk, cluster, state_dir)
+        listing = anyio.run(cluster_client.list_jobs, hosts, name)
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    for status in listing:
+        click.echo(f"{status['job']:<24} {status['state']:<10} workers: {', '.join(status['workers']) or '-'}")
+
+
+@main.command("kill")
+@click.argument("job")
+@_cluster_options
+def kill_command(job: str, zk: str | None, cluster: str | None, state_dir: Path) -> None:
+    """Ask the workers running JOB to stop it."""
+    from streamlet.backends.cluster import client as cluster_client
+
+    try:
+        hosts, name = _where(zk, cluster, state_dir)
+        anyio.run(cluster_client.kill, hosts, name, job)
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    click.echo(f"asked the cluster to stop job '{job}'")
 
 
 def _where(zk: str | None, name: str | None, state_dir: Path) -> tuple[str, str]:

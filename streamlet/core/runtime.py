@@ -49,6 +49,10 @@ class JobResult:
         kept = {name: len(records) for name, records in self._sinks.items()}
         return f"JobResult(job={self.statistics.job!r}, sinks={kept}, dead_letters={len(self.dead_letters)})"
 
+    def collected(self) -> dict[str, list[Record]]:
+        """Every collecting sink's records, by sink name."""
+        return dict(self._sinks)
+
     def sink(self, name: str) -> list[Record]:
         """Records a ``CollectSink`` called ``name`` received, instance by instance."""
         try:

@@ -76,7 +76,7 @@ def start_process(role: str, args: list[str], secret: bytes, log_file: Path) -> 
         )  # fmt: skip
 
 
-def up(state_dir: Path, name: str, workers: int, masters: int, zk: str | None) -> ClusterState:
+def up(state_dir: Path, name: str, workers: int, masters: int, zk: str | None, capacity: int = 8) -> ClusterState:
     """Start ZooKeeper (unless ``zk``), masters and workers; record them in ``state_dir``."""
     if (state_dir / STATE_FILE).exists():
         raise ClusterError(f"a cluster is already recorded in {state_dir}; run 'streamlet cluster down' first")
@@ -98,7 +98,7 @@ def up(state_dir: Path, name: str, workers: int, masters: int, zk: str | None) -
             process = start_process("master", args, secret, state_dir / f"master-{index}.log")
             state.processes.append({"role": "master", "id": f"master-{index}", "pid": process.pid})
         for index in range(workers):
-            args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}"]
+            args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}", "--capacity", str(capacity)]
             process = start_process("worker", args, secret, state_dir / f"worker-{index}.log")
             state.processes.append({"role": "worker", "id": f"worker-{index}", "pid": process.pid})
         state.save(state_dir)

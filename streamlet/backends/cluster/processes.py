@@ -11,8 +11,11 @@ import structlog
 
 from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.election import LeaderElection
+from streamlet.backends.cluster.jobs import schedule_pending
 from streamlet.backends.cluster.registry import WorkerRegistration
+from streamlet.backends.cluster.runner import WorkerJobs
 from streamlet.transport.tcp import DataServer
+from streamlet.transport.tcp_client import TcpClient
 
 log = structlog.get_logger("streamlet")
 SESSION_TIMEOUT = 4.0
@@ -26,9 +29,22 @@ async def run_master(zk_hosts: str, cluster: str, name: str, session_timeout: fl
             election = LeaderElection(zk, identity)
             epoch = await election.campaign()
             log.info("leading the cluster", cluster=cluster, master=name, epoch=epoch)
-            await _lead_until_lost(zk)
+            async with anyio.create_task_group() as group:
+                group.start_soon(_schedule_forever, zk, epoch)
+                await _lead_until_lost(zk)
+                group.cancel_scope.cancel()
             log.warning("lost leadership", cluster=cluster, master=name, epoch=epoch)
             election.candidate = None  # the lost session took our candidate node too
+
+
+async def _schedule_forever(zk: ZkCoordinator, epoch: int) -> None:
+    while True:
+        try:
+            for job in await schedule_pending(zk, epoch):
+                log.info("job assigned", job=job, epoch=epoch)
+        except Exception as exc:  # noqa: BLE001 - a bad job must not stop the leader; the next round retries
+            log.warning("scheduling failed", error=f"{type(exc).__name__}: {exc}")
+        await anyio.sleep(0.2)
 
 
 async def _lead_until_lost(zk: ZkCoordinator) -> None:
@@ -55,9 +71,15 @@ async def run_worker(
     session_timeout: float = SESSION_TIMEOUT,
 ) -> None:
     """Serve data connections, register, and heartbeat until stopped."""
-    async with ZkCoordinator(zk_hosts, cluster, session_timeout) as zk, DataServer(secret, host=host) as server:
+    async with (
+        ZkCoordinator(zk_hosts, cluster, session_timeout) as zk,
+        DataServer(secret, host=host) as server,
+        TcpClient(secret) as client,
+    ):
         info: dict[str, Any] = {"host": host, "data_port": server.port, "capacity": capacity, "pid": os.getpid()}
         registration = WorkerRegistration(zk, worker_id, info)
         await registration.register()
         log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{host}:{server.port}")
-        await registration.run()
+        async with anyio.create_task_group() as group:
+            group.start_soon(registration.run)
+            group.start_soon(WorkerJobs(zk, registration, server, client).run)

@@ -1,0 +1,115 @@
+"""Jobs on the cluster: submitted by reference, scheduled by the leader, run in parts by the workers.
+
+ZooKeeper layout under the cluster root::
+
+    /jobs/<job>/spec                {"target": "pkg.module:name", "parallelism": {...}}
+    /jobs/<job>/assignment          {"epoch": leader epoch, "instances": {"<node>.<index>": worker}}
+    /jobs/<job>/channels/<instance>@<port>   "host:port" of the worker receiving it (seed 000)
+    /jobs/<job>/done/<worker>       {"sinks": {...}, "statistics": {...}} or {"error": "..."}
+    /jobs/<job>/kill                present once someone asked for the job to stop
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from streamlet.adaptation.dispatch import WorkerLoad, assign
+from streamlet.backends.cluster.coordinator import NodeExists, ZkCoordinator
+from streamlet.backends.cluster.registry import workers
+from streamlet.core.topology import Topology
+from streamlet.errors import JobError
+from streamlet.loading import load_topology
+
+JOBS = "/jobs"
+
+
+def instance_id(node: str, index: int) -> str:
+    """``count.1``: how instances are named in ZooKeeper."""
+    return f"{node}.{index}"
+
+
+async def submit(zk: ZkCoordinator, job: str, target: str, parallelism: dict[str, int]) -> None:
+    """Record a job; the leader schedules it. The topology is loaded here first to fail early."""
+    load_topology(target, parallelism).validate()
+    try:
+        await zk.create(f"{JOBS}/{job}/spec", {"target": target, "parallelism": parallelism, "submitted": time.time()})
+    except NodeExists:
+        raise JobError(f"a job called '{job}' already exists on cluster '{zk.cluster}'") from None
+
+
+async def spec_of(zk: ZkCoordinator, job: str) -> dict[str, Any] | None:
+    """A job's spec, if it exists."""
+    found = await zk.get(f"{JOBS}/{job}/spec")
+    return None if found is None else found[0]
+
+
+def topology_of(spec: dict[str, Any]) -> Topology:
+    """Load the job's topology from its reference."""
+    topology = load_topology(spec["target"], spec.get("parallelism") or {})
+    topology.validate()
+    return topology
+
+
+def plan_instances(topology: Topology) -> tuple[list[tuple[str, int]], dict[tuple[str, int], list[tuple[str, int]]]]:
+    """Every instance in topological order, and each one's upstream instances."""
+    order: list[str] = []
+    remaining = dict(topology.nodes)
+    while remaining:
+        ready = [n for n in remaining if all(e.upstream in order for e in topology.edges if e.downstream == n)]
+        if not ready:
+            raise JobError(f"topology '{topology.name}' has a cycle: cluster runs need a DAG for now")
+        for name in ready:
+            order.append(name)
+            del remaining[name]
+    instances = [(name, index) for name in order for index in range(topology.nodes[name].parallelism)]
+    upstream: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for edge in topology.edges:
+        senders = [(edge.upstream, i) for i in range(topology.nodes[edge.upstream].parallelism)]
+        for index in range(topology.nodes[edge.downstream].parallelism):
+            upstream.setdefault((edge.downstream, index), []).extend(senders)
+    return instances, upstream
+
+
+async def schedule_pending(zk: ZkCoordinator, epoch: int) -> list[str]:
+    """Leader: assign every job that has none yet; returns the jobs assigned now."""
+    assigned = []
+    views = [v for v in await workers(zk) if not v.stale(time.time(), 5.0)]
+    loads = [WorkerLoad(v.worker_id, int(v.info.get("capacity", 8))) for v in views]
+    for job in await zk.children(JOBS):
+        if await zk.get(f"{JOBS}/{job}/assignment") is not None:
+            continue
+        spec = await spec_of(zk, job)
+        if spec is None or not loads:
+            continue
+        instances, upstream = plan_instances(topology_of(spec))
+        placed = assign(instances, upstream, loads)
+        mapping = {instance_id(node, index): worker for (node, index), worker in placed.items()}
+        try:
+            await zk.create(f"{JOBS}/{job}/assignment", {"epoch": epoch, "instances": mapping})
+        except NodeExists:
+            continue  # another leader (a stale one) got there: fencing sorts it out
+        assigned.append(job)
+    return assigned
+
+
+async def job_status(zk: ZkCoordinator, job: str) -> dict[str, Any]:
+    """What is known of a job: spec, assignment, which workers are done, errors."""
+    assignment = await zk.get(f"{JOBS}/{job}/assignment")
+    done: dict[str, Any] = {}
+    for worker in await zk.children(f"{JOBS}/{job}/done"):
+        entry = await zk.get(f"{JOBS}/{job}/done/{worker}")
+        if entry is not None:
+            done[worker] = entry[0]
+    instances: dict[str, str] = {} if assignment is None else assignment[0]["instances"]
+    involved = sorted(set(instances.values()))
+    errors = [entry["error"] for entry in done.values() if "error" in entry]
+    if errors:
+        state = "failed"
+    elif involved and set(involved) <= set(done):
+        state = "finished"
+    elif assignment is not None:
+        state = "running"
+    else:
+        state = "submitted"
+    return {"job": job, "state": state, "workers": involved, "done": done, "errors": errors}

@@ -1,0 +1,131 @@
+"""A worker's part of the cluster's jobs: watch assignments, run the local instances, report."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict
+from typing import Any
+
+import anyio
+import anyio.abc
+import structlog
+
+from streamlet.backends.cluster.coordinator import NodeExists, ZkCoordinator
+from streamlet.backends.cluster.election import EpochFence
+from streamlet.backends.cluster.jobs import JOBS, instance_id, spec_of, topology_of
+from streamlet.backends.cluster.registry import WorkerRegistration, workers
+from streamlet.core.plan import Placement
+from streamlet.core.runtime import Job, JobResult
+from streamlet.core.topology import Topology
+from streamlet.transport.local import LocalChannel
+from streamlet.transport.tcp import DataServer
+from streamlet.transport.tcp_client import TcpClient
+
+log = structlog.get_logger("streamlet")
+POLL = 0.2
+
+
+class WorkerJobs:
+    """Starts this worker's share of every assigned job, once, and reports how it ended."""
+
+    def __init__(
+        self,
+        zk: ZkCoordinator,
+        registration: WorkerRegistration,
+        server: DataServer,
+        client: TcpClient,
+    ) -> None:
+        self.zk = zk
+        self.registration = registration
+        self.me = registration.worker_id
+        self.server = server
+        self.client = client
+        self.fence = EpochFence()
+        self.seen: set[str] = set()
+        self.running: dict[str, anyio.CancelScope] = {}
+
+    async def run(self) -> None:
+        """Poll for assignments and kill requests until cancelled."""
+        async with anyio.create_task_group() as group:
+            while True:
+                await self._poll(group)
+                await anyio.sleep(POLL)
+
+    async def _poll(self, group: anyio.abc.TaskGroup) -> None:
+        for job in await self.zk.children(JOBS):
+            if job in self.running and await self.zk.get(f"{JOBS}/{job}/kill") is not None:
+                self.running[job].cancel()
+            if job in self.seen:
+                continue
+            found = await self.zk.get(f"{JOBS}/{job}/assignment")
+            if found is None:
+                continue
+            self.seen.add(job)
+            assignment = found[0]
+            if not self.fence.accept(int(assignment["epoch"])):
+                log.warning("ignoring an assignment from a deposed leader", job=job, epoch=assignment["epoch"])
+                continue
+            instances: dict[str, str] = assignment["instances"]
+            if self.me in instances.values():
+                group.start_soon(self._run_job, job, instances)
+
+    async def _run_job(self, job: str, instances: dict[str, str]) -> None:
+        scope = self.running[job] = anyio.CancelScope()
+        payload: dict[str, Any]
+        try:
+            with scope:
+                await self.registration.set_state("LIVE", "running")
+                result = await self._execute(job, instances)
+                payload = {"sinks": _records(result), "statistics": _plain(asdict(result.statistics))}
+            if scope.cancelled_caught:
+                payload = {"error": "killed"}
+        except Exception as exc:  # noqa: BLE001 - whatever stopped the job is reported to the submitter
+            payload = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            del self.running[job]
+        with contextlib.suppress(NodeExists):  # reported already (a rerun after a lost session)
+            await self.zk.create(f"{JOBS}/{job}/done/{self.me}", payload)
+        if not self.running:
+            await self.registration.set_state("STANDBY", "waiting")
+
+    async def _execute(self, job: str, instances: dict[str, str]) -> JobResult:
+        spec = await spec_of(self.zk, job)
+        assert spec is not None
+        topology = topology_of(spec)
+        addresses = {
+            view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)
+        }
+        placement = Placement(
+            job=job,
+            local=lambda node, index: instances[instance_id(node, index)] == self.me,
+            remote=lambda name, node, index: self.client.channel(addresses[instances[instance_id(node, index)]], name),
+            expose=self.server.register,
+        )
+        await self._publish_endpoints(job, topology, instances)
+        return await Job(topology, channel_factory=LocalChannel, placement=placement).run()
+
+    async def _publish_endpoints(self, job: str, topology: Topology, instances: dict[str, str]) -> None:
+        # seed 000: where each receiving instance port of this worker is served
+        address = f"{self.server.host}:{self.server.port}"
+        for node in topology.nodes.values():
+            for index in range(node.parallelism):
+                if instances[instance_id(node.name, index)] != self.me:
+                    continue
+                for port in range(node.inputs):
+                    path = f"{JOBS}/{job}/channels/{instance_id(node.name, index)}@{port}"
+                    try:
+                        await self.zk.create(path, address)
+                    except NodeExists:
+                        await self.zk.set(path, address)
+
+
+def _records(result: JobResult) -> dict[str, list[list[Any]]]:
+    return {name: [[r.key, r.value, r.ts] for r in records] for name, records in result.collected().items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)

@@ -1,0 +1,130 @@
+"""Jobs on a real cluster (ZooKeeper, one master, two workers of capacity 3), through the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import streamlet as sl
+from examples.wordcount import build_topology, word_counts
+from streamlet.backends.cluster.local_cluster import stop_pid
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+FAILING = """
+import streamlet as sl
+
+def explode(record):
+    raise ValueError("no " + str(record.value))
+
+def build_topology():
+    topology = sl.Topology("failing")
+    source = topology.add_source("in", [1, 2, 3])
+    broken = topology.map("explode", explode).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(broken)
+    return topology
+"""
+
+SLOW = """
+import asyncio
+import streamlet as sl
+
+class Slow(sl.Task):
+    async def execute(self, inputs, outputs):
+        await asyncio.sleep(0.5)
+        outputs.emit_batch(inputs.get())
+
+def build_topology():
+    topology = sl.Topology("slow")
+    source = topology.add_source("in", list(range(100_000)))
+    slow = topology.add_task("slow", Slow).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(slow)
+    return topology
+"""
+
+
+def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streamlet.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cluster for the module; every PID it started is stopped at the end."""
+    directory = Path(tmp_path_factory.mktemp("cluster"))
+    up = streamlet("cluster", "up", "--workers", "2", "--capacity", "3", "--name", "jobs", cwd=directory)
+    state_file = directory / ".streamlet" / "cluster.json"
+    processes = json.loads(state_file.read_text())["processes"] if state_file.exists() else []
+    try:
+        assert up.returncode == 0, up.stderr
+        yield directory
+    finally:
+        for process in processes:
+            stop_pid(int(process["pid"]))
+
+
+def test_wordcount_on_two_workers_gives_the_in_process_counts(cluster: Path) -> None:
+    """examples/wordcount.py, unchanged, spread over both workers (the keyed count crosses TCP)."""
+    results = cluster / "wordcount.json"
+    target = str(ROOT / "examples" / "wordcount.py")
+    run = streamlet("submit", target, "--job", "wc", "--results", str(results), cwd=cluster)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["job 'wc' finished on worker-0, worker-1", "  totals: 93 records"]
+    counts = {key: value for key, value, _ts in json.loads(results.read_text())["totals"]}
+    assert counts == word_counts(sl.run(build_topology()))
+
+
+def test_parallelism_override_and_jobs_listing(cluster: Path) -> None:
+    """--parallelism changes the plan; 'jobs' lists the finished job."""
+    target = str(ROOT / "examples" / "wordcount.py")
+    run = streamlet("submit", target, "--job", "wc1", "-p", "count=1", "-p", "split=1", cwd=cluster)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0] == "job 'wc1' finished on worker-0, worker-1"
+    listing = streamlet("jobs", cwd=cluster)
+    assert "wc1                      finished   workers: worker-0, worker-1" in listing.stdout.splitlines()
+
+
+def test_a_failing_job_reports_the_task_error(cluster: Path, tmp_path: Path) -> None:
+    """A task that fails makes submit exit 1 with the TaskError naming task, instance and key."""
+    path = tmp_path / "failing.py"
+    path.write_text(FAILING, encoding="utf-8")
+    run = streamlet("submit", str(path), "--job", "broken", cwd=cluster)
+    assert run.returncode == 1
+    assert run.stdout.splitlines()[1] == (
+        "  error: TaskError: task 'explode' instance 0 failed on record with key None: ValueError: no 1"
+    )
+
+
+def test_kill_stops_a_running_job(cluster: Path, tmp_path: Path) -> None:
+    """kill: the workers cancel the job and report it killed."""
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW, encoding="utf-8")
+    submitted = streamlet("submit", str(path), "--job", "slow", "--no-wait", cwd=cluster)
+    assert submitted.returncode == 0, submitted.stderr
+    deadline = time.monotonic() + 30
+    while "slow                     running" not in streamlet("jobs", cwd=cluster).stdout:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    killed = streamlet("kill", "slow", cwd=cluster)
+    assert killed.stdout.strip() == "asked the cluster to stop job 'slow'"
+    while "slow                     failed" not in streamlet("jobs", cwd=cluster).stdout:
+        assert time.monotonic() < deadline, "the job was not stopped"
+        time.sleep(0.2)
+
+
+def test_submitting_a_job_name_twice_is_refused(cluster: Path) -> None:
+    """Job names are unique per cluster."""
+    target = str(ROOT / "examples" / "wordcount.py")
+    first = streamlet("submit", target, "--job", "twice", cwd=cluster)
+    assert first.returncode == 0, first.stderr
+    again = streamlet("submit", target, "--job", "twice", cwd=cluster)
+    assert again.returncode == 1
+    assert again.stderr.strip() == "error: JobError: a job called 'twice' already exists on cluster 'jobs'"

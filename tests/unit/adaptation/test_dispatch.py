@@ -1,0 +1,53 @@
+"""Load-aware dispatch: co-location first, then the least loaded NORMAL worker, OVERLOADED last."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamlet.adaptation.dispatch import DispatchError, WorkerLoad, assign
+
+CHAIN = [("src", 0), ("split", 0), ("split", 1), ("count", 0), ("count", 1), ("out", 0)]
+UPSTREAM = {
+    ("split", 0): [("src", 0)],
+    ("split", 1): [("src", 0)],
+    ("count", 0): [("split", 0), ("split", 1)],
+    ("count", 1): [("split", 0), ("split", 1)],
+    ("out", 0): [("count", 0), ("count", 1)],
+}
+
+
+def test_everything_co_located_when_one_worker_has_room() -> None:
+    """With room enough, every instance joins its upstream neighbours on one worker (no TCP hop)."""
+    placed = assign(CHAIN, UPSTREAM, [WorkerLoad("w0", 8), WorkerLoad("w1", 8)])
+    assert set(placed.values()) == {"w0"}
+
+
+def test_capacity_spreads_the_chain_in_topological_order() -> None:
+    """Capacity 3 each: the first three instances on w0, the rest on w1."""
+    placed = assign(CHAIN, UPSTREAM, [WorkerLoad("w0", 3), WorkerLoad("w1", 3)])
+    assert [placed[i] for i in CHAIN] == ["w0", "w0", "w0", "w1", "w1", "w1"]
+
+
+def test_overloaded_workers_are_avoided() -> None:
+    """An OVERLOADED worker gets nothing while a NORMAL one has room."""
+    placed = assign(CHAIN, UPSTREAM, [WorkerLoad("w0", 8, overloaded=True), WorkerLoad("w1", 8)])
+    assert set(placed.values()) == {"w1"}
+
+
+def test_existing_load_counts() -> None:
+    """A worker already running instances is filled last."""
+    placed = assign([("a", 0), ("b", 0)], {}, [WorkerLoad("w0", 4, used=3), WorkerLoad("w1", 4, used=0)])
+    assert placed == {("a", 0): "w1", ("b", 0): "w1"}
+
+
+def test_full_cluster_still_places_everything() -> None:
+    """With every worker full, instances go to the least loaded one rather than nowhere."""
+    placed = assign(CHAIN, UPSTREAM, [WorkerLoad("w0", 1), WorkerLoad("w1", 1)])
+    assert len(placed) == 6
+    assert sorted(placed.values()).count("w0") == 3
+
+
+def test_no_worker_is_an_error() -> None:
+    """Nothing registered: a clear error."""
+    with pytest.raises(DispatchError, match=r"^no worker is registered$"):
+        assign(CHAIN, UPSTREAM, [])
