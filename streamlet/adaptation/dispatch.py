@@ -28,9 +28,15 @@ class DispatchError(Exception):
 
 
 def assign(
-    instances: list[Instance], upstream: dict[Instance, list[Instance]], workers: list[WorkerLoad]
+    instances: list[Instance],
+    upstream: dict[Instance, list[Instance]],
+    workers: list[WorkerLoad],
+    allowed: dict[str, set[str]] | None = None,
 ) -> dict[Instance, str]:
     """Map every instance (in topological order) to a worker id.
+
+    ``allowed`` restricts a node's instances to some workers (SpeedStream's
+    task allocation matrix); nodes not in it may run anywhere.
 
     Example:
         >>> assign([("a", 0), ("b", 0)], {("b", 0): [("a", 0)]}, [WorkerLoad("w1", 4), WorkerLoad("w2", 4)])
@@ -42,11 +48,21 @@ def assign(
     by_id = {w.worker_id: w for w in workers}
     placed: dict[Instance, str] = {}
     for instance in instances:
-        neighbours = [placed[n] for n in upstream.get(instance, []) if n in placed]
-        choice = _co_located(neighbours, used, by_id) or _least_loaded(used, by_id)
+        candidates = _candidates(instance[0], used, (allowed or {}).get(instance[0]))
+        neighbours = [placed[n] for n in upstream.get(instance, []) if n in placed and placed[n] in candidates]
+        choice = _co_located(neighbours, candidates, by_id) or _least_loaded(candidates, by_id)
         placed[instance] = choice
         used[choice] += 1
     return placed
+
+
+def _candidates(node: str, used: dict[str, int], allowed: set[str] | None) -> dict[str, int]:
+    if allowed is None:
+        return used
+    candidates = {worker_id: count for worker_id, count in used.items() if worker_id in allowed}
+    if not candidates:
+        raise DispatchError(f"task '{node}' may run only on {sorted(allowed)}, and none of them is registered")
+    return candidates
 
 
 def _room(worker_id: str, used: dict[str, int], by_id: dict[str, WorkerLoad]) -> bool:

@@ -54,6 +54,7 @@ class Node:
     config: dict[str, Any] = field(default_factory=dict)
     on_error: ErrorPolicy = "fail"
     max_failures: int = 3
+    workers: tuple[str, ...] | None = None  # the only workers a cluster may run this node's instances on
     window: WindowSpec | None = None  # a task's own window, or a source's window for its consumers
     windowed_ports: tuple[int, ...] = ()  # set by validation: the task's input ports that are windowed
 
@@ -138,11 +139,13 @@ class Topology:
         on_error: ErrorPolicy = "fail",
         max_failures: int = 3,
         window: WindowSpec | None = None,
+        workers: list[str] | None = None,
     ) -> NodeHandle:
         """Add a task: a ``Task`` subclass or zero-argument factory (one object per instance).
 
         With ``window``, ``execute`` is called once per closed window of the
-        task's input, and ``inputs.window`` gives its ``(start, end)``.
+        task's input, and ``inputs.window`` gives its ``(start, end)``. On a
+        cluster, ``workers`` names the only workers its instances may run on.
         """
         make_task = _task_factory(name, task)
         ports = PortDeclarer()
@@ -157,7 +160,7 @@ class Topology:
         node = Node(
             name, "task", _parallelism(name, "task", parallelism), ports.inputs, ports.outputs, ports.sync,
             make_task=make_task, config=dict(config or {}), on_error=on_error, max_failures=max_failures,
-            window=window,
+            window=window, workers=None if workers is None else tuple(workers),
         )  # fmt: skip
         return self._add(node)
 

@@ -50,6 +50,18 @@ def build_topology():
 """
 
 
+PINNED = """
+import streamlet as sl
+
+def build_topology():
+    topology = sl.Topology("pinned")
+    source = topology.add_source("in", [1, 2, 3])
+    pinned = topology.map("pinned", lambda r: (r.key, r.value * 10), workers=["worker-1"]).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(pinned)
+    return topology
+"""
+
+
 def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "streamlet.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
@@ -128,3 +140,14 @@ def test_submitting_a_job_name_twice_is_refused(cluster: Path) -> None:
     again = streamlet("submit", target, "--job", "twice", cwd=cluster)
     assert again.returncode == 1
     assert again.stderr.strip() == "error: JobError: a job called 'twice' already exists on cluster 'jobs'"
+
+
+def test_a_task_restricted_to_a_worker_runs_there(cluster: Path, tmp_path: Path) -> None:
+    """workers=["worker-1"] moves that task off worker-0, where co-location would otherwise put everything."""
+    path = tmp_path / "pinned.py"
+    path.write_text(PINNED, encoding="utf-8")
+    results = tmp_path / "pinned.json"
+    run = streamlet("submit", str(path), "--job", "pinned", "--results", str(results), cwd=cluster)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0] == "job 'pinned' finished on worker-0, worker-1"
+    assert sorted(value for _key, value, _ts in json.loads(results.read_text())["out"]) == [10, 20, 30]

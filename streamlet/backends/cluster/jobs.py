@@ -82,8 +82,10 @@ async def schedule_pending(zk: ZkCoordinator, epoch: int) -> list[str]:
         spec = await spec_of(zk, job)
         if spec is None or not loads:
             continue
-        instances, upstream = plan_instances(topology_of(spec))
-        placed = assign(instances, upstream, loads)
+        topology = topology_of(spec)
+        instances, upstream = plan_instances(topology)
+        allowed = {n.name: set(n.workers) for n in topology.nodes.values() if n.workers is not None}
+        placed = assign(instances, upstream, loads, allowed)
         mapping = {instance_id(node, index): worker for (node, index), worker in placed.items()}
         try:
             await zk.create(f"{JOBS}/{job}/assignment", {"epoch": epoch, "instances": mapping})

@@ -51,3 +51,15 @@ def test_no_worker_is_an_error() -> None:
     """Nothing registered: a clear error."""
     with pytest.raises(DispatchError, match=r"^no worker is registered$"):
         assign(CHAIN, UPSTREAM, [])
+
+
+def test_allowed_workers_restrict_a_task() -> None:
+    """A task limited to w1 runs there even though w0 holds its upstream instances."""
+    placed = assign(CHAIN, UPSTREAM, [WorkerLoad("w0", 8), WorkerLoad("w1", 8)], {"count": {"w1"}})
+    assert [placed[i] for i in CHAIN] == ["w0", "w0", "w0", "w1", "w1", "w1"]
+
+
+def test_a_task_allowed_nowhere_registered_is_an_error() -> None:
+    """A restriction to workers that are not there names the task and the workers."""
+    with pytest.raises(DispatchError, match=r"^task 'count' may run only on \['w9'\], and none of them is registered$"):
+        assign(CHAIN, UPSTREAM, [WorkerLoad("w0", 8)], {"count": {"w9"}})
