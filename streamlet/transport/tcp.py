@@ -44,6 +44,7 @@ class ServerStatistics:
     connections: int
     active: int
     frames: int
+    records: int
     duplicates: int
     bad_frames: int
     auth_failures: int
@@ -86,7 +87,9 @@ class DataServer:
         self._connections: set[_Connection] = set()
         self._drained = asyncio.Event()
         self._drained.set()
-        self.counts = {"connections": 0, "frames": 0, "duplicates": 0, "bad_frames": 0, "auth_failures": 0}
+        self.counts = {
+            "connections": 0, "frames": 0, "records": 0, "duplicates": 0, "bad_frames": 0, "auth_failures": 0,
+        }  # fmt: skip
 
     async def __aenter__(self) -> DataServer:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
@@ -171,6 +174,8 @@ class DataServer:
         if inlet.outstanding <= 0:
             raise FrameError(f"channel {channel_id!r}: sent without credit")
         item = _item(kind, body)
+        if type(item) is list:
+            self.counts["records"] += len(item)
         inlet.outstanding -= 1
         inlet.last_seq = seq
         inlet.inbox.put_nowait(inlet.channel, item)

@@ -75,8 +75,13 @@ class WorkerJobs:
         try:
             with scope:
                 await self.registration.set_state("LIVE", "running")
+                tcp_before = self.server.counts["records"]
                 result = await self._execute(job, instances)
-                payload = {"sinks": _records(result), "statistics": _plain(asdict(result.statistics))}
+                payload = {
+                    "sinks": _records(result),
+                    "statistics": _plain(asdict(result.statistics)),
+                    "tcp_records_in": self.server.counts["records"] - tcp_before,
+                }
             if scope.cancelled_caught:
                 payload = {"error": "killed"}
         except Exception as exc:  # noqa: BLE001 - whatever stopped the job is reported to the submitter

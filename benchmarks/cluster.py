@@ -1,0 +1,108 @@
+"""Word count on a local cluster of 1 and of 2 workers; idle RSS of a master and a worker.
+
+Each configuration starts its own cluster (ZooKeeper, one master, the
+workers) in a temporary state directory, submits ``benchmarks.cluster_job``
+by reference and reads the workers' reports: the job's records/s is the
+word count over the slowest worker's wall time, and ``tcp_share`` the share
+of records received over TCP among all records received by tasks and sinks.
+Baseline: the same job in-process, in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import streamlet as sl
+from benchmarks.common import report
+from streamlet.backends.cluster import client, local_cluster
+
+TARGET = "benchmarks.cluster_job:build_topology"
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` in MiB."""
+    pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def run_on_cluster(workers: int, records: int, repeats: int) -> dict[str, Any]:
+    """Start a cluster of ``workers`` (capacity 3 each), run the job ``repeats`` times, stop it."""
+    with tempfile.TemporaryDirectory() as directory:
+        state_dir = Path(directory)
+        state = local_cluster.up(state_dir, f"bench{workers}", workers, 1, None, capacity=3)
+        try:
+            anyio.run(_wait_ready, state, workers)
+            time.sleep(2.0)  # let the processes settle before reading idle memory
+            idle = {p["role"]: rss_mb(int(p["pid"])) for p in state.processes if p["role"] in ("master", "worker")}
+            rates, shares = [], []
+            for repeat in range(repeats):
+                outcome = anyio.run(client.submit_and_wait, state.zk, state.name, TARGET, f"wc{repeat}", {}, True, 300)
+                if outcome["state"] != "finished":
+                    raise RuntimeError(f"cluster job failed: {outcome['errors']}")
+                reports = list(outcome["done"].values())
+                wall = max(r["statistics"]["wall_time"] for r in reports)
+                received = sum(
+                    node["records_in"] for r in reports for node in r["statistics"]["nodes"].values()
+                    if node["kind"] != "source"
+                )  # fmt: skip
+                rates.append(records / wall)
+                shares.append(sum(r["tcp_records_in"] for r in reports) / received)
+            return {"rate": statistics.median(rates), "tcp_share": round(statistics.median(shares), 3), "idle": idle}
+        finally:
+            local_cluster.down(state_dir)
+
+
+async def _wait_ready(state: local_cluster.ClusterState, workers: int) -> None:
+    from streamlet.backends.cluster.status import wait_until_ready
+
+    await wait_until_ready(state.zk, state.name, workers)
+
+
+def in_process(records: int, repeats: int) -> float:
+    """The same job in one process (median records/s)."""
+    from benchmarks.cluster_job import build_topology
+
+    rates = []
+    for _ in range(repeats):
+        topology = build_topology()
+        began = time.perf_counter()
+        sl.run(topology)
+        rates.append(records / (time.perf_counter() - began))
+    return statistics.median(rates)
+
+
+def main(records: int, repeats: int) -> dict[str, Any]:
+    """1 worker, 2 workers and in-process; the line's figure is the 2-worker rate."""
+    os.environ["STREAMLET_BENCH_RECORDS"] = str(records)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+    )
+    one = run_on_cluster(1, records, repeats)
+    two = run_on_cluster(2, records, repeats)
+    local = in_process(records, repeats)
+    return report(
+        "cluster",
+        two["rate"],
+        local,
+        one_worker_records_per_s=round(one["rate"]),
+        two_worker_tcp_share=two["tcp_share"],
+        one_worker_tcp_share=one["tcp_share"],
+        idle_master_rss_mb=two["idle"]["master"],
+        idle_worker_rss_mb=two["idle"]["worker"],
+        recovery_seconds=None,  # node failover is not implemented yet
+        records=records,
+        repeats=repeats,
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    subprocess.run([sys.executable, "-m", "benchmarks", "cluster", "--json"], check=True)
