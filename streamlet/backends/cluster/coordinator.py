@@ -89,6 +89,8 @@ class ZkCoordinator:
 
     async def aclose(self) -> None:
         """Close the session: our ephemeral nodes disappear at once."""
+        self._listeners.clear()  # closing on purpose is not a lost session
+        self._loop = None
         client, self._client = self._client, None
         if client is not None:
             await anyio.to_thread.run_sync(lambda: (client.stop(), client.close()))
