@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks windows --json
 	$(BIN)/python -m benchmarks checkpoint --json
 	$(BIN)/python -m benchmarks tcp --json
+	$(BIN)/python -m benchmarks cluster --json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
