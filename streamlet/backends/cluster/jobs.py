@@ -3,9 +3,17 @@
 ZooKeeper layout under the cluster root::
 
     /jobs/<job>/spec                {"target": "pkg.module:name", "parallelism": {...}}
-    /jobs/<job>/assignment          {"epoch": leader epoch, "instances": {"<node>.<index>": worker}}
+    /jobs/<job>/assignment          {"epoch": leader epoch, "attempt": n, "instances": {"<node>.<index>": worker}}
     /jobs/<job>/channels/<instance>@<port>   "host:port" of the worker receiving it (seed 000)
-    /jobs/<job>/done/<worker>       {"sinks": {...}, "statistics": {...}} or {"error": "..."}
+    /jobs/<job>/done/<attempt>/<worker>      {"sinks": {...}, "statistics": {...}} or {"error": "..."}
+
+Node failover: when a worker that holds instances of an unfinished job
+disappears (its ephemeral node goes, or its heartbeat goes stale), the
+leader writes the next *attempt* of the assignment over the live workers.
+Workers drop the old attempt and run the new one from the start, and the
+sources replay. Channel ids and done-reports carry the attempt, so nothing
+of the old attempt mixes in. Results are reported only when an attempt
+completes, so the job's output is exact.
     /jobs/<job>/kill                present once someone asked for the job to stop
 """
 
@@ -15,7 +23,7 @@ import time
 from typing import Any
 
 from streamlet.adaptation.dispatch import WorkerLoad, assign
-from streamlet.backends.cluster.coordinator import NodeExists, ZkCoordinator
+from streamlet.backends.cluster.coordinator import NodeExists, VersionConflict, ZkCoordinator
 from streamlet.backends.cluster.registry import workers
 from streamlet.core.topology import Topology
 from streamlet.errors import JobError
@@ -88,19 +96,50 @@ async def schedule_pending(zk: ZkCoordinator, epoch: int) -> list[str]:
         placed = assign(instances, upstream, loads, allowed)
         mapping = {instance_id(node, index): worker for (node, index), worker in placed.items()}
         try:
-            await zk.create(f"{JOBS}/{job}/assignment", {"epoch": epoch, "instances": mapping})
+            await zk.create(f"{JOBS}/{job}/assignment", {"epoch": epoch, "attempt": 1, "instances": mapping})
         except NodeExists:
             continue  # another leader (a stale one) got there: fencing sorts it out
         assigned.append(job)
     return assigned
 
 
+async def recover_lost_workers(zk: ZkCoordinator, epoch: int) -> list[str]:
+    """Leader: give every unfinished job that lost a worker a new attempt over the live workers."""
+    live = {v.worker_id: v for v in await workers(zk) if not v.stale(time.time(), 5.0)}
+    recovered = []
+    for job in await zk.children(JOBS):
+        found = await zk.get(f"{JOBS}/{job}/assignment")
+        if found is None or (await job_status(zk, job))["state"] in ("finished", "failed", "killed"):
+            continue
+        assignment, version = found
+        lost = sorted(set(assignment["instances"].values()) - set(live))
+        spec = await spec_of(zk, job)
+        if not lost or not live or spec is None:
+            continue
+        topology = topology_of(spec)
+        instances, upstream = plan_instances(topology)
+        loads = [WorkerLoad(w, int(v.info.get("capacity", 8))) for w, v in live.items()]
+        allowed = {n.name: set(n.workers) for n in topology.nodes.values() if n.workers is not None}
+        placed = assign(instances, upstream, loads, allowed)
+        attempt = int(assignment.get("attempt", 1)) + 1
+        mapping = {instance_id(node, index): worker for (node, index), worker in placed.items()}
+        try:
+            await zk.set(
+                f"{JOBS}/{job}/assignment", {"epoch": epoch, "attempt": attempt, "instances": mapping}, version
+            )
+        except VersionConflict:
+            continue
+        recovered.append(f"{job} (attempt {attempt}, lost {', '.join(lost)})")
+    return recovered
+
+
 async def job_status(zk: ZkCoordinator, job: str) -> dict[str, Any]:
     """What is known of a job: spec, assignment, which workers are done, errors."""
     assignment = await zk.get(f"{JOBS}/{job}/assignment")
+    attempt = 1 if assignment is None else int(assignment[0].get("attempt", 1))
     done: dict[str, Any] = {}
-    for worker in await zk.children(f"{JOBS}/{job}/done"):
-        entry = await zk.get(f"{JOBS}/{job}/done/{worker}")
+    for worker in await zk.children(f"{JOBS}/{job}/done/{attempt}"):
+        entry = await zk.get(f"{JOBS}/{job}/done/{attempt}/{worker}")
         if entry is not None:
             done[worker] = entry[0]
     instances: dict[str, str] = {} if assignment is None else assignment[0]["instances"]
@@ -114,4 +153,4 @@ async def job_status(zk: ZkCoordinator, job: str) -> dict[str, Any]:
         state = "running"
     else:
         state = "submitted"
-    return {"job": job, "state": state, "workers": involved, "done": done, "errors": errors}
+    return {"job": job, "state": state, "attempt": attempt, "workers": involved, "done": done, "errors": errors}

@@ -41,8 +41,9 @@ class WorkerJobs:
         self.server = server
         self.client = client
         self.fence = EpochFence()
-        self.seen: set[str] = set()
-        self.running: dict[str, anyio.CancelScope] = {}
+        self.seen: dict[str, int] = {}  # job -> the attempt last looked at
+        self.running: dict[tuple[str, int], anyio.CancelScope] = {}
+        self.killed: set[str] = set()
 
     async def run(self) -> None:
         """Poll for assignments and kill requests until cancelled."""
@@ -53,47 +54,59 @@ class WorkerJobs:
 
     async def _poll(self, group: anyio.abc.TaskGroup) -> None:
         for job in await self.zk.children(JOBS):
-            if job in self.running and await self.zk.get(f"{JOBS}/{job}/kill") is not None:
-                self.running[job].cancel()
-            if job in self.seen:
-                continue
             found = await self.zk.get(f"{JOBS}/{job}/assignment")
             if found is None:
                 continue
-            self.seen.add(job)
             assignment = found[0]
+            attempt = int(assignment.get("attempt", 1))
+            self._stop_outdated(job, attempt)
+            if job not in self.killed and await self.zk.get(f"{JOBS}/{job}/kill") is not None:
+                self.killed.add(job)
+                for (running_job, _), scope in self.running.items():
+                    if running_job == job:
+                        scope.cancel()
+            if self.seen.get(job) == attempt:
+                continue
+            self.seen[job] = attempt
             if not self.fence.accept(int(assignment["epoch"])):
                 log.warning("ignoring an assignment from a deposed leader", job=job, epoch=assignment["epoch"])
                 continue
             instances: dict[str, str] = assignment["instances"]
-            if self.me in instances.values():
-                group.start_soon(self._run_job, job, instances)
+            if self.me in instances.values() and job not in self.killed:
+                group.start_soon(self._run_job, job, attempt, instances)
 
-    async def _run_job(self, job: str, instances: dict[str, str]) -> None:
-        scope = self.running[job] = anyio.CancelScope()
-        payload: dict[str, Any]
+    def _stop_outdated(self, job: str, attempt: int) -> None:
+        # a newer attempt replaces this one (a worker was lost): drop it without reporting
+        for (running_job, running_attempt), scope in self.running.items():
+            if running_job == job and running_attempt < attempt:
+                scope.cancel()
+
+    async def _run_job(self, job: str, attempt: int, instances: dict[str, str]) -> None:
+        scope = self.running[job, attempt] = anyio.CancelScope()
+        payload: dict[str, Any] | None = None
         try:
             with scope:
                 await self.registration.set_state("LIVE", "running")
                 tcp_before = self.server.counts["records"]
-                result = await self._execute(job, instances)
+                result = await self._execute(job, attempt, instances)
                 payload = {
                     "sinks": _records(result),
                     "statistics": _plain(asdict(result.statistics)),
                     "tcp_records_in": self.server.counts["records"] - tcp_before,
                 }
-            if scope.cancelled_caught:
+            if scope.cancelled_caught and job in self.killed:
                 payload = {"error": "killed"}
         except Exception as exc:  # noqa: BLE001 - whatever stopped the job is reported to the submitter
             payload = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
-            del self.running[job]
-        with contextlib.suppress(NodeExists):  # reported already (a rerun after a lost session)
-            await self.zk.create(f"{JOBS}/{job}/done/{self.me}", payload)
+            del self.running[job, attempt]
+        if payload is not None:  # None: superseded by a newer attempt
+            with contextlib.suppress(NodeExists):  # reported already (a rerun after a lost session)
+                await self.zk.create(f"{JOBS}/{job}/done/{attempt}/{self.me}", payload)
         if not self.running:
             await self.registration.set_state("STANDBY", "waiting")
 
-    async def _execute(self, job: str, instances: dict[str, str]) -> JobResult:
+    async def _execute(self, job: str, attempt: int, instances: dict[str, str]) -> JobResult:
         spec = await spec_of(self.zk, job)
         assert spec is not None
         topology = topology_of(spec)
@@ -101,7 +114,7 @@ class WorkerJobs:
             view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)
         }
         placement = Placement(
-            job=job,
+            job=f"{job}.{attempt}",  # channel ids per attempt: an old attempt's frames never mix in
             local=lambda node, index: instances[instance_id(node, index)] == self.me,
             remote=lambda name, node, index: self.client.channel(addresses[instances[instance_id(node, index)]], name),
             expose=self.server.register,

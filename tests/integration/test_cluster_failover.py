@@ -1,0 +1,94 @@
+"""Node failover with real processes: SIGKILL a worker mid-job; the job reruns on the survivor, exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from streamlet.backends.cluster.local_cluster import alive, stop_pid
+
+pytestmark = pytest.mark.integration
+
+SLOW_COUNT = """
+import asyncio
+import streamlet as sl
+
+WORDS = [f"w{(i * 7919) % 97}" for i in range(40_000)]
+
+class Slow(sl.Task):
+    async def execute(self, inputs, outputs):
+        await asyncio.sleep(0.1)
+        outputs.emit_batch([sl.Record(r.value, 1, r.ts) for r in inputs.get()])
+
+class Count(sl.Task):
+    def execute(self, inputs, outputs):
+        for r in inputs.get():
+            self.state.put(r.key, self.state.get(r.key, 0) + r.value)
+
+    def finish(self, outputs):
+        outputs.emit_all(self.state.items())
+
+def build_topology():
+    topology = sl.Topology("slow-count")
+    source = topology.add_source("words", WORDS)
+    slow = topology.add_task("slow", Slow).set_input(source)
+    count = topology.add_task("count", Count, parallelism=2).set_input(slow, partitioning=sl.SAME_KEY)
+    topology.add_sink("totals", sl.CollectSink()).set_input(count)
+    return topology
+"""
+
+
+def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "streamlet.cli", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_killing_a_worker_mid_job_reruns_it_on_the_survivor_with_exact_counts(tmp_path: Path) -> None:
+    """SIGKILL a worker while the job runs: attempt 2 runs on the other worker; totals equal a clean count."""
+    up = streamlet("cluster", "up", "--workers", "2", "--capacity", "3", "--name", "failover", cwd=tmp_path)
+    state = json.loads((tmp_path / ".streamlet" / "cluster.json").read_text()) if up.returncode == 0 else {}
+    processes = state.get("processes", [])
+    try:
+        assert up.returncode == 0, up.stderr
+        job_file = tmp_path / "slow_count.py"
+        job_file.write_text(SLOW_COUNT, encoding="utf-8")
+        results = tmp_path / "totals.json"
+        command = [
+            sys.executable,
+            "-m",
+            "streamlet.cli",
+            "submit",
+            str(job_file),
+            "--job",
+            "slow",
+            "--results",
+            str(results),
+        ]
+        submit = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while "slow                     running" not in streamlet("jobs", cwd=tmp_path).stdout:
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        [victim] = [p for p in processes if p["id"] == "worker-1"]
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        out, err = submit.communicate(timeout=50)
+        assert submit.returncode == 0, err
+        assert out.splitlines()[0] == "job 'slow' finished on worker-0"
+        words = [f"w{(i * 7919) % 97}" for i in range(40_000)]
+        totals = {key: value for key, value, _ts in json.loads(results.read_text())["totals"]}
+        assert totals == dict(Counter(words))
+        listing = streamlet("jobs", cwd=tmp_path).stdout
+        assert "slow                     finished   workers: worker-0" in listing.splitlines()
+        assert not alive(int(victim["pid"]))
+    finally:
+        for process in processes:
+            stop_pid(int(process["pid"]))
