@@ -92,3 +92,57 @@ def test_killing_a_worker_mid_job_reruns_it_on_the_survivor_with_exact_counts(tm
     finally:
         for process in processes:
             stop_pid(int(process["pid"]))
+
+
+def test_a_stopped_worker_that_comes_back_cannot_add_stale_output(tmp_path: Path) -> None:
+    """SIGSTOP a worker past its session; the job moves on; after SIGCONT its old attempt reports nothing."""
+    import anyio
+
+    from streamlet.backends.cluster.coordinator import ZkCoordinator
+
+    up = streamlet("cluster", "up", "--workers", "2", "--capacity", "3", "--name", "zombie", cwd=tmp_path)
+    state = json.loads((tmp_path / ".streamlet" / "cluster.json").read_text()) if up.returncode == 0 else {}
+    processes = state.get("processes", [])
+    [zombie] = [p for p in processes if p["id"] == "worker-1"] or [{"pid": 0}]
+    try:
+        assert up.returncode == 0, up.stderr
+        job_file = tmp_path / "slow_count.py"
+        job_file.write_text(SLOW_COUNT, encoding="utf-8")
+        results = tmp_path / "totals.json"
+        command = [
+            sys.executable,
+            "-m",
+            "streamlet.cli",
+            "submit",
+            str(job_file),
+            "--job",
+            "slow",
+            "--results",
+            str(results),
+        ]
+        submit = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while "slow                     running" not in streamlet("jobs", cwd=tmp_path).stdout:
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        os.kill(int(zombie["pid"]), signal.SIGSTOP)
+        out, err = submit.communicate(timeout=50)
+        os.kill(int(zombie["pid"]), signal.SIGCONT)
+        assert submit.returncode == 0, err
+        assert out.splitlines()[0] == "job 'slow' finished on worker-0"
+        time.sleep(2.0)  # the zombie wakes up, sees attempt 2 and drops its attempt 1
+
+        async def reports() -> dict[str, list[str]]:
+            async with ZkCoordinator(state["zk"], "zombie") as zk:
+                return {attempt: await zk.children(f"/jobs/slow/done/{attempt}") for attempt in ("1", "2")}
+
+        assert anyio.run(reports) == {"1": [], "2": ["worker-0"]}
+        words = [f"w{(i * 7919) % 97}" for i in range(40_000)]
+        totals = {key: value for key, value, _ts in json.loads(results.read_text())["totals"]}
+        assert totals == dict(Counter(words))
+    finally:
+        if zombie["pid"] and alive(int(zombie["pid"])):
+            os.kill(int(zombie["pid"]), signal.SIGCONT)
+        for process in processes:
+            stop_pid(int(process["pid"]))

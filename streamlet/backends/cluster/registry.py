@@ -13,6 +13,7 @@ leader detects a failed worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import time
@@ -74,9 +75,13 @@ class WorkerRegistration:
         return {**self.info, "zk_state": self.zk_state, "local_state": self.local_state}
 
     async def set_state(self, zk_state: str, local_state: str) -> None:
-        """Move in the state model and publish it."""
+        """Move in the state model and publish it (the heartbeat loop re-registers if the session is gone)."""
         self.zk_state, self.local_state = zk_state, local_state
-        await self.zk.set(self.node, self._description())
+        try:
+            await self.zk.set(self.node, self._description())
+        except CoordinationError:
+            with contextlib.suppress(CoordinationError):  # the node went with a lost session: register again
+                await self.zk.create(self.node, self._description(), ephemeral=True)
 
     def _on_state(self, state: str) -> None:
         if state == "lost":

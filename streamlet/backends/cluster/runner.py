@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict
 from typing import Any
 
@@ -10,7 +9,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from streamlet.backends.cluster.coordinator import NodeExists, ZkCoordinator
+from streamlet.backends.cluster.coordinator import CoordinationError, NodeExists, ZkCoordinator
 from streamlet.backends.cluster.election import EpochFence
 from streamlet.backends.cluster.jobs import JOBS, instance_id, spec_of, topology_of
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
@@ -49,7 +48,10 @@ class WorkerJobs:
         """Poll for assignments and kill requests until cancelled."""
         async with anyio.create_task_group() as group:
             while True:
-                await self._poll(group)
+                try:
+                    await self._poll(group)
+                except CoordinationError as exc:  # suspended or expired: kazoo reconnects, the next poll retries
+                    log.debug("job poll skipped", worker=self.me, reason=str(exc))
                 await anyio.sleep(POLL)
 
     async def _poll(self, group: anyio.abc.TaskGroup) -> None:
@@ -101,10 +103,21 @@ class WorkerJobs:
         finally:
             del self.running[job, attempt]
         if payload is not None:  # None: superseded by a newer attempt
-            with contextlib.suppress(NodeExists):  # reported already (a rerun after a lost session)
-                await self.zk.create(f"{JOBS}/{job}/done/{attempt}/{self.me}", payload)
+            await self._report(f"{JOBS}/{job}/done/{attempt}/{self.me}", payload)
         if not self.running:
             await self.registration.set_state("STANDBY", "waiting")
+
+    async def _report(self, path: str, payload: dict[str, Any]) -> None:
+        # the outcome must reach ZooKeeper: retry through a suspended or re-established session
+        for _ in range(100):
+            try:
+                await self.zk.create(path, payload)
+                return
+            except NodeExists:
+                return  # reported already
+            except CoordinationError:
+                await anyio.sleep(0.2)
+        log.error("could not report a job's outcome", path=path)
 
     async def _execute(self, job: str, attempt: int, instances: dict[str, str]) -> JobResult:
         spec = await spec_of(self.zk, job)
