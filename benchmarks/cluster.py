@@ -11,6 +11,7 @@ Baseline: the same job in-process, in the same run.
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import anyio
 import streamlet as sl
 from benchmarks.common import report
 from streamlet.backends.cluster import client, local_cluster
+from streamlet.backends.cluster.processes import SESSION_TIMEOUT
 
 TARGET = "benchmarks.cluster_job:build_topology"
 
@@ -67,6 +69,36 @@ async def _wait_ready(state: local_cluster.ClusterState, workers: int) -> None:
     await wait_until_ready(state.zk, state.name, workers)
 
 
+def recovery_seconds() -> float:
+    """SIGKILL a worker mid-job; seconds until the job's next attempt is assigned to the survivor."""
+    from streamlet.backends.cluster.coordinator import ZkCoordinator
+
+    with tempfile.TemporaryDirectory() as directory:
+        state_dir = Path(directory)
+        state = local_cluster.up(state_dir, "recovery", 2, 1, None, capacity=3)
+        try:
+            anyio.run(_wait_ready, state, 2)
+            slow = "benchmarks.cluster_slow_job:build_topology"
+            anyio.run(client.submit_and_wait, state.zk, state.name, slow, "slow", {}, False, 60)
+
+            async def attempt() -> int:
+                async with ZkCoordinator(state.zk, state.name) as zk:
+                    found = await zk.get("/jobs/slow/assignment")
+                    return 0 if found is None else int(found[0]["attempt"])
+
+            while anyio.run(attempt) != 1:
+                time.sleep(0.05)
+            time.sleep(1.0)
+            [victim] = [p for p in state.processes if p["id"] == "worker-1"]
+            killed = time.monotonic()
+            os.kill(int(victim["pid"]), signal.SIGKILL)
+            while anyio.run(attempt) < 2:
+                time.sleep(0.05)
+            return round(time.monotonic() - killed, 2)
+        finally:
+            local_cluster.down(state_dir)
+
+
 def in_process(records: int, repeats: int) -> float:
     """The same job in one process (median records/s)."""
     from benchmarks.cluster_job import build_topology
@@ -98,7 +130,8 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         one_worker_tcp_share=one["tcp_share"],
         idle_master_rss_mb=two["idle"]["master"],
         idle_worker_rss_mb=two["idle"]["worker"],
-        recovery_seconds=None,  # node failover is not implemented yet
+        recovery_seconds=recovery_seconds(),
+        session_timeout=SESSION_TIMEOUT,
         records=records,
         repeats=repeats,
     )
