@@ -20,6 +20,17 @@ def pairs(records: Iterable[sl.Record]) -> list[tuple[Any, Any]]:
     return [(record.key, record.value) for record in records]
 
 
+def self_loop() -> sl.Topology:
+    """'in' -> 'step', which feeds itself (at most 2 rounds) -> 'out'."""
+    topology = sl.Topology("loop")
+    source = topology.add_source("in", [1])
+    step = topology.map("step", lambda r: (r.key, r.value))
+    step.set_input(source).set_input(step)
+    topology.add_sink("out", sl.CollectSink()).set_input(step)
+    topology.set_max_iterations(2)
+    return topology
+
+
 @pytest.fixture
 def linear() -> Callable[..., sl.JobResult]:
     """Run ``items`` through one task (given as a Task class/factory) into a collecting sink."""

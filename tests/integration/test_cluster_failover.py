@@ -9,10 +9,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
+from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.local_cluster import alive, stop_pid
 
 pytestmark = pytest.mark.integration
@@ -51,98 +55,83 @@ def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
-def test_killing_a_worker_mid_job_reruns_it_on_the_survivor_with_exact_counts(tmp_path: Path) -> None:
-    """SIGKILL a worker while the job runs: attempt 2 runs on the other worker; totals equal a clean count."""
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """ZooKeeper, a master and two workers of capacity 3; every PID is stopped (and un-stopped) afterwards."""
     up = streamlet("cluster", "up", "--workers", "2", "--capacity", "3", "--name", "failover", cwd=tmp_path)
     state = json.loads((tmp_path / ".streamlet" / "cluster.json").read_text()) if up.returncode == 0 else {}
     processes = state.get("processes", [])
     try:
         assert up.returncode == 0, up.stderr
-        job_file = tmp_path / "slow_count.py"
-        job_file.write_text(SLOW_COUNT, encoding="utf-8")
-        results = tmp_path / "totals.json"
-        command = [
-            sys.executable,
-            "-m",
-            "streamlet.cli",
-            "submit",
-            str(job_file),
-            "--job",
-            "slow",
-            "--results",
-            str(results),
-        ]
-        submit = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while "slow                     running" not in streamlet("jobs", cwd=tmp_path).stdout:
-            assert time.monotonic() < deadline, "the job never started"
-            time.sleep(0.2)
-        time.sleep(1.0)
-        [victim] = [p for p in processes if p["id"] == "worker-1"]
-        os.kill(int(victim["pid"]), signal.SIGKILL)
-        out, err = submit.communicate(timeout=50)
-        assert submit.returncode == 0, err
-        assert out.splitlines()[0] == "job 'slow' finished on worker-0"
-        words = [f"w{(i * 7919) % 97}" for i in range(40_000)]
-        totals = {key: value for key, value, _ts in json.loads(results.read_text())["totals"]}
-        assert totals == dict(Counter(words))
-        listing = streamlet("jobs", cwd=tmp_path).stdout
-        assert "slow                     finished   workers: worker-0" in listing.splitlines()
-        assert not alive(int(victim["pid"]))
+        yield {"dir": tmp_path, "zk": state["zk"], "pids": {p["id"]: int(p["pid"]) for p in processes}}
     finally:
         for process in processes:
-            stop_pid(int(process["pid"]))
+            pid = int(process["pid"])
+            if alive(pid):
+                os.kill(pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            stop_pid(pid)
 
 
-def test_a_stopped_worker_that_comes_back_cannot_add_stale_output(tmp_path: Path) -> None:
+def start_slow_job(directory: Path) -> tuple[subprocess.Popen[str], Path]:
+    """Submit the slow count and return once it runs; the waiting submit process and its results file."""
+    job_file = directory / "slow_count.py"
+    job_file.write_text(SLOW_COUNT, encoding="utf-8")
+    results = directory / "totals.json"
+    command = [
+        sys.executable,
+        "-m",
+        "streamlet.cli",
+        "submit",
+        str(job_file),
+        "--job",
+        "slow",
+        "--results",
+        str(results),
+    ]
+    submit = subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while "slow                     running" not in streamlet("jobs", cwd=directory).stdout:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    time.sleep(1.0)  # well into the stream
+    return submit, results
+
+
+def assert_exact_totals(results: Path) -> None:
+    """The job's totals equal a plain count of its words."""
+    words = [f"w{(i * 7919) % 97}" for i in range(40_000)]
+    totals = {key: value for key, value, _ts in json.loads(results.read_text())["totals"]}
+    assert totals == dict(Counter(words))
+
+
+def test_killing_a_worker_mid_job_reruns_it_on_the_survivor_with_exact_counts(cluster: dict[str, Any]) -> None:
+    """SIGKILL a worker while the job runs: attempt 2 runs on the other worker; totals equal a clean count."""
+    submit, results = start_slow_job(cluster["dir"])
+    os.kill(cluster["pids"]["worker-1"], signal.SIGKILL)
+    out, err = submit.communicate(timeout=50)
+    assert submit.returncode == 0, err
+    assert out.splitlines()[0] == "job 'slow' finished on worker-0"
+    assert_exact_totals(results)
+    listing = streamlet("jobs", cwd=cluster["dir"]).stdout
+    assert "slow                     finished   workers: worker-0" in listing.splitlines()
+    assert not alive(cluster["pids"]["worker-1"])
+
+
+def test_a_stopped_worker_that_comes_back_cannot_add_stale_output(cluster: dict[str, Any]) -> None:
     """SIGSTOP a worker past its session; the job moves on; after SIGCONT its old attempt reports nothing."""
-    import anyio
+    submit, results = start_slow_job(cluster["dir"])
+    zombie = cluster["pids"]["worker-1"]
+    os.kill(zombie, signal.SIGSTOP)
+    out, err = submit.communicate(timeout=50)
+    os.kill(zombie, signal.SIGCONT)
+    assert submit.returncode == 0, err
+    assert out.splitlines()[0] == "job 'slow' finished on worker-0"
+    time.sleep(2.0)  # the zombie wakes up, sees attempt 2 and drops its attempt 1
 
-    from streamlet.backends.cluster.coordinator import ZkCoordinator
+    async def reports() -> dict[str, list[str]]:
+        async with ZkCoordinator(cluster["zk"], "failover") as zk:
+            return {attempt: await zk.children(f"/jobs/slow/done/{attempt}") for attempt in ("1", "2")}
 
-    up = streamlet("cluster", "up", "--workers", "2", "--capacity", "3", "--name", "zombie", cwd=tmp_path)
-    state = json.loads((tmp_path / ".streamlet" / "cluster.json").read_text()) if up.returncode == 0 else {}
-    processes = state.get("processes", [])
-    [zombie] = [p for p in processes if p["id"] == "worker-1"] or [{"pid": 0}]
-    try:
-        assert up.returncode == 0, up.stderr
-        job_file = tmp_path / "slow_count.py"
-        job_file.write_text(SLOW_COUNT, encoding="utf-8")
-        results = tmp_path / "totals.json"
-        command = [
-            sys.executable,
-            "-m",
-            "streamlet.cli",
-            "submit",
-            str(job_file),
-            "--job",
-            "slow",
-            "--results",
-            str(results),
-        ]
-        submit = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while "slow                     running" not in streamlet("jobs", cwd=tmp_path).stdout:
-            assert time.monotonic() < deadline, "the job never started"
-            time.sleep(0.2)
-        time.sleep(1.0)
-        os.kill(int(zombie["pid"]), signal.SIGSTOP)
-        out, err = submit.communicate(timeout=50)
-        os.kill(int(zombie["pid"]), signal.SIGCONT)
-        assert submit.returncode == 0, err
-        assert out.splitlines()[0] == "job 'slow' finished on worker-0"
-        time.sleep(2.0)  # the zombie wakes up, sees attempt 2 and drops its attempt 1
-
-        async def reports() -> dict[str, list[str]]:
-            async with ZkCoordinator(state["zk"], "zombie") as zk:
-                return {attempt: await zk.children(f"/jobs/slow/done/{attempt}") for attempt in ("1", "2")}
-
-        assert anyio.run(reports) == {"1": [], "2": ["worker-0"]}
-        words = [f"w{(i * 7919) % 97}" for i in range(40_000)]
-        totals = {key: value for key, value, _ts in json.loads(results.read_text())["totals"]}
-        assert totals == dict(Counter(words))
-    finally:
-        if zombie["pid"] and alive(int(zombie["pid"])):
-            os.kill(int(zombie["pid"]), signal.SIGCONT)
-        for process in processes:
-            stop_pid(int(process["pid"]))
+    assert anyio.run(reports) == {"1": [], "2": ["worker-0"]}
+    assert_exact_totals(results)
+    assert alive(zombie)  # it survived its lost session and is serving again

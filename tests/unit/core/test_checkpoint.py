@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import streamlet as sl
+from tests.conftest import self_loop
 from tests.support import exactly_once
 from tests.support.exactly_once import Bomb, expected_output
 
@@ -130,12 +131,7 @@ def test_finished_job_leaves_a_final_checkpoint_and_a_rerun_starts_fresh(tmp_pat
 
 def test_checkpoints_refuse_cycles() -> None:
     """A topology with a loop cannot take checkpoints yet, and says which edge closes the loop."""
-    topology = sl.Topology("loop")
-    source = topology.add_source("in", [1])
-    step = topology.map("step", lambda r: (r.key, r.value))
-    step.set_input(source).set_input(step)
-    topology.add_sink("out", sl.CollectSink()).set_input(step)
-    topology.set_max_iterations(2)
+    topology = self_loop()
     message = "topology 'loop': checkpoints are not supported with cycles yet (back edge from 'step' into 'step')"
     with pytest.raises(sl.TopologyError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
         sl.run(topology, checkpoint_store=sl.InMemoryCheckpointStore())

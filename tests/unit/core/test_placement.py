@@ -14,6 +14,7 @@ from streamlet.core.runtime import Job
 from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
+from tests.conftest import self_loop
 
 SECRET = b"placement"
 
@@ -66,12 +67,7 @@ async def test_split_job_equals_the_whole(split: dict[str, str]) -> None:
 
 def test_cycles_are_refused_across_processes() -> None:
     """A loop cannot be split between processes yet, and the error says so."""
-    topology = sl.Topology("loop")
-    source = topology.add_source("in", [1])
-    step = topology.map("step", lambda r: (r.key, r.value))
-    step.set_input(source).set_input(step)
-    topology.add_sink("out", sl.CollectSink()).set_input(step)
-    topology.set_max_iterations(2)
+    topology = self_loop()
     placement: Any = Placement("j", lambda n, i: True, lambda *a: None, lambda *a: None)  # type: ignore[arg-type,return-value]
     message = r"^topology 'loop': cluster runs are not supported with cycles yet \(back edge from 'step' into 'step'\)$"
     with pytest.raises(sl.TopologyError, match=message):
