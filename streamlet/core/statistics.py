@@ -58,26 +58,9 @@ class DeadLetter:
 
 
 class InstanceCounters:
-    """Mutable per-instance counters, summed into :class:`NodeStatistics`."""
+    """Mutable per-instance counters, summed into :class:`NodeStatistics` (records out are counted by the routes)."""
 
-    __slots__ = ("records_in", "records_out")
+    __slots__ = ("records_in",)
 
     def __init__(self) -> None:
         self.records_in = 0
-        self.records_out = 0
-
-    def as_tuple(self) -> tuple[int, int]:
-        """``(records_in, records_out)``."""
-        return self.records_in, self.records_out
-
-
-def summed(pairs: list[tuple[int, int]]) -> tuple[int, int]:
-    """Element-wise sum of ``(in, out)`` pairs."""
-    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
-
-
-def plain(value: Any) -> Any:
-    """Statistics as plain data (dicts), for JSON or msgpack."""
-    from dataclasses import asdict
-
-    return asdict(value)

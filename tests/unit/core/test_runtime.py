@@ -275,3 +275,20 @@ def test_runs_without_uvloop() -> None:
     topology = sl.Topology("plain-loop")
     topology.add_sink("out", sl.CollectSink()).set_input(topology.add_source("in", [1, 2]))
     assert values(sl.run(topology, use_uvloop=False).sink("out")) == [1, 2]
+
+
+class PassThrough(sl.Task):
+    """Forwards records with a positive value unchanged, with emit_record."""
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        for record in inputs.get():
+            if record.value > 0:
+                outputs.emit_record(record)
+
+
+def test_emit_record_passes_the_record_itself_on() -> None:
+    """emit_record sends the record object unchanged: same key, value and event time."""
+    items = [sl.Record("a", 1, 5.0), sl.Record("b", -1, 6.0), sl.Record("c", 2, 7.0)]
+    result = chain(items, lambda t, s: t.add_task("pass", PassThrough).set_input(s))
+    assert result.sink("out") == [items[0], items[2]]
+    assert result.sink("out")[0] is items[0]
