@@ -47,7 +47,9 @@ def run_on_cluster(workers: int, records: int, repeats: int) -> dict[str, Any]:
             idle = {p["role"]: rss_mb(int(p["pid"])) for p in state.processes if p["role"] in ("master", "worker")}
             rates, shares = [], []
             for repeat in range(repeats):
-                outcome = anyio.run(client.submit_and_wait, state.zk, state.name, TARGET, f"wc{repeat}", {}, True, 300)
+                outcome = anyio.run(
+                    client.submit_and_wait, state.zk, state.name, client.Submission(TARGET, f"wc{repeat}"), True, 300
+                )
                 if outcome["state"] != "finished":
                     raise RuntimeError(f"cluster job failed: {outcome['errors']}")
                 reports = list(outcome["done"].values())
@@ -79,7 +81,7 @@ def recovery_seconds() -> float:
         try:
             anyio.run(_wait_ready, state, 2)
             slow = "benchmarks.cluster_slow_job:build_topology"
-            anyio.run(client.submit_and_wait, state.zk, state.name, slow, "slow", {}, False, 60)
+            anyio.run(client.submit_and_wait, state.zk, state.name, client.Submission(slow, "slow"), False, 60)
 
             async def attempt() -> int:
                 async with ZkCoordinator(state.zk, state.name) as zk:

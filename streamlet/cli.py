@@ -166,10 +166,16 @@ def _cluster_options(command: Any) -> Any:
 @click.option("--wait/--no-wait", default=True, show_default=True, help="wait until the job ends")
 @click.option("--timeout", default=300.0, show_default=True, help="seconds to wait")
 @click.option("--results", default=None, type=click.Path(path_type=Path), help="write collected sink records (JSON)")
+@click.option("--checkpoint-interval", default=None, type=float, help="take a checkpoint every SECONDS")
+@click.option(
+    "--checkpoint-dir", default=None, type=click.Path(path_type=Path),
+    help="where checkpoints go, on a path every worker reaches (default: STATE_DIR/checkpoints)",
+)  # fmt: skip
 @_cluster_options
 def submit_command(
     target: str, job_name: str | None, parallelism: tuple[str, ...], wait: bool, timeout: float,
-    results: Path | None, zk: str | None, cluster: str | None, state_dir: Path,
+    results: Path | None, checkpoint_interval: float | None, checkpoint_dir: Path | None,
+    zk: str | None, cluster: str | None, state_dir: Path,
 ) -> None:  # fmt: skip
     """Run TARGET (module:name or path/to/file.py[:name]) on the cluster, by reference."""
     from streamlet.backends.cluster import client as cluster_client
@@ -177,7 +183,12 @@ def submit_command(
     try:
         hosts, name = _where(zk, cluster, state_dir)
         counts = dict(_parallelism(item) for item in parallelism)
-        outcome = anyio.run(cluster_client.submit_and_wait, hosts, name, target, job_name, counts, wait, timeout)
+        checkpoint = None
+        if checkpoint_interval is not None:
+            directory = (checkpoint_dir or state_dir / "checkpoints").resolve()
+            checkpoint = {"interval": checkpoint_interval, "directory": str(directory)}
+        submission = cluster_client.Submission(target, job_name, counts, checkpoint)
+        outcome = anyio.run(cluster_client.submit_and_wait, hosts, name, submission, wait, timeout)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     click.echo(cluster_client.describe(outcome))

@@ -97,14 +97,18 @@ class Coordinator:
     async def trigger(self) -> int:
         """Start checkpoint ``epoch`` (the next one) without waiting for it."""
         epoch = self.next_epoch
-        self.next_epoch += 1
-        self._pending[epoch] = _Pending()
+        await self._begin(epoch)
+        return epoch
+
+    async def _begin(self, epoch: int) -> None:
+        """Ask the sources for barrier ``epoch``; completed instances answer at once."""
+        self.next_epoch = max(self.next_epoch, epoch + 1)
+        self._pending.setdefault(epoch, _Pending())
         for instance in self.instances:
             if instance.completed:
                 await self.report_completed(instance, epoch)
             elif isinstance(instance, SourceInstance):
                 instance.request_barrier(epoch)
-        return epoch
 
     async def report_completed(self, instance: Instance, epoch: int | None = None) -> None:
         """``instance`` has completed: answer ``epoch`` (or every pending one) with its final snapshot."""
@@ -119,12 +123,20 @@ class Coordinator:
 
     def ack(self, epoch: int, node: str, index: int, snapshot: Any) -> None:
         """Instance ``(node, index)`` has its snapshot for ``epoch``."""
-        pending = self._pending.get(epoch)
+        pending = self._pending_for(epoch)
         if pending is None:
             return
         pending.snapshots[node, index] = snapshot
         if len(pending.snapshots) == len(self.instances) and not self._closed:
             self._ready[0].send_nowait(epoch)
+
+    def _pending_for(self, epoch: int) -> _Pending | None:
+        # here every epoch starts with trigger(); a distributed coordinator also learns of epochs from barriers
+        return self._pending.get(epoch)
+
+    async def restore_point(self) -> tuple[int, dict[str, Any]] | None:
+        """The checkpoint a job resumes from: ``(epoch, document)``, or ``None`` for a fresh start."""
+        return await anyio.to_thread.run_sync(self.store.latest)
 
     # -- completing -------------------------------------------------------------
 
@@ -149,13 +161,18 @@ class Coordinator:
         # Not in a worker thread: while the loop keeps the GIL busy, a thread waits ~5 ms to get it back
         # after each system call (the convoy effect), which made a 2 ms save take most of a second.
         await _maybe_await(self.store.save(epoch, data))
-        size = len(data)
+        await self._commit_sinks(epoch)
+        self._completed(epoch, len(data))
+
+    async def _commit_sinks(self, epoch: int) -> None:
         for instance in self.instances:
             if isinstance(instance, SinkInstance):
                 await _maybe_await(instance.writer.commit(epoch))
+
+    def _completed(self, epoch: int, size: int) -> None:
+        pending = self._pending.pop(epoch)
         self.completed += 1
         self.last = CheckpointInfo(epoch, size, time.perf_counter() - pending.began)
-        del self._pending[epoch]
         pending.done.set()
 
     def _document(self, epoch: int, pending: _Pending, finished: bool) -> dict[str, Any]:
@@ -175,6 +192,9 @@ class Coordinator:
         self._finishing = epoch
         await self.trigger()  # every instance has completed, so every answer comes at once
         await self._pending[epoch].done.wait()
+        await self._close_sinks()
+
+    async def _close_sinks(self) -> None:
         for instance in self.instances:
             if isinstance(instance, SinkInstance):
                 await _maybe_await(instance.writer.close())

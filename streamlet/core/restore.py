@@ -16,6 +16,8 @@ def restore(instances: dict[str, list[Instance]], document: dict[str, Any] | Non
     ``document`` is ``None`` for a fresh start (sinks still clean up what an
     earlier, unfinished run staged). A task's keyed state is re-split by key
     when its parallelism changed; sources and windowed tasks must keep theirs.
+    ``instances`` may hold only some instances of a node (a cluster worker's
+    share): each takes the entry of its own index.
     """
     epoch = None if document is None else document["epoch"]
     for group in instances.values():
@@ -36,28 +38,30 @@ def _entries(document: dict[str, Any], section: str, name: str, group: list[Inst
     entries = document[section].get(name)
     if entries is None:
         raise JobError(f"checkpoint {document['epoch']} of job '{document['job']}' has nothing for '{name}'")
-    if exact and len(entries) != len(group):
+    parallelism = group[0].node.parallelism
+    if exact and len(entries) != parallelism:
         raise JobError(
             f"'{name}' ran with parallelism {len(entries)} at checkpoint {document['epoch']}; "
-            f"it cannot resume with {len(group)}"
+            f"it cannot resume with {parallelism}"
         )
     return list(entries)
 
 
 def _restore_sources(name: str, group: list[Instance], positions: list[Any]) -> None:
-    for instance, position in zip(group, positions, strict=True):
+    for instance in group:
         assert isinstance(instance, SourceInstance)
-        instance.restore_position = position
+        instance.restore_position = positions[instance.index]
 
 
 def _restore_tasks(name: str, group: list[Instance], snapshots: list[Any]) -> None:
-    if len(snapshots) != len(group):
+    parallelism = group[0].node.parallelism
+    if len(snapshots) != parallelism:
         if any(snapshot["window"] is not None for snapshot in snapshots):
-            raise JobError(f"windowed task '{name}' cannot change parallelism ({len(snapshots)} -> {len(group)})")
+            raise JobError(f"windowed task '{name}' cannot change parallelism ({len(snapshots)} -> {parallelism})")
         merged = KeyedState.merge([snapshot["state"] for snapshot in snapshots])
         finished = all(snapshot["finished"] for snapshot in snapshots)
-        parts = KeyedState.partition(merged, len(group))
+        parts = KeyedState.partition(merged, parallelism)
         snapshots = [{"state": part, "window": None, "finished": finished} for part in parts]
-    for instance, snapshot in zip(group, snapshots, strict=True):
+    for instance in group:
         assert isinstance(instance, TaskInstance)
-        instance.restore(snapshot)
+        instance.restore(snapshots[instance.index])

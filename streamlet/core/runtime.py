@@ -77,6 +77,7 @@ class Job:
         checkpoint_store: CheckpointStore | None = None,
         checkpoint_interval: float | None = None,
         placement: Placement | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         topology.validate()
         self._placement = placement
@@ -88,10 +89,13 @@ class Job:
         self._channel_capacity = channel_capacity
         self._env = Environment(batch_size, self.clock)
         self._coordinator: Coordinator | None = None
-        if checkpoint_store is not None:
+        if checkpoint_store is not None or coordinator is not None:
             _refuse_cycles(topology, "checkpoints are")
-            self._coordinator = Coordinator(topology.name, checkpoint_store, self.clock, checkpoint_interval)
-            self._env.checkpoints = self._coordinator
+        if checkpoint_store is not None and coordinator is None:
+            coordinator = Coordinator(topology.name, checkpoint_store, self.clock, checkpoint_interval)
+        if coordinator is not None:
+            self._coordinator = coordinator
+            self._env.checkpoints = coordinator
         elif checkpoint_interval is not None:
             raise JobError("checkpoint_interval needs a checkpoint store (checkpoint_dir=...)")
         self._plan: PhysicalPlan | None = None
@@ -135,10 +139,9 @@ class Job:
                 channel_capacity=self._channel_capacity, task_group=instances, placement=self._placement,
             )  # fmt: skip
             if self._coordinator is not None:
-                latest = await anyio.to_thread.run_sync(self._coordinator.store.latest)
-                document = None if latest is None else latest[1]
-                restore(self._plan.instances, document)
-                self._coordinator.attach(self._plan.all(), None if latest is None else latest[0])
+                point = await self._coordinator.restore_point()
+                restore(self._plan.instances, None if point is None else point[1])
+                self._coordinator.attach(self._plan.all(), None if point is None else point[0])
                 outer.start_soon(self._coordinator.run)
         except Exception as exc:  # noqa: BLE001 - e.g. a sink that cannot open: raised by wait()
             self._error = exc

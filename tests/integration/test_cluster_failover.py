@@ -72,7 +72,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
             stop_pid(pid)
 
 
-def start_slow_job(directory: Path) -> tuple[subprocess.Popen[str], Path]:
+def start_slow_job(directory: Path, *options: str) -> tuple[subprocess.Popen[str], Path]:
     """Submit the slow count and return once it runs; the waiting submit process and its results file."""
     job_file = directory / "slow_count.py"
     job_file.write_text(SLOW_COUNT, encoding="utf-8")
@@ -87,6 +87,7 @@ def start_slow_job(directory: Path) -> tuple[subprocess.Popen[str], Path]:
         "slow",
         "--results",
         str(results),
+        *options,
     ]
     submit = subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
@@ -135,3 +136,42 @@ def test_a_stopped_worker_that_comes_back_cannot_add_stale_output(cluster: dict[
     assert anyio.run(reports) == {"1": [], "2": ["worker-0"]}
     assert_exact_totals(results)
     assert alive(zombie)  # it survived its lost session and is serving again
+
+
+def test_a_checkpointed_job_resumes_from_its_last_completed_checkpoint_after_a_worker_dies(
+    cluster: dict[str, Any],
+) -> None:
+    """SIGKILL a worker mid-job: attempt 2 restores state and source positions from the last completed
+    checkpoint (taken across both workers), replays only the rest, and the totals are still exact."""
+    submit, results = start_slow_job(cluster["dir"], "--checkpoint-interval", "0.3")
+
+    async def completed() -> dict[str, Any] | None:
+        async with ZkCoordinator(cluster["zk"], "failover") as zk:
+            found = await zk.get("/jobs/slow/checkpoints/completed")
+            return None if found is None else found[0]
+
+    before = anyio.run(completed)
+    assert before is not None, "no checkpoint completed across the two workers"
+    assert before["attempt"] == 1
+    assert before["workers"] == ["worker-0", "worker-1"]
+    os.kill(cluster["pids"]["worker-1"], signal.SIGKILL)
+    out, err = submit.communicate(timeout=50)
+    assert submit.returncode == 0, err
+    assert out.splitlines()[0] == "job 'slow' finished on worker-0"
+    assert_exact_totals(results)
+
+    async def second_attempt() -> dict[str, Any]:
+        async with ZkCoordinator(cluster["zk"], "failover") as zk:
+            found = await zk.get("/jobs/slow/done/2/worker-0")
+            assert found is not None
+            return dict(found[0])
+
+    report = anyio.run(second_attempt)
+    restored = report["restored_from"]
+    assert restored is not None
+    assert restored >= before["epoch"]
+    replayed = report["statistics"]["nodes"]["words"]["records_in"]
+    assert 0 < replayed < 40_000  # only what came after the checkpoint was read again
+    final = anyio.run(completed)
+    assert final is not None
+    assert (final["attempt"], final["finished"]) == (2, True)

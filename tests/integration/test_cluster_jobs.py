@@ -61,6 +61,24 @@ def build_topology():
     return topology
 """
 
+FILES = """
+import asyncio
+import streamlet as sl
+
+class Pace(sl.Task):
+    async def execute(self, inputs, outputs):
+        await asyncio.sleep(0.1)
+        outputs.emit_batch([sl.Record(r.value % 7, r.value * 2, 0.0) for r in inputs.get()])
+
+def build_topology():
+    topology = sl.Topology("files")
+    source = topology.add_source("in", list(range(30_000)))
+    paced = topology.add_task("pace", Pace, parallelism=2).set_input(source)
+    sink = sl.FileSink(OUT)  # an absolute path: the workers load this file, not the test
+    topology.add_sink("out", sink, parallelism=2).set_input(paced, partitioning=sl.SAME_KEY)
+    return topology
+"""
+
 
 def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -151,3 +169,20 @@ def test_a_task_restricted_to_a_worker_runs_there(cluster: Path, tmp_path: Path)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[0] == "job 'pinned' finished on worker-0, worker-1"
     assert sorted(value for _key, value, _ts in json.loads(results.read_text())["out"]) == [10, 20, 30]
+
+
+def test_checkpoints_across_workers_make_a_file_sink_exactly_once(cluster: Path, tmp_path: Path) -> None:
+    """Checkpoints taken across both workers commit FileSink output by epoch; every record is visible once."""
+    path = tmp_path / "files.py"
+    out = tmp_path / "out"
+    path.write_text(f"OUT = {str(out)!r}\n{FILES}", encoding="utf-8")
+    run = streamlet("submit", str(path), "--job", "files", "--checkpoint-interval", "0.1", cwd=cluster)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["job 'files' finished on worker-0, worker-1"]
+    records = sl.read_file_sink(out)
+    assert sorted((r.key, r.value) for r in records) == sorted((v % 7, v * 2) for v in range(30_000))
+    epochs = {int(name.name.split("-")[1]) for name in out.glob("part-*.jsonl")}
+    assert len(epochs) >= 2  # periodic checkpoints committed output before the final one
+    assert not list((out / ".staging").glob("*.pending"))
+    parts = cluster / ".streamlet" / "checkpoints" / "files" / "attempt-1"
+    assert sorted(p.name for p in parts.iterdir()) == ["worker-0", "worker-1"]

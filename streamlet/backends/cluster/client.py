@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -11,13 +12,24 @@ from streamlet.backends.cluster.jobs import JOBS, job_status, submit, topology_o
 from streamlet.errors import JobError
 
 
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What to run: a topology reference, the job name, parallelism overrides, checkpoint settings."""
+
+    target: str
+    job: str | None = None
+    parallelism: dict[str, int] = field(default_factory=dict)
+    checkpoint: dict[str, Any] | None = None  # {"interval": seconds, "directory": path every worker reaches}
+
+
 async def submit_and_wait(
-    hosts: str, cluster: str, target: str, job: str | None, parallelism: dict[str, int], wait: bool, seconds: float
+    hosts: str, cluster: str, submission: Submission, wait: bool, seconds: float
 ) -> dict[str, Any]:
-    """Submit ``target`` as ``job``; with ``wait``, poll until it finishes or fails."""
+    """Submit a job; with ``wait``, poll until it finishes or fails."""
     async with ZkCoordinator(hosts, cluster) as zk:
-        name = job or topology_of({"target": target, "parallelism": parallelism}).name
-        await submit(zk, name, target, parallelism)
+        target, parallelism = submission.target, submission.parallelism
+        name = submission.job or topology_of({"target": target, "parallelism": parallelism}).name
+        await submit(zk, name, target, parallelism, submission.checkpoint)
         status = await job_status(zk, name)
         if not wait:
             return status

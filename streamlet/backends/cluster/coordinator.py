@@ -204,3 +204,46 @@ class ZkCoordinator:
             if exists is None:
                 return
             await gone.wait()
+
+    async def wait_changed(self, relative: str, version: int | None) -> tuple[Any, int | None]:
+        """``(data, version)`` of ``relative`` once its version is not ``version`` (``None``: absent)."""
+        assert self._loop is not None
+        loop = self._loop
+        kazoo = _kazoo()
+        while True:
+            changed = asyncio.Event()
+
+            def watch(event: Any, changed: asyncio.Event = changed) -> None:
+                loop.call_soon_threadsafe(changed.set)
+
+            def read(watch: Any = watch) -> tuple[Any, int | None]:
+                try:
+                    raw, stat = self._client.get(self.path(relative), watch=watch)
+                except kazoo.exceptions.NoNodeError:
+                    self._client.exists(self.path(relative), watch=watch)  # be told when it appears
+                    return None, None
+                return (json.loads(raw) if raw else None), stat.version
+
+            data, found = await self._call(read)
+            if found != version:
+                return data, found
+            await changed.wait()
+
+    async def write_fenced(self, relative: str, data: Any, version: int | None, fence: tuple[str, int]) -> bool:
+        """Atomically: write ``data`` (create it when ``version`` is ``None``) while node ``fence[0]`` is
+        still at version ``fence[1]``. ``False`` when either check failed: nothing was written."""
+        value = json.dumps(data).encode()
+        fence_path, fence_version = fence
+
+        def commit() -> bool:
+            transaction = self._client.transaction()
+            transaction.check(self.path(fence_path), fence_version)
+            if version is None:
+                transaction.create(self.path(relative), value)
+            else:
+                transaction.set_data(self.path(relative), value, version)
+            results = transaction.commit()
+            return not any(isinstance(result, Exception) for result in results)
+
+        written: bool = await self._call(commit)
+        return written

@@ -2,7 +2,7 @@
 
 ZooKeeper layout under the cluster root::
 
-    /jobs/<job>/spec                {"target": "pkg.module:name", "parallelism": {...}}
+    /jobs/<job>/spec                {"target": "pkg.module:name", "parallelism": {...}, "checkpoint": {...} | None}
     /jobs/<job>/assignment          {"epoch": leader epoch, "attempt": n, "instances": {"<node>.<index>": worker}}
     /jobs/<job>/channels/<instance>@<port>   "host:port" of the worker receiving it (seed 000)
     /jobs/<job>/done/<attempt>/<worker>      {"sinks": {...}, "statistics": {...}} or {"error": "..."}
@@ -10,8 +10,9 @@ ZooKeeper layout under the cluster root::
 Node failover: when a worker that holds instances of an unfinished job
 disappears (its ephemeral node goes, or its heartbeat goes stale), the
 leader writes the next *attempt* of the assignment over the live workers.
-Workers drop the old attempt and run the new one from the start, and the
-sources replay. Channel ids and done-reports carry the attempt, so nothing
+Workers drop the old attempt and run the new one: from the job's last
+completed checkpoint when it takes checkpoints (see ``checkpoints``), else
+from the start; the sources replay from there. Channel ids and done-reports carry the attempt, so nothing
 of the old attempt mixes in. Results are reported only when an attempt
 completes, so the job's output is exact.
     /jobs/<job>/kill                present once someone asked for the job to stop
@@ -37,11 +38,14 @@ def instance_id(node: str, index: int) -> str:
     return f"{node}.{index}"
 
 
-async def submit(zk: ZkCoordinator, job: str, target: str, parallelism: dict[str, int]) -> None:
+async def submit(
+    zk: ZkCoordinator, job: str, target: str, parallelism: dict[str, int], checkpoint: dict[str, Any] | None = None
+) -> None:
     """Record a job; the leader schedules it. The topology is loaded here first to fail early."""
     load_topology(target, parallelism).validate()
+    spec = {"target": target, "parallelism": parallelism, "checkpoint": checkpoint, "submitted": time.time()}
     try:
-        await zk.create(f"{JOBS}/{job}/spec", {"target": target, "parallelism": parallelism, "submitted": time.time()})
+        await zk.create(f"{JOBS}/{job}/spec", spec)
     except NodeExists:
         raise JobError(f"a job called '{job}' already exists on cluster '{zk.cluster}'") from None
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
 import structlog
 
+from streamlet.backends.cluster.checkpoints import AttemptInfo, ClusterCheckpoints
 from streamlet.backends.cluster.coordinator import CoordinationError, NodeExists, ZkCoordinator
 from streamlet.backends.cluster.election import EpochFence
 from streamlet.backends.cluster.jobs import JOBS, instance_id, spec_of, topology_of
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
+from streamlet.core.clock import SystemClock
 from streamlet.core.plan import Placement
 from streamlet.core.runtime import Job, JobResult
 from streamlet.core.topology import Topology
@@ -59,7 +62,7 @@ class WorkerJobs:
             found = await self.zk.get(f"{JOBS}/{job}/assignment")
             if found is None:
                 continue
-            assignment = found[0]
+            assignment, version = found
             attempt = int(assignment.get("attempt", 1))
             self._stop_outdated(job, attempt)
             if job not in self.killed and await self.zk.get(f"{JOBS}/{job}/kill") is not None:
@@ -75,7 +78,7 @@ class WorkerJobs:
                 continue
             instances: dict[str, str] = assignment["instances"]
             if self.me in instances.values() and job not in self.killed:
-                group.start_soon(self._run_job, job, attempt, instances)
+                group.start_soon(self._run_job, job, attempt, version, instances)
 
     def _stop_outdated(self, job: str, attempt: int) -> None:
         # a newer attempt replaces this one (a worker was lost): drop it without reporting
@@ -83,15 +86,16 @@ class WorkerJobs:
             if running_job == job and running_attempt < attempt:
                 scope.cancel()
 
-    async def _run_job(self, job: str, attempt: int, instances: dict[str, str]) -> None:
+    async def _run_job(self, job: str, attempt: int, version: int, instances: dict[str, str]) -> None:
         scope = self.running[job, attempt] = anyio.CancelScope()
         payload: dict[str, Any] | None = None
         try:
             with scope:
                 await self.registration.set_state("LIVE", "running")
                 tcp_before = self.server.counts["records"]
-                result = await self._execute(job, attempt, instances)
+                result, restored_from = await self._execute(job, attempt, version, instances)
                 payload = {
+                    "restored_from": restored_from,
                     "sinks": _records(result),
                     "statistics": _plain(asdict(result.statistics)),
                     "tcp_records_in": self.server.counts["records"] - tcp_before,
@@ -119,7 +123,10 @@ class WorkerJobs:
                 await anyio.sleep(0.2)
         log.error("could not report a job's outcome", path=path)
 
-    async def _execute(self, job: str, attempt: int, instances: dict[str, str]) -> JobResult:
+    async def _execute(
+        self, job: str, attempt: int, version: int, instances: dict[str, str]
+    ) -> tuple[JobResult, int | None]:
+        """Run this worker's share of the attempt; the result and the checkpoint it resumed from."""
         spec = await spec_of(self.zk, job)
         assert spec is not None
         topology = topology_of(spec)
@@ -133,7 +140,17 @@ class WorkerJobs:
             expose=self.server.register,
         )
         await self._publish_endpoints(job, topology, instances)
-        return await Job(topology, channel_factory=LocalChannel, placement=placement).run()
+        checkpoints = self._checkpoints(job, attempt, version, instances, spec.get("checkpoint"))
+        result = await Job(topology, channel_factory=LocalChannel, placement=placement, coordinator=checkpoints).run()
+        return result, None if checkpoints is None else checkpoints.restored_from
+
+    def _checkpoints(
+        self, job: str, attempt: int, version: int, instances: dict[str, str], settings: dict[str, Any] | None
+    ) -> ClusterCheckpoints | None:
+        if settings is None:
+            return None
+        info = AttemptInfo(job, attempt, self.me, sorted(set(instances.values())), version)
+        return ClusterCheckpoints(self.zk, info, Path(settings["directory"]), settings.get("interval"), SystemClock())
 
     async def _publish_endpoints(self, job: str, topology: Topology, instances: dict[str, str]) -> None:
         # seed 000: where each receiving instance port of this worker is served
