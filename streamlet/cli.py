@@ -76,12 +76,15 @@ def master_command(zk: str, name: str, master_id: str | None) -> None:
 @click.option("--id", "worker_id", default=None, help="this worker's name (default: worker-<pid>)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address other workers reach this one on")
 @click.option("--capacity", default=8, show_default=True, help="instances this worker takes")
-def worker_command(zk: str, name: str, worker_id: str | None, host: str, capacity: int) -> None:
+@click.option("--label", "labels", multiple=True, help="a label tasks can ask for (add_task(labels=...)), repeatable")
+def worker_command(
+    zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...]
+) -> None:
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
     from streamlet.backends.cluster.processes import run_worker
 
     anyio.run(
-        run_worker, zk, name, worker_id or f"worker-{os.getpid()}", host, _secret(), capacity,
+        run_worker, zk, name, worker_id or f"worker-{os.getpid()}", host, _secret(), capacity, sorted(labels),
         backend_options={"use_uvloop": True},
     )  # fmt: skip
 
@@ -97,14 +100,23 @@ def cluster_group() -> None:
 @click.option("--zk", default=None, help="use this ZooKeeper instead of starting one")
 @click.option("--name", default="default", show_default=True)
 @click.option("--capacity", default=8, show_default=True, help="instances each worker takes")
+@click.option("--label", "labels", multiple=True, help="WORKER=LABEL, e.g. worker-1=gpu; repeatable")
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
-def cluster_up(workers: int, masters: int, zk: str | None, name: str, capacity: int, state_dir: Path) -> None:
+def cluster_up(
+    workers: int, masters: int, zk: str | None, name: str, capacity: int, labels: tuple[str, ...], state_dir: Path
+) -> None:
     """Start ZooKeeper (unless --zk), the masters and the workers in the background."""
     from streamlet.backends.cluster import local_cluster
     from streamlet.backends.cluster.status import format_status, wait_until_ready
 
     try:
-        state = local_cluster.up(state_dir, name, workers, masters, zk, capacity)
+        by_worker: dict[str, list[str]] = {}
+        for item in labels:
+            worker, _, label = item.partition("=")
+            if not worker or not label:
+                raise click.BadParameter(f"expected WORKER=LABEL, got {item!r}")
+            by_worker.setdefault(worker, []).append(label)
+        state = local_cluster.up(state_dir, name, workers, masters, zk, capacity, by_worker)
         status = anyio.run(wait_until_ready, state.zk, name, workers)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         if (state_dir / local_cluster.STATE_FILE).exists():

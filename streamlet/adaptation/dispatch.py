@@ -21,6 +21,7 @@ class WorkerLoad:
     capacity: int
     used: int = 0
     overloaded: bool = False
+    labels: frozenset[str] = frozenset()
 
 
 class DispatchError(Exception):

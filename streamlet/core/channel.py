@@ -127,6 +127,11 @@ class Inbox:
         """Items queued over all channels (a load signal)."""
         return sum(len(queue) for queue in self._queues)
 
+    def full(self) -> bool:
+        """Every bounded channel is at capacity: all senders would wait (the instance is a bottleneck)."""
+        bounded = [(len(q), c) for q, c in zip(self._queues, self._capacities, strict=True) if c != UNBOUNDED]
+        return bool(bounded) and all(queued >= capacity for queued, capacity in bounded)
+
     async def wait(self) -> None:
         """Return once something is put (or :meth:`wake` is called)."""
         waiter = asyncio.get_running_loop().create_future()

@@ -222,6 +222,16 @@ class Job:
 
     # -- reporting ----------------------------------------------------------
 
+    def queue_depths(self) -> dict[tuple[str, int], tuple[int, bool]]:
+        """Per receiving instance: items queued in its inbox, and whether the inbox is full."""
+        if self._plan is None:
+            return {}
+        return {
+            (i.node.name, i.index): (i.inbox.depth(), i.inbox.full())
+            for i in self._plan.all()
+            if isinstance(i, Receiver)
+        }
+
     def statistics(self) -> JobStatistics:
         """A snapshot of the job's counters (also while it runs)."""
         plan = self._plan

@@ -55,6 +55,7 @@ class Node:
     on_error: ErrorPolicy = "fail"
     max_failures: int = 3
     workers: tuple[str, ...] | None = None  # the only workers a cluster may run this node's instances on
+    labels: tuple[str, ...] = ()  # a cluster runs this node's instances only on workers with all these labels
     window: WindowSpec | None = None  # a task's own window, or a source's window for its consumers
     windowed_ports: tuple[int, ...] = ()  # set by validation: the task's input ports that are windowed
 
@@ -140,12 +141,14 @@ class Topology:
         max_failures: int = 3,
         window: WindowSpec | None = None,
         workers: list[str] | None = None,
+        labels: list[str] | None = None,
     ) -> NodeHandle:
         """Add a task: a ``Task`` subclass or zero-argument factory (one object per instance).
 
         With ``window``, ``execute`` is called once per closed window of the
         task's input, and ``inputs.window`` gives its ``(start, end)``. On a
-        cluster, ``workers`` names the only workers its instances may run on.
+        cluster, ``workers`` names the only workers its instances may run on,
+        and ``labels`` the labels a worker must carry (``streamlet worker --label``).
         """
         make_task = _task_factory(name, task)
         ports = PortDeclarer()
@@ -160,7 +163,7 @@ class Topology:
         node = Node(
             name, "task", _parallelism(name, "task", parallelism), ports.inputs, ports.outputs, ports.sync,
             make_task=make_task, config=dict(config or {}), on_error=on_error, max_failures=max_failures,
-            window=window, workers=None if workers is None else tuple(workers),
+            window=window, workers=None if workers is None else tuple(workers), labels=tuple(labels or ()),
         )  # fmt: skip
         return self._add(node)
 

@@ -58,7 +58,9 @@ def test_up_starts_every_process_and_status_shows_them(cluster: tuple[Path, list
     candidates = re.search(r"candidates: (.*)$", status.stdout, re.M)
     assert candidates is not None
     assert sorted(candidates.group(1).split(", ")) == ["master-0", "master-1"]  # both race: either may be first
-    rows = re.findall(r"^  (worker-\d)\s+127\.0\.0\.1:\d+\s+STANDBY/waiting\s+[\d.]+\s+ok$", status.stdout, re.M)
+    rows = re.findall(
+        r"^  (worker-\d)\s+127\.0\.0\.1:\d+\s+STANDBY/waiting\s+NORMAL\s+\d+\s+0\s+[\d.]+\s+ok$", status.stdout, re.M
+    )
     assert rows == ["worker-0", "worker-1"]
 
 

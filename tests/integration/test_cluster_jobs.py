@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 import streamlet as sl
 from examples.wordcount import build_topology, word_counts
+from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.local_cluster import stop_pid
 
 pytestmark = pytest.mark.integration
@@ -79,6 +83,39 @@ def build_topology():
     return topology
 """
 
+LABELLED = """
+import streamlet as sl
+
+def build_topology():
+    topology = sl.Topology("labelled")
+    source = topology.add_source("in", [1, 2, 3])
+    gpu = topology.map("gpu", lambda r: (r.key, r.value * 10), labels=["gpu"]).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(gpu)
+    return topology
+"""
+
+# crashes on the first worker that runs it (the marker names that process), works anywhere else
+CRASHY = """
+import os
+import pathlib
+import streamlet as sl
+
+class Crashy(sl.Task):
+    def execute(self, inputs, outputs):
+        if not MARK.exists():
+            MARK.write_text(str(os.getpid()))
+        if ALWAYS or MARK.read_text() == str(os.getpid()):
+            raise RuntimeError("bad disk on this worker")
+        outputs.emit_batch(inputs.get())
+
+def build_topology():
+    topology = sl.Topology("crashy")
+    source = topology.add_source("in", list(range(100)))
+    crashy = topology.add_task("crashy", Crashy, on_error="restart", max_failures=1).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(crashy)
+    return topology
+"""
+
 
 def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -90,7 +127,9 @@ def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One cluster for the module; every PID it started is stopped at the end."""
     directory = Path(tmp_path_factory.mktemp("cluster"))
-    up = streamlet("cluster", "up", "--workers", "2", "--capacity", "3", "--name", "jobs", cwd=directory)
+    up = streamlet(
+        "cluster", "up", "--workers", "2", "--capacity", "3", "--name", "jobs", "--label", "worker-1=gpu", cwd=directory
+    )
     state_file = directory / ".streamlet" / "cluster.json"
     processes = json.loads(state_file.read_text())["processes"] if state_file.exists() else []
     try:
@@ -143,6 +182,10 @@ def test_kill_stops_a_running_job(cluster: Path, tmp_path: Path) -> None:
     while "slow                     running" not in streamlet("jobs", cwd=cluster).stdout:
         assert time.monotonic() < deadline, "the job never started"
         time.sleep(0.2)
+    status = streamlet("cluster", "status", cwd=cluster).stdout
+    held = re.findall(r"^      instances: (.*)$", status, re.M)
+    assert sorted(", ".join(held).split(", ")) == ["slow/in.0", "slow/out.0", "slow/slow.0"]
+    assert "slow (running, attempt 1)" in status
     killed = streamlet("kill", "slow", cwd=cluster)
     assert killed.stdout.strip() == "asked the cluster to stop job 'slow'"
     while "slow                     failed" not in streamlet("jobs", cwd=cluster).stdout:
@@ -186,3 +229,71 @@ def test_checkpoints_across_workers_make_a_file_sink_exactly_once(cluster: Path,
     assert not list((out / ".staging").glob("*.pending"))
     parts = cluster / ".streamlet" / "checkpoints" / "files" / "attempt-1"
     assert sorted(p.name for p in parts.iterdir()) == ["worker-0", "worker-1"]
+
+
+def job_nodes(cluster: Path, job: str) -> dict[str, Any]:
+    """The job's assignment and recorded failures, read from ZooKeeper."""
+    state = json.loads((cluster / ".streamlet" / "cluster.json").read_text())
+
+    async def read() -> dict[str, Any]:
+        async with ZkCoordinator(state["zk"], "jobs") as zk:
+            assignment = await zk.get(f"/jobs/{job}/assignment")
+            failures = {}
+            for instance in await zk.children(f"/jobs/{job}/failures"):
+                entries = []
+                for attempt in await zk.children(f"/jobs/{job}/failures/{instance}"):
+                    found = await zk.get(f"/jobs/{job}/failures/{instance}/{attempt}")
+                    assert found is not None
+                    entries.append(found[0])
+                failures[instance] = entries
+            assert assignment is not None
+            return {"assignment": assignment[0], "failures": failures}
+
+    return anyio.run(read)
+
+
+def test_a_task_asking_for_a_label_runs_on_the_labelled_worker(cluster: Path, tmp_path: Path) -> None:
+    """labels=["gpu"] places the task on worker-1, the only worker started with --label worker-1=gpu."""
+    path = tmp_path / "labelled.py"
+    path.write_text(LABELLED, encoding="utf-8")
+    results = tmp_path / "labelled.json"
+    run = streamlet("submit", str(path), "--job", "labelled", "--results", str(results), cwd=cluster)
+    assert run.returncode == 0, run.stderr
+    assert sorted(value for _key, value, _ts in json.loads(results.read_text())["out"]) == [10, 20, 30]
+    assert job_nodes(cluster, "labelled")["assignment"]["instances"]["gpu.0"] == "worker-1"
+    assert "labels: gpu" in streamlet("cluster", "status", cwd=cluster).stdout
+
+
+def test_an_instance_that_crashes_on_one_worker_is_restarted_on_the_other(cluster: Path, tmp_path: Path) -> None:
+    """Instance failover: after its in-place restart fails too, the instance moves to the other worker."""
+    path = tmp_path / "crashy.py"
+    path.write_text(f"MARK = __import__('pathlib').Path({str(tmp_path / 'mark')!r})\nALWAYS = False\n{CRASHY}")
+    results = tmp_path / "crashy.json"
+    run = streamlet("submit", str(path), "--job", "crashy", "--results", str(results), cwd=cluster)
+    assert run.returncode == 0, run.stderr
+    assert sorted(value for _key, value, _ts in json.loads(results.read_text())["out"]) == list(range(100))
+    nodes = job_nodes(cluster, "crashy")
+    [failure] = nodes["failures"]["crashy.0"]
+    assert failure["attempt"] == 1
+    assert "bad disk on this worker" in failure["error"]
+    assert nodes["assignment"]["attempt"] == 2
+    assert nodes["assignment"]["instances"]["crashy.0"] != failure["worker"]
+
+
+def test_an_instance_that_keeps_crashing_fails_the_job_after_max_failures(cluster: Path, tmp_path: Path) -> None:
+    """Past max_failures crashes the job fails with a reason naming the instance, and is not rescheduled."""
+    path = tmp_path / "doomed.py"
+    path.write_text(f"MARK = __import__('pathlib').Path({str(tmp_path / 'mark')!r})\nALWAYS = True\n{CRASHY}")
+    run = streamlet("submit", str(path), "--job", "doomed", cwd=cluster)
+    assert run.returncode == 1
+    nodes = job_nodes(cluster, "doomed")
+    failures = nodes["failures"]["crashy.0"]
+    assert [entry["attempt"] for entry in failures] == [1, 2]
+    assert {entry["worker"] for entry in failures} == {"worker-0", "worker-1"}  # the second try went elsewhere
+    assert run.stdout.splitlines()[1] == (
+        "  error: instance 'crashy.0' failed 2 times (max_failures=1) on worker-0, worker-1; last error: "
+        "TaskError: task 'crashy' instance 0 failed on record with key None after 1 restarts: "
+        "RuntimeError: bad disk on this worker"
+    )
+    time.sleep(1.0)  # a leader that kept going would have written attempt 3 by now
+    assert job_nodes(cluster, "doomed")["assignment"]["attempt"] == 2

@@ -16,6 +16,8 @@ from the start; the sources replay from there. Channel ids and done-reports carr
 of the old attempt mixes in. Results are reported only when an attempt
 completes, so the job's output is exact.
     /jobs/<job>/kill                present once someone asked for the job to stop
+    /jobs/<job>/failures/<instance> the attempts in which that instance crashed (instance failover)
+    /jobs/<job>/failed              {"reason": ...}: the leader gave up on the job; workers stop it
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from streamlet.adaptation.dispatch import WorkerLoad, assign
-from streamlet.backends.cluster.coordinator import NodeExists, VersionConflict, ZkCoordinator
+from streamlet.adaptation.dispatch import DispatchError, WorkerLoad, assign
+from streamlet.backends.cluster.coordinator import NodeExists, ZkCoordinator
 from streamlet.backends.cluster.registry import workers
 from streamlet.core.topology import Topology
 from streamlet.errors import JobError
@@ -86,19 +88,14 @@ def plan_instances(topology: Topology) -> tuple[list[tuple[str, int]], dict[tupl
 async def schedule_pending(zk: ZkCoordinator, epoch: int) -> list[str]:
     """Leader: assign every job that has none yet; returns the jobs assigned now."""
     assigned = []
-    views = [v for v in await workers(zk) if not v.stale(time.time(), 5.0)]
-    loads = [WorkerLoad(v.worker_id, int(v.info.get("capacity", 8))) for v in views]
+    loads = await live_loads(zk)
     for job in await zk.children(JOBS):
         if await zk.get(f"{JOBS}/{job}/assignment") is not None:
             continue
         spec = await spec_of(zk, job)
         if spec is None or not loads:
             continue
-        topology = topology_of(spec)
-        instances, upstream = plan_instances(topology)
-        allowed = {n.name: set(n.workers) for n in topology.nodes.values() if n.workers is not None}
-        placed = assign(instances, upstream, loads, allowed)
-        mapping = {instance_id(node, index): worker for (node, index), worker in placed.items()}
+        mapping = place(topology_of(spec), loads)
         try:
             await zk.create(f"{JOBS}/{job}/assignment", {"epoch": epoch, "attempt": 1, "instances": mapping})
         except NodeExists:
@@ -107,34 +104,56 @@ async def schedule_pending(zk: ZkCoordinator, epoch: int) -> list[str]:
     return assigned
 
 
-async def recover_lost_workers(zk: ZkCoordinator, epoch: int) -> list[str]:
-    """Leader: give every unfinished job that lost a worker a new attempt over the live workers."""
-    live = {v.worker_id: v for v in await workers(zk) if not v.stale(time.time(), 5.0)}
-    recovered = []
+STALE_AFTER = 5.0  # seconds without a heartbeat before the leader counts a worker as lost
+
+
+async def live_loads(zk: ZkCoordinator, exclude: str | None = None) -> list[WorkerLoad]:
+    """Workers with a fresh heartbeat: capacity, instances of unfinished jobs (but ``exclude``) they hold,
+    and whether they report being overloaded."""
+    views = [v for v in await workers(zk) if not v.stale(time.time(), STALE_AFTER)]
+    used = dict.fromkeys((v.worker_id for v in views), 0)
     for job in await zk.children(JOBS):
         found = await zk.get(f"{JOBS}/{job}/assignment")
-        if found is None or (await job_status(zk, job))["state"] in ("finished", "failed", "killed"):
+        if job == exclude or found is None or (await job_status(zk, job))["state"] in ENDED:
             continue
-        assignment, version = found
-        lost = sorted(set(assignment["instances"].values()) - set(live))
-        spec = await spec_of(zk, job)
-        if not lost or not live or spec is None:
-            continue
-        topology = topology_of(spec)
-        instances, upstream = plan_instances(topology)
-        loads = [WorkerLoad(w, int(v.info.get("capacity", 8))) for w, v in live.items()]
-        allowed = {n.name: set(n.workers) for n in topology.nodes.values() if n.workers is not None}
-        placed = assign(instances, upstream, loads, allowed)
-        attempt = int(assignment.get("attempt", 1)) + 1
-        mapping = {instance_id(node, index): worker for (node, index), worker in placed.items()}
-        try:
-            await zk.set(
-                f"{JOBS}/{job}/assignment", {"epoch": epoch, "attempt": attempt, "instances": mapping}, version
+        for worker in found[0]["instances"].values():
+            if worker in used:
+                used[worker] += 1
+    return [
+        WorkerLoad(
+            v.worker_id,
+            int(v.info.get("capacity", 8)),
+            used[v.worker_id],
+            bool((v.load or {}).get("overloaded", False)),
+            frozenset(v.info.get("labels", ())),
+        )
+        for v in views
+    ]
+
+
+def place(topology: Topology, loads: list[WorkerLoad], avoid: dict[str, set[str]] | None = None) -> dict[str, str]:
+    """Instance id -> worker for every instance of ``topology``.
+
+    A node runs only on the workers it names and that carry all its labels;
+    it avoids the workers in ``avoid[node]`` (where it failed) while others remain.
+    """
+    instances, upstream = plan_instances(topology)
+    allowed: dict[str, set[str]] = {}
+    for node in topology.nodes.values():
+        fitting = {w.worker_id for w in loads if set(node.labels) <= w.labels}
+        if node.workers is not None:
+            fitting &= set(node.workers)
+        if not fitting:
+            raise DispatchError(
+                f"task '{node.name}' needs a worker among {list(node.workers or ['any'])} "
+                f"with labels {list(node.labels)}; none is live"
             )
-        except VersionConflict:
-            continue
-        recovered.append(f"{job} (attempt {attempt}, lost {', '.join(lost)})")
-    return recovered
+        allowed[node.name] = (fitting - (avoid or {}).get(node.name, set())) or fitting
+    placed = assign(instances, upstream, loads, allowed)
+    return {instance_id(node, index): worker for (node, index), worker in placed.items()}
+
+
+ENDED = ("finished", "failed", "killed")
 
 
 async def job_status(zk: ZkCoordinator, job: str) -> dict[str, Any]:
@@ -148,8 +167,14 @@ async def job_status(zk: ZkCoordinator, job: str) -> dict[str, Any]:
             done[worker] = entry[0]
     instances: dict[str, str] = {} if assignment is None else assignment[0]["instances"]
     involved = sorted(set(instances.values()))
+    failed = await zk.get(f"{JOBS}/{job}/failed")
     errors = [entry["error"] for entry in done.values() if "error" in entry]
-    if errors:
+    retrying = all(entry.get("retry") for entry in done.values() if "error" in entry)
+    if failed is not None:
+        state, errors = "failed", [failed[0]["reason"]]
+    elif errors and retrying:
+        state = "recovering"  # an instance crashed: the leader restarts it elsewhere
+    elif errors:
         state = "failed"
     elif involved and set(involved) <= set(done):
         state = "finished"

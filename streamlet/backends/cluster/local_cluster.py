@@ -76,8 +76,16 @@ def start_process(role: str, args: list[str], secret: bytes, log_file: Path) -> 
         )  # fmt: skip
 
 
-def up(state_dir: Path, name: str, workers: int, masters: int, zk: str | None, capacity: int = 8) -> ClusterState:
-    """Start ZooKeeper (unless ``zk``), masters and workers; record them in ``state_dir``."""
+def up(
+    state_dir: Path,
+    name: str,
+    workers: int,
+    masters: int,
+    zk: str | None,
+    capacity: int = 8,
+    labels: dict[str, list[str]] | None = None,
+) -> ClusterState:
+    """Start ZooKeeper (unless ``zk``), masters and workers (``labels`` by worker id); record them in ``state_dir``."""
     if (state_dir / STATE_FILE).exists():
         raise ClusterError(f"a cluster is already recorded in {state_dir}; run 'streamlet cluster down' first")
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +107,8 @@ def up(state_dir: Path, name: str, workers: int, masters: int, zk: str | None, c
             state.processes.append({"role": "master", "id": f"master-{index}", "pid": process.pid})
         for index in range(workers):
             args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}", "--capacity", str(capacity)]
+            for label in (labels or {}).get(f"worker-{index}", []):
+                args += ["--label", label]
             process = start_process("worker", args, secret, state_dir / f"worker-{index}.log")
             state.processes.append({"role": "worker", "id": f"worker-{index}", "pid": process.pid})
         state.save(state_dir)

@@ -11,7 +11,9 @@ import structlog
 
 from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.election import LeaderElection
-from streamlet.backends.cluster.jobs import recover_lost_workers, schedule_pending
+from streamlet.backends.cluster.failover import recover_failed_instances, recover_lost_workers
+from streamlet.backends.cluster.jobs import schedule_pending
+from streamlet.backends.cluster.load import LoadMeter
 from streamlet.backends.cluster.registry import WorkerRegistration
 from streamlet.backends.cluster.runner import WorkerJobs
 from streamlet.transport.tcp import DataServer
@@ -44,6 +46,8 @@ async def _schedule_forever(zk: ZkCoordinator, epoch: int) -> None:
                 log.info("job assigned", job=job, epoch=epoch)
             for job in await recover_lost_workers(zk, epoch):
                 log.warning("job rescheduled after a lost worker", job=job, epoch=epoch)
+            for job in await recover_failed_instances(zk, epoch):
+                log.warning("instance failover", job=job, epoch=epoch)
         except Exception as exc:  # noqa: BLE001 - a bad job must not stop the leader; the next round retries
             log.warning("scheduling failed", error=f"{type(exc).__name__}: {exc}")
         await anyio.sleep(0.2)
@@ -70,6 +74,7 @@ async def run_worker(
     host: str,
     secret: bytes,
     capacity: int,
+    labels: list[str] | None = None,
     session_timeout: float = SESSION_TIMEOUT,
 ) -> None:
     """Serve data connections, register, and heartbeat until stopped."""
@@ -78,10 +83,14 @@ async def run_worker(
         DataServer(secret, host=host) as server,
         TcpClient(secret) as client,
     ):
-        info: dict[str, Any] = {"host": host, "data_port": server.port, "capacity": capacity, "pid": os.getpid()}
+        info: dict[str, Any] = {
+            "host": host, "data_port": server.port, "capacity": capacity, "labels": labels or [], "pid": os.getpid(),
+        }  # fmt: skip
         registration = WorkerRegistration(zk, worker_id, info)
+        jobs = WorkerJobs(zk, registration, server, client)
+        registration.load = LoadMeter(jobs.queue_depths)
         await registration.register()
         log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{host}:{server.port}")
         async with anyio.create_task_group() as group:
             group.start_soon(registration.run)
-            group.start_soon(WorkerJobs(zk, registration, server, client).run)
+            group.start_soon(jobs.run)

@@ -19,6 +19,7 @@ from streamlet.core.clock import SystemClock
 from streamlet.core.plan import Placement
 from streamlet.core.runtime import Job, JobResult
 from streamlet.core.topology import Topology
+from streamlet.errors import TaskError
 from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
@@ -45,7 +46,9 @@ class WorkerJobs:
         self.fence = EpochFence()
         self.seen: dict[str, int] = {}  # job -> the attempt last looked at
         self.running: dict[tuple[str, int], anyio.CancelScope] = {}
+        self.jobs: dict[tuple[str, int], Job] = {}
         self.killed: set[str] = set()
+        self.failed: set[str] = set()  # the leader gave up on these: stop, report nothing more
 
     async def run(self) -> None:
         """Poll for assignments and kill requests until cancelled."""
@@ -67,9 +70,10 @@ class WorkerJobs:
             self._stop_outdated(job, attempt)
             if job not in self.killed and await self.zk.get(f"{JOBS}/{job}/kill") is not None:
                 self.killed.add(job)
-                for (running_job, _), scope in self.running.items():
-                    if running_job == job:
-                        scope.cancel()
+                self._cancel(job)
+            if job not in self.failed and await self.zk.get(f"{JOBS}/{job}/failed") is not None:
+                self.failed.add(job)
+                self._cancel(job)
             if self.seen.get(job) == attempt:
                 continue
             self.seen[job] = attempt
@@ -77,8 +81,21 @@ class WorkerJobs:
                 log.warning("ignoring an assignment from a deposed leader", job=job, epoch=assignment["epoch"])
                 continue
             instances: dict[str, str] = assignment["instances"]
-            if self.me in instances.values() and job not in self.killed:
+            if self.me in instances.values() and job not in self.killed and job not in self.failed:
                 group.start_soon(self._run_job, job, attempt, version, instances)
+
+    def _cancel(self, job: str) -> None:
+        for (running_job, _), scope in self.running.items():
+            if running_job == job:
+                scope.cancel()
+
+    def queue_depths(self) -> dict[str, tuple[int, bool]]:
+        """Every local receiving instance's queue: ``"job/node.index"`` -> (items queued, inbox full)."""
+        depths = {}
+        for (job, _), running in self.jobs.items():
+            for (node, index), depth in running.queue_depths().items():
+                depths[f"{job}/{instance_id(node, index)}"] = depth
+        return depths
 
     def _stop_outdated(self, job: str, attempt: int) -> None:
         # a newer attempt replaces this one (a worker was lost): drop it without reporting
@@ -102,10 +119,16 @@ class WorkerJobs:
                 }
             if scope.cancelled_caught and job in self.killed:
                 payload = {"error": "killed"}
+        except TaskError as exc:  # an instance crashed: the leader may restart it elsewhere
+            payload = {"error": f"TaskError: {exc}", "instance": instance_id(exc.task, exc.instance)}
+            payload["retry"] = await self._restartable(job, exc.task)
         except Exception as exc:  # noqa: BLE001 - whatever stopped the job is reported to the submitter
             payload = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             del self.running[job, attempt]
+            self.jobs.pop((job, attempt), None)
+        if job in self.failed:
+            payload = None  # the leader has given up on the job already
         if payload is not None:  # None: superseded by a newer attempt
             await self._report(f"{JOBS}/{job}/done/{attempt}/{self.me}", payload)
         if not self.running:
@@ -141,8 +164,14 @@ class WorkerJobs:
         )
         await self._publish_endpoints(job, topology, instances)
         checkpoints = self._checkpoints(job, attempt, version, instances, spec.get("checkpoint"))
-        result = await Job(topology, channel_factory=LocalChannel, placement=placement, coordinator=checkpoints).run()
+        running = Job(topology, channel_factory=LocalChannel, placement=placement, coordinator=checkpoints)
+        self.jobs[job, attempt] = running
+        result = await running.run()
         return result, None if checkpoints is None else checkpoints.restored_from
+
+    async def _restartable(self, job: str, task: str) -> bool:
+        spec = await spec_of(self.zk, job)
+        return spec is not None and topology_of(spec).nodes[task].on_error == "restart"
 
     def _checkpoints(
         self, job: str, attempt: int, version: int, instances: dict[str, str], settings: dict[str, Any] | None

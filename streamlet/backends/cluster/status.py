@@ -9,29 +9,43 @@ import anyio
 
 from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.election import candidates, leader
-from streamlet.backends.cluster.registry import workers
-
-STALE_AFTER = 5.0  # seconds without a heartbeat before a worker shows as stale
+from streamlet.backends.cluster.jobs import ENDED, JOBS, STALE_AFTER, job_status
+from streamlet.backends.cluster.registry import WorkerView, workers
 
 
 async def read_status(zk: ZkCoordinator) -> dict[str, Any]:
-    """Leader (with epoch), candidates, workers (state, load, staleness) and jobs."""
+    """Leader (with epoch), candidates, workers (state, load, instances, staleness) and jobs with their state."""
     now = time.time()
+    jobs = [await job_status(zk, job) for job in await zk.children(JOBS)]
+    held: dict[str, list[str]] = {}
+    for job in jobs:
+        if job["state"] in ENDED:
+            continue
+        found = await zk.get(f"{JOBS}/{job['job']}/assignment")
+        for instance, worker in ({} if found is None else found[0]["instances"]).items():
+            held.setdefault(worker, []).append(f"{job['job']}/{instance}")
     return {
         "cluster": zk.cluster,
         "leader": await leader(zk),
         "candidates": [c.get("name") for c in await candidates(zk)],
-        "workers": [
-            {
-                "id": view.worker_id,
-                "address": f"{view.info.get('host')}:{view.info.get('data_port')}",
-                "state": f"{view.info.get('zk_state')}/{view.info.get('local_state')}",
-                "rss_mb": round((view.load or {}).get("rss_bytes", 0) / 2**20, 1),
-                "stale": view.stale(now, STALE_AFTER),
-            }
-            for view in await workers(zk)
-        ],
-        "jobs": await zk.children("/jobs"),
+        "workers": [_worker_row(view, now, held.get(view.worker_id, [])) for view in await workers(zk)],
+        "jobs": [{"job": job["job"], "state": job["state"], "attempt": job["attempt"]} for job in jobs],
+    }
+
+
+def _worker_row(view: WorkerView, now: float, instances: list[str]) -> dict[str, Any]:
+    load = view.load or {}
+    return {
+        "id": view.worker_id,
+        "address": f"{view.info.get('host')}:{view.info.get('data_port')}",
+        "state": f"{view.info.get('zk_state')}/{view.info.get('local_state')}",
+        "load": "OVERLOADED" if load.get("overloaded") else "NORMAL",
+        "cpu": round(100 * float(load.get("cpu_share", 0.0))),
+        "queued": sum(load.get("queues", {}).values()),
+        "rss_mb": round(load.get("rss_bytes", 0) / 2**20, 1),
+        "labels": view.info.get("labels", []),
+        "instances": sorted(instances),
+        "stale": view.stale(now, STALE_AFTER),
     }
 
 
@@ -54,12 +68,19 @@ def format_status(status: dict[str, Any]) -> str:
         f"cluster '{status['cluster']}'",
         f"  leader: {lead['name']} (epoch {lead['epoch']})" if lead else "  leader: none",
         f"  candidates: {', '.join(status['candidates']) or 'none'}",
-        f"  {'worker':<12} {'data address':<22} {'state':<18} {'rss MB':>7}  heartbeat",
+        f"  {'worker':<12} {'data address':<22} {'state':<18} {'load':<11} {'cpu%':>4} {'queued':>6} "
+        f"{'rss MB':>7}  heartbeat",
     ]
     for worker in status["workers"]:
         beat = "stale" if worker["stale"] else "ok"
         lines.append(
-            f"  {worker['id']:<12} {worker['address']:<22} {worker['state']:<18} {worker['rss_mb']:>7}  {beat}"
+            f"  {worker['id']:<12} {worker['address']:<22} {worker['state']:<18} {worker['load']:<11} "
+            f"{worker['cpu']:>4} {worker['queued']:>6} {worker['rss_mb']:>7}  {beat}"
         )
-    lines.append(f"  jobs: {', '.join(status['jobs']) or 'none'}")
+        if worker["labels"]:
+            lines.append(f"      labels: {', '.join(worker['labels'])}")
+        if worker["instances"]:
+            lines.append(f"      instances: {', '.join(worker['instances'])}")
+    jobs = [f"{job['job']} ({job['state']}, attempt {job['attempt']})" for job in status["jobs"]]
+    lines.append(f"  jobs: {', '.join(jobs) or 'none'}")
     return "\n".join(lines)

@@ -240,3 +240,20 @@ async def test_depth_counts_items_over_all_channels() -> None:
     assert inbox.depth() == 3
     inbox.pop(2)
     assert inbox.depth() == 2
+
+
+async def test_full_means_every_bounded_channel_is_at_capacity() -> None:
+    """full() is the overload signal: true only when every bounded sender would wait; unbounded ones don't count."""
+    inbox = Inbox(2)
+    inbox.add_channel(0)
+    inbox.add_channel(0)
+    inbox.add_channel(1, unbounded=True)
+    assert inbox.full() is False
+    for value in range(2):
+        await inbox.put(0, batch(value))
+    assert (inbox.full(), inbox.depth()) == (False, 2)  # the second channel still has room
+    for value in range(2):
+        await inbox.put(1, batch(value))
+    assert (inbox.full(), inbox.depth()) == (True, 4)
+    inbox.pop(1)
+    assert inbox.full() is False
