@@ -12,8 +12,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
+from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.local_cluster import alive, stop_pid
 
 pytestmark = pytest.mark.integration
@@ -72,9 +74,42 @@ def test_ps_shows_streamlet_master_and_worker(cluster: tuple[Path, list[dict[str
         assert f"streamlet {process['role']} --zk" in command
 
 
-def test_master_failover_elects_a_candidate_with_a_higher_epoch(cluster: tuple[Path, list[dict[str, object]]]) -> None:
-    """SIGKILL the leader: the other master leads within session timeout + 1 s, with a higher epoch."""
+PACED = """
+import asyncio
+import streamlet as sl
+
+class Paced(sl.Task):
+    async def execute(self, inputs, outputs):
+        await asyncio.sleep(0.3)
+        outputs.emit_batch([sl.Record(r.value % 10, 1, 0.0) for r in inputs.get()])
+
+def build_topology():
+    topology = sl.Topology("paced")
+    source = topology.add_source("in", list(range(24_000)))
+    paced = topology.add_task("paced", Paced).set_input(source)
+    count = topology.reduce("count", lambda a, b: a + b, parallelism=2).set_input(paced, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(count)
+    return topology
+"""
+
+
+def test_master_failover_elects_a_candidate_with_a_higher_epoch(
+    cluster: tuple[Path, list[dict[str, object]]], tmp_path: Path
+) -> None:
+    """SIGKILL the leader while a job runs: the other master leads within session timeout + 1 s, with a
+    higher epoch; the job is not reassigned and completes with exact results."""
     directory, processes = cluster
+    job_file = tmp_path / "paced.py"
+    job_file.write_text(PACED, encoding="utf-8")
+    results = tmp_path / "paced.json"
+    submit = subprocess.Popen(
+        [*STREAMLET, "submit", str(job_file), "--job", "paced", "--results", str(results)],
+        cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while "paced                    running" not in streamlet("jobs", cwd=directory).stdout:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
     name, epoch = leader_line(streamlet("cluster", "status", cwd=directory).stdout)
     [victim] = [p for p in processes if p["id"] == name]
     os.kill(int(str(victim["pid"])), signal.SIGKILL)
@@ -88,6 +123,23 @@ def test_master_failover_elects_a_candidate_with_a_higher_epoch(cluster: tuple[P
         assert time.monotonic() - began < 4.0 + 1.0 + 2.0, "no new leader in time"  # session + 1 s + CLI start-up
         time.sleep(0.2)
     assert new_epoch > epoch
+    out, err = submit.communicate(timeout=60)
+    assert submit.returncode == 0, err
+    assert out.splitlines()[0].startswith("job 'paced' finished on ")
+    finals: dict[int, int] = {}
+    for key, value, _ts in json.loads(results.read_text())["out"]:
+        finals[key] = max(finals.get(key, 0), value)  # running counts: the largest is the total
+    assert finals == dict.fromkeys(range(10), 2_400)
+    state = json.loads((directory / ".streamlet" / "cluster.json").read_text())
+
+    async def assignment() -> tuple[dict[str, object], int]:
+        async with ZkCoordinator(state["zk"], "cli") as zk:
+            found = await zk.get("/jobs/paced/assignment")
+            assert found is not None
+            return found
+
+    written, version = anyio.run(assignment)
+    assert (written["attempt"], written["epoch"], version) == (1, epoch, 0)  # assigned once, by the old leader
 
 
 def test_down_stops_every_process_by_pid(cluster: tuple[Path, list[dict[str, object]]]) -> None:
