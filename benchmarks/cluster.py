@@ -71,8 +71,9 @@ async def _wait_ready(state: local_cluster.ClusterState, workers: int) -> None:
     await wait_until_ready(state.zk, state.name, workers)
 
 
-def recovery_seconds() -> float:
-    """SIGKILL a worker mid-job; seconds until the job's next attempt is assigned to the survivor."""
+def recovery_seconds() -> dict[str, float]:
+    """SIGKILL a worker mid-job (a checkpointed slow count); seconds from the kill until the next attempt is
+    assigned to the survivor, and until that attempt completes its first checkpoint (its output resumes)."""
     from streamlet.backends.cluster.coordinator import ZkCoordinator
 
     with tempfile.TemporaryDirectory() as directory:
@@ -81,22 +82,30 @@ def recovery_seconds() -> float:
         try:
             anyio.run(_wait_ready, state, 2)
             slow = "benchmarks.cluster_slow_job:build_topology"
-            anyio.run(client.submit_and_wait, state.zk, state.name, client.Submission(slow, "slow"), False, 60)
+            checkpoint = {"interval": 0.2, "directory": str(state_dir / "checkpoints")}
+            submission = client.Submission(slow, "slow", checkpoint=checkpoint)
+            anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60)
 
-            async def attempt() -> int:
+            async def progress() -> tuple[int, int]:
                 async with ZkCoordinator(state.zk, state.name) as zk:
                     found = await zk.get("/jobs/slow/assignment")
-                    return 0 if found is None else int(found[0]["attempt"])
+                    done = await zk.get("/jobs/slow/checkpoints/completed")
+                    return (0 if found is None else int(found[0]["attempt"])), (
+                        0 if done is None else int(done[0]["attempt"])
+                    )
 
-            while anyio.run(attempt) != 1:
+            while anyio.run(progress) != (1, 1):  # running, with a checkpoint completed
                 time.sleep(0.05)
-            time.sleep(1.0)
+            time.sleep(0.5)
             [victim] = [p for p in state.processes if p["id"] == "worker-1"]
             killed = time.monotonic()
             os.kill(int(victim["pid"]), signal.SIGKILL)
-            while anyio.run(attempt) < 2:
+            while anyio.run(progress)[0] < 2:
                 time.sleep(0.05)
-            return round(time.monotonic() - killed, 2)
+            reassigned = time.monotonic() - killed
+            while anyio.run(progress)[1] < 2:
+                time.sleep(0.05)
+            return {"reassigned": round(reassigned, 2), "output": round(time.monotonic() - killed, 2)}
         finally:
             local_cluster.down(state_dir)
 
@@ -123,6 +132,7 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     one = run_on_cluster(1, records, repeats)
     two = run_on_cluster(2, records, repeats)
     local = in_process(records, repeats)
+    recovery = recovery_seconds()
     return report(
         "cluster",
         two["rate"],
@@ -132,7 +142,8 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         one_worker_tcp_share=one["tcp_share"],
         idle_master_rss_mb=two["idle"]["master"],
         idle_worker_rss_mb=two["idle"]["worker"],
-        recovery_seconds=recovery_seconds(),
+        recovery_seconds=recovery["reassigned"],
+        recovery_to_output_seconds=recovery["output"],
         session_timeout=SESSION_TIMEOUT,
         records=records,
         repeats=repeats,

@@ -247,3 +247,18 @@ class ZkCoordinator:
 
         written: bool = await self._call(commit)
         return written
+
+    async def watch_children(self, relative: str) -> asyncio.Event:
+        """An event set (on the loop) every time the children of ``relative`` change; the caller clears it.
+
+        kazoo's ``ChildrenWatch`` re-arms itself, so one watch serves for the session's life.
+        """
+        assert self._loop is not None
+        loop, changed = self._loop, asyncio.Event()
+        await self.ensure(relative)
+
+        def on_change(children: list[str]) -> None:
+            loop.call_soon_threadsafe(changed.set)
+
+        await self._call(lambda: self._client.ChildrenWatch(self.path(relative), on_change))
+        return changed

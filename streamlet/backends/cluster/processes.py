@@ -14,13 +14,14 @@ from streamlet.backends.cluster.election import LeaderElection
 from streamlet.backends.cluster.failover import recover_failed_instances, recover_lost_workers
 from streamlet.backends.cluster.jobs import schedule_pending
 from streamlet.backends.cluster.load import LoadMeter
-from streamlet.backends.cluster.registry import WorkerRegistration
+from streamlet.backends.cluster.registry import WORKERS, WorkerRegistration
 from streamlet.backends.cluster.runner import WorkerJobs
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 
 log = structlog.get_logger("streamlet")
 SESSION_TIMEOUT = 4.0
+ROUND = 0.2  # seconds between the leader's scheduling rounds
 
 
 async def run_master(zk_hosts: str, cluster: str, name: str, session_timeout: float = SESSION_TIMEOUT) -> None:
@@ -40,7 +41,10 @@ async def run_master(zk_hosts: str, cluster: str, name: str, session_timeout: fl
 
 
 async def _schedule_forever(zk: ZkCoordinator, epoch: int) -> None:
+    # a worker that goes away wakes the leader at once; new jobs and reports are picked up within a round
+    workers_changed = await zk.watch_children(WORKERS)
     while True:
+        workers_changed.clear()
         try:
             for job in await schedule_pending(zk, epoch):
                 log.info("job assigned", job=job, epoch=epoch)
@@ -50,7 +54,8 @@ async def _schedule_forever(zk: ZkCoordinator, epoch: int) -> None:
                 log.warning("instance failover", job=job, epoch=epoch)
         except Exception as exc:  # noqa: BLE001 - a bad job must not stop the leader; the next round retries
             log.warning("scheduling failed", error=f"{type(exc).__name__}: {exc}")
-        await anyio.sleep(0.2)
+        with anyio.move_on_after(ROUND):
+            await workers_changed.wait()
 
 
 async def _lead_until_lost(zk: ZkCoordinator) -> None:
