@@ -119,8 +119,9 @@ def test_killing_a_worker_mid_job_reruns_it_on_the_survivor_with_exact_counts(cl
 
 
 def test_a_stopped_worker_that_comes_back_cannot_add_stale_output(cluster: dict[str, Any]) -> None:
-    """SIGSTOP a worker past its session; the job moves on; after SIGCONT its old attempt reports nothing."""
-    submit, results = start_slow_job(cluster["dir"])
+    """SIGSTOP a worker past its session; the job moves on (from its last checkpoint); after SIGCONT the
+    old attempt reports nothing and completes no checkpoint: the fence on the assignment rejects it."""
+    submit, results = start_slow_job(cluster["dir"], "--checkpoint-interval", "0.3")
     zombie = cluster["pids"]["worker-1"]
     os.kill(zombie, signal.SIGSTOP)
     out, err = submit.communicate(timeout=50)
@@ -129,11 +130,16 @@ def test_a_stopped_worker_that_comes_back_cannot_add_stale_output(cluster: dict[
     assert out.splitlines()[0] == "job 'slow' finished on worker-0"
     time.sleep(2.0)  # the zombie wakes up, sees attempt 2 and drops its attempt 1
 
-    async def reports() -> dict[str, list[str]]:
+    async def reports() -> tuple[dict[str, list[str]], dict[str, Any] | None]:
         async with ZkCoordinator(cluster["zk"], "failover") as zk:
-            return {attempt: await zk.children(f"/jobs/slow/done/{attempt}") for attempt in ("1", "2")}
+            done = {attempt: await zk.children(f"/jobs/slow/done/{attempt}") for attempt in ("1", "2")}
+            completed = await zk.get("/jobs/slow/checkpoints/completed")
+            return done, None if completed is None else completed[0]
 
-    assert anyio.run(reports) == {"1": [], "2": ["worker-0"]}
+    done, completed = anyio.run(reports)
+    assert done == {"1": [], "2": ["worker-0"]}
+    assert completed is not None
+    assert (completed["attempt"], completed["finished"]) == (2, True)
     assert_exact_totals(results)
     assert alive(zombie)  # it survived its lost session and is serving again
 

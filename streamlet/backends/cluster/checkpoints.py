@@ -29,19 +29,22 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
-from streamlet.backends.cluster.coordinator import NodeExists, VersionConflict, ZkCoordinator
+from streamlet.backends.cluster.coordinator import CoordinationError, NodeExists, VersionConflict, ZkCoordinator
 from streamlet.core.checkpoint import Coordinator, _Pending
 from streamlet.core.checkpoint_store import DirectoryCheckpointStore, decode, encode
 from streamlet.core.clock import Clock
 from streamlet.core.instance import SourceInstance, _maybe_await
 from streamlet.core.task_instance import TaskInstance
 from streamlet.errors import JobError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +125,7 @@ class ClusterCheckpoints(Coordinator):
         while self._finishing is None:
             await self.clock.sleep(self.interval)
             if self._published >= self._triggered:  # one checkpoint at a time
-                await self._publish_trigger(final=False)
+                await _riding_out(self._publish_trigger, False)
 
     async def _publish_trigger(self, final: bool) -> None:
         path = f"{self.base}/trigger"
@@ -143,7 +146,7 @@ class ClusterCheckpoints(Coordinator):
     async def _follow_triggers(self) -> None:
         version: int | None = None
         while True:
-            data, version = await self.zk.wait_changed(f"{self.base}/trigger", version)
+            data, version = await _riding_out(self.zk.wait_changed, f"{self.base}/trigger", version)
             if data is None:
                 continue
             epoch = int(data["epoch"])
@@ -165,9 +168,13 @@ class ClusterCheckpoints(Coordinator):
         data = encode(self._part(epoch, self._pending[epoch], finished))
         await _maybe_await(self.store.save(epoch, data))
         self._sizes[epoch] = len(data)
+        await _riding_out(self._acknowledge, epoch, len(data), finished)
+
+    async def _acknowledge(self, epoch: int, size: int, finished: bool) -> None:
+        """Say this worker's part of ``epoch`` is saved; the last worker to say so publishes it complete."""
         acks = f"{self.base}/acks/{epoch}"
         with contextlib.suppress(NodeExists):
-            await self.zk.create(f"{acks}/{self.info.worker}", {"bytes": len(data)})
+            await self.zk.create(f"{acks}/{self.info.worker}", {"bytes": size})
         if set(await self.zk.children(acks)) >= set(self.info.workers):
             await self._publish_completed(epoch, finished)
 
@@ -205,7 +212,7 @@ class ClusterCheckpoints(Coordinator):
     async def _follow_completions(self) -> None:
         version: int | None = None
         while True:
-            data, version = await self.zk.wait_changed(completed_path(self.job), version)
+            data, version = await _riding_out(self.zk.wait_changed, completed_path(self.job), version)
             if data is None or int(data["attempt"]) != self.info.attempt:
                 continue
             epoch = int(data["epoch"])
@@ -218,12 +225,27 @@ class ClusterCheckpoints(Coordinator):
 
     async def finish(self) -> None:
         """All local instances completed: once every worker's have, the final checkpoint commits the rest."""
+        await _riding_out(self._announce_finished)
+        await self._final_done.wait()
+        await self._close_sinks()
+
+    async def _announce_finished(self) -> None:
         with contextlib.suppress(NodeExists):
             await self.zk.create(f"{self.base}/finished/{self.info.worker}", {})
         if set(await self.zk.children(f"{self.base}/finished")) >= set(self.info.workers):
             await self._publish_trigger(final=True)
-        await self._final_done.wait()
-        await self._close_sinks()
+
+
+async def _riding_out(call: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``call(*args)``, retried while the ZooKeeper session is suspended or being re-established.
+
+    A worker whose session is gone for good is replaced by a newer attempt, which cancels this one.
+    """
+    while True:
+        try:
+            return await call(*args)
+        except CoordinationError:
+            await anyio.sleep(0.2)
 
 
 def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:

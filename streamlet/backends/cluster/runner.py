@@ -130,21 +130,24 @@ class WorkerJobs:
         if job in self.failed:
             payload = None  # the leader has given up on the job already
         if payload is not None:  # None: superseded by a newer attempt
-            await self._report(f"{JOBS}/{job}/done/{attempt}/{self.me}", payload)
+            await self._report(f"{JOBS}/{job}/done/{attempt}", payload, (f"{JOBS}/{job}/assignment", version))
         if not self.running:
             await self.registration.set_state("STANDBY", "waiting")
 
-    async def _report(self, path: str, payload: dict[str, Any]) -> None:
-        # the outcome must reach ZooKeeper: retry through a suspended or re-established session
+    async def _report(self, directory: str, payload: dict[str, Any], fence: tuple[str, int]) -> None:
+        """Report the attempt's outcome, fenced: only while the assignment is still the one this ran."""
+        # retry through a suspended or re-established session: the outcome must reach ZooKeeper
         for _ in range(100):
             try:
-                await self.zk.create(path, payload)
-                return
-            except NodeExists:
-                return  # reported already
+                await self.zk.ensure(directory)
+                if await self.zk.write_fenced(f"{directory}/{self.me}", payload, None, fence):
+                    return
+                if await self.zk.get(f"{directory}/{self.me}") is None:
+                    log.warning("dropping the outcome of a replaced attempt", path=directory)
+                return  # reported already, or the job moved on to a newer attempt
             except CoordinationError:
                 await anyio.sleep(0.2)
-        log.error("could not report a job's outcome", path=path)
+        log.error("could not report a job's outcome", path=directory)
 
     async def _execute(
         self, job: str, attempt: int, version: int, instances: dict[str, str]
