@@ -15,7 +15,7 @@ from streamlet.core.checkpoint_store import CheckpointStore, DirectoryCheckpoint
 from streamlet.core.clock import Clock, ManualClock, SystemClock
 from streamlet.core.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partitioning, stable_hash
 from streamlet.core.ports import Inputs, Outputs, PortDeclarer
-from streamlet.core.record import Record
+from streamlet.core.record import Record, WindowRecord
 from streamlet.core.runtime import Job, JobResult
 from streamlet.core.sinks import CallbackSink, CollectSink, Sink, SinkContext, SinkWriter
 from streamlet.core.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
@@ -73,6 +73,7 @@ __all__ = (
     "Topology",
     "TopologyError",
     "TransportError",
+    "WindowRecord",
     "WindowSpec",
     "read_file_sink",
     "run",

@@ -29,6 +29,9 @@ class Record:
 
     #: How many times the record went round a cycle (see :class:`LoopRecord`).
     iteration: int = 0
+    #: Bounds of the window that produced the record, if any (see :class:`WindowRecord`).
+    window_start: float | None = None
+    window_end: float | None = None
 
     def __init__(self, key: Any, value: Any, ts: float | None = None) -> None:
         self.key = key
@@ -60,6 +63,29 @@ class LoopRecord(Record):
         self.value = value
         self.ts = ts
         self.iteration = iteration
+
+
+class WindowRecord(Record):
+    """A record emitted for a closed window, carrying the window's bounds.
+
+    ``window_reduce`` results and whatever a windowed task emits while it
+    handles a window are window records, so a sink (``SparkSink``) can store
+    ``window_start``/``window_end``. Other records read ``None`` for both.
+
+    Example:
+        >>> r = WindowRecord("s1", 3, 60.0, 0.0, 60.0)
+        >>> (r.window_start, r.window_end)
+        (0.0, 60.0)
+    """
+
+    __slots__ = ("window_end", "window_start")
+
+    def __init__(self, key: Any, value: Any, ts: float | None, window_start: float, window_end: float) -> None:
+        self.key = key
+        self.value = value
+        self.ts = ts
+        self.window_start = window_start
+        self.window_end = window_end
 
 
 Batch: TypeAlias = list[Record]
