@@ -137,7 +137,7 @@ class Job:
             if self._coordinator is not None:
                 latest = await anyio.to_thread.run_sync(self._coordinator.store.latest)
                 document = None if latest is None else latest[1]
-                restore(self._plan.instances, document)
+                await restore(self._plan.instances, document)
                 self._coordinator.attach(self._plan.all(), None if latest is None else latest[0])
                 outer.start_soon(self._coordinator.run)
         except Exception as exc:  # noqa: BLE001 - e.g. a sink that cannot open: raised by wait()
