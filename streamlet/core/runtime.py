@@ -139,7 +139,7 @@ class Job:
                 document = None if latest is None else latest[1]
                 await restore(self._plan.instances, document)
                 self._coordinator.attach(self._plan.all(), None if latest is None else latest[0])
-                outer.start_soon(self._coordinator.run)
+                outer.start_soon(self._guarded, self._coordinator.run, outer)  # a failed commit stops the job
         except Exception as exc:  # noqa: BLE001 - e.g. a sink that cannot open: raised by wait()
             self._error = exc
             return False

@@ -182,3 +182,26 @@ def test_an_async_sink_restore_is_awaited(tmp_path: Path) -> None:
     sl.run(topology, checkpoint_dir=tmp_path)
     sl.run(topology, checkpoint_dir=tmp_path)
     assert sink.restored == [None, 1]
+
+
+class _FailingCommitSink(sl.Sink):
+    """A sink whose ``commit`` raises."""
+
+    def open(self, context: sl.SinkContext) -> sl.SinkWriter:
+        return _FailingCommitWriter()
+
+
+class _FailingCommitWriter(_AsyncRestoreWriter):
+    def __init__(self) -> None:
+        super().__init__([])
+
+    def commit(self, epoch: int) -> None:
+        raise OSError(f"cannot publish epoch {epoch}")
+
+
+def test_a_failing_sink_commit_stops_the_job_with_that_error(tmp_path: Path) -> None:
+    """An error in a sink's commit is what run() raises (not wrapped in an exception group)."""
+    topology = sl.Topology("commit")
+    topology.add_sink("out", _FailingCommitSink()).set_input(topology.add_source("in", [1, 2, 3]))
+    with pytest.raises(OSError, match=r"^cannot publish epoch 1$"):
+        sl.run(topology, checkpoint_dir=tmp_path)
