@@ -137,7 +137,7 @@ class Coordinator:
             try:
                 async for epoch in self._ready[1]:
                     await self._complete(epoch, finished=epoch == self._finishing)
-            except Exception as exc:  # a save or a sink's commit failed: raise it as itself, not in a group
+            except Exception as exc:  # noqa: BLE001 - a save or a sink commit failed: raised as itself, not in a group
                 failure = exc
                 group.cancel_scope.cancel()
         if failure is not None:
