@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
@@ -59,20 +60,24 @@ class Throttle(sl.Task):
 
 
 class Bomb(sl.Task):
-    """Raises once, when two checkpoints are saved and Spark holds at least one epoch under ``output``."""
+    """Raises once, after an epoch with rows reached Spark under ``output`` (waiting for that, when armed).
+
+    It waits only once an epoch with rows is sealed in the sink's staging: that
+    epoch's checkpoint then completes without the bomb, so Spark writes it.
+    """
 
     armed: ClassVar[bool] = False
-    checkpoints: ClassVar[Path | None] = None
     output: ClassVar[Path | None] = None
     crashed: ClassVar[bool] = False
 
-    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+    async def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
         cls = type(self)
-        if cls.armed and cls.checkpoints is not None and cls.output is not None:
-            saved = len(list(cls.checkpoints.glob("checkpoint-*.msgpack")))
-            if saved >= 2 and any(cls.output.glob("epoch=*/instance=0/*.parquet")):
-                cls.armed, cls.crashed = False, True
-                raise RuntimeError("injected crash")
+        if cls.armed and cls.output is not None and any(cls.output.glob("_staging/0000-[0-9]*/chunk-*")):
+            deadline = time.monotonic() + 20
+            while not any(cls.output.glob("epoch=*/instance=0/_SUCCESS")) and time.monotonic() < deadline:  # noqa: ASYNC110 - polls the disk
+                await asyncio.sleep(0.01)
+            cls.armed, cls.crashed = False, True
+            raise RuntimeError("injected crash")
         outputs.emit_batch(inputs.get())
 
 
