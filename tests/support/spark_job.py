@@ -62,8 +62,9 @@ class Throttle(sl.Task):
 class Bomb(sl.Task):
     """Raises once, after an epoch with rows reached Spark under ``output`` (waiting for that, when armed).
 
-    It waits only once an epoch with rows is sealed in the sink's staging: that
-    epoch's checkpoint then completes without the bomb, so Spark writes it.
+    It waits only once an epoch with rows is sealed in the sink's staging (or
+    written already): that epoch's checkpoint completes without the bomb, so
+    Spark writes it.
     """
 
     armed: ClassVar[bool] = False
@@ -72,13 +73,23 @@ class Bomb(sl.Task):
 
     async def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
         cls = type(self)
-        if cls.armed and cls.output is not None and any(cls.output.glob("_staging/0000-[0-9]*/chunk-*")):
+        if cls.armed and cls.output is not None and (written(cls.output) or sealed(cls.output)):
             deadline = time.monotonic() + 20
-            while not any(cls.output.glob("epoch=*/instance=0/_SUCCESS")) and time.monotonic() < deadline:  # noqa: ASYNC110 - polls the disk
+            while not written(cls.output) and time.monotonic() < deadline:  # noqa: ASYNC110 - polls the disk
                 await asyncio.sleep(0.01)
             cls.armed, cls.crashed = False, True
             raise RuntimeError("injected crash")
         outputs.emit_batch(inputs.get())
+
+
+def sealed(output: Path) -> bool:
+    """Whether instance 0 has an epoch with rows sealed in its staging directory."""
+    return any(output.glob("_staging/0000-[0-9]*/chunk-*"))
+
+
+def written(output: Path) -> bool:
+    """Whether Spark has written an epoch of instance 0."""
+    return any(output.glob("epoch=*/instance=0/_SUCCESS"))
 
 
 def build(sink: sl.Sink, records: list[sl.Record] | None = None, how: Any = "sum", sinks: int = 1) -> sl.Topology:
