@@ -52,8 +52,8 @@ Remaining limits:
 - Output is exactly-once when the replay is deterministic per epoch, as for
   ``FileSink``; a column must keep one type across epochs (Parquet files
   whose types disagree cannot be read as one table).
-- Window bounds do not yet travel over TCP channels: on the cluster backend,
-  place the sink with its window task (``workers=``) to keep them.
+- Window bounds are lost inside a cycle (a record in a loop carries its
+  iteration count instead).
 """
 
 from __future__ import annotations
