@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 import streamlet as sl
@@ -105,3 +108,96 @@ def test_staged_chunks_read_back_as_one_table_with_types_promoted(tmp_path: Path
     write_chunk(tmp_path, to_arrow([sl.Record("b", 2.5, 1.0)], "sink"))
     assert read_chunks(tmp_path).to_pydict() == {"key": ["a", "b"], "value": [1.0, 2.5], "ts": [0.0, 1.0]}
     assert read_chunks(tmp_path / "empty") is None
+
+
+class Recording(sl.SparkSink):
+    """A SparkSink that keeps what it would hand to Spark: ``(epoch, index, rows as a dict of columns)``."""
+
+    def __init__(self, path: Path, **options: Any) -> None:
+        super().__init__(path, **options)
+        self.handed: list[tuple[int, int, dict[str, list[Any]]]] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def hand_over(self, rows: Any, epoch: int, index: int) -> None:
+        self.release.wait(10)
+        self.handed.append((epoch, index, rows.to_pydict()))
+
+
+def records(*values: int) -> list[sl.Record]:
+    return [sl.Record("k", value, float(value)) for value in values]
+
+
+def open_writer(sink: sl.SparkSink) -> Any:
+    return sink.open(sl.SinkContext("out", 0, 1))
+
+
+async def test_rows_past_max_rows_spill_and_reach_spark_as_one_epoch(tmp_path: Path) -> None:
+    """max_rows=3: ten rows spill in chunks of three, then go to Spark at commit as one table for the epoch."""
+    sink = Recording(tmp_path, max_rows=3)
+    writer = open_writer(sink)
+    for value in range(10):
+        await writer.write(records(value))
+    assert len(list((tmp_path / "_staging" / "0000-open").glob("chunk-*.arrow"))) == 3
+    await writer.prepare_commit(4)
+    assert len(list((tmp_path / "_staging" / "0000-00000004").glob("chunk-*.arrow"))) == 4
+    assert sink.handed == []
+    await writer.commit(4)
+    assert sink.handed == [
+        (4, 0, {"key": ["k"] * 10, "value": list(range(10)), "ts": [float(v) for v in range(10)], "epoch": [4] * 10})
+    ]
+    assert list((tmp_path / "_staging").iterdir()) == []
+
+
+async def test_a_write_waits_while_spark_is_busy_and_memory_is_full(tmp_path: Path) -> None:
+    """With max_rows rows held and a commit in flight, write() returns only after the Spark write ends."""
+    sink = Recording(tmp_path, max_rows=2)
+    writer = open_writer(sink)
+    await writer.write(records(1))
+    await writer.prepare_commit(1)
+    sink.release.clear()
+    events: list[str] = []
+
+    async def commit() -> None:
+        await writer.commit(1)
+        events.append("committed")
+
+    async def write() -> None:
+        await anyio.sleep(0.05)  # the commit is under way
+        await writer.write(records(2, 3))
+        events.append("written")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(commit)
+        group.start_soon(write)
+        await anyio.sleep(0.3)
+        assert events == []  # the write is held back
+        sink.release.set()
+    assert events == ["committed", "written"]
+
+
+async def test_restore_hands_over_sealed_epochs_up_to_the_checkpoint_and_drops_the_rest(tmp_path: Path) -> None:
+    """Sealed epochs 1 and 2 with a checkpoint at 1: 1 goes to Spark, 2 and the open rows are discarded."""
+    crashed = open_writer(Recording(tmp_path))
+    for epoch in (1, 2):
+        await crashed.write(records(epoch))
+        await crashed.prepare_commit(epoch)
+    await crashed.write(records(3))
+    await crashed.write(records(4))
+    crashed.abort()
+    (tmp_path / "_staging" / "0000-open").mkdir()
+
+    sink = Recording(tmp_path)
+    await open_writer(sink).restore(1)
+    assert [(epoch, rows["value"]) for epoch, _, rows in sink.handed] == [(1, [1])]
+    assert list((tmp_path / "_staging").iterdir()) == []
+
+
+async def test_without_checkpoints_everything_goes_at_close_as_epoch_0(tmp_path: Path) -> None:
+    """No barrier ever came: close() hands every row over once, as epoch 0."""
+    sink = Recording(tmp_path, max_rows=2)
+    writer = open_writer(sink)
+    await writer.write(records(1, 2, 3))
+    await writer.write(records(4))
+    await writer.close()
+    assert [(epoch, rows["value"]) for epoch, _, rows in sink.handed] == [(0, [1, 2, 3, 4])]
