@@ -23,7 +23,7 @@ Where rows go (exactly one of):
   ``overwrite``, so handing over an epoch twice replaces it: a replayed epoch
   never duplicates rows. Reading ``<path>`` back through Spark gives the
   ``epoch`` and ``instance`` columns by partition discovery. Staging lives in
-  ``<path>/_staging`` (Spark ignores names starting with ``_``). A restore
+  ``<path>/_staging/<sink name>`` (Spark ignores names starting with ``_``). A restore
   also deletes this instance's partitions of epochs after the checkpoint
   (all of them when the job starts without one), so the output is that of
   exactly one run.
@@ -183,7 +183,8 @@ class _SparkWriter(SinkWriter):
         self.index = context.index
         self.where = f"sink '{context.node}' instance {context.index}"
         self._temporary = sink.staging_dir is None
-        self.staging = sink.staging_dir or Path(tempfile.mkdtemp(prefix="streamlet-spark-"))
+        self._base = sink.staging_dir or Path(tempfile.mkdtemp(prefix="streamlet-spark-"))
+        self.staging = self._base / context.node  # sinks sharing a staging directory keep apart
         self.staging.mkdir(parents=True, exist_ok=True)
         self._open = self.staging / f"{self.index:04d}-open"
         self._rows: list[Record] = []
@@ -250,7 +251,7 @@ class _SparkWriter(SinkWriter):
     def abort(self) -> None:
         self._rows = []  # uncommitted: a restore discards what was staged for them
         if self._temporary:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            shutil.rmtree(self._base, ignore_errors=True)
 
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self._finish, self._take())
@@ -262,4 +263,4 @@ class _SparkWriter(SinkWriter):
             seal(self._open, self._sealed(0))
             self._publish(0)
         if self._temporary:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            shutil.rmtree(self._base, ignore_errors=True)

@@ -80,13 +80,13 @@ def test_restore_hands_over_an_epoch_whose_write_failed(spark: Any, tmp_path: Pa
     with pytest.raises(sl.ConnectorError, match=failure):
         sl.run(topology, checkpoint_dir=checkpoints, checkpoint_interval=0.05, batch_size=spark_job.BATCH)
     [failed] = FailingOnce.failed
-    assert (output / "_staging" / f"0000-{failed:08d}").is_dir()  # sealed, durable, not yet in Spark
+    assert (output / "_staging" / "to-spark" / f"0000-{failed:08d}").is_dir()  # sealed, durable, not yet in Spark
     assert failed not in epochs_written(output)
 
     spark_job.run(checkpoints, output)
     assert failed in epochs_written(output)
     assert read_rows(spark, output) == expected_sums(spark_job.events())
-    assert not list((output / "_staging").iterdir())
+    assert not list((output / "_staging" / "to-spark").iterdir())
 
 
 def test_sigkill_mid_stream_then_restart_writes_each_result_once(spark: Any, tmp_path: Path) -> None:

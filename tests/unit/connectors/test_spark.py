@@ -138,15 +138,15 @@ async def test_rows_past_max_rows_spill_and_reach_spark_as_one_epoch(tmp_path: P
     writer = open_writer(sink)
     for value in range(10):
         await writer.write(records(value))
-    assert len(list((tmp_path / "_staging" / "0000-open").glob("chunk-*.arrow"))) == 3
+    assert len(list((tmp_path / "_staging" / "out" / "0000-open").glob("chunk-*.arrow"))) == 3
     await writer.prepare_commit(4)
-    assert len(list((tmp_path / "_staging" / "0000-00000004").glob("chunk-*.arrow"))) == 4
+    assert len(list((tmp_path / "_staging" / "out" / "0000-00000004").glob("chunk-*.arrow"))) == 4
     assert sink.handed == []
     await writer.commit(4)
     assert sink.handed == [
         (4, 0, {"key": ["k"] * 10, "value": list(range(10)), "ts": [float(v) for v in range(10)], "epoch": [4] * 10})
     ]
-    assert list((tmp_path / "_staging").iterdir()) == []
+    assert list((tmp_path / "_staging" / "out").iterdir()) == []
 
 
 async def test_a_write_waits_while_spark_is_busy_and_memory_is_full(tmp_path: Path) -> None:
@@ -185,12 +185,12 @@ async def test_restore_hands_over_sealed_epochs_up_to_the_checkpoint_and_drops_t
     await crashed.write(records(3))
     await crashed.write(records(4))
     crashed.abort()
-    (tmp_path / "_staging" / "0000-open").mkdir()
+    (tmp_path / "_staging" / "out" / "0000-open").mkdir()
 
     sink = Recording(tmp_path)
     await open_writer(sink).restore(1)
     assert [(epoch, rows["value"]) for epoch, _, rows in sink.handed] == [(1, [1])]
-    assert list((tmp_path / "_staging").iterdir()) == []
+    assert list((tmp_path / "_staging" / "out").iterdir()) == []
 
 
 async def test_without_checkpoints_everything_goes_at_close_as_epoch_0(tmp_path: Path) -> None:
