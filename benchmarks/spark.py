@@ -36,7 +36,7 @@ def make_records(count: int, keys: int = 10_000, seed: int = 5) -> list[sl.Recor
     records: list[sl.Record] = []
     for index in range(count):
         start = float(index // keys * 60)
-        records.append(sl.WindowRecord(f"key{index % keys}", rng.random() * 100, start + 60, start, start + 60))
+        records.append(sl.WindowRecord(f"key{index % keys}", rng.random() * 100, start + 60, (start, start + 60)))
     return records
 
 

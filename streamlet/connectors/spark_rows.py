@@ -33,10 +33,10 @@ def to_arrow(records: Batch, where: str) -> Any:
         columns: dict[str, Any] = {"key": pa.array([r.key for r in records])}
         columns.update(_value_columns(pa, [r.value for r in records], where))
         columns["ts"] = pa.array([r.ts for r in records], pa.float64())
-        starts = [r.window_start for r in records]
-        if any(start is not None for start in starts):
-            columns["window_start"] = pa.array(starts, pa.float64())
-            columns["window_end"] = pa.array([r.window_end for r in records], pa.float64())
+        windows = [r.window for r in records]
+        if any(window is not None for window in windows):
+            columns["window_start"] = pa.array([w and w[0] for w in windows], pa.float64())
+            columns["window_end"] = pa.array([w and w[1] for w in windows], pa.float64())
         return pa.table(columns)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         raise ConnectorError(f"{where}: records do not fit an Arrow table: {exc}") from exc

@@ -182,7 +182,7 @@ class WindowOutputs(Outputs):
         if window is None:
             self._adders[port](Record(key, value, ts))
         else:
-            self._adders[port](WindowRecord(key, value, ts, window[0], window[1]))
+            self._adders[port](WindowRecord(key, value, ts, window))
 
     def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
         """Emit every ``(key, value)`` pair of ``pairs``."""
@@ -190,6 +190,6 @@ class WindowOutputs(Outputs):
         if window is None:
             super().emit_all(pairs, port)
             return
-        add, ts, (start, end) = self._adders[port], self.ts, window
+        add, ts = self._adders[port], self.ts
         for key, value in pairs:
-            add(WindowRecord(key, value, ts, start, end))
+            add(WindowRecord(key, value, ts, window))

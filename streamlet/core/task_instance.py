@@ -152,10 +152,10 @@ class TaskInstance(Receiver):
                 on_late(record)
 
     async def _run_window(self, window: ClosedWindow) -> None:
-        self.inputs.window = self.outputs.window = (start, end) = (window.start, window.end)
+        self.inputs.window = self.outputs.window = bounds = (window.start, window.end)
         if window.folded is not None:
             ts = window.end if self._window_ts_is_end else window.last_ts
-            window.records = {0: [WindowRecord(key, value, ts, start, end) for key, value in window.folded.items()]}
+            window.records = {0: [WindowRecord(key, value, ts, bounds) for key, value in window.folded.items()]}
         records = window.all_records()
         if self._window_ts_is_end:
             self.outputs.ts = window.end

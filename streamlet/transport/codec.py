@@ -83,7 +83,8 @@ def data_frame(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
     if LoopRecord in kinds:  # inside a cycle: the loop counts travel too
         body.append([r.iteration for r in batch])
     elif WindowRecord in kinds:  # results of windows: their bounds travel too (None for other records)
-        body += [None, [r.window_start for r in batch], [r.window_end for r in batch]]
+        windows = [r.window for r in batch]
+        body += [None, [w and w[0] for w in windows], [w and w[1] for w in windows]]
     return frame(FrameType.DATA, body)
 
 
@@ -161,11 +162,13 @@ def _window_records(keys: list[Any], values: list[Any], stamps: list[Any], start
     if not set(map(type, starts)) | set(map(type, ends)) <= _TS_TYPES:
         raise FrameError("DATA window bounds of a type that is not allowed")
     records: Batch = []
+    bounds: dict[tuple[float, float], tuple[float, float]] = {}  # one tuple per window, as the sender had
     for key, value, ts, start, end in zip(keys, values, stamps, starts, ends, strict=True):
         if start is None and end is None:
             records.append(Record(key, value, ts))
         elif start is None or end is None:
             raise FrameError("DATA window bounds with one end missing")
         else:
-            records.append(WindowRecord(key, value, ts, start, end))
+            window = bounds.setdefault((start, end), (start, end))
+            records.append(WindowRecord(key, value, ts, window))
     return records

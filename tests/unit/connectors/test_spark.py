@@ -81,8 +81,8 @@ def test_rows_of_plain_values() -> None:
 def test_rows_of_dict_values_from_a_window() -> None:
     """Dict values become one column per field (a missing field is null); window bounds become columns."""
     records = [
-        sl.WindowRecord("a", {"n": 1, "max": 3.0}, 10.0, 0.0, 10.0),
-        sl.WindowRecord("b", {"n": 2}, 10.0, 0.0, 10.0),
+        sl.WindowRecord("a", {"n": 1, "max": 3.0}, 10.0, (0.0, 10.0)),
+        sl.WindowRecord("b", {"n": 2}, 10.0, (0.0, 10.0)),
     ]
     assert to_arrow(records, "sink").to_pydict() == {
         "key": ["a", "b"], "n": [1, 2], "max": [3.0, None], "ts": [10.0, 10.0],

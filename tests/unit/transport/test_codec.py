@@ -55,7 +55,7 @@ def test_data_frame_round_trips_records() -> None:
 
 def test_data_carries_window_bounds_when_there_are_any() -> None:
     """Window results keep their bounds across the wire; plain records in the same batch stay plain."""
-    batch = [sl.WindowRecord("k", 1, 60.0, 0.0, 60.0), sl.Record("j", 2, None)]
+    batch = [sl.WindowRecord("k", 1, 60.0, (0.0, 60.0)), sl.Record("j", 2, None)]
     decoded = decode_body(FrameType.DATA, data_frame("c", 0, 1, batch)[HEADER.size :])
     assert [
         (type(r).__name__, r.key, r.value, r.ts, r.window_start, r.window_end) for r in records_from(*decoded[3:])
