@@ -13,6 +13,9 @@ from the list of records to the end of that Spark job:
   ``spark.sql.execution.arrow.pyspark.enabled``, the pre-4.0 Arrow route.
 
 One local Spark session (started before timing); runs alternate their order.
+On this machine Arrow and pandas come out level (0.86-1.09 over three runs)
+and both about twice the tuples; SparkSink keeps the direct Arrow table,
+which keeps nulls and integer columns as they are.
 """
 
 from __future__ import annotations
