@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -201,3 +202,23 @@ async def test_without_checkpoints_everything_goes_at_close_as_epoch_0(tmp_path:
     await writer.write(records(4))
     await writer.close()
     assert [(epoch, rows["value"]) for epoch, _, rows in sink.handed] == [(0, [1, 2, 3, 4])]
+
+
+def test_a_java_that_cannot_start_spark_is_reported(tmp_path: Path) -> None:
+    """A JAVA_HOME whose java fails: the error names the master and that Java (in a fresh process: no session yet)."""
+    java = tmp_path / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text("#!/bin/sh\nexit 1\n")
+    java.chmod(0o755)
+    code = (
+        "import streamlet as sl\n"
+        "from streamlet.connectors.spark_session import spark_session\n"
+        "try:\n"
+        "    spark_session()\n"
+        "except sl.ConnectorError as exc:\n"
+        "    print(str(exc).splitlines()[0], exc.__cause__ is not None)\n"
+    )
+    env = {**os.environ, "JAVA_HOME": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    message = rf"^could not start a SparkSession on local\[\*\] \(Java: {re.escape(str(tmp_path))}\): .* True$"
+    assert re.match(message, run.stdout.strip()), run.stdout + run.stderr
