@@ -4,7 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit bench clean zookeeper
+# Spark needs Java 17 (or 21): use this machine's Java 17 when JAVA_HOME is not set.
+JAVA_17 := /usr/lib/jvm/java-17-openjdk-amd64
+ifeq ($(JAVA_HOME),)
+ifneq ($(wildcard $(JAVA_17)/bin/java),)
+export JAVA_HOME := $(JAVA_17)
+endif
+endif
+
+.PHONY: run test lint typecheck unit bench clean zookeeper java
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "streamlet needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
@@ -14,7 +22,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test,cluster]'
+	$(BIN)/python -m pip install -q -e '.[test,cluster,spark]'
 	@touch $(STAMP)
 
 # The cluster tests need a real ZooKeeper server (and Java); install Debian's when it is missing.
@@ -23,8 +31,15 @@ zookeeper:
 	  echo "installing ZooKeeper (apt-get install -y zookeeper)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper) >/dev/null; }
 
-run: $(STAMP)
-	$(BIN)/python examples/wordcount.py
+# Spark (the flagship example, the Spark tests) needs a Java runtime; install Debian's Java 17 when there is none.
+java:
+	@test -n "$$JAVA_HOME" || command -v java >/dev/null || { \
+	  echo "installing Java 17 for Spark (apt-get install -y openjdk-17-jre-headless)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >/dev/null; }
+
+# The flagship: generated sensor readings -> event-time windows -> Spark (Parquet under out/) -> a summary.
+run: $(STAMP) java
+	$(BIN)/python examples/sensor_pipeline.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check streamlet tests examples benchmarks
@@ -33,7 +48,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) zookeeper
+unit: $(STAMP) zookeeper java
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
@@ -45,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks checkpoint --json
 	$(BIN)/python -m benchmarks tcp --json
 	$(BIN)/python -m benchmarks cluster --json
+	$(BIN)/python -m benchmarks spark --json
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache out

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import checkpoint, cluster, latency, tcp, windows, wordcount
+from benchmarks import checkpoint, cluster, latency, spark, tcp, windows, wordcount
 from benchmarks.common import emit
 
 
 def main() -> None:
     """Run one benchmark and print its line."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("name", choices=["wordcount", "latency", "windows", "checkpoint", "tcp", "cluster"])
+    parser.add_argument("name", choices=["wordcount", "latency", "windows", "checkpoint", "tcp", "cluster", "spark"])
     parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="default 5 (checkpoint: 7)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
@@ -26,6 +26,8 @@ def main() -> None:
         line = cluster.main(args.records or 1_000_000, min(args.repeats, 3))
     elif args.name == "tcp":
         line = tcp.main(args.records or 2_000_000, args.repeats)
+    elif args.name == "spark":
+        line = spark.main(args.records or 200_000, args.repeats)
     elif args.name == "checkpoint":
         line = checkpoint.main(args.records or 3_000_000, args.repeats)
     else:

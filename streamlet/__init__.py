@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from streamlet.backends.local import run, start
 from streamlet.connectors.files import FileSink, FileSource, read_file_sink
+from streamlet.connectors.spark import SparkSink
 from streamlet.core.checkpoint_store import CheckpointStore, DirectoryCheckpointStore, InMemoryCheckpointStore
 from streamlet.core.clock import Clock, ManualClock, SystemClock
 from streamlet.core.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partitioning, stable_hash
 from streamlet.core.ports import Inputs, Outputs, PortDeclarer
-from streamlet.core.record import Record
+from streamlet.core.record import Record, WindowRecord
 from streamlet.core.runtime import Job, JobResult
 from streamlet.core.sinks import CallbackSink, CollectSink, Sink, SinkContext, SinkWriter
 from streamlet.core.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
@@ -25,7 +26,7 @@ from streamlet.core.task import Task
 from streamlet.core.topology import NodeHandle, Topology
 from streamlet.core.topology_constants import LATE
 from streamlet.core.window import CountOrTimeWindow, CountWindow, TimeWindow, WindowSpec
-from streamlet.errors import JobError, StreamletError, TaskError, TopologyError, TransportError
+from streamlet.errors import ConnectorError, JobError, StreamletError, TaskError, TopologyError, TransportError
 
 __all__ = (
     "BROADCAST",
@@ -36,6 +37,7 @@ __all__ = (
     "CheckpointStore",
     "Clock",
     "CollectSink",
+    "ConnectorError",
     "CountOrTimeWindow",
     "CountWindow",
     "DeadLetter",
@@ -64,6 +66,7 @@ __all__ = (
     "Source",
     "SourceContext",
     "SourceReader",
+    "SparkSink",
     "StateStore",
     "StreamletError",
     "SystemClock",
@@ -73,6 +76,7 @@ __all__ = (
     "Topology",
     "TopologyError",
     "TransportError",
+    "WindowRecord",
     "WindowSpec",
     "read_file_sink",
     "run",

@@ -6,6 +6,7 @@ Every error derives from one root, so ``except StreamletError`` catches them all
     ├── TopologyError        a topology that cannot run (names the node and port)
     ├── TaskError            user code in a task failed under the ``fail`` policy
     ├── JobError             a job could not start, was stopped, or is misused
+    ├── ConnectorError       an outside system (Spark, Kafka) is missing, unreachable or failed
     └── TransportError       moving batches between processes failed
         ├── FrameError       a peer broke the wire protocol (that connection is closed)
         └── AuthenticationError  a peer does not share the cluster secret
@@ -34,6 +35,10 @@ class TaskError(StreamletError):
 
 class JobError(StreamletError):
     """A job was used wrongly (unknown source, sent to after it ended, ...)."""
+
+
+class ConnectorError(StreamletError):
+    """A connector's outside system is missing (a pip extra, Java) or failed; the message says which."""
 
 
 class TransportError(StreamletError):

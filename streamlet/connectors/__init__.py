@@ -1,1 +1,1 @@
-"""Connectors to outside systems (files, Kafka)."""
+"""Connectors to outside systems (files, Spark, Kafka)."""

@@ -142,11 +142,18 @@ class Coordinator:
 
     async def run(self) -> None:
         """Save and commit checkpoints as they complete; trigger one every ``interval``."""
+        failure: Exception | None = None
         async with anyio.create_task_group() as group:
             if self.interval is not None:
                 group.start_soon(self._tick)
-            async for epoch in self._ready[1]:
-                await self._complete(epoch, finished=epoch == self._finishing)
+            try:
+                async for epoch in self._ready[1]:
+                    await self._complete(epoch, finished=epoch == self._finishing)
+            except Exception as exc:  # noqa: BLE001 - a save or a sink commit failed: raised as itself, not in a group
+                failure = exc
+                group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
     async def _tick(self) -> None:
         assert self.interval is not None

@@ -13,7 +13,7 @@ from streamlet.core import graph
 from streamlet.core.channel import Channel, ChannelFactory, Inbox
 from streamlet.core.cycles import CycleTracker
 from streamlet.core.instance import Environment, Instance, Receiver, SinkInstance, SourceInstance
-from streamlet.core.ports import Outputs
+from streamlet.core.ports import Outputs, WindowOutputs
 from streamlet.core.record import Record
 from streamlet.core.routing import DiscardRoute, Route, in_loop_adder, make_route
 from streamlet.core.sources import QueueSource, SourceContext
@@ -127,7 +127,7 @@ class _Builder:
                 self.discards.append(discard)
                 routes[port].append(discard)
                 edges[port].append(None)
-        outputs = Outputs(routes)
+        outputs = (WindowOutputs if node.window is not None else Outputs)(routes)
         adders = [
             [self._adder(edge, route, outputs) for edge, route in zip(edges[port], routes[port], strict=True)]
             for port in range(port_count)

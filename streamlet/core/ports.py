@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from streamlet.core.record import Batch, Marker, Record
+from streamlet.core.record import Batch, Marker, Record, WindowRecord
 from streamlet.core.routing import Route
 from streamlet.errors import TopologyError
 
@@ -92,7 +92,7 @@ class Outputs:
     of the batch being processed, so event time flows through tasks.
     """
 
-    __slots__ = ("_adders", "_ports", "iteration", "routes", "ts")
+    __slots__ = ("_adders", "_ports", "iteration", "routes", "ts", "window")
 
     def __init__(self, routes_by_port: list[list[Route]], adders: list[Callable[[Record], None]] | None = None) -> None:
         self._adders = adders if adders is not None else [route.add for route, *_ in routes_by_port]
@@ -100,6 +100,7 @@ class Outputs:
         self.routes = [route for routes in routes_by_port for route in routes]
         self.ts: float | None = None
         self.iteration = 0
+        self.window: tuple[float, float] | None = None  # set by the runtime while a window is handled
 
     def emit(self, key: Any, value: Any, port: int = 0, ts: float | None = None) -> None:
         """Send ``(key, value)`` out of output ``port``."""
@@ -162,3 +163,33 @@ class Outputs:
     def sent(self) -> int:
         """Records emitted so far (each counted once per output port)."""
         return sum(routes[0].sent for routes in self._ports if routes)
+
+
+class WindowOutputs(Outputs):
+    """The outputs of a windowed task: records emitted while a window is handled carry its bounds.
+
+    A subclass rather than a check in :meth:`Outputs.emit`, so tasks without
+    windows pay nothing on the hot path.
+    """
+
+    __slots__ = ()
+
+    def emit(self, key: Any, value: Any, port: int = 0, ts: float | None = None) -> None:
+        """Send ``(key, value)`` out of output ``port`` (a :class:`WindowRecord` inside a window)."""
+        if ts is None:
+            ts = self.ts
+        window = self.window
+        if window is None:
+            self._adders[port](Record(key, value, ts))
+        else:
+            self._adders[port](WindowRecord(key, value, ts, window))
+
+    def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
+        """Emit every ``(key, value)`` pair of ``pairs``."""
+        window = self.window
+        if window is None:
+            super().emit_all(pairs, port)
+            return
+        add, ts = self._adders[port], self.ts
+        for key, value in pairs:
+            add(WindowRecord(key, value, ts, window))

@@ -140,9 +140,9 @@ class Job:
             )  # fmt: skip
             if self._coordinator is not None:
                 point = await self._coordinator.restore_point()
-                restore(self._plan.instances, None if point is None else point[1])
+                await restore(self._plan.instances, None if point is None else point[1])
                 self._coordinator.attach(self._plan.all(), None if point is None else point[0])
-                outer.start_soon(self._coordinator.run)
+                outer.start_soon(self._guarded, self._coordinator.run, outer)  # a failed commit stops the job
         except Exception as exc:  # noqa: BLE001 - e.g. a sink that cannot open: raised by wait()
             self._error = exc
             return False

@@ -48,7 +48,7 @@ class SinkWriter(ABC):
         """A job resumes from checkpoint ``epoch`` (``None``: from scratch).
 
         Commit what was staged for epochs up to ``epoch`` and not yet
-        committed; discard what was staged after it.
+        committed; discard what was staged after it. Plain or ``async def``.
         """
 
     def result(self) -> list[Record] | None:

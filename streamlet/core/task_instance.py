@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from streamlet.core.channel import Inbox
 from streamlet.core.instance import Environment, Receiver, _maybe_await
 from streamlet.core.ports import Inputs, Outputs
-from streamlet.core.record import Barrier, Batch, Record
+from streamlet.core.record import Barrier, Batch, Record, WindowRecord
 from streamlet.core.state import KeyedState
 from streamlet.core.statistics import DeadLetter
 from streamlet.core.task import RecordFailure, Task
@@ -152,10 +152,10 @@ class TaskInstance(Receiver):
                 on_late(record)
 
     async def _run_window(self, window: ClosedWindow) -> None:
-        self.inputs.window = (window.start, window.end)
+        self.inputs.window = self.outputs.window = bounds = (window.start, window.end)
         if window.folded is not None:
             ts = window.end if self._window_ts_is_end else window.last_ts
-            window.records = {0: [Record(key, value, ts) for key, value in window.folded.items()]}
+            window.records = {0: [WindowRecord(key, value, ts, bounds) for key, value in window.folded.items()]}
         records = window.all_records()
         if self._window_ts_is_end:
             self.outputs.ts = window.end
@@ -167,7 +167,7 @@ class TaskInstance(Receiver):
             await self._execute_unit(records, lambda: self.inputs.set_one(port, records), "a window starting with key")
         else:
             await self._execute_unit(records, lambda: self.inputs.set_all(batches), "a window starting with key")
-        self.inputs.window = None
+        self.inputs.window = self.outputs.window = None
 
     async def _call(self) -> None:
         if self._async:

@@ -65,5 +65,8 @@ OPEN 8   ``[channel, ...]`` / ``[[channel, last_seq, credit], ...]`` sender -> r
 * **Columns.** DATA carries a batch as three arrays (keys, values, event
   times), which packs and unpacks about twice as fast as an array per
   record. msgpack has one array type: tuple keys come back as tuples (they
-  must stay hashable), and arrays inside values come back as lists.
+  must stay hashable), and arrays inside values come back as lists. Two
+  optional tails: records inside a cycle add an array of iteration counts;
+  window results add ``None`` and two arrays of window starts and ends
+  (``None`` for records of the batch that have no window).
 """

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from streamlet.core.record import Batch, LoopRecord, Record
+from streamlet.core.record import Batch, LoopRecord, Record, WindowRecord
 from streamlet.core.state import hashable
 from streamlet.errors import TransportError
 
@@ -32,7 +32,7 @@ class FrameType(enum.IntEnum):
     """What a frame carries."""
 
     HELLO = 1  # handshake: challenge, response, confirmation
-    DATA = 2  # [channel, epoch, seq, keys, values, timestamps(, iterations)]: a batch, column by column
+    DATA = 2  # [channel, epoch, seq, keys, values, timestamps(, iterations | None(, starts, ends))]: a batch
     ACK = 3  # [[channel, seq], ...]: everything up to seq arrived
     CREDIT = 4  # [[channel, items], ...]: the receiver has room for that many more items
     BARRIER = 5  # [channel, epoch, seq, barrier epoch]
@@ -44,7 +44,7 @@ class FrameType(enum.IntEnum):
 # The lengths a body may have once decoded (None: any)
 _SHAPES: dict[FrameType, tuple[int, ...] | None] = {
     FrameType.HELLO: None,
-    FrameType.DATA: (6, 7),
+    FrameType.DATA: (6, 7, 9),
     FrameType.ACK: None,
     FrameType.CREDIT: None,
     FrameType.BARRIER: (4,),
@@ -79,8 +79,12 @@ def data_frame(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
     values = [r.value for r in batch]
     stamps = [r.ts for r in batch]
     body = [channel, epoch, seq, keys, values, stamps]
-    if LoopRecord in set(map(type, batch)):  # inside a cycle: the loop counts travel too
+    kinds = set(map(type, batch))
+    if LoopRecord in kinds:  # inside a cycle: the loop counts travel too
         body.append([r.iteration for r in batch])
+    elif WindowRecord in kinds:  # results of windows: their bounds travel too (None for other records)
+        windows = [r.window for r in batch]
+        body += [None, [w and w[0] for w in windows], [w and w[1] for w in windows]]
     return frame(FrameType.DATA, body)
 
 
@@ -124,7 +128,7 @@ _KEY_TYPES = frozenset({str, bytes, int, float, bool, type(None), list})
 _TS_TYPES = frozenset({float, int, type(None)})
 
 
-def records_from(keys: Any, values: Any, stamps: Any, iterations: Any = None) -> Batch:
+def records_from(keys: Any, values: Any, stamps: Any, iterations: Any = None, *windows: Any) -> Batch:
     """The columns of a DATA frame as records (list keys, which were tuples, become tuples again).
 
     Keys must be hashable once lists become tuples, event times numbers or
@@ -142,8 +146,29 @@ def records_from(keys: Any, values: Any, stamps: Any, iterations: Any = None) ->
         raise FrameError("msgpack extension type -1 is not allowed")
     if list in key_types:
         keys = [hashable(key) for key in keys]
+    if windows:
+        return _window_records(keys, values, stamps, *windows)
     if iterations is None:
         return list(map(Record, keys, values, stamps))
     if type(iterations) is not list or len(iterations) != len(keys) or not set(map(type, iterations)) <= {int}:
         raise FrameError("malformed DATA iterations")
     return list(map(LoopRecord, keys, values, stamps, iterations))
+
+
+def _window_records(keys: list[Any], values: list[Any], stamps: list[Any], starts: Any, ends: Any) -> Batch:
+    """Window records where a record has bounds (both or neither), plain records elsewhere."""
+    if not (type(starts) is list and type(ends) is list and len(starts) == len(ends) == len(keys)):
+        raise FrameError("malformed DATA window bounds")
+    if not set(map(type, starts)) | set(map(type, ends)) <= _TS_TYPES:
+        raise FrameError("DATA window bounds of a type that is not allowed")
+    records: Batch = []
+    bounds: dict[tuple[float, float], tuple[float, float]] = {}  # one tuple per window, as the sender had
+    for key, value, ts, start, end in zip(keys, values, stamps, starts, ends, strict=True):
+        if start is None and end is None:
+            records.append(Record(key, value, ts))
+        elif start is None or end is None:
+            raise FrameError("DATA window bounds with one end missing")
+        else:
+            window = bounds.setdefault((start, end), (start, end))
+            records.append(WindowRecord(key, value, ts, window))
+    return records

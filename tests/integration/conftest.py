@@ -1,10 +1,12 @@
-"""A real ZooKeeper server on 127.0.0.1 for the whole session, stopped by PID at the end."""
+"""Real servers for the whole session: ZooKeeper on 127.0.0.1 (stopped by PID) and a local SparkSession."""
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,3 +35,27 @@ async def zk(zookeeper: ZooKeeperServer, cluster_name: str) -> AsyncIterator[ZkC
     """A connected coordinator with a 2-second session."""
     async with ZkCoordinator(zookeeper.address, cluster_name, session_timeout=2.0) as coordinator:
         yield coordinator
+
+
+JAVA_17 = Path("/usr/lib/jvm/java-17-openjdk-amd64")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The embedded local SparkSession for every Spark test (about 10 s to start: shared), stopped at the end.
+
+    Java 17 comes from ``JAVA_HOME`` or, when unset, this machine's Java 17;
+    Spark binds to 127.0.0.1. A missing pyspark or Java fails the tests, never skips them.
+    """
+    from streamlet.connectors.spark_session import spark_session
+
+    with pytest.MonkeyPatch.context() as patch:
+        if not os.environ.get("JAVA_HOME") and JAVA_17.exists():
+            patch.setenv("JAVA_HOME", str(JAVA_17))
+        patch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+        session = spark_session()
+        session.sparkContext.setLogLevel("ERROR")
+        try:
+            yield session
+        finally:
+            session.stop()

@@ -148,3 +148,60 @@ def test_checkpoint_without_a_store_is_refused() -> None:
 
     with pytest.raises(sl.JobError, match=r"^job 'plain' has no checkpoint store \(pass checkpoint_dir=\.\.\.\)$"):
         asyncio.run(attempt())
+
+
+class _AsyncRestoreSink(sl.Sink):
+    """A sink whose writer's ``restore`` is ``async def`` and records the epoch it was given."""
+
+    restored: list[int | None]
+
+    def __init__(self) -> None:
+        self.restored = []
+
+    def open(self, context: sl.SinkContext) -> sl.SinkWriter:
+        return _AsyncRestoreWriter(self.restored)
+
+
+class _AsyncRestoreWriter(sl.SinkWriter):
+    def __init__(self, restored: list[int | None]) -> None:
+        self.restored = restored
+
+    def write(self, batch: list[sl.Record]) -> None:
+        pass
+
+    async def restore(self, epoch: int | None) -> None:
+        await asyncio.sleep(0)
+        self.restored.append(epoch)
+
+
+def test_an_async_sink_restore_is_awaited(tmp_path: Path) -> None:
+    """A sink's ``async def restore`` runs to completion at the start of each run (None, then the final epoch)."""
+    sink = _AsyncRestoreSink()
+    topology = sl.Topology("restore")
+    topology.add_sink("out", sink).set_input(topology.add_source("in", [1, 2, 3]))
+    sl.run(topology, checkpoint_dir=tmp_path)
+    sl.run(topology, checkpoint_dir=tmp_path)
+    assert sink.restored == [None, 1]
+
+
+class _FailingCommitSink(sl.Sink):
+    """A sink whose ``commit`` raises."""
+
+    def open(self, context: sl.SinkContext) -> sl.SinkWriter:
+        return _FailingCommitWriter()
+
+
+class _FailingCommitWriter(_AsyncRestoreWriter):
+    def __init__(self) -> None:
+        super().__init__([])
+
+    def commit(self, epoch: int) -> None:
+        raise OSError(f"cannot publish epoch {epoch}")
+
+
+def test_a_failing_sink_commit_stops_the_job_with_that_error(tmp_path: Path) -> None:
+    """An error in a sink's commit is what run() raises (not wrapped in an exception group)."""
+    topology = sl.Topology("commit")
+    topology.add_sink("out", _FailingCommitSink()).set_input(topology.add_source("in", [1, 2, 3]))
+    with pytest.raises(OSError, match=r"^cannot publish epoch 1$"):
+        sl.run(topology, checkpoint_dir=tmp_path)

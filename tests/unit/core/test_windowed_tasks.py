@@ -181,3 +181,49 @@ def test_task_with_own_window_fed_by_windowed_source_is_rejected() -> None:
     topology.add_task("w", Collect, window=sl.CountWindow(2)).set_input(source)
     with rejects("task 'w' input port 0 is fed by windowed source 'in', but the task has a window of its own"):
         topology.validate()
+
+
+class EmitBoth(Collect):
+    """Collect, with one record through ``emit`` and one through ``emit_all``; and one more from finish."""
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        outputs.emit("one", len(inputs.get()))
+        outputs.emit_all([("all", len(inputs.get()))])
+
+    def finish(self, outputs: sl.Outputs) -> None:
+        outputs.emit("done", None)
+
+
+def bounds(records: list[sl.Record]) -> list[tuple[Any, Any, Any, Any]]:
+    """``(key, value, window_start, window_end)`` of every record."""
+    return [(r.key, r.value, r.window_start, r.window_end) for r in records]
+
+
+def test_records_emitted_in_a_window_carry_its_bounds() -> None:
+    """emit and emit_all inside a window make WindowRecords; emit from finish has no bounds."""
+    result = sl.run(windowed_task(at(0.5, 1.5, 2.5), sl.TimeWindow(2.0, time="event"), EmitBoth))
+    assert bounds(result.sink("out")) == [
+        ("one", 2, 0.0, 2.0),
+        ("all", 2, 0.0, 2.0),
+        ("one", 1, 2.0, 4.0),
+        ("all", 1, 2.0, 4.0),
+        ("done", None, None, None),
+    ]
+
+
+def test_window_reduce_results_carry_their_window_bounds() -> None:
+    """window_reduce over event-time windows: each (key, sum) knows its window's start and end."""
+    topology = sl.Topology("sums")
+    source = topology.add_source("in", [sl.Record("a", 1, 0.5), sl.Record("b", 2, 1.0), sl.Record("a", 3, 2.5)])
+    node = topology.window_reduce("sum", "sum", window=sl.TimeWindow(2.0, time="event")).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    assert bounds(sl.run(topology).sink("out")) == [("a", 1, 0.0, 2.0), ("b", 2, 0.0, 2.0), ("a", 3, 2.0, 4.0)]
+
+
+def test_records_of_tasks_without_windows_have_no_bounds() -> None:
+    """A plain task's records read None for window_start and window_end."""
+    topology = sl.Topology("plain")
+    source = topology.add_source("in", [("a", 1)])
+    node = topology.map("m", lambda r: (r.key, r.value)).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    assert bounds(sl.run(topology).sink("out")) == [("a", 1, None, None)]

@@ -53,6 +53,32 @@ def test_data_frame_round_trips_records() -> None:
     assert records[2].key == ("outer", ("inner", 1))
 
 
+def test_data_carries_window_bounds_when_there_are_any() -> None:
+    """Window results keep their bounds across the wire; plain records in the same batch stay plain."""
+    batch = [sl.WindowRecord("k", 1, 60.0, (0.0, 60.0)), sl.Record("j", 2, None)]
+    decoded = decode_body(FrameType.DATA, data_frame("c", 0, 1, batch)[HEADER.size :])
+    assert [
+        (type(r).__name__, r.key, r.value, r.ts, r.window_start, r.window_end) for r in records_from(*decoded[3:])
+    ] == [
+        ("WindowRecord", "k", 1, 60.0, 0.0, 60.0),
+        ("Record", "j", 2, None, None, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("starts", "ends", "reason"),
+    [
+        ([0.0], [1.0, 2.0], "malformed DATA window bounds"),
+        (["0"], [1.0], "DATA window bounds of a type that is not allowed"),
+        ([0.0], [None], "DATA window bounds with one end missing"),
+    ],
+)
+def test_malformed_window_bounds_are_refused(starts: list[Any], ends: list[Any], reason: str) -> None:
+    """Bounds columns of the wrong length or type, or with one end missing, break the protocol."""
+    with pytest.raises(FrameError, match=rf"^{reason}$"):
+        records_from(["k"], [1], [1.0], None, starts, ends)
+
+
 @pytest.mark.parametrize(
     ("kind", "body"),
     [

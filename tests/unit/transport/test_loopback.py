@@ -66,3 +66,18 @@ async def test_loop_over_tcp_equals_in_memory() -> None:
     assert sorted(pairs(expected.sink("done"))) == [("1", 0), ("2", 1), ("8", 3)]
     assert (sorted(pairs(result.sink("done"))), result.statistics.dropped) == (sorted(pairs(expected.sink("done"))), 2)
     assert (stats.connections, stats.bad_frames) == (1, 0)
+
+
+async def test_window_bounds_reach_a_sink_over_tcp() -> None:
+    """window_reduce results keep window_start/window_end through a TCP channel to the sink."""
+    topology = sl.Topology("windows")
+    source = topology.add_source("in", [sl.Record(f"k{n % 3}", n, n * 0.5) for n in range(40)])
+    sums = topology.window_reduce("sums", "sum", window=sl.TimeWindow(5.0, time="event")).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(sums)
+    result, _ = await over_tcp(topology)
+    rows = sorted((r.key, r.value, r.window_start, r.window_end) for r in result.sink("out"))
+    expected: dict[tuple[str, float], int] = {}
+    for n in range(40):
+        start = n * 0.5 - n * 0.5 % 5.0
+        expected[f"k{n % 3}", start] = expected.get((f"k{n % 3}", start), 0) + n
+    assert rows == sorted((key, total, start, start + 5.0) for (key, start), total in expected.items())

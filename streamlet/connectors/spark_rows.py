@@ -1,0 +1,104 @@
+"""Records as Arrow tables, and the Arrow IPC files a ``SparkSink`` stages them in.
+
+Rows have the columns ``key``, ``value`` (or one column per field when every
+value is a dict), ``ts``, ``epoch``, and ``window_start``/``window_end``
+when the records come from a window. A staged epoch is a directory of Arrow
+IPC files (chunks), so an epoch larger than the sink's memory budget spills
+to disk chunk by chunk; IPC is a plain columnar format, never pickle.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from streamlet.connectors.spark_session import import_pyarrow
+from streamlet.core.durable import fsync_directory
+from streamlet.core.record import Batch
+from streamlet.errors import ConnectorError
+
+RESERVED = ("key", "ts", "epoch", "window_start", "window_end")
+
+
+def to_arrow(records: Batch, where: str) -> Any:
+    """``records`` as a ``pyarrow.Table`` without the ``epoch`` column (``where`` names the sink in errors).
+
+    The epoch is added when the rows are handed to Spark (:func:`with_epoch`):
+    rows are staged before the barrier that closes their epoch arrives.
+    """
+    pa = import_pyarrow()
+    try:
+        columns: dict[str, Any] = {"key": pa.array([r.key for r in records])}
+        columns.update(_value_columns(pa, [r.value for r in records], where))
+        columns["ts"] = pa.array([r.ts for r in records], pa.float64())
+        windows = [r.window for r in records]
+        if any(window is not None for window in windows):
+            columns["window_start"] = pa.array([w and w[0] for w in windows], pa.float64())
+            columns["window_end"] = pa.array([w and w[1] for w in windows], pa.float64())
+        return pa.table(columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise ConnectorError(f"{where}: records do not fit an Arrow table: {exc}") from exc
+
+
+def with_epoch(table: Any, epoch: int) -> Any:
+    """``table`` with an ``epoch`` column (int64) after ``ts``."""
+    pa = import_pyarrow()
+    return table.add_column(table.schema.get_field_index("ts") + 1, "epoch", pa.array([epoch] * len(table), pa.int64()))
+
+
+def _value_columns(pa: Any, values: list[Any], where: str) -> dict[str, Any]:
+    """``{"value": array}``, or one array per field when every value is a dict."""
+    if not values or not all(type(value) is dict for value in values):
+        return {"value": pa.array(values)}
+    struct = pa.array(values)  # a StructArray over the union of the fields; a missing field is null
+    names = [field.name for field in struct.type]
+    clash = sorted(set(names) & set(RESERVED))
+    if clash:
+        raise ConnectorError(f"{where}: dict values have fields named like row columns: {clash}")
+    return dict(zip(names, struct.flatten(), strict=True))
+
+
+def write_chunk(directory: Path, table: Any) -> None:
+    """Append ``table`` to ``directory`` as the next IPC chunk, fsynced."""
+    pa = import_pyarrow()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"chunk-{len(list(directory.glob('chunk-*.arrow'))):06d}.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def read_chunks(directory: Path) -> Any:
+    """The chunks of ``directory`` as one table (``None`` when there are none).
+
+    Chunks of one epoch may disagree on a type (ints in one, floats in the
+    next); Arrow's permissive promotion unifies them.
+    """
+    pa = import_pyarrow()
+    tables = []
+    for path in sorted(directory.glob("chunk-*.arrow")):
+        with pa.memory_map(str(path), "r") as source:
+            tables.append(pa.ipc.open_file(source).read_all())
+    if not tables:
+        return None
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def seal(directory: Path, sealed: Path) -> None:
+    """Atomically turn an open staging directory into a sealed one (the epoch's rows are final)."""
+    remove(sealed)  # a leftover of a run that crashed between sealing and committing the same epoch
+    if directory.exists():
+        os.replace(directory, sealed)
+    else:
+        sealed.mkdir(parents=True)
+    fsync_directory(sealed.parent)
+
+
+def remove(directory: Path) -> None:
+    """Delete a staging directory (and make that durable)."""
+    if directory.exists():
+        shutil.rmtree(directory)
+        fsync_directory(directory.parent)

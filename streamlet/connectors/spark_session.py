@@ -1,0 +1,110 @@
+"""The SparkSession a ``SparkSink`` hands its batches to, and the lazy imports of pyspark and pyarrow.
+
+pyspark and pyarrow are optional (``pip install 'streamlet[spark]'``): they
+are imported here, when a sink first needs them, never when ``streamlet`` is
+imported. The embedded default is one local session per process (Spark
+allows one ``SparkContext`` per process), created on first use by whichever
+thread gets there first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from streamlet.errors import ConnectorError
+
+LOCAL_MASTER = "local[*]"
+INSTALL_HINT = "pip install 'streamlet[spark]'"
+
+#: Settings of the session streamlet creates (a session passed in is used as it is).
+EMBEDDED_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.shuffle.partitions": "4",  # aggregates are small: 200 shuffle partitions would be 200 tiny tasks
+}
+#: Added for local masters only: a driver on loopback needs no resolvable host name.
+LOCAL_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+
+_lock = threading.Lock()
+
+
+def import_pyspark_sql() -> ModuleType:
+    """``pyspark.sql``, or an error saying how to install it."""
+    try:
+        import pyspark.sql
+    except ImportError as exc:
+        raise ConnectorError(f"SparkSink needs pyspark, which is not installed: {INSTALL_HINT}") from exc
+    return pyspark.sql
+
+
+def import_pyarrow() -> Any:
+    """``pyarrow`` (with its IPC module loaded), or an error saying how to install it."""
+    try:
+        import pyarrow
+        import pyarrow.ipc  # loads pyarrow.ipc for the staging files
+    except ImportError as exc:
+        raise ConnectorError(f"SparkSink needs pyarrow, which is not installed: {INSTALL_HINT}") from exc
+    return pyarrow
+
+
+def check_java() -> None:
+    """Raise a clear error when Spark cannot find Java (``JAVA_HOME``, else ``java`` on the PATH)."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        if not (Path(java_home) / "bin" / "java").exists():
+            raise ConnectorError(f"Spark needs Java 17 or 21, but JAVA_HOME={java_home} has no bin/java")
+        return
+    if shutil.which("java") is None:
+        raise ConnectorError(
+            "Spark needs Java 17 or 21: JAVA_HOME is not set and no 'java' is on the PATH "
+            "(on Debian: apt-get install -y openjdk-17-jre-headless)"
+        )
+
+
+def spark_session(master: str | None = None) -> Any:
+    """The process's SparkSession, created on first use (thread-safe).
+
+    With no ``master`` it is the embedded ``local[*]`` session: UI off, Arrow
+    on, few shuffle partitions, the driver on 127.0.0.1. A ``master`` such as
+    ``"spark://host:7077"`` connects to that cluster instead. Spark keeps one
+    context per process, so the first session created wins: later calls get
+    it whatever ``master`` they name.
+
+    Example:
+        >>> spark = spark_session()  # doctest: +SKIP
+    """
+    sql = import_pyspark_sql()
+    with _lock:
+        existing = _existing(sql)
+        if existing is not None:
+            return existing  # as it is: the builder would change the SQL settings of the user's session
+        check_java()
+        return _build(sql, master or LOCAL_MASTER)
+
+
+def _existing(sql: ModuleType) -> Any:
+    """The session this process already runs, from any thread, or ``None``."""
+    from pyspark.errors import PySparkRuntimeError
+
+    try:
+        return sql.SparkSession.active()
+    except PySparkRuntimeError:  # NO_ACTIVE_OR_DEFAULT_SESSION
+        return None
+
+
+def _build(sql: ModuleType, master: str) -> Any:
+    builder = sql.SparkSession.builder.master(master).appName("streamlet")
+    conf = dict(EMBEDDED_CONF, **(LOCAL_CONF if master.startswith("local") else {}))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    try:
+        return builder.getOrCreate()
+    except Exception as exc:  # py4j and pyspark raise many types; all mean "no session"
+        java = os.environ.get("JAVA_HOME") or shutil.which("java")
+        raise ConnectorError(f"could not start a SparkSession on {master} (Java: {java}): {exc}") from exc
