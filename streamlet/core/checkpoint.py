@@ -4,7 +4,8 @@ The coordinator asks every source instance to inject ``Barrier(epoch)``;
 each instance reports its snapshot when the barrier has arrived on all its
 open channels; when every instance has reported, the checkpoint is complete:
 it is saved to the :class:`~streamlet.core.checkpoint_store.CheckpointStore`
-and only then are the sinks told to ``commit(epoch)``. Instances that have
+and only then are the sinks told to ``commit(epoch)`` and the sources'
+readers ``checkpoint_complete(epoch, position)``. Instances that have
 already completed report their final snapshot at once (a completed sink
 stages what it still holds).
 
@@ -153,6 +154,9 @@ class Coordinator:
         for instance in self.instances:
             if isinstance(instance, SinkInstance):
                 await _maybe_await(instance.writer.commit(epoch))
+        for instance in self.instances:  # after the sinks: a source acknowledges input whose output is out
+            if isinstance(instance, SourceInstance):
+                await instance.checkpoint_complete(epoch, pending.snapshots[instance.node.name, instance.index])
         self.completed += 1
         self.last = CheckpointInfo(epoch, size, time.perf_counter() - pending.began)
         del self._pending[epoch]
