@@ -21,11 +21,13 @@ import argparse
 import ctypes
 import glob
 import os
+import select
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
+from types import FrameType, TracebackType
 
 RD_KAFKA_PRODUCER = 0
 
@@ -89,6 +91,79 @@ class MockCluster:
         """Destroy the cluster, then its handle."""
         self.library.rd_kafka_mock_cluster_destroy(self.cluster)
         self.library.rd_kafka_destroy(self.handle)
+
+
+class MockBroker:
+    """This module run as a child process: started, asked for topics, stopped by its PID.
+
+    Example:
+        >>> with MockBroker() as broker:   # doctest: +SKIP
+        ...     broker.create_topic("orders", 3)
+        ...     print(broker.bootstrap)
+    """
+
+    def __init__(self, start_timeout: float = 20.0) -> None:
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen[str] | None = None
+        self.bootstrap = ""
+
+    def start(self) -> MockBroker:
+        """Start the process and wait for its bootstrap address."""
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.kafka_mock"],
+            cwd=Path(__file__).resolve().parents[2],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        words = self._answer(self.start_timeout).split()
+        if len(words) != 2 or words[0] != "BOOTSTRAP":
+            self.stop()
+            raise RuntimeError(f"the mock Kafka broker did not start (it said {words!r})")
+        self.bootstrap = words[1]
+        return self
+
+    def _answer(self, timeout: float) -> str:
+        assert self.process is not None
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            raise RuntimeError(f"the mock Kafka broker did not answer within {timeout} s")
+        return self.process.stdout.readline()
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        """Create ``name`` with ``partitions`` partitions through the mock API."""
+        assert self.process is not None
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"topic {name} {partitions}\n")
+        self.process.stdin.flush()
+        answer = self._answer(10.0).strip()
+        if answer != "ok":
+            raise RuntimeError(f"creating topic {name!r}: {answer}")
+
+    def stop(self) -> None:
+        """Stop the process by its PID (SIGTERM, then SIGKILL after 10 s)."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+
+    def __enter__(self) -> MockBroker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
 
 
 def _topic(text: str) -> tuple[str, int]:
