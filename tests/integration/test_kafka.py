@@ -28,7 +28,7 @@ import pytest
 
 import streamlet as sl
 from streamlet.core.clock import SystemClock
-from tests.support.kafka_io import Message, committed, consume, produce
+from tests.support.kafka_io import Message, commit, committed, consume, produce
 from tests.support.kafka_mock import MockBroker
 
 pytestmark = pytest.mark.integration
@@ -205,3 +205,30 @@ def test_plain_sink_writes_each_record_once_with_timestamp_and_headers(
         )
         for i in range(20)
     )
+
+
+async def checkpoint_then_crash(topology: sl.Topology, checkpoints: Path, bootstrap: str, topic: str) -> None:
+    """Read 10 records, checkpoint (offsets [5, 5]), read 4 more, then die without a final checkpoint."""
+    async with sl.start(topology, checkpoint_dir=checkpoints) as job:
+        await wait_for_records(job, 10)
+        await job.checkpoint()
+        await produce(bootstrap, topic, messages(4, 2))
+        await wait_for_records(job, 14)
+        raise RuntimeError("crash")
+
+
+async def test_restore_seeks_to_the_checkpoint_not_the_group(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str], tmp_path: Path
+) -> None:
+    """A job that dies after a checkpoint resumes at the checkpoint's offsets, whatever the group holds since."""
+    topic, bootstrap, group = new_topic(2), kafka_broker.bootstrap, f"group-{new_topic(1)}"
+    await produce(bootstrap, topic, messages(10, 2))
+    source = sl.KafkaSource(topic, bootstrap, group, poll_timeout=0.05)
+    with pytest.raises(RuntimeError, match=r"^crash$"):
+        await checkpoint_then_crash(source_to_collect(source), tmp_path, bootstrap, topic)
+    await commit(bootstrap, group, topic, [0, 0])  # someone rewinds the group meanwhile
+
+    again = sl.KafkaSource(topic, bootstrap, group, stop_at_end=True)
+    async with sl.start(source_to_collect(again), checkpoint_dir=tmp_path) as resumed:
+        outcome = await resumed.wait()
+    assert sorted(record.value for record in outcome.sink("out")) == ["v0", "v1", "v2", "v3"]

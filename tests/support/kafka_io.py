@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
 
 CHECK_CRCS_OFF = {"check_crcs": False}  # the mock broker writes transaction markers with CRC 0
 
@@ -76,5 +77,17 @@ async def committed(bootstrap: str, group_id: str, topic: str, partitions: int) 
     await consumer.start()
     try:
         return [await consumer.committed(TopicPartition(topic, p)) for p in range(partitions)]
+    finally:
+        await consumer.stop()
+
+
+async def commit(bootstrap: str, group_id: str, topic: str, offsets: list[int]) -> None:
+    """Commit ``offsets`` (one per partition of ``topic``) for ``group_id``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(len(offsets))]
+        consumer.assign(partitions)
+        await consumer.commit({p: OffsetAndMetadata(offset, "") for p, offset in zip(partitions, offsets, strict=True)})
     finally:
         await consumer.stop()
