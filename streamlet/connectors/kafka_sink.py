@@ -59,6 +59,7 @@ from streamlet.core.sinks import Sink, SinkContext, SinkWriter
 log = structlog.get_logger("streamlet")
 
 ABORT_TIMEOUT = 5.0  # seconds an aborting sink may spend closing its producer
+MARKER_SCAN_TIMEOUT = 60.0  # seconds a restore may spend reading the commit markers
 
 
 class KafkaSink(Sink):
@@ -228,13 +229,14 @@ class _TransactionalWriter(SinkWriter):
             self.recover_through = epoch
 
     async def close(self) -> None:
-        await self._ready()
         if self.staging.staged_bytes:  # a job without checkpoints: everything it wrote, in one transaction
+            await self._ready()
             await self._in_transaction(list(self.staging.read_current()), marker=None)
         self.staging.close()
         self.staging.current.unlink(missing_ok=True)
-        await self.producer.stop()
-        self.producer = None
+        if self.producer is not None:
+            await self.producer.stop()
+            self.producer = None
 
     async def abort(self) -> None:
         self.staging.close()  # staged epochs stay for the restore to judge
@@ -316,9 +318,12 @@ async def _scan_markers(consumer: Any, topic: str, key: bytes) -> int:
     await consumer.seek_to_beginning(partition)
     end = (await consumer.end_offsets([partition]))[partition]
     newest = -1
-    while await consumer.position(partition) < end:
-        fetched = await consumer.getmany(partition, timeout_ms=500)
-        for message in fetched.get(partition, []):
-            if message.key == key and message.offset < end:
-                newest = max(newest, int(message.value))
+    with anyio.move_on_after(MARKER_SCAN_TIMEOUT) as scope:
+        while await consumer.position(partition) < end:
+            fetched = await consumer.getmany(partition, timeout_ms=500)
+            for message in fetched.get(partition, []):
+                if message.key == key and message.offset < end:
+                    newest = max(newest, int(message.value))
+    if scope.cancelled_caught:  # guessing would risk a duplicate or a loss: stop instead
+        raise KafkaError(f"could not read the commit markers in {topic!r} within {MARKER_SCAN_TIMEOUT:g} s")
     return newest

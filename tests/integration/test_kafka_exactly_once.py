@@ -142,3 +142,17 @@ def test_markers_name_each_sink_instance_and_its_last_epoch(
     epochs = [int(m.value) for m in markers if m.value is not None and m.partition == 0]
     assert epochs == sorted(epochs)
     assert epochs[-1] == result.statistics.last_checkpoint.epoch
+
+
+def test_transactional_sink_without_checkpoints_publishes_at_the_end(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str], tmp_path: Path
+) -> None:
+    """No checkpoint store: everything written becomes visible in one transaction when the job ends."""
+    topic = new_topic(1)
+    sink = sl.KafkaSink(topic, kafka_broker.bootstrap, transactional=True, staging_dir=tmp_path)
+    topology = sl.Topology("no-checkpoints")
+    topology.add_sink("out", sink).set_input(topology.add_source("in", [("k", i) for i in range(50)]))
+    sl.run(topology)
+    written = anyio.run(consume, kafka_broker.bootstrap, topic)
+    assert [(m.key, m.value) for m in written] == [(b"k", str(i).encode()) for i in range(50)]
+    assert sorted(path.name for path in tmp_path.rglob("*") if path.is_file()) == []
