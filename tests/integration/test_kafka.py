@@ -249,3 +249,36 @@ async def test_barriers_that_cancel_waiting_reads_lose_nothing(
         assert job.statistics().checkpoints >= 10
     result = await job.wait()
     assert sorted(record.value for record in result.sink("out")) == sorted(f"r{i}" for i in range(200))
+
+
+def readme_kafka_example() -> str:
+    """The python block of the README's Kafka section."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Kafka") :]
+    return section[section.index("```python\n") + 10 : section.index("```\n", section.index("```python\n") + 10)]
+
+
+def test_readme_kafka_example_counts_clicks_per_page_and_minute(kafka_broker: MockBroker, tmp_path: Path) -> None:
+    """The README's example, pointed at the mock broker, writes one exact count per page and minute."""
+    kafka_broker.create_topic("clicks", 2)
+    kafka_broker.create_topic("clicks-per-page", 1)
+    minute = 1_700_000_040  # a multiple of 60: event-time windows start on whole minutes
+    clicks = [("home", 0), ("cart", 5), ("home", 10), ("home", 70)]
+    sent = [
+        Message(None, json.dumps({"page": page}).encode(), i % 2, (minute + s) * 1000)
+        for i, (page, s) in enumerate(clicks)
+    ]
+    anyio.run(produce, kafka_broker.bootstrap, "clicks", sent)
+    code = (
+        readme_kafka_example()
+        .replace("localhost:9092", kafka_broker.bootstrap)
+        .replace('"ckpt/"', repr(str(tmp_path / "ckpt")))
+        .replace('"kafka-staging"', repr(str(tmp_path / "staging")))
+    )
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme_kafka"})
+    written = anyio.run(consume, kafka_broker.bootstrap, "clicks-per-page")
+    assert sorted((m.key, m.value, m.timestamp_ms) for m in written) == [
+        (b"cart", b"1", (minute + 60) * 1000),
+        (b"home", b"1", (minute + 120) * 1000),
+        (b"home", b"2", (minute + 60) * 1000),
+    ]
