@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,16 @@ async def _send(producer: Any, topic: str, record: StagedRecord) -> Any:
     )
 
 
+async def _started(producer: Any) -> Any:
+    """``producer``, started; stopped again if starting fails (an unstopped one leaks its connections)."""
+    try:
+        await producer.start()
+    except BaseException:
+        await _stop(producer)
+        raise
+    return producer
+
+
 async def _stop(producer: Any) -> None:
     with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT):
         await producer.stop()
@@ -161,9 +171,7 @@ class _IdempotentWriter(SinkWriter):
 
     async def write(self, batch: Batch) -> None:
         if self.producer is None:
-            producer = self.sink.make_producer()
-            await producer.start()
-            self.producer = producer
+            self.producer = await _started(self.sink.make_producer())
         for record in self.sink.serialize(batch):
             self.pending.append(await _send(self.producer, self.sink.topic, record))
         self._check()
@@ -231,7 +239,7 @@ class _TransactionalWriter(SinkWriter):
     async def close(self) -> None:
         if self.staging.staged_bytes:  # a job without checkpoints: everything it wrote, in one transaction
             await self._ready()
-            await self._in_transaction(list(self.staging.read_current()), marker=None)
+            await self._in_transaction(self.staging.read_current(), marker=None)
         self.staging.close()
         self.staging.current.unlink(missing_ok=True)
         if self.producer is not None:
@@ -249,28 +257,25 @@ class _TransactionalWriter(SinkWriter):
     async def _ready(self) -> None:
         """Start the producer (fencing older incarnations), then redo what a restore left to redo."""
         if self.producer is None:
-            producer = self.sink.make_producer(transactional_id=self.transactional_id)
-            await producer.start()
-            self.producer = producer
+            self.producer = await _started(self.sink.make_producer(transactional_id=self.transactional_id))
         if self.recover_through is not None:
-            epoch, self.recover_through = self.recover_through, None
-            staged = [e for e in self.staging.epochs() if e <= epoch]
+            staged = [e for e in self.staging.epochs() if e <= self.recover_through]
             marked = await self._last_marked()
             self.staging.remove([e for e in staged if e <= marked])  # committed before the crash
             redo = [e for e in staged if e > marked]
             log.info("kafka sink recovering", transactional_id=self.transactional_id, committed=marked, redo=redo)
             if redo:
                 await self._publish(redo, redo[-1])
+            self.recover_through = None
 
     async def _publish(self, epochs: list[int], marker: int) -> None:
         if not epochs:
             return
-        records = [record for epoch in epochs for record in self.staging.read(epoch)]
-        if records:
-            await self._in_transaction(records, marker)
+        if any(self.staging.path(epoch).stat().st_size for epoch in epochs):
+            await self._in_transaction((r for epoch in epochs for r in self.staging.read(epoch)), marker)
         self.staging.remove(epochs)
 
-    async def _in_transaction(self, records: list[StagedRecord], marker: int | None) -> None:
+    async def _in_transaction(self, records: Iterable[StagedRecord], marker: int | None) -> None:
         producer, topic = self.producer, self.sink.topic
         await producer.begin_transaction()
         try:

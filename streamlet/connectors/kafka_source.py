@@ -193,12 +193,15 @@ class _KafkaReader(SourceReader):
                 if headers:
                     value = {"value": value, "headers": [(name, data) for name, data in message.headers]}
                 append(Record(key, value, clock.now() if ts is None else ts))
-        for partition in fetched:
-            end = self.ends.get(partition)
-            if end is not None and partition not in self.done and self.next_offsets[partition] >= end:
-                self.done.add(partition)
-                self.consumer.pause(partition)
+        if self.ends:
+            self._reached_ends(fetched)
         return records
+
+    def _reached_ends(self, fetched: dict[Any, list[Any]]) -> None:
+        for partition in fetched:
+            if partition not in self.done and self.next_offsets[partition] >= self.ends[partition]:
+                self.done.add(partition)
+                self.consumer.pause(partition)  # nothing past the end is wanted
 
     def _undecodable(self, message: Any, ts: float | None, exc: Exception) -> None:
         where = f"topic {message.topic!r} partition {message.partition} offset {message.offset}"

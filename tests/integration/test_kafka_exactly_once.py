@@ -140,8 +140,9 @@ def test_markers_name_each_sink_instance_and_its_last_epoch(
     markers = anyio.run(consume, kafka_broker.bootstrap, f"{topics[1]}.streamlet-commits")
     assert {m.key for m in markers} == {f"streamlet-{topics[1]}-out-0".encode()}
     epochs = [int(m.value) for m in markers if m.value is not None and m.partition == 0]
-    assert epochs == sorted(epochs)
-    assert epochs[-1] == result.statistics.last_checkpoint.epoch
+    assert epochs == sorted(set(epochs))  # one marker per transaction, epochs rising
+    assert len(epochs) >= 2
+    assert epochs[-1] <= result.statistics.last_checkpoint.epoch  # an epoch with no records needs no transaction
 
 
 def test_transactional_sink_without_checkpoints_publishes_at_the_end(
