@@ -7,7 +7,8 @@ works without it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -34,6 +35,16 @@ def require_aiokafka() -> ModuleType:
         raise KafkaError(INSTALL_HINT) from exc
     module: ModuleType = aiokafka
     return module
+
+
+@contextmanager
+def broker_errors(what: str) -> Iterator[None]:
+    """Translate aiokafka's errors into a ``KafkaError`` that says who failed (the original is chained)."""
+    errors = require_aiokafka().errors
+    try:
+        yield
+    except errors.KafkaError as exc:
+        raise KafkaError(f"{what}: {str(exc) or type(exc).__name__}") from exc  # aiokafka's str names the class
 
 
 def decode_utf8(data: bytes) -> str:

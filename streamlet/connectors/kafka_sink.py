@@ -51,7 +51,7 @@ from typing import Any
 import anyio
 import structlog
 
-from streamlet.connectors.kafka_common import KafkaError, Serializer, encode, require_aiokafka, servers
+from streamlet.connectors.kafka_common import KafkaError, Serializer, broker_errors, encode, require_aiokafka, servers
 from streamlet.connectors.kafka_staging import StagedRecord, Staging
 from streamlet.core.record import Batch, Record
 from streamlet.core.sinks import Sink, SinkContext, SinkWriter
@@ -114,10 +114,11 @@ class KafkaSink(Sink):
     def open(self, context: SinkContext) -> SinkWriter:
         """A writer for instance ``context.index``; it connects on first use."""
         require_aiokafka()
+        what = f"sink '{context.node}' instance {context.index}"
         if self.transactional:
             prefix = self.transactional_id or f"streamlet-{self.topic}-{context.node}"
-            return _TransactionalWriter(self, f"{prefix}-{context.index}")
-        return _IdempotentWriter(self)
+            return _TransactionalWriter(self, f"{prefix}-{context.index}", what)
+        return _IdempotentWriter(self, what)
 
     def serialize(self, batch: Batch) -> list[StagedRecord]:
         """``[key, value, timestamp_ms, headers]`` per record, as they will be produced."""
@@ -164,16 +165,18 @@ async def _stop(producer: Any) -> None:
 class _IdempotentWriter(SinkWriter):
     """Sends as records come; a barrier waits for every acknowledgement (at-least-once)."""
 
-    def __init__(self, sink: KafkaSink) -> None:
+    def __init__(self, sink: KafkaSink, what: str) -> None:
         self.sink = sink
+        self.what = what
         self.producer: Any = None
         self.pending: list[asyncio.Future[Any]] = []
 
     async def write(self, batch: Batch) -> None:
-        if self.producer is None:
-            self.producer = await _started(self.sink.make_producer())
-        for record in self.sink.serialize(batch):
-            self.pending.append(await _send(self.producer, self.sink.topic, record))
+        with broker_errors(self.what):
+            if self.producer is None:
+                self.producer = await _started(self.sink.make_producer())
+            for record in self.sink.serialize(batch):
+                self.pending.append(await _send(self.producer, self.sink.topic, record))
         self._check()
 
     def _check(self) -> None:
@@ -184,12 +187,13 @@ class _IdempotentWriter(SinkWriter):
                 still.append(future)
             elif future.exception() is not None:
                 error = future.exception()
-                raise KafkaError(f"sending to topic {self.sink.topic!r} failed: {error!r}") from error
+                raise KafkaError(f"{self.what} could not send to topic {self.sink.topic!r}: {error!r}") from error
         self.pending = still
 
     async def _flush(self) -> None:
         if self.producer is not None:
-            await self.producer.flush()
+            with broker_errors(self.what):
+                await self.producer.flush()
             if self.pending:
                 await asyncio.wait(self.pending)
             self._check()
@@ -212,9 +216,10 @@ class _IdempotentWriter(SinkWriter):
 class _TransactionalWriter(SinkWriter):
     """Stages per epoch; one transaction per completed checkpoint (see the module docstring)."""
 
-    def __init__(self, sink: KafkaSink, transactional_id: str) -> None:
+    def __init__(self, sink: KafkaSink, transactional_id: str, what: str) -> None:
         assert sink.staging_dir is not None
         self.sink = sink
+        self.what = f"{what} (transactional id {transactional_id!r})"
         self.transactional_id = transactional_id
         self.staging = Staging(sink.staging_dir, transactional_id)
         self.producer: Any = None
@@ -227,8 +232,9 @@ class _TransactionalWriter(SinkWriter):
         await anyio.to_thread.run_sync(self.staging.prepare, epoch)
 
     async def commit(self, epoch: int) -> None:
-        await self._ready()
-        await self._publish([e for e in self.staging.epochs() if e <= epoch], epoch)
+        with broker_errors(self.what):
+            await self._ready()
+            await self._publish([e for e in self.staging.epochs() if e <= epoch], epoch)
 
     def restore(self, epoch: int | None) -> None:
         staged = self.staging.epochs()
@@ -238,8 +244,9 @@ class _TransactionalWriter(SinkWriter):
 
     async def close(self) -> None:
         if self.staging.staged_bytes:  # a job without checkpoints: everything it wrote, in one transaction
-            await self._ready()
-            await self._in_transaction(self.staging.read_current(), marker=None)
+            with broker_errors(self.what):
+                await self._ready()
+                await self._in_transaction(self.staging.read_current(), marker=None)
         self.staging.close()
         self.staging.current.unlink(missing_ok=True)
         if self.producer is not None:

@@ -25,6 +25,7 @@ import structlog
 from streamlet.connectors.kafka_common import (
     Deserializer,
     KafkaError,
+    broker_errors,
     decode_utf8,
     partitions_of,
     require_aiokafka,
@@ -159,6 +160,10 @@ class _KafkaReader(SourceReader):
     # -- reading ------------------------------------------------------------------
 
     async def read(self, max_records: int) -> Batch | None:
+        with broker_errors(self.what):
+            return await self._read(max_records)
+
+    async def _read(self, max_records: int) -> Batch | None:
         if self.consumer is None:
             with anyio.CancelScope(shield=True):  # a barrier waits for the start: half a start would leak
                 await self._start()

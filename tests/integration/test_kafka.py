@@ -282,3 +282,21 @@ def test_readme_kafka_example_counts_clicks_per_page_and_minute(kafka_broker: Mo
         (b"home", b"1", (minute + 120) * 1000),
         (b"home", b"2", (minute + 60) * 1000),
     ]
+
+
+def test_unreachable_broker_is_a_kafka_error_naming_the_source() -> None:
+    """aiokafka's connection error reaches the caller as a KafkaError naming source and instance, chained."""
+    source = sl.KafkaSource("t", "127.0.0.1:1", None, stop_at_end=True)
+    with pytest.raises(
+        sl.KafkaError, match=r"^source 'in' instance 0: KafkaConnectionError: Unable to bootstrap"
+    ) as info:
+        sl.run(source_to_collect(source))
+    assert type(info.value.__cause__).__name__ == "KafkaConnectionError"
+
+
+def test_unreachable_broker_is_a_kafka_error_naming_the_sink() -> None:
+    """The plain sink's connection error names the sink and its instance."""
+    topology = sl.Topology("kafka-out")
+    topology.add_sink("out", sl.KafkaSink("t", "127.0.0.1:1")).set_input(topology.add_source("in", [1]))
+    with pytest.raises(sl.KafkaError, match=r"^sink 'out' instance 0: KafkaConnectionError: Unable to bootstrap"):
+        sl.run(topology)
