@@ -25,6 +25,13 @@ checkpoint. Instead:
    sink reads the markers (``read_committed``) and produces again exactly
    those epochs that have no committed marker.
 
+A crash *inside* ``commit`` leaves a transaction open with part of the
+epoch: the restarted instance's producer (same transactional id) fences it,
+the broker aborts it, so ``read_committed`` consumers never see it, and the
+epoch (no committed marker) is produced again. This relies on the broker's
+transaction isolation, which librdkafka's mock cluster used in the tests does
+not implement.
+
 Each sink instance has its own transactional id,
 ``f"{transactional_id}-{index}"`` (default prefix
 ``f"streamlet-{topic}-{node}"``), stable across restarts; starting its

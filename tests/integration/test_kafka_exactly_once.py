@@ -91,6 +91,11 @@ def test_exception_mid_stream_then_restart_is_exactly_once(
     assert result.statistics.nodes["in"].records_out < RECORDS  # it resumed from the offsets, not from the start
 
 
+def staged(tmp_path: Path) -> list[tuple[str, str]]:
+    """(sink instance, file name) of every staged epoch file."""
+    return sorted((path.parent.name[-1], path.name) for path in (tmp_path / "staging").rglob("*.pending"))
+
+
 def run_child_until_killed(bootstrap: str, topics: tuple[str, str], tmp_path: Path, *flags: str) -> None:
     """Run the job in a child process that SIGKILLs itself at the point ``flags`` name."""
     command = [sys.executable, "-m", "tests.support.kafka_exactly_once", bootstrap, *topics]
@@ -110,7 +115,7 @@ def test_crash_after_checkpoint_saved_before_commit_redoes_the_epoch(
     """Killed after checkpoint 3 is saved but before its transaction: the restore produces epoch 3 once."""
     bootstrap = kafka_broker.bootstrap
     run_child_until_killed(bootstrap, topics, tmp_path, "--die-after-save", "3")
-    assert [path.name for path in (tmp_path / "staging").rglob("*.pending")] == ["00000003.pending"]
+    assert staged(tmp_path) == [("0", "00000003.pending"), ("1", "00000003.pending")]
     before = output(bootstrap, topics[1])
 
     kafka_exactly_once.run(bootstrap, topics, tmp_path / "checkpoints", tmp_path / "staging")
@@ -121,10 +126,11 @@ def test_crash_after_checkpoint_saved_before_commit_redoes_the_epoch(
 def test_crash_after_commit_before_cleanup_does_not_produce_again(
     kafka_broker: MockBroker, topics: tuple[str, str], tmp_path: Path
 ) -> None:
-    """Killed after epoch 3's transaction committed but before its staged file went: the marker stops a redo."""
+    """Killed after one sink instance committed epoch 3 but before it removed its staged file, and before the
+    other instance committed: the restore skips the first (its marker is there) and redoes the second."""
     bootstrap = kafka_broker.bootstrap
     run_child_until_killed(bootstrap, topics, tmp_path, "--die-after-commit", "3")
-    assert [path.name for path in (tmp_path / "staging").rglob("*.pending")] == ["00000003.pending"]
+    assert staged(tmp_path) == [("0", "00000003.pending"), ("1", "00000003.pending")]
 
     kafka_exactly_once.run(bootstrap, topics, tmp_path / "checkpoints", tmp_path / "staging")
     assert output(bootstrap, topics[1]) == expected_output()
@@ -133,16 +139,19 @@ def test_crash_after_commit_before_cleanup_does_not_produce_again(
 def test_markers_name_each_sink_instance_and_its_last_epoch(
     kafka_broker: MockBroker, topics: tuple[str, str], tmp_path: Path
 ) -> None:
-    """Each committed transaction also wrote (transactional id, epoch) to the marker topic, epochs rising."""
+    """Each instance's transactions also wrote (its transactional id, epoch) to marker partition 0, epochs rising."""
     started = time.monotonic()
     result = kafka_exactly_once.run(kafka_broker.bootstrap, topics, tmp_path / "checkpoints", tmp_path / "staging")
     assert time.monotonic() - started < 30
     markers = anyio.run(consume, kafka_broker.bootstrap, f"{topics[1]}.streamlet-commits")
-    assert {m.key for m in markers} == {f"streamlet-{topics[1]}-out-0".encode()}
-    epochs = [int(m.value) for m in markers if m.value is not None and m.partition == 0]
-    assert epochs == sorted(set(epochs))  # one marker per transaction, epochs rising
-    assert len(epochs) >= 2
-    assert epochs[-1] <= result.statistics.last_checkpoint.epoch  # an epoch with no records needs no transaction
+    assert {m.partition for m in markers} == {0}
+    last = result.statistics.last_checkpoint.epoch
+    for index in (0, 1):
+        key = f"streamlet-{topics[1]}-out-{index}".encode()
+        epochs = [int(m.value) for m in markers if m.key == key and m.value is not None]
+        assert epochs == sorted(set(epochs))  # one marker per transaction, epochs rising
+        assert len(epochs) >= 2
+        assert epochs[-1] <= last  # an epoch with no records needs no transaction
 
 
 def test_transactional_sink_without_checkpoints_publishes_at_the_end(

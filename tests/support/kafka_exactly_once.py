@@ -27,7 +27,7 @@ CHECK_CRCS_OFF = {"check_crcs": False}  # the mock broker writes transaction mar
 
 
 def source(bootstrap: str, topic: str) -> sl.KafkaSource:
-    """The input topic, read to its end once, decoding JSON values."""
+    """The input topic, read to its end once; values are decimal integers."""
     return sl.KafkaSource(
         topic, bootstrap, "exactly-once", stop_at_end=True, value_deserializer=int, consumer_options=CHECK_CRCS_OFF
     )
@@ -39,14 +39,14 @@ def sink(bootstrap: str, topic: str, staging: Path) -> sl.KafkaSink:
 
 
 def build(bootstrap: str, in_topic: str, out_topic: str, staging: Path) -> sl.Topology:
-    """Kafka -> throttle -> bomb -> running count (x2, SAME_KEY) -> transactional Kafka."""
+    """Kafka -> throttle -> bomb -> running count (x2, SAME_KEY) -> transactional Kafka (x2)."""
     topology = sl.Topology("kafka-exactly-once")
     lines = topology.add_source("in", source(bootstrap, in_topic))
     throttle = topology.add_task("throttle", exactly_once.Throttle).set_input(lines)
     bomb = topology.add_task("bomb", exactly_once.Bomb).set_input(throttle)
     count = topology.add_task("count", exactly_once.RunningCount, parallelism=2)
     count.set_input(bomb, partitioning=sl.SAME_KEY)
-    topology.add_sink("out", sink(bootstrap, out_topic, staging)).set_input(count)
+    topology.add_sink("out", sink(bootstrap, out_topic, staging), parallelism=2).set_input(count)
     return topology
 
 
