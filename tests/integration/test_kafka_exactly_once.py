@@ -34,7 +34,7 @@ import pytest
 import streamlet as sl
 from tests.support import kafka_exactly_once
 from tests.support.exactly_once import RECORDS, Bomb, expected_output, items
-from tests.support.kafka_io import Message, consume, produce
+from tests.support.kafka_io import CHECK_CRCS_OFF, Message, consume, produce
 from tests.support.kafka_mock import MockBroker
 
 pytestmark = pytest.mark.integration
@@ -166,3 +166,20 @@ def test_transactional_sink_without_checkpoints_publishes_at_the_end(
     written = anyio.run(consume, kafka_broker.bootstrap, topic)
     assert [(m.key, m.value) for m in written] == [(b"k", str(i).encode()) for i in range(50)]
     assert sorted(path.name for path in tmp_path.rglob("*") if path.is_file()) == []
+
+
+def test_source_reads_a_transactional_topic_to_its_end(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str], tmp_path: Path
+) -> None:
+    """stop_at_end ends although the topic's last offsets are transaction markers, which are never records."""
+    topic = new_topic(1)
+    sink = sl.KafkaSink(topic, kafka_broker.bootstrap, transactional=True, staging_dir=tmp_path)
+    writer = sl.Topology("write")
+    writer.add_sink("out", sink).set_input(writer.add_source("in", [("k", i) for i in range(5)]))
+    sl.run(writer)
+    source = sl.KafkaSource(
+        topic, kafka_broker.bootstrap, None, stop_at_end=True, value_deserializer=int, consumer_options=CHECK_CRCS_OFF
+    )
+    reader = sl.Topology("read")
+    reader.add_sink("out", sl.CollectSink()).set_input(reader.add_source("in", source))
+    assert [(r.key, r.value) for r in sl.run(reader).sink("out")] == [("k", i) for i in range(5)]
