@@ -31,7 +31,9 @@ from streamlet.core.clock import SystemClock
 from tests.support.kafka_io import Message, commit, committed, consume, produce
 from tests.support.kafka_mock import MockBroker
 
-pytestmark = pytest.mark.integration
+# The thread method: a hung sl.run (uvloop) does not see pytest-timeout's default SIGALRM. The broker
+# process then exits by itself when its stdin closes.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60, method="thread")]
 
 T0 = 1_700_000_000_000  # a fixed Kafka timestamp (ms)
 
