@@ -141,6 +141,8 @@ class Coordinator:
         assert self.interval is not None
         while True:
             await self.clock.sleep(self.interval)
+            if self._finishing is not None:
+                return  # after the final checkpoint the sinks close: another would stage into a closed writer
             if not self._pending:  # one checkpoint at a time: a slow one is not piled upon
                 await self.trigger()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio.lowlevel
 import pytest
 
 import streamlet as sl
@@ -109,3 +110,45 @@ def test_an_async_abort_is_awaited_when_the_job_fails() -> None:
     with pytest.raises(RuntimeError, match=r"^disk full$"):
         sl.run(one_source_topology(CountingSource(3), sink))
     assert sink.aborted == 1
+
+
+class SlowCloseSink(sl.Sink):
+    """A sink whose close takes a checkpoint interval (the clock moves while it closes)."""
+
+    def __init__(self, clock: sl.ManualClock) -> None:
+        self.clock = clock
+        self.prepared_after_close: list[int] = []
+
+    def open(self, context: sl.SinkContext) -> sl.SinkWriter:
+        return SlowCloseWriter(self)
+
+
+class SlowCloseWriter(sl.SinkWriter):
+    def __init__(self, sink: SlowCloseSink) -> None:
+        self.sink = sink
+        self.closed = False
+
+    def write(self, batch: list[sl.Record]) -> None:
+        pass
+
+    def prepare_commit(self, epoch: int) -> None:
+        if self.closed:
+            self.sink.prepared_after_close.append(epoch)
+
+    async def close(self) -> None:
+        self.closed = True
+        self.sink.clock.advance(10)  # the interval passes while the writer closes (a producer's stop, say)
+        for _ in range(5):
+            await anyio.lowlevel.checkpoint()
+
+
+async def test_no_checkpoint_is_triggered_after_the_final_one(tmp_path: Path) -> None:
+    """Once the final checkpoint has begun, the interval timer triggers no other: sinks are closing."""
+    clock = sl.ManualClock()
+    sink = SlowCloseSink(clock)
+    async with sl.start(
+        one_source_topology(CountingSource(3), sink), clock=clock, checkpoint_dir=tmp_path, checkpoint_interval=1.0
+    ) as job:
+        result = await job.wait()
+    assert sink.prepared_after_close == []
+    assert result.statistics.checkpoints == 1
