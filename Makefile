@@ -22,7 +22,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test,cluster,spark]'
+	$(BIN)/python -m pip install -q -e '.[test,cluster,spark,kafka]'
 	@touch $(STAMP)
 
 # The cluster tests need a real ZooKeeper server (and Java); install Debian's when it is missing.

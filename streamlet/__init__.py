@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from streamlet.backends.local import run, start
 from streamlet.connectors.files import FileSink, FileSource, read_file_sink
+from streamlet.connectors.kafka import KafkaError, KafkaSink, KafkaSource
 from streamlet.connectors.spark import SparkSink
 from streamlet.core.checkpoint_store import CheckpointStore, DirectoryCheckpointStore, InMemoryCheckpointStore
 from streamlet.core.clock import Clock, ManualClock, SystemClock
@@ -51,6 +52,9 @@ __all__ = (
     "JobError",
     "JobResult",
     "JobStatistics",
+    "KafkaError",
+    "KafkaSink",
+    "KafkaSource",
     "KeyedState",
     "ManualClock",
     "NodeHandle",

@@ -7,6 +7,7 @@ Every error derives from one root, so ``except StreamletError`` catches them all
     ├── TaskError            user code in a task failed under the ``fail`` policy
     ├── JobError             a job could not start, was stopped, or is misused
     ├── ConnectorError       an outside system (Spark, Kafka) is missing, unreachable or failed
+    │   └── KafkaError       (streamlet.connectors.kafka) a Kafka connector failed
     └── TransportError       moving batches between processes failed
         ├── FrameError       a peer broke the wire protocol (that connection is closed)
         └── AuthenticationError  a peer does not share the cluster secret

@@ -4,7 +4,8 @@ The coordinator asks every source instance to inject ``Barrier(epoch)``;
 each instance reports its snapshot when the barrier has arrived on all its
 open channels; when every instance has reported, the checkpoint is complete:
 it is saved to the :class:`~streamlet.core.checkpoint_store.CheckpointStore`
-and only then are the sinks told to ``commit(epoch)``. Instances that have
+and only then are the sinks told to ``commit(epoch)`` and the sources'
+readers ``checkpoint_complete(epoch, position)``. Instances that have
 already completed report their final snapshot at once (a completed sink
 stages what it still holds).
 
@@ -159,6 +160,8 @@ class Coordinator:
         assert self.interval is not None
         while True:
             await self.clock.sleep(self.interval)
+            if self._finishing is not None:
+                return  # after the final checkpoint the sinks close: another would stage into a closed writer
             if not self._pending:  # one checkpoint at a time: a slow one is not piled upon
                 await self.trigger()
 
@@ -168,13 +171,18 @@ class Coordinator:
         # Not in a worker thread: while the loop keeps the GIL busy, a thread waits ~5 ms to get it back
         # after each system call (the convoy effect), which made a 2 ms save take most of a second.
         await _maybe_await(self.store.save(epoch, data))
-        await self._commit_sinks(epoch)
+        await self._commit(epoch)
         self._completed(epoch, len(data))
 
-    async def _commit_sinks(self, epoch: int) -> None:
+    async def _commit(self, epoch: int) -> None:
+        """Checkpoint ``epoch`` is complete: the sinks publish its output, then the sources hear of it."""
+        pending = self._pending[epoch]
         for instance in self.instances:
             if isinstance(instance, SinkInstance):
                 await _maybe_await(instance.writer.commit(epoch))
+        for instance in self.instances:  # after the sinks: a source acknowledges input whose output is out
+            if isinstance(instance, SourceInstance):
+                await instance.checkpoint_complete(epoch, pending.snapshots[instance.node.name, instance.index])
 
     def _completed(self, epoch: int, size: int) -> None:
         pending = self._pending.pop(epoch)

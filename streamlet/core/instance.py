@@ -119,6 +119,11 @@ class SourceInstance(Instance):
         """The reader's position when the source ended."""
         return self._position
 
+    async def checkpoint_complete(self, epoch: int, position: Any) -> None:
+        """Checkpoint ``epoch`` is saved with ``position`` for this instance: tell the reader."""
+        if self._reader is not None:
+            await _maybe_await(self._reader.checkpoint_complete(epoch, position))
+
     async def run(self) -> None:
         """Read until the source is exhausted or stopped, then send end-of-stream."""
         assert self.node.source is not None

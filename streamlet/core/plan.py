@@ -198,7 +198,9 @@ def build_plan(
                 continue
             outputs = builder.make_outputs(node, index)
             if node.kind == "source":
-                context = SourceContext(name, index, node.parallelism, env.clock, task_group, feeds.get(name))
+                context = SourceContext(
+                    name, index, node.parallelism, env.clock, task_group, feeds.get(name), env.dead_letters
+                )
                 group.append(SourceInstance(node, index, outputs, env, context))
                 continue
             inbox = builder.inboxes[name][index]

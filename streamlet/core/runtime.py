@@ -20,7 +20,7 @@ from streamlet.core.channel import ChannelFactory
 from streamlet.core.checkpoint import Coordinator
 from streamlet.core.checkpoint_store import CheckpointStore
 from streamlet.core.clock import Clock, SystemClock
-from streamlet.core.instance import Environment, Receiver, SinkInstance
+from streamlet.core.instance import Environment, Receiver, SinkInstance, _maybe_await
 from streamlet.core.plan import PhysicalPlan, Placement, build_plan
 from streamlet.core.record import Record
 from streamlet.core.restore import restore
@@ -128,7 +128,7 @@ class Job:
             if self._coordinator is not None:
                 self._coordinator.close()
             if self._error is not None or not self._started.is_set() or self._unfinished():
-                self._abort_sinks()
+                await self._abort_sinks()
             self._started.set()
             self._finished.set()
 
@@ -164,12 +164,13 @@ class Job:
     def _unfinished(self) -> bool:
         return self._plan is not None and not all(i.completed for i in self._plan.all())
 
-    def _abort_sinks(self) -> None:
+    async def _abort_sinks(self) -> None:
         if self._plan is None:
             return
-        for instance in self._plan.all():
-            if isinstance(instance, SinkInstance):
-                instance.writer.abort()
+        with anyio.CancelScope(shield=True):  # a cancelled job still lets its sinks let go of connections
+            for instance in self._plan.all():
+                if isinstance(instance, SinkInstance):
+                    await _maybe_await(instance.writer.abort())
 
     async def wait(self) -> JobResult:
         """Wait until the job has finished; raise the error that stopped it, if any."""

@@ -30,8 +30,12 @@ class SinkWriter(ABC):
     def close(self) -> Any:
         """Called once after the input has ended; may be ``async def``."""
 
-    def abort(self) -> None:
-        """The job ended with an error: release resources, publish nothing more (plain method)."""
+    def abort(self) -> Any:
+        """The job ended with an error: release resources, publish nothing more.
+
+        Plain or ``async def`` (awaited shielded from the job's cancellation,
+        so keep it short: a writer bounds its own network calls).
+        """
 
     def prepare_commit(self, epoch: int) -> Any:
         """Checkpoint ``epoch`` reached this sink: stage what was written since the last one.

@@ -11,13 +11,14 @@ import asyncio
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.abc
 
 from streamlet.core.clock import Clock
 from streamlet.core.record import Batch, Record
+from streamlet.core.statistics import DeadLetter
 from streamlet.errors import JobError, TopologyError
 
 
@@ -31,6 +32,7 @@ class SourceContext:
     clock: Clock
     task_group: anyio.abc.TaskGroup
     feed: asyncio.Queue[Any] | None = None  # set by the job for a QueueSource
+    dead_letters: list[DeadLetter] = field(default_factory=list)  # the job's: what a reader could not decode
 
 
 class SourceReader(ABC):
@@ -47,6 +49,14 @@ class SourceReader(ABC):
     async def seek(self, position: Any) -> None:
         """Continue from a :meth:`position` taken earlier (a restore)."""
         raise JobError(f"{type(self).__name__} cannot be replayed from a checkpoint")
+
+    def checkpoint_complete(self, epoch: int, position: Any) -> Any:
+        """Checkpoint ``epoch``, which holds ``position`` for this reader, is saved.
+
+        A source that acknowledges what it read upstream (Kafka offsets) does
+        it here, never earlier. Plain or ``async def``; may be called after
+        :meth:`aclose` (the job's final checkpoint). The default does nothing.
+        """
 
     async def aclose(self) -> None:
         """Release what the reader holds."""

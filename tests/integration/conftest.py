@@ -1,10 +1,11 @@
-"""Real servers for the whole session: ZooKeeper on 127.0.0.1 (stopped by PID) and a local SparkSession."""
+"""Real servers for the whole session, stopped at the end: ZooKeeper on 127.0.0.1 and a Kafka-protocol
+mock broker (both by PID), and a local SparkSession."""
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from tests.support.kafka_mock import MockBroker
 
 _names = itertools.count()
 
@@ -59,3 +61,22 @@ def spark() -> Iterator[Any]:
             yield session
         finally:
             session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[MockBroker]:
+    """librdkafka's mock Kafka cluster in a process of its own (a missing confluent-kafka fails, not skips)."""
+    with MockBroker() as broker:
+        yield broker
+
+
+@pytest.fixture
+def new_topic(kafka_broker: MockBroker) -> Callable[[int], str]:
+    """``new_topic(partitions)`` creates a topic no other test uses and returns its name."""
+
+    def create(partitions: int) -> str:
+        name = f"topic{next(_names)}"
+        kafka_broker.create_topic(name, partitions)
+        return name
+
+    return create

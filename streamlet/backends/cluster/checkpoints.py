@@ -217,7 +217,7 @@ class ClusterCheckpoints(Coordinator):
                 continue
             epoch = int(data["epoch"])
             for saved in sorted(e for e in self._sizes if e <= epoch):
-                await self._commit_sinks(saved)
+                await self._commit(saved)
                 self._completed(saved, self._sizes.pop(saved))
             self._published = max(self._published, epoch)
             if data["finished"]:

@@ -1,0 +1,304 @@
+"""KafkaSource and the plain KafkaSink against a real Kafka-protocol broker process.
+
+The broker is librdkafka's mock cluster (from the confluent-kafka wheel, see
+``tests/support/kafka_mock.py``), reached by aiokafka over TCP. Its limits,
+which shape these tests:
+
+- no CreateTopics API: topics are created through the mock's own API
+  (auto-created topics would get 4 partitions);
+- consumer groups with two or more members fail, so nothing here tests
+  rebalancing (the source assigns partitions by hand and never joins a group;
+  the group only stores offsets);
+- transaction markers are written with CRC 0, so every consumer reading a
+  topic that holds transactions turns CRC checks off (``check_crcs=False``);
+- no ``read_committed`` isolation: the mock serves records of open and aborted
+  transactions to ``read_committed`` consumers too, and commits given with
+  ``send_offsets_to_transaction`` are accepted but not stored (see
+  ``test_kafka_exactly_once.py`` for what that means for the sink).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+import streamlet as sl
+from streamlet.core.clock import SystemClock
+from tests.support.kafka_io import Message, commit, committed, consume, produce
+from tests.support.kafka_mock import MockBroker
+
+# The thread method: a hung sl.run (uvloop) does not see pytest-timeout's default SIGALRM. The broker
+# process then exits by itself when its stdin closes.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60, method="thread")]
+
+T0 = 1_700_000_000_000  # a fixed Kafka timestamp (ms)
+
+
+def messages(count: int, partitions: int) -> list[Message]:
+    """``count`` messages spread round-robin, key ``k<i % 5>``, value ``v<i>``, timestamps T0 + i."""
+    return [Message(f"k{i % 5}".encode(), f"v{i}".encode(), i % partitions, T0 + i) for i in range(count)]
+
+
+def source_to_collect(source: sl.Source, parallelism: int = 1) -> sl.Topology:
+    topology = sl.Topology("kafka-in")
+    node = topology.add_source("in", source, parallelism=parallelism)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    return topology
+
+
+def triples(records: list[sl.Record]) -> list[tuple[object, object, object]]:
+    return sorted((r.key, r.value, r.ts) for r in records)
+
+
+def test_source_reads_every_record_with_key_value_and_timestamp(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str]
+) -> None:
+    """Two instances over three partitions read each record once: key, value, Kafka timestamp in seconds."""
+    topic = new_topic(3)
+    anyio.run(produce, kafka_broker.bootstrap, topic, messages(30, 3))
+    source = sl.KafkaSource(topic, kafka_broker.bootstrap, None, stop_at_end=True)
+    result = sl.run(source_to_collect(source, parallelism=2))
+    assert triples(result.sink("out")) == sorted((f"k{i % 5}", f"v{i}", (T0 + i) / 1000) for i in range(30))
+
+
+async def read_instance(source: sl.KafkaSource, index: int, parallelism: int) -> list[str]:
+    """Everything instance ``index`` of ``parallelism`` reads, in order."""
+    values: list[str] = []
+    async with anyio.create_task_group() as group:
+        reader = source.open(sl.SourceContext("in", index, parallelism, SystemClock(), group))
+        try:
+            while (batch := await reader.read(100)) is not None:
+                values += [record.value for record in batch]
+        finally:
+            await reader.aclose()
+    return values
+
+
+async def test_partitions_are_assigned_by_position_in_the_sorted_list(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str]
+) -> None:
+    """Over [(a,0), (a,1), (b,0)] instance 0 of 2 reads (a,0) and (b,0), instance 1 reads (a,1)."""
+    a, b = new_topic(2), new_topic(1)
+    await produce(kafka_broker.bootstrap, a, [Message(None, f"a{p}".encode(), p) for p in (0, 1)])
+    await produce(kafka_broker.bootstrap, b, [Message(None, b"b0", 0)])
+    source = sl.KafkaSource([b, a], kafka_broker.bootstrap, None, stop_at_end=True)
+    assert sorted(await read_instance(source, 0, 2)) == ["a0", "b0"]
+    assert await read_instance(source, 1, 2) == ["a1"]
+
+
+def test_source_gives_headers_with_the_value(kafka_broker: MockBroker, new_topic: Callable[[int], str]) -> None:
+    """with_headers=True: the value is {"value": ..., "headers": [(name, bytes), ...]} in Kafka's order."""
+    topic = new_topic(1)
+    sent = [Message(b"k", b"v", 0, T0, (("trace", b"t1"), ("trace", b"t2"), ("kind", b"x")))]
+    anyio.run(produce, kafka_broker.bootstrap, topic, sent)
+    source = sl.KafkaSource(topic, kafka_broker.bootstrap, None, stop_at_end=True, with_headers=True)
+    [record] = sl.run(source_to_collect(source)).sink("out")
+    assert record.value == {"value": "v", "headers": [("trace", b"t1"), ("trace", b"t2"), ("kind", b"x")]}
+
+
+def json_source(topic: str, bootstrap: str, on_error: str = "skip") -> sl.KafkaSource:
+    return sl.KafkaSource(topic, bootstrap, None, stop_at_end=True, value_deserializer=json.loads, on_error=on_error)
+
+
+def poisoned(bootstrap: str, topic: str) -> None:
+    sent = [Message(None, json.dumps(i).encode()) for i in range(3)]
+    sent.insert(1, Message(b"bad", b"{not json"))
+    anyio.run(produce, bootstrap, topic, sent)
+
+
+def test_undecodable_record_is_dead_lettered_and_counted(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str]
+) -> None:
+    """on_error="skip": the poison record goes to dead_letters with its raw bytes; the others flow on."""
+    topic = new_topic(1)
+    poisoned(kafka_broker.bootstrap, topic)
+    result = sl.run(source_to_collect(json_source(topic, kafka_broker.bootstrap)))
+    assert [record.value for record in result.sink("out")] == [0, 1, 2]
+    assert result.statistics.dead_lettered == 1
+    [letter] = result.dead_letters
+    assert (letter.task, letter.instance, letter.record.key, letter.record.value) == ("in", 0, b"bad", b"{not json")
+    assert letter.error.startswith(f"topic '{topic}' partition 0 offset 1: JSONDecodeError: ")
+
+
+def test_undecodable_record_fails_the_job_under_fail(kafka_broker: MockBroker, new_topic: Callable[[int], str]) -> None:
+    """on_error="fail": the job stops with a KafkaError naming topic, partition and offset."""
+    topic = new_topic(1)
+    poisoned(kafka_broker.bootstrap, topic)
+    with pytest.raises(
+        sl.KafkaError,
+        match=rf"^source 'in' instance 0 cannot decode the record at topic '{topic}' partition 0 offset 1: "
+        r"JSONDecodeError: ",
+    ):
+        sl.run(source_to_collect(json_source(topic, kafka_broker.bootstrap, on_error="fail")))
+
+
+def test_unknown_topic_is_named(kafka_broker: MockBroker) -> None:
+    """A topic that does not exist fails the job with its name (after the metadata wait)."""
+    source = sl.KafkaSource("no-such-topic", kafka_broker.bootstrap, None, stop_at_end=True, metadata_timeout=0.5)
+    with pytest.raises(
+        sl.KafkaError, match=r"^source 'in' instance 0: topic 'no-such-topic' does not exist \(waited 0.5 s for it\)$"
+    ):
+        sl.run(source_to_collect(source))
+
+
+async def wait_for_records(job: sl.Job, count: int) -> None:
+    with anyio.fail_after(20):
+        while job.statistics().nodes["out"].records_in < count:  # noqa: ASYNC110 - polling a counter
+            await anyio.sleep(0.01)
+
+
+async def test_group_offsets_are_committed_only_when_a_checkpoint_completes(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str], tmp_path: Path
+) -> None:
+    """Reading commits nothing; a completed checkpoint commits the offsets it holds; a new job resumes there."""
+    topic, bootstrap, group = new_topic(2), kafka_broker.bootstrap, f"group-{new_topic(1)}"
+    await produce(bootstrap, topic, messages(10, 2))
+    source = sl.KafkaSource(topic, bootstrap, group, poll_timeout=0.05)  # unbounded
+    async with sl.start(source_to_collect(source), checkpoint_dir=tmp_path) as job:
+        await wait_for_records(job, 10)
+        assert await committed(bootstrap, group, topic, 2) == [None, None]
+        await job.checkpoint()
+        assert await committed(bootstrap, group, topic, 2) == [5, 5]
+        await produce(bootstrap, topic, messages(4, 2))
+        await wait_for_records(job, 14)
+
+    assert await committed(bootstrap, group, topic, 2) == [7, 7]  # stopping took a final checkpoint
+
+    rest = [Message(None, f"new{i}".encode(), i % 2) for i in range(6)]
+    await produce(bootstrap, topic, rest)
+    again = sl.KafkaSource(topic, bootstrap, group, stop_at_end=True)  # no checkpoint store: the group decides
+    async with sl.start(source_to_collect(again)) as resumed:
+        outcome = await resumed.wait()
+    assert sorted(record.value for record in outcome.sink("out")) == [f"new{i}" for i in range(6)]
+
+
+def test_group_without_commits_starts_at_auto_offset_reset(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str]
+) -> None:
+    """A new group with auto_offset_reset="latest" and stop_at_end reads nothing of what is there."""
+    topic = new_topic(1)
+    anyio.run(produce, kafka_broker.bootstrap, topic, messages(3, 1))
+    group = f"fresh-{topic}"
+    source = sl.KafkaSource(topic, kafka_broker.bootstrap, group, stop_at_end=True, auto_offset_reset="latest")
+    assert sl.run(source_to_collect(source)).sink("out") == []
+
+
+def test_plain_sink_writes_each_record_once_with_timestamp_and_headers(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str]
+) -> None:
+    """The idempotent sink writes key and value serialized, ts as the Kafka timestamp, headers from the callable."""
+    topic = new_topic(2)
+    items = [sl.Record(f"k{i}", {"n": i} if i % 2 else f"text{i}", (T0 + i) / 1000) for i in range(20)]
+    sink = sl.KafkaSink(topic, kafka_broker.bootstrap, headers=lambda r: [("src", b"test"), ("key", r.key.encode())])
+    topology = sl.Topology("kafka-out")
+    topology.add_sink("out", sink).set_input(topology.add_source("in", items))
+    sl.run(topology)
+    written = anyio.run(consume, kafka_broker.bootstrap, topic)
+    assert sorted((m.key, m.value, m.timestamp_ms, m.headers) for m in written) == sorted(
+        (
+            f"k{i}".encode(),
+            b'{"n":%d}' % i if i % 2 else f"text{i}".encode(),
+            T0 + i,
+            (("src", b"test"), ("key", f"k{i}".encode())),
+        )
+        for i in range(20)
+    )
+
+
+async def checkpoint_then_crash(topology: sl.Topology, checkpoints: Path, bootstrap: str, topic: str) -> None:
+    """Read 10 records, checkpoint (offsets [5, 5]), read 4 more, then die without a final checkpoint."""
+    async with sl.start(topology, checkpoint_dir=checkpoints) as job:
+        await wait_for_records(job, 10)
+        await job.checkpoint()
+        await produce(bootstrap, topic, messages(4, 2))
+        await wait_for_records(job, 14)
+        raise RuntimeError("crash")
+
+
+async def test_restore_seeks_to_the_checkpoint_not_the_group(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str], tmp_path: Path
+) -> None:
+    """A job that dies after a checkpoint resumes at the checkpoint's offsets, whatever the group holds since."""
+    topic, bootstrap, group = new_topic(2), kafka_broker.bootstrap, f"group-{new_topic(1)}"
+    await produce(bootstrap, topic, messages(10, 2))
+    source = sl.KafkaSource(topic, bootstrap, group, poll_timeout=0.05)
+    with pytest.raises(RuntimeError, match=r"^crash$"):
+        await checkpoint_then_crash(source_to_collect(source), tmp_path, bootstrap, topic)
+    await commit(bootstrap, group, topic, [0, 0])  # someone rewinds the group meanwhile
+
+    again = sl.KafkaSource(topic, bootstrap, group, stop_at_end=True)
+    async with sl.start(source_to_collect(again), checkpoint_dir=tmp_path) as resumed:
+        outcome = await resumed.wait()
+    assert sorted(record.value for record in outcome.sink("out")) == ["v0", "v1", "v2", "v3"]
+
+
+async def test_barriers_that_cancel_waiting_reads_lose_nothing(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str], tmp_path: Path
+) -> None:
+    """Checkpoints every 5 ms cancel reads that wait for data; records trickling in all arrive, once."""
+    topic, bootstrap = new_topic(2), kafka_broker.bootstrap
+    source = sl.KafkaSource(topic, bootstrap, None, poll_timeout=0.05)
+    sent = [Message(None, f"r{i}".encode(), i % 2) for i in range(200)]
+    async with sl.start(source_to_collect(source), checkpoint_dir=tmp_path, checkpoint_interval=0.005) as job:
+        for burst in range(20):
+            await produce(bootstrap, topic, sent[burst * 10 : burst * 10 + 10])
+            await anyio.sleep(0.02)
+        await wait_for_records(job, 200)
+        assert job.statistics().checkpoints >= 10
+    result = await job.wait()
+    assert sorted(record.value for record in result.sink("out")) == sorted(f"r{i}" for i in range(200))
+
+
+def readme_kafka_example() -> str:
+    """The python block of the README's Kafka section."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Kafka") :]
+    return section[section.index("```python\n") + 10 : section.index("```\n", section.index("```python\n") + 10)]
+
+
+def test_readme_kafka_example_counts_clicks_per_page_and_minute(kafka_broker: MockBroker, tmp_path: Path) -> None:
+    """The README's example, pointed at the mock broker, writes one exact count per page and minute."""
+    kafka_broker.create_topic("clicks", 2)
+    kafka_broker.create_topic("clicks-per-page", 1)
+    minute = 1_700_000_040  # a multiple of 60: event-time windows start on whole minutes
+    clicks = [("home", 0), ("cart", 5), ("home", 10), ("home", 70)]
+    sent = [
+        Message(None, json.dumps({"page": page}).encode(), i % 2, (minute + s) * 1000)
+        for i, (page, s) in enumerate(clicks)
+    ]
+    anyio.run(produce, kafka_broker.bootstrap, "clicks", sent)
+    code = (
+        readme_kafka_example()
+        .replace("localhost:9092", kafka_broker.bootstrap)
+        .replace('"ckpt/"', repr(str(tmp_path / "ckpt")))
+        .replace('"kafka-staging"', repr(str(tmp_path / "staging")))
+    )
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme_kafka"})
+    written = anyio.run(consume, kafka_broker.bootstrap, "clicks-per-page")
+    assert sorted((m.key, m.value, m.timestamp_ms) for m in written) == [
+        (b"cart", b"1", (minute + 60) * 1000),
+        (b"home", b"1", (minute + 120) * 1000),
+        (b"home", b"2", (minute + 60) * 1000),
+    ]
+
+
+def test_unreachable_broker_is_a_kafka_error_naming_the_source() -> None:
+    """aiokafka's connection error reaches the caller as a KafkaError naming source and instance, chained."""
+    source = sl.KafkaSource("t", "127.0.0.1:1", None, stop_at_end=True)
+    with pytest.raises(
+        sl.KafkaError, match=r"^source 'in' instance 0: KafkaConnectionError: Unable to bootstrap"
+    ) as info:
+        sl.run(source_to_collect(source))
+    assert type(info.value.__cause__).__name__ == "KafkaConnectionError"
+
+
+def test_unreachable_broker_is_a_kafka_error_naming_the_sink() -> None:
+    """The plain sink's connection error names the sink and its instance."""
+    topology = sl.Topology("kafka-out")
+    topology.add_sink("out", sl.KafkaSink("t", "127.0.0.1:1")).set_input(topology.add_source("in", [1]))
+    with pytest.raises(sl.KafkaError, match=r"^sink 'out' instance 0: KafkaConnectionError: Unable to bootstrap"):
+        sl.run(topology)
