@@ -11,16 +11,28 @@ exactly once per checkpoint epoch. Spark then reads the folder back and
 prints a summary per sensor.
 
     python examples/sensor_pipeline.py [--events N] [--output DIR]
+
+With ``--kafka HOST:PORT`` the readings come from the Kafka topic
+``--in-topic`` instead (JSON ``{"celsius": x}`` keyed by sensor, event time =
+the Kafka timestamp; ``--produce`` first writes the generated readings
+there), and the window rows also go out to ``--out-topic`` as JSON through a
+transactional ``KafkaSink``: a ``read_committed`` consumer sees each exactly
+once.
+
+    python examples/sensor_pipeline.py --kafka localhost:9092 --produce
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import random
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +74,67 @@ def window_stats(values: list[float]) -> dict[str, Any]:
     return {"count": len(values), "min": min(values), "max": max(values), "mean": round(sum(values) / len(values), 2)}
 
 
-def build_topology(events: Iterator[sl.Record], output: Path) -> sl.Topology:
-    """readings -> stats per sensor and window (2 instances, by sensor) -> SparkSink(output)."""
+def build_topology(
+    events: Iterator[sl.Record] | sl.Source, output: Path, kafka_out: sl.Sink | None = None
+) -> sl.Topology:
+    """readings -> stats per sensor and window (2 instances, by sensor) -> SparkSink(output) [and Kafka]."""
     topology = sl.Topology("sensor-pipeline")
     source = topology.add_source("readings", events)
     stats = topology.add_task("window-stats", WindowStats, parallelism=2, window=WINDOW)
     stats.set_input(source, partitioning=sl.SAME_KEY)
     topology.add_sink("to-spark", sl.SparkSink(output)).set_input(stats)
+    if kafka_out is not None:
+        topology.add_sink("to-kafka", kafka_out).set_input(stats)
     return topology
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Where the Kafka variant reads readings and writes window rows."""
+
+    bootstrap: str
+    in_topic: str
+    out_topic: str
+
+    def source(self) -> sl.KafkaSource:
+        """The readings topic, read to its end (a bounded run); the celsius value out of each JSON record."""
+        return sl.KafkaSource(
+            self.in_topic, self.bootstrap, "sensor-pipeline",
+            value_deserializer=lambda raw: json.loads(raw)["celsius"], stop_at_end=True,
+        )  # fmt: skip
+
+    def sink(self, staging: Path) -> sl.KafkaSink:
+        """Window rows as JSON, with their bounds, in transactions bound to the checkpoints."""
+        return sl.KafkaSink(
+            self.out_topic, self.bootstrap, transactional=True, staging_dir=staging,
+            value_serializer=lambda row: json.dumps(row).encode(), headers=window_headers,
+        )  # fmt: skip
+
+
+def window_headers(record: sl.Record) -> list[tuple[str, bytes]]:
+    """The window's bounds travel as headers next to the JSON row."""
+    start, end = record.window_start, record.window_end
+    return [("window_start", str(start).encode()), ("window_end", str(end).encode())]
+
+
+def produce_readings(kafka: KafkaSettings, count: int) -> None:
+    """Write the generated readings to the input topic (key: sensor; timestamp: event time in ms)."""
+    from aiokafka import AIOKafkaProducer
+
+    async def write() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, enable_idempotence=True)
+        await producer.start()
+        try:
+            for reading in readings(count):
+                value = json.dumps({"celsius": reading.value}).encode()
+                await producer.send(
+                    kafka.in_topic, value, key=reading.key.encode(), timestamp_ms=int(reading.ts * 1000)
+                )
+            await producer.flush()
+        finally:
+            await producer.stop()
+
+    asyncio.run(write())
 
 
 def summary(spark: Any, output: Path) -> list[tuple[Any, ...]]:
@@ -100,15 +165,20 @@ def tracked(events: Iterator[sl.Record], progress: Progress, task: Any, every: i
             progress.advance(task, every)
 
 
-def run_pipeline(count: int, output: Path, console: Console) -> sl.JobResult:
+def run_pipeline(count: int, output: Path, console: Console, kafka: KafkaSettings | None = None) -> sl.JobResult:
     """Run the streaming job (a checkpoint every 0.25 s) with a progress bar; Parquet lands under ``output``."""
     shutil.rmtree(output, ignore_errors=True)  # a fresh run: its checkpoints and Parquet only
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("streaming readings", total=count)
-        topology = build_topology(tracked(readings(count), progress, task), output / "windows")
+        if kafka is None:
+            task = progress.add_task("streaming readings", total=count)
+            topology = build_topology(tracked(readings(count), progress, task), output / "windows")
+        else:
+            progress.add_task(f"streaming readings from Kafka topic {kafka.in_topic}", total=None)
+            topology = build_topology(kafka.source(), output / "windows", kafka.sink(output / "kafka-staging"))
         result = sl.run(topology, checkpoint_dir=output / "checkpoints", checkpoint_interval=0.25)
-        progress.update(task, completed=count)
+        if kafka is None:
+            progress.update(task, completed=count)
     return result
 
 
@@ -117,17 +187,27 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--output", type=Path, default=Path("out/sensor_pipeline"))
+    parser.add_argument("--kafka", metavar="HOST:PORT", help="read readings from Kafka and write window rows back")
+    parser.add_argument("--in-topic", default="sensor-readings")
+    parser.add_argument("--out-topic", default="sensor-windows")
+    parser.add_argument("--produce", action="store_true", help="first write the generated readings to --in-topic")
     args = parser.parse_args(argv)
+    kafka = None if args.kafka is None else KafkaSettings(args.kafka, args.in_topic, args.out_topic)
+    if kafka is not None and args.produce:
+        produce_readings(kafka, args.events)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # this script's choice: Spark stays on loopback
     console = Console()
     began = time.perf_counter()
     with console.status("starting Spark (local[*])"):
         spark = sl.SparkSink(args.output).spark()  # the session the sink will use: one per process
         spark.sparkContext.setLogLevel("ERROR")
-    run_pipeline(args.events, args.output, console)
+    result = run_pipeline(args.events, args.output, console, kafka)
     rows = summary(spark, args.output / "windows")
     epochs = spark.read.parquet(str(args.output / "windows")).select("epoch").distinct().count()
-    console.print(f"{args.events} readings -> {sum(row[1] for row in rows)} window rows in {epochs} epochs")
+    readings_in = result.statistics.nodes["readings"].records_out
+    console.print(f"{readings_in} readings -> {sum(row[1] for row in rows)} window rows in {epochs} epochs")
+    if kafka is not None:
+        console.print(f"window rows also in Kafka topic {kafka.out_topic} (transactional)")
     console.print(f"Parquet: {args.output / 'windows'}  ({time.perf_counter() - began:.1f} s)")
     console.print(summary_table(rows))
 
