@@ -1,13 +1,15 @@
-"""Shared fixtures: a topology builder and a one-line runner for in-process jobs."""
+"""Shared fixtures: a topology builder, a one-line runner for in-process jobs, and the armed crash."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import streamlet as sl
+from tests.support.exactly_once import Bomb
 
 
 def values(records: Iterable[sl.Record]) -> list[Any]:
@@ -43,3 +45,12 @@ def linear() -> Callable[..., sl.JobResult]:
         return sl.run(topology)
 
     return run
+
+
+@pytest.fixture
+def armed_bomb(tmp_path: Path) -> Iterator[Path]:
+    """Arm the crash for one run; the checkpoint directory it watches."""
+    checkpoints = tmp_path / "checkpoints"
+    Bomb.armed, Bomb.checkpoints, Bomb.seen_at_crash = True, checkpoints, 0
+    yield checkpoints
+    Bomb.armed, Bomb.checkpoints = False, None

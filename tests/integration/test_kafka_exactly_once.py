@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -33,7 +33,7 @@ import pytest
 
 import streamlet as sl
 from tests.support import kafka_exactly_once
-from tests.support.exactly_once import RECORDS, Bomb, expected_output, items
+from tests.support.exactly_once import RECORDS, expected_output, items
 from tests.support.kafka_io import CHECK_CRCS_OFF, Message, consume, produce
 from tests.support.kafka_mock import MockBroker
 
@@ -56,15 +56,6 @@ def topics(kafka_broker: MockBroker, new_topic: Callable[[int], str]) -> tuple[s
 def output(bootstrap: str, topic: str) -> list[tuple[str, int]]:
     """``(key, count)`` of every record in the output topic, sorted."""
     return sorted((m.key.decode(), int(m.value)) for m in anyio.run(consume, bootstrap, topic) if m.key and m.value)
-
-
-@pytest.fixture
-def armed_bomb(tmp_path: Path) -> Iterator[Path]:
-    """Arm the crash for one run; the checkpoint directory it watches."""
-    checkpoints = tmp_path / "checkpoints"
-    Bomb.armed, Bomb.checkpoints, Bomb.seen_at_crash = True, checkpoints, 0
-    yield checkpoints
-    Bomb.armed, Bomb.checkpoints = False, None
 
 
 def test_failure_free_run_writes_every_count_once(

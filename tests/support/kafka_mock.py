@@ -29,6 +29,8 @@ import threading
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from streamlet.backends.cluster.child_process import stop_child
+
 RD_KAFKA_PRODUCER = 0
 
 
@@ -146,13 +148,7 @@ class MockBroker:
         process, self.process = self.process, None
         if process is None:
             return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+        stop_child(process)
         for stream in (process.stdin, process.stdout):
             if stream is not None:
                 stream.close()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from streamlet.backends.cluster.child_process import stop_child
 from streamlet.errors import StreamletError
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -158,14 +159,8 @@ class ZooKeeperServer:
     def stop(self) -> None:
         """Stop the server by its PID (SIGTERM, then SIGKILL after 10 s)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        if process is not None:
+            stop_child(process)
 
     def __enter__(self) -> ZooKeeperServer:
         return self.start()

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,15 +22,6 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def written(output: Path) -> list[tuple[str, int]]:
     return sorted((record.key, record.value) for record in sl.read_file_sink(output))
-
-
-@pytest.fixture
-def armed_bomb(tmp_path: Path) -> Iterator[Path]:
-    """Arm the crash for one run; the checkpoint directory it watches."""
-    checkpoints = tmp_path / "checkpoints"
-    Bomb.armed, Bomb.checkpoints, Bomb.seen_at_crash = True, checkpoints, 0
-    yield checkpoints
-    Bomb.armed, Bomb.checkpoints = False, None
 
 
 def test_failure_free_run_writes_every_count_once(tmp_path: Path) -> None:
