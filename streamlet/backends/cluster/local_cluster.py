@@ -95,10 +95,12 @@ def up(
     state = ClusterState(name=name, zk=zk or "", secret_file=str(secret_file.resolve()))
     try:
         if zk is None:
-            server = ZooKeeperServer(data_dir=state_dir / "zookeeper").start()
-            assert server.process is not None
+            server = ZooKeeperServer(data_dir=state_dir / "zookeeper")
+            pid = server.launch()
             state.zk = server.address
-            state.processes.append({"role": "zookeeper", "id": "zookeeper", "pid": server.process.pid})
+            state.processes.append({"role": "zookeeper", "id": "zookeeper", "pid": pid})
+            state.save(state_dir)  # before waiting: 'cluster down' can stop it even if this process dies now
+            server.wait_until_ready()
         state.save(state_dir)
         secret = state.secret()
         for index in range(masters):

@@ -101,6 +101,16 @@ class ZooKeeperServer:
 
     def start(self) -> ZooKeeperServer:
         """Write the configuration, start the server and wait until it answers ``imok``."""
+        self.launch()
+        self.wait_until_ready()
+        return self
+
+    def launch(self) -> int:
+        """Write the configuration and start the server process; its PID (it may not answer yet).
+
+        Separate from :meth:`wait_until_ready` so a caller can record the PID first: a caller killed
+        while the server starts must still leave something that can stop it.
+        """
         classpath, java = find_classpath(), find_java()
         self.port = self.port or free_port()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -118,8 +128,7 @@ class ZooKeeperServer:
                 str(config),
             ]
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_until_ready()
-        return self
+        return self.process.pid
 
     def _config(self) -> str:
         return "\n".join(
@@ -136,7 +145,7 @@ class ZooKeeperServer:
             ]
         )
 
-    def _wait_until_ready(self) -> None:
+    def wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             assert self.process is not None
