@@ -45,6 +45,9 @@ async def _schedule_forever(zk: ZkCoordinator, epoch: int) -> None:
     workers_changed = await zk.watch_children(WORKERS)
     while True:
         workers_changed.clear()
+        if zk.state == "suspended":  # as ZooKeeper advises: decide nothing until the session is back or lost
+            await anyio.sleep(ROUND)
+            continue
         try:
             for job in await schedule_pending(zk, epoch):
                 log.info("job assigned", job=job, epoch=epoch)
