@@ -31,9 +31,9 @@ from streamlet.core.clock import SystemClock
 from tests.support.kafka_io import Message, commit, committed, consume, produce
 from tests.support.kafka_mock import MockBroker
 
-# The thread method: a hung sl.run (uvloop) does not see pytest-timeout's default SIGALRM. The broker
-# process then exits by itself when its stdin closes.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60, method="thread")]
+# pytest-timeout uses the thread method (pyproject): a hang ends the run; the broker process then exits
+# by itself when its stdin closes.
+pytestmark = pytest.mark.integration
 
 T0 = 1_700_000_000_000  # a fixed Kafka timestamp (ms)
 
