@@ -21,7 +21,8 @@ _names = itertools.count()
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
     """A standalone ZooKeeper (a missing installation fails the tests, it does not skip them)."""
-    server = ZooKeeperServer(data_dir=Path(tmp_path_factory.mktemp("zookeeper")))
+    # die_with_parent: should a timeout end the run without teardown, the server goes with it
+    server = ZooKeeperServer(data_dir=Path(tmp_path_factory.mktemp("zookeeper")), die_with_parent=True)
     with server:
         yield server
 

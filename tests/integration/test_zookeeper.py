@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from streamlet.backends.cluster.child_process import stop_child
 from streamlet.backends.cluster.coordinator import VersionConflict, ZkCoordinator
+from streamlet.backends.cluster.local_cluster import alive, stop_pid
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer, find_classpath, four_letter_word
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_launcher_starts_a_server_and_stops_it_by_pid(tmp_path: Path) -> None:
@@ -30,6 +36,41 @@ def test_launcher_starts_a_server_and_stops_it_by_pid(tmp_path: Path) -> None:
         server.stop()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+STARTER = """
+import sys, time
+from pathlib import Path
+from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+
+server = ZooKeeperServer(data_dir=Path(sys.argv[1]), die_with_parent=True).start()
+print(server.process.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_server_started_with_die_with_parent_ends_when_its_starter_is_killed(tmp_path: Path) -> None:
+    """The test fixture's guarantee: SIGKILL the process that started the server, and the server ends too."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    server_pid = 0
+    try:
+        assert starter.stdout is not None
+        server_pid = int(starter.stdout.readline())
+        assert alive(server_pid)
+        starter.kill()
+        starter.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while alive(server_pid):
+            assert time.monotonic() < deadline, "the server outlived the process that started it"
+            time.sleep(0.1)
+    finally:
+        stop_child(starter)
+        if starter.stdout is not None:
+            starter.stdout.close()
+        if server_pid and alive(server_pid):
+            stop_pid(server_pid)
 
 
 def test_missing_installation_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

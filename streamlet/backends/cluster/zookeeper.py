@@ -19,8 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+import structlog
+
 from streamlet.backends.cluster.child_process import stop_child
 from streamlet.errors import StreamletError
+
+log = structlog.get_logger("streamlet")
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 DEBIAN_JAR = Path("/usr/share/java/zookeeper.jar")
@@ -92,6 +96,7 @@ class ZooKeeperServer:
     port: int = 0
     tick_ms: int = 500  # sessions may then be as short as 2 ticks: fast failure detection in tests
     start_timeout: float = 30.0
+    die_with_parent: bool = False  # tests: the server ends when the process that started it dies (Linux)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -127,6 +132,8 @@ class ZooKeeperServer:
                 MAIN_CLASS,
                 str(config),
             ]
+            if self.die_with_parent:
+                command = _dying_with_parent(command)
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self.process.pid
 
@@ -178,3 +185,15 @@ class ZooKeeperServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _dying_with_parent(command: list[str]) -> list[str]:
+    """``command`` run so that Linux sends it SIGTERM when its parent dies (util-linux ``setpriv``).
+
+    Not ``preexec_fn``: that is unsafe in a process with threads, as a test session has.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        log.warning("setpriv not found: the ZooKeeper server will not end with the process that started it")
+        return command
+    return [setpriv, "--pdeathsig", "TERM", *command]
