@@ -24,7 +24,6 @@ from typing import Any
 
 from streamlet.backends.cluster.coordinator import NodeExists, VersionConflict, ZkCoordinator
 from streamlet.backends.cluster.jobs import (
-    ENDED,
     JOBS,
     STALE_AFTER,
     job_status,
@@ -37,50 +36,60 @@ from streamlet.backends.cluster.registry import workers
 from streamlet.core.topology import Topology
 
 
-async def recover_lost_workers(zk: ZkCoordinator, epoch: int) -> list[str]:
-    """Leader: give every unfinished job that lost a worker a new attempt over the live workers."""
+async def recover(zk: ZkCoordinator, epoch: int) -> list[str]:
+    """Leader: one pass over the jobs, each looked at once: a new attempt for every unfinished job that
+    lost a worker or whose instance crashed; a failed job is marked so its other workers stop it."""
     live = {v.worker_id for v in await workers(zk) if not v.stale(time.time(), STALE_AFTER)}
     recovered = []
     for job in await zk.children(JOBS):
-        found = await zk.get(f"{JOBS}/{job}/assignment")
-        if found is None or (await job_status(zk, job))["state"] in ENDED:
-            continue
-        lost = sorted(set(found[0]["instances"].values()) - live)
-        spec = await spec_of(zk, job)
-        if not lost or not live or spec is None:
-            continue
-        attempt = await _next_attempt(zk, job, found, topology_of(spec), epoch, {})
-        if attempt is not None:
-            recovered.append(f"{job} (attempt {attempt}, lost {', '.join(lost)})")
-    return recovered
-
-
-async def recover_failed_instances(zk: ZkCoordinator, epoch: int) -> list[str]:
-    """Leader: restart crashed instances elsewhere, or give up on the job after ``max_failures`` crashes."""
-    recovered = []
-    for job in await zk.children(JOBS):
         status = await job_status(zk, job)
+        if status["state"] == "failed" and not status["given_up"]:
+            await _fail(zk, job, status["errors"][0])  # tells the job's other workers to stop it too
+        if status["state"] not in ("running", "recovering"):
+            continue
         found = await zk.get(f"{JOBS}/{job}/assignment")
         spec = await spec_of(zk, job)
-        if status["state"] == "failed" and await zk.get(f"{JOBS}/{job}/failed") is None:
-            await _fail(zk, job, status["errors"][0])  # tells the job's other workers to stop it too
+        if found is None or spec is None:
             continue
-        if status["state"] != "recovering" or found is None or spec is None:
-            continue
-        worker, report = next((w, r) for w, r in sorted(status["done"].items()) if r.get("retry"))
-        instance = str(report["instance"])
-        history = await _record_failure(zk, job, instance, status["attempt"], worker, report["error"])
-        topology = topology_of(spec)
-        node = topology.nodes[instance.rsplit(".", 1)[0]]
-        if len(history) > node.max_failures:
-            await _give_up(zk, job, instance, history, node.max_failures)
-            recovered.append(f"{job}: {instance} failed {len(history)} times, job failed")
-            continue
-        avoid = {node.name: {entry["worker"] for entry in history}}
-        attempt = await _next_attempt(zk, job, found, topology, epoch, avoid)
-        if attempt is not None:
-            recovered.append(f"{job} (attempt {attempt}, {instance} crashed on {worker})")
+        if status["state"] == "recovering":
+            note = await _restart_crashed(zk, job, status, found, topology_of(spec), epoch)
+        else:
+            note = await _replace_lost(zk, job, found, topology_of(spec), live, epoch)
+        if note is not None:
+            recovered.append(note)
     return recovered
+
+
+async def _replace_lost(
+    zk: ZkCoordinator, job: str, found: tuple[dict[str, Any], int], topology: Topology, live: set[str], epoch: int
+) -> str | None:
+    """Node failover: the next attempt over the live workers, if a worker of this one is gone."""
+    lost = sorted(set(found[0]["instances"].values()) - live)
+    if not lost or not live:
+        return None
+    attempt = await _next_attempt(zk, job, found, topology, epoch, {})
+    return None if attempt is None else f"{job} (attempt {attempt}, lost {', '.join(lost)})"
+
+
+async def _restart_crashed(
+    zk: ZkCoordinator,
+    job: str,
+    status: dict[str, Any],
+    found: tuple[dict[str, Any], int],
+    topology: Topology,
+    epoch: int,
+) -> str | None:
+    """Instance failover: the next attempt away from where the instance crashed, or give up on the job."""
+    worker, report = next((w, r) for w, r in sorted(status["done"].items()) if r.get("retry"))
+    instance = str(report["instance"])
+    history = await _record_failure(zk, job, instance, status["attempt"], worker, report["error"])
+    node = topology.nodes[instance.rsplit(".", 1)[0]]
+    if len(history) > node.max_failures:
+        await _give_up(zk, job, instance, history, node.max_failures)
+        return f"{job}: {instance} failed {len(history)} times, job failed"
+    avoid = {node.name: {entry["worker"] for entry in history}}
+    attempt = await _next_attempt(zk, job, found, topology, epoch, avoid)
+    return None if attempt is None else f"{job} (attempt {attempt}, {instance} crashed on {worker})"
 
 
 async def _record_failure(

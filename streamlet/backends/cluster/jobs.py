@@ -88,11 +88,11 @@ def plan_instances(topology: Topology) -> tuple[list[tuple[str, int]], dict[tupl
 async def schedule_pending(zk: ZkCoordinator, epoch: int) -> list[str]:
     """Leader: assign every job that has none yet; returns the jobs assigned now."""
     assigned = []
-    loads = await live_loads(zk)
     for job in await zk.children(JOBS):
         if await zk.get(f"{JOBS}/{job}/assignment") is not None:
             continue
         spec = await spec_of(zk, job)
+        loads = await live_loads(zk)  # per job, as it now stands: it counts the jobs assigned just before
         if spec is None or not loads:
             continue
         mapping = place(topology_of(spec), loads)
@@ -182,4 +182,7 @@ async def job_status(zk: ZkCoordinator, job: str) -> dict[str, Any]:
         state = "running"
     else:
         state = "submitted"
-    return {"job": job, "state": state, "attempt": attempt, "workers": involved, "done": done, "errors": errors}
+    return {
+        "job": job, "state": state, "attempt": attempt, "workers": involved, "done": done, "errors": errors,
+        "given_up": failed is not None,
+    }  # fmt: skip

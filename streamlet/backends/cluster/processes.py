@@ -11,7 +11,7 @@ import structlog
 
 from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.election import LeaderElection
-from streamlet.backends.cluster.failover import recover_failed_instances, recover_lost_workers
+from streamlet.backends.cluster.failover import recover
 from streamlet.backends.cluster.jobs import schedule_pending
 from streamlet.backends.cluster.load import LoadMeter
 from streamlet.backends.cluster.registry import WORKERS, WorkerRegistration
@@ -51,10 +51,8 @@ async def _schedule_forever(zk: ZkCoordinator, epoch: int) -> None:
         try:
             for job in await schedule_pending(zk, epoch):
                 log.info("job assigned", job=job, epoch=epoch)
-            for job in await recover_lost_workers(zk, epoch):
-                log.warning("job rescheduled after a lost worker", job=job, epoch=epoch)
-            for job in await recover_failed_instances(zk, epoch):
-                log.warning("instance failover", job=job, epoch=epoch)
+            for job in await recover(zk, epoch):
+                log.warning("job recovered", job=job, epoch=epoch)
         except Exception as exc:  # noqa: BLE001 - a bad job must not stop the leader; the next round retries
             log.warning("scheduling failed", error=f"{type(exc).__name__}: {exc}")
         with anyio.move_on_after(ROUND):

@@ -68,21 +68,32 @@ class WorkerJobs:
             assignment, version = found
             attempt = int(assignment.get("attempt", 1))
             self._stop_outdated(job, attempt)
-            if job not in self.killed and await self.zk.get(f"{JOBS}/{job}/kill") is not None:
-                self.killed.add(job)
+            new_attempt = self.seen.get(job) != attempt
+            # only jobs this worker runs, or may start now, are worth asking about (finished ones are not)
+            if (new_attempt or any(running == job for running, _ in self.running)) and await self._ended(job):
                 self._cancel(job)
-            if job not in self.failed and await self.zk.get(f"{JOBS}/{job}/failed") is not None:
-                self.failed.add(job)
-                self._cancel(job)
-            if self.seen.get(job) == attempt:
+                continue
+            if not new_attempt:
                 continue
             self.seen[job] = attempt
             if not self.fence.accept(int(assignment["epoch"])):
                 log.warning("ignoring an assignment from a deposed leader", job=job, epoch=assignment["epoch"])
                 continue
             instances: dict[str, str] = assignment["instances"]
-            if self.me in instances.values() and job not in self.killed and job not in self.failed:
+            if self.me in instances.values():
                 group.start_soon(self._run_job, job, attempt, version, instances)
+
+    async def _ended(self, job: str) -> bool:
+        """Someone killed the job, or the leader gave up on it; both are final, so remembered."""
+        if job in self.killed or job in self.failed:
+            return True
+        if await self.zk.get(f"{JOBS}/{job}/kill") is not None:
+            self.killed.add(job)
+            return True
+        if await self.zk.get(f"{JOBS}/{job}/failed") is not None:
+            self.failed.add(job)
+            return True
+        return False
 
     def _cancel(self, job: str) -> None:
         for (running_job, _), scope in self.running.items():
