@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import anyio
 
-from streamlet.core.durable import fsync_directory
+from streamlet.core.durable import fsync_directory, seal
 from streamlet.core.record import Batch, Record
 from streamlet.core.sinks import Sink, SinkContext, SinkWriter
 from streamlet.core.sources import Source, SourceContext, SourceReader
@@ -126,10 +126,7 @@ class _FileWriter(SinkWriter):
         await anyio.to_thread.run_sync(self._stage, epoch)
 
     def _stage(self, epoch: int) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._current, self._staged(epoch))
+        seal(self._file, self._current, self._staged(epoch))
         self._file = open(self._current, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     async def commit(self, epoch: int) -> None:

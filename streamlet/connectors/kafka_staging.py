@@ -10,7 +10,6 @@ Nothing here is pickled.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import IO, Any
 
 import msgpack
 
-from streamlet.core.durable import fsync_directory
+from streamlet.core.durable import fsync_directory, seal
 
 StagedRecord = list[Any]  # [key bytes | None, value bytes | None, timestamp ms | None, [[name, bytes], ...]]
 
@@ -45,11 +44,7 @@ class Staging:
 
     def prepare(self, epoch: int) -> None:
         """Make ``inprogress`` durable as epoch ``epoch`` and start a new one."""
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        os.replace(self.current, self.path(epoch))
-        fsync_directory(self.directory)
+        seal(self.file, self.current, self.path(epoch))
         self.file = open(self.current, "wb")  # noqa: SIM115 - closed in close()
         self.staged_bytes = 0
 

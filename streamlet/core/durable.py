@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import IO, Any
 
 
 def fsync_directory(directory: Path) -> None:
@@ -13,3 +14,12 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def seal(file: IO[Any], current: Path, target: Path) -> None:
+    """Make what ``file`` (open on ``current``) holds durable as ``target``: flush, fsync, close, rename."""
+    file.flush()
+    os.fsync(file.fileno())
+    file.close()
+    os.replace(current, target)
+    fsync_directory(target.parent)
