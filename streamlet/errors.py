@@ -10,7 +10,8 @@ Every error derives from one root, so ``except StreamletError`` catches them all
     │   └── KafkaError       (streamlet.connectors.kafka) a Kafka connector failed
     └── TransportError       moving batches between processes failed
         ├── FrameError       a peer broke the wire protocol (that connection is closed)
-        └── AuthenticationError  a peer does not share the cluster secret
+        ├── AuthenticationError  a peer does not share the cluster secret
+        └── RecordTooLarge   one record does not fit in a frame (names the channel, the size and the limit)
 """
 
 from __future__ import annotations
@@ -48,3 +49,7 @@ class TransportError(StreamletError):
 
 class AuthenticationError(TransportError):
     """The other side of a data connection does not know the cluster secret (retrying will not help)."""
+
+
+class RecordTooLarge(TransportError):
+    """A record cannot go over TCP: even alone in a frame it is over the frame limit (retrying will not help)."""

@@ -17,9 +17,10 @@ A connection carries frames. Every frame is a 9-byte header and a msgpack body::
     | "SL"  | 1 byte  | 1 B  | 1 B   | 4 B, big-endian  | length bytes     |
     +-------+---------+------+-------+------------------+------------------+
 
-Version is 1; flags are 0. The receiver checks magic, version, type and
-length (at most 16 MiB by default, 1 KiB before authentication) before it
-reads the body. It unpacks with ``strict_map_key`` and refuses msgpack
+Version is 1. One flag exists, ``MORE`` (1) on DATA: the batch goes on in
+the channel's next DATA frame; other frames have flags 0. The receiver
+checks magic, version, type and length (at most 16 MiB by default, 1 KiB
+before authentication) before it reads the body. It unpacks with ``strict_map_key`` and refuses msgpack
 extension types, and it never unpickles. Any violation makes it send
 ``ERROR`` and close that connection, and counts it; the server goes on
 serving its other connections.
@@ -62,6 +63,13 @@ OPEN 8   ``[channel, ...]`` / ``[[channel, last_seq, credit], ...]`` sender -> r
   that ``OPEN`` reports, and only then sends anything new. The result: no
   loss, no duplicate, order kept per channel. Barriers and end-of-stream are
   items like batches, so they keep their place among the data.
+* **Big batches.** A batch whose DATA frame would be over the limit goes as
+  several DATA frames, all but the last flagged ``MORE``; each is an item
+  with its own ``seq`` and item of credit. The receiver keeps the pieces and
+  delivers the batch whole with the last one, handing each piece's credit
+  straight back. A marker between the pieces is a protocol error. A record
+  that alone is over the limit is refused by the sender with
+  ``RecordTooLarge``; sender and receiver must use the same ``max_frame``.
 * **Columns.** DATA carries a batch as three arrays (keys, values, event
   times), which packs and unpacks about twice as fast as an array per
   record. msgpack has one array type: tuple keys come back as tuples (they

@@ -8,6 +8,10 @@ Decoding checks magic, version, type and the length (against a maximum,
 16 MiB by default) before reading the body, unpacks with ``strict_map_key``
 and refuses msgpack extension types. Nothing is ever unpickled. Any
 violation raises :class:`FrameError`, after which the connection is closed.
+
+One flag exists: :data:`MORE` on a DATA frame says that the next DATA frame
+of the channel continues the same batch (a batch too big for one frame is
+sent in pieces and put back together by the receiver).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ MAGIC = b"SL"
 VERSION = 1
 HEADER = struct.Struct(">2sBBBI")
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+MORE = 0x01  # DATA flag: the batch goes on in the channel's next DATA frame
 
 
 class FrameType(enum.IntEnum):
@@ -65,11 +70,21 @@ class FrameError(TransportError):
 def frame(kind: FrameType, body: Any, flags: int = 0) -> bytes:
     """Header and msgpack body of one frame."""
     packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return with_header(kind, packed, flags)
+
+
+def with_header(kind: FrameType, packed: bytes, flags: int = 0) -> bytes:
+    """A frame of an already packed body."""
     return HEADER.pack(MAGIC, VERSION, kind, flags, len(packed)) + packed
 
 
 def data_frame(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
-    """A DATA frame for ``batch``, column by column.
+    """A DATA frame for ``batch`` (see :func:`data_body`)."""
+    return with_header(FrameType.DATA, data_body(channel, epoch, seq, batch))
+
+
+def data_body(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
+    """The packed body of a DATA frame for ``batch``, column by column.
 
     Three arrays of a thousand items pack and unpack about twice as fast as a
     thousand arrays of three (measured: 81 vs 132 ns per record to encode,
@@ -85,7 +100,8 @@ def data_frame(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
     elif WindowRecord in kinds:  # results of windows: their bounds travel too (None for other records)
         windows = [r.window for r in batch]
         body += [None, [w and w[0] for w in windows], [w and w[1] for w in windows]]
-    return frame(FrameType.DATA, body)
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
 
 
 def parse_header(header: bytes, max_length: int = DEFAULT_MAX_FRAME) -> tuple[FrameType, int, int]:

@@ -7,6 +7,13 @@ the credit the sender holds. Credit is counted in items: a sender may have
 at most the inbox channel's capacity in flight or queued, and gets one item
 of credit back each time the receiving instance takes an item, so a slow
 receiver slows the sender down and memory stays bounded on both sides.
+
+A batch too big for one frame comes as several DATA frames, each but the
+last flagged :data:`~streamlet.transport.codec.MORE`. The inlet keeps the
+pieces and puts the whole batch into the inbox with the last one, so the
+receiving instance sees the batch the sender made (a loop counts batches in
+flight, and a piece counted as a batch would end it early). A piece never
+waits in the inbox, so its item of credit goes straight back.
 """
 
 from __future__ import annotations
@@ -19,11 +26,12 @@ from typing import Any
 import structlog
 
 from streamlet.core.channel import Inbox
-from streamlet.core.record import END_OF_STREAM, Barrier, Item
+from streamlet.core.record import END_OF_STREAM, Barrier, Batch, Item
 from streamlet.transport import auth
 from streamlet.transport.codec import (
     DEFAULT_MAX_FRAME,
     HEADER,
+    MORE,
     FrameError,
     FrameType,
     decode_body,
@@ -53,7 +61,7 @@ class ServerStatistics:
 class _Inlet:
     """Receiver-side state of one channel."""
 
-    __slots__ = ("channel", "channel_id", "granted", "inbox", "last_seq", "link", "outstanding", "window")
+    __slots__ = ("channel", "channel_id", "granted", "inbox", "last_seq", "link", "outstanding", "partial", "window")
 
     def __init__(self, channel_id: str, inbox: Inbox, channel: int) -> None:
         self.channel_id = channel_id
@@ -64,6 +72,17 @@ class _Inlet:
         self.outstanding = 0  # credit the sender holds
         self.granted = 0  # credit given since the last CREDIT frame
         self.link: _Connection | None = None
+        self.partial: Batch | None = None  # the pieces so far of a batch sent in several frames
+
+    def assemble(self, flags: int, item: Item) -> Item | None:
+        """The item to deliver, or ``None`` while more pieces of its batch are to come."""
+        if type(item) is not list:
+            return item
+        if self.partial is not None:
+            self.partial.extend(item)
+            item = self.partial
+        self.partial = item if flags & MORE else None
+        return None if flags & MORE else item
 
 
 class DataServer:
@@ -160,8 +179,8 @@ class DataServer:
             replies.append([channel_id, inlet.last_seq, inlet.outstanding])
         return replies
 
-    def deliver(self, connection: _Connection, kind: FrameType, body: list[Any]) -> None:
-        """One DATA, BARRIER or EOS frame: drop it if seen, else into the inbox."""
+    def deliver(self, connection: _Connection, kind: FrameType, body: list[Any], flags: int = 0) -> None:
+        """One DATA, BARRIER or EOS frame: drop it if seen, else into the inbox (a batch once its last piece is in)."""
         channel_id, seq = body[0], body[2]
         inlet = self._inlets.get(channel_id) if isinstance(channel_id, str) else None
         if inlet is None or inlet.link is not connection:
@@ -173,12 +192,18 @@ class DataServer:
             return
         if inlet.outstanding <= 0:
             raise FrameError(f"channel {channel_id!r}: sent without credit")
+        if inlet.partial is not None and kind is not FrameType.DATA:
+            raise FrameError(f"channel {channel_id!r}: {kind.name} inside a batch sent in pieces")
         item = _item(kind, body)
         if type(item) is list:
             self.counts["records"] += len(item)
         inlet.outstanding -= 1
         inlet.last_seq = seq
-        inlet.inbox.put_nowait(inlet.channel, item)
+        whole = inlet.assemble(flags, item)
+        if whole is None:
+            self._consumed(inlet)  # a piece never waits in the inbox: its credit goes straight back
+        else:
+            inlet.inbox.put_nowait(inlet.channel, whole)
         connection.acknowledge(inlet)
 
 
@@ -194,9 +219,15 @@ def _item(kind: FrameType, body: list[Any]) -> Item:
 
 async def read_frame(reader: asyncio.StreamReader, max_length: int) -> tuple[FrameType, list[Any]]:
     """The next frame: the header is checked before the body is read."""
-    kind, _flags, length = parse_header(await reader.readexactly(HEADER.size), max_length)
+    kind, _flags, body = await read_flagged_frame(reader, max_length)
+    return kind, body
+
+
+async def read_flagged_frame(reader: asyncio.StreamReader, max_length: int) -> tuple[FrameType, int, list[Any]]:
+    """The next frame with the flags of its header: ``(type, flags, body)``."""
+    kind, flags, length = parse_header(await reader.readexactly(HEADER.size), max_length)
     body = await reader.readexactly(length) if length else b""
-    return kind, decode_body(kind, body)
+    return kind, flags, decode_body(kind, body)
 
 
 class _Connection:
@@ -215,9 +246,9 @@ class _Connection:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                 authenticated = await self._handshake()
             while authenticated:
-                kind, body = await read_frame(self.reader, self.server.max_frame)
+                kind, flags, body = await read_flagged_frame(self.reader, self.server.max_frame)
                 self.server.counts["frames"] += 1
-                self._handle(kind, body)
+                self._handle(kind, flags, body)
         except FrameError as exc:
             self.server.counts["bad_frames"] += 1
             log.warning("closing data connection", reason=exc.reason)
@@ -238,9 +269,9 @@ class _Connection:
         self._write(frame(FrameType.HELLO, ["welcome", auth.server_proof(self.server.secret, challenge, body[1])]))
         return True
 
-    def _handle(self, kind: FrameType, body: list[Any]) -> None:
+    def _handle(self, kind: FrameType, flags: int, body: list[Any]) -> None:
         if kind in (FrameType.DATA, FrameType.BARRIER, FrameType.EOS):
-            self.server.deliver(self, kind, body)
+            self.server.deliver(self, kind, body, flags)
         elif kind is FrameType.OPEN:
             self._write(frame(FrameType.OPEN, self.server.open(self, body)))
         else:

@@ -8,12 +8,18 @@ with backoff, re-authenticates and re-opens its channels. The receiver
 answers with the last sequence number it delivered, and the channel resends
 what came after it, in order, before anything new. So there is no loss, no
 duplicate and no reordering.
+
+A batch whose DATA frame would be over the frame limit goes as several
+frames, each an item with its own sequence number and item of credit (the
+receiver puts the batch back together). A record too big for a frame on its
+own raises :class:`~streamlet.errors.RecordTooLarge` in the sending task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import reprlib
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,10 +31,20 @@ import anyio.abc
 import structlog
 
 from streamlet.core.channel import Inbox
-from streamlet.core.record import Barrier, EndOfStream, Item
-from streamlet.errors import AuthenticationError, TransportError
+from streamlet.core.record import Barrier, Batch, EndOfStream, Item
+from streamlet.errors import AuthenticationError, RecordTooLarge, TransportError
 from streamlet.transport import auth
-from streamlet.transport.codec import DEFAULT_MAX_FRAME, FrameError, FrameType, data_frame, frame
+from streamlet.transport.codec import (
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    MORE,
+    FrameError,
+    FrameType,
+    data_body,
+    data_frame,
+    frame,
+    with_header,
+)
 from streamlet.transport.tcp import DataServer, read_frame
 
 log = structlog.get_logger("streamlet")
@@ -45,11 +61,16 @@ class ClientStatistics:
 
 
 class TcpChannel:
-    """A :class:`~streamlet.core.channel.Channel` to an instance in another process."""
+    """A :class:`~streamlet.core.channel.Channel` to an instance in another process.
+
+    One task sends on a channel (the sending instance): the pieces of a split
+    batch are numbered before the first is sent.
+    """
 
     def __init__(self, link: _Link, channel_id: str) -> None:
         self.link = link
         self.channel_id = channel_id
+        self.max_frame = link.client.max_frame  # the body limit, as the data server checks it
         self.seq = 0
         self.epoch = 0
         self.credit = 0
@@ -66,7 +87,23 @@ class TcpChannel:
             await self._drained.wait()
 
     async def send(self, item: Item) -> None:
-        """Send a batch or marker in order; waits for credit (and for the link after a cut)."""
+        """Send a batch or marker in order; waits for credit (and for the link after a cut).
+
+        Raises :class:`~streamlet.errors.RecordTooLarge` (and sends nothing of
+        the batch) when one record of a batch does not fit in a frame.
+        """
+        if not self._can_send():
+            await self._credit()
+        data = self._encode(item, self.seq + 1)  # first: an item that cannot be sent spends nothing
+        if len(data) - HEADER.size > self.max_frame:  # the length is known anyway: only a big batch pays more
+            assert type(item) is list  # markers are a few bytes
+            await self._send_pieces(self._pieces(item, len(data)))
+        else:
+            self._put(data)
+        if isinstance(item, Barrier):
+            self.epoch = item.epoch
+
+    async def _credit(self) -> None:
         while not self._can_send():
             self.link.raise_if_failed()
             self._waiter = asyncio.get_running_loop().create_future()
@@ -74,13 +111,39 @@ class TcpChannel:
                 await self._waiter
             finally:
                 self._waiter = None
-        data = self._encode(item, self.seq + 1)  # first: an item that cannot be sent spends nothing
+
+    def _put(self, data: bytes) -> None:
         self.credit -= 1
         self.seq += 1
         self.backup.append((self.seq, data))
         self.link.write(data)
-        if isinstance(item, Barrier):
-            self.epoch = item.epoch
+
+    async def _send_pieces(self, pieces: list[bytes]) -> None:
+        self._put(pieces[0])  # send() has waited for its credit
+        for data in pieces[1:]:
+            await self._credit()
+            self._put(data)
+
+    def _pieces(self, batch: Batch, size: int) -> list[bytes]:
+        """DATA frames of ``batch`` within the limit, numbered on from ``seq``; all but the last flagged MORE."""
+        # aim at 3/4 of the limit, so that records of uneven size seldom need a second cut
+        step = max(1, len(batch) * self.max_frame * 3 // (4 * size))
+        todo = deque(batch[start : start + step] for start in range(0, len(batch), step))
+        bodies: list[bytes] = []
+        while todo:
+            part = todo.popleft()
+            body = data_body(self.channel_id, self.epoch, self.seq + len(bodies) + 1, part)
+            if len(body) <= self.max_frame:
+                bodies.append(body)
+            elif len(part) > 1:
+                todo.extendleft((part[len(part) // 2 :], part[: len(part) // 2]))
+            else:
+                raise RecordTooLarge(
+                    f"channel '{self.channel_id}' cannot send the record with key {reprlib.repr(part[0].key)}: "
+                    f"alone it needs a frame of {len(body)} bytes, over the limit of {self.max_frame} (max_frame)"
+                )
+        last = len(bodies) - 1
+        return [with_header(FrameType.DATA, body, 0 if index == last else MORE) for index, body in enumerate(bodies)]
 
     async def aclose(self) -> None:
         """Nothing to release: the link belongs to the client."""
@@ -246,7 +309,11 @@ class _Link:
 
 
 class TcpClient:
-    """Opens channels to data servers; one connection per peer, kept up and re-established."""
+    """Opens channels to data servers; one connection per peer, kept up and re-established.
+
+    ``max_frame`` is the largest frame body it sends (bigger batches go in
+    pieces) or reads; give the data servers it talks to the same.
+    """
 
     def __init__(
         self,
@@ -315,7 +382,9 @@ class LoopbackTransport:
 
 
 @asynccontextmanager
-async def open_loopback_transport(secret: bytes = b"loopback") -> AsyncIterator[LoopbackTransport]:
+async def open_loopback_transport(
+    secret: bytes = b"loopback", max_frame: int = DEFAULT_MAX_FRAME
+) -> AsyncIterator[LoopbackTransport]:
     """A data server and a client on 127.0.0.1, for running a job with every channel over TCP."""
-    async with DataServer(secret) as server, TcpClient(secret) as client:
+    async with DataServer(secret, max_frame=max_frame) as server, TcpClient(secret, max_frame=max_frame) as client:
         yield LoopbackTransport(server, client)

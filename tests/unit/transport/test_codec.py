@@ -170,7 +170,7 @@ def test_data_carries_loop_iterations_when_there_are_any() -> None:
     """Records from inside a cycle keep their iteration count across the wire."""
     from streamlet.core.record import LoopRecord
 
-    batch = [LoopRecord("k", 1, 2.0, 3), LoopRecord("j", 2, None, 1)]
+    batch: list[sl.Record] = [LoopRecord("k", 1, 2.0, 3), LoopRecord("j", 2, None, 1)]
     decoded = decode_body(FrameType.DATA, data_frame("c", 0, 1, batch)[HEADER.size :])
     assert [(type(r).__name__, r.key, r.value, r.ts, r.iteration) for r in records_from(*decoded[3:])] == [
         ("LoopRecord", "k", 1, 2.0, 3),

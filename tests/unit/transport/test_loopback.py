@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import streamlet as sl
 from examples import wordcount
+from streamlet.errors import RecordTooLarge
+from streamlet.transport.codec import DEFAULT_MAX_FRAME
 from streamlet.transport.tcp import ServerStatistics
 from streamlet.transport.tcp_client import open_loopback_transport
 from tests.conftest import pairs
@@ -18,11 +22,11 @@ async def in_memory(topology: sl.Topology) -> sl.JobResult:
         return await job.wait()
 
 
-async def over_tcp(topology: sl.Topology) -> tuple[sl.JobResult, ServerStatistics]:
+async def over_tcp(topology: sl.Topology, max_frame: int = DEFAULT_MAX_FRAME) -> tuple[sl.JobResult, ServerStatistics]:
     """Run ``topology`` with every channel over loopback TCP; the result and the server's counters."""
     async with (
         asyncio.timeout(5),
-        open_loopback_transport() as transport,
+        open_loopback_transport(max_frame=max_frame) as transport,
         sl.start(topology, channel_factory=transport.channel_factory) as job,
     ):
         return await job.wait(), transport.server.statistics()
@@ -81,3 +85,22 @@ async def test_window_bounds_reach_a_sink_over_tcp() -> None:
         start = n * 0.5 - n * 0.5 % 5.0
         expected[f"k{n % 3}", start] = expected.get((f"k{n % 3}", start), 0) + n
     assert rows == sorted((key, total, start, start + 5.0) for (key, start), total in expected.items())
+
+
+async def test_loop_with_batches_in_pieces_equals_in_memory() -> None:
+    """A 256-byte frame limit splits the loop's batches; the loop still ends exactly as in memory."""
+    numbers = list(range(1, 300))
+    expected = await in_memory(halving_loop(numbers, limit=5))
+    result, stats = await over_tcp(halving_loop(numbers, limit=5), max_frame=256)
+    assert sorted(pairs(result.sink("done"))) == sorted(pairs(expected.sink("done")))
+    assert result.statistics.dropped == expected.statistics.dropped > 0
+    assert stats.bad_frames == 0  # unsplit, the source's batch of 299 records (~2.5 KB) would be refused for ever
+
+
+async def test_record_over_the_frame_limit_fails_the_job() -> None:
+    """A record bigger than the frame limit stops the job with RecordTooLarge naming the channel."""
+    topology = sl.Topology("big")
+    source = topology.add_source("in", [("small", "x"), ("huge", "x" * 5000)])
+    topology.add_sink("out", sl.CollectSink()).set_input(source)
+    with pytest.raises(RecordTooLarge, match=r"^channel 'c1' cannot send the record with key 'huge': alone it needs"):
+        await over_tcp(topology, max_frame=4096)

@@ -1,4 +1,4 @@
-"""TCP channels on loopback: delivery in order, authentication, bad peers, credit, cuts and corruption."""
+"""TCP channels on loopback: delivery in order, authentication, bad peers, credit, cuts, corruption, frame limit."""
 
 from __future__ import annotations
 
@@ -7,15 +7,27 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 import streamlet as sl
 from streamlet.core.channel import Inbox
 from streamlet.core.record import END_OF_STREAM, Barrier, Item
-from streamlet.errors import TransportError
+from streamlet.errors import RecordTooLarge, TransportError
 from streamlet.transport import auth
-from streamlet.transport.codec import DEFAULT_MAX_FRAME, HEADER, MAGIC, VERSION, FrameType, data_frame, frame
+from streamlet.transport.codec import (
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    MAGIC,
+    MORE,
+    VERSION,
+    FrameType,
+    data_body,
+    data_frame,
+    frame,
+    with_header,
+)
 from streamlet.transport.tcp import DataServer, read_frame
 from streamlet.transport.tcp_client import TcpChannel, TcpClient
 from tests.unit.transport.proxy import CuttingProxy
@@ -63,10 +75,10 @@ class Pipe:
 async def opened(
     server: DataServer, *, capacity: int = 8, secret: bytes = SECRET, via: tuple[str, int] | None = None
 ) -> AsyncIterator[Pipe]:
-    """A client with one channel ``CHANNEL`` to ``server`` (through ``via`` when given)."""
+    """A client with one channel ``CHANNEL`` to ``server`` (through ``via`` when given) and the same frame limit."""
     inbox = Inbox(capacity)
     server.register(CHANNEL, inbox, inbox.add_channel(0))
-    async with TcpClient(secret) as client:
+    async with TcpClient(secret, max_frame=server.max_frame) as client:
         yield Pipe(server, client, inbox, client.channel(via or server.address, CHANNEL))
 
 
@@ -280,3 +292,84 @@ async def test_stream_of_bad_connections_leaves_nothing_behind() -> None:
             await good.sender.send(batch(1))
             assert await good.take() == batch(1)
         assert server.statistics().connections == 201
+
+
+LIMIT = 64 * 1024
+
+
+def big_batch(count: int, size: int = 1024) -> list[sl.Record]:
+    """``count`` records of ``size`` bytes each, keyed and numbered in order."""
+    return [sl.Record(f"k{n}", bytes([n % 251]) * size, float(n)) for n in range(count)]
+
+
+async def test_batch_over_the_frame_limit_arrives_whole_in_order_once() -> None:
+    """A 300 KiB batch with a 64 KiB limit goes in several frames and arrives as one batch, then the next item."""
+    records = big_batch(300)
+    assert len(data_frame(CHANNEL, 0, 1, records)) > 4 * LIMIT
+    async with DataServer(SECRET, max_frame=LIMIT) as server, opened(server, capacity=2) as pipe:
+        await pipe.sender.send(records)
+        await pipe.sender.send(batch(1))
+        assert [await pipe.take(), await pipe.take()] == [records, batch(1)]
+        stats = server.statistics()
+        assert (stats.bad_frames, stats.duplicates, stats.records) == (0, 0, 301)
+        assert stats.frames == 1 + pipe.sender.seq  # OPEN, then one frame per item sent
+        assert pipe.sender.seq > 5
+        await until(lambda: pipe.sender.credit == 2)  # every piece's credit came back
+        assert pipe.inbox.queued(0) == 0
+
+
+async def test_record_over_the_frame_limit_fails_the_send() -> None:
+    """A record that alone needs a frame over the limit: RecordTooLarge naming channel, key, size and limit."""
+    big = sl.Record("big", b"x" * LIMIT, None)
+    size = len(data_body(CHANNEL, 0, 1, [big]))
+    async with DataServer(SECRET, max_frame=LIMIT) as server, opened(server) as pipe:
+        message = (
+            rf"^channel '{CHANNEL}' cannot send the record with key 'big': "
+            rf"alone it needs a frame of {size} bytes, over the limit of {LIMIT} \(max_frame\)$"
+        )
+        with pytest.raises(RecordTooLarge, match=message):
+            await pipe.sender.send([big])
+
+
+async def test_batch_with_a_record_over_the_limit_sends_none_of_it() -> None:
+    """The batch around a too-big record is not sent at all; the channel goes on with the next batch."""
+    records = [*big_batch(100), sl.Record("big", b"x" * LIMIT, None), *big_batch(100)]
+    async with DataServer(SECRET, max_frame=LIMIT) as server, opened(server) as pipe:
+        with pytest.raises(RecordTooLarge):
+            await pipe.sender.send(records)
+        await pipe.sender.send(batch(1))
+        assert await pipe.take() == batch(1)
+        stats = server.statistics()
+        assert (stats.frames, stats.records, stats.bad_frames, pipe.sender.seq) == (2, 1, 0, 1)  # OPEN and batch(1)
+
+
+async def test_cut_between_pieces_of_a_batch_loses_nothing() -> None:
+    """A cut after some pieces of a split batch: the client resends the rest; the batch arrives whole, once."""
+    records = big_batch(300)
+    cut = bytes_before([], 0) + 5 * LIMIT // 2
+    async with (
+        DataServer(SECRET, max_frame=LIMIT) as server,
+        CuttingProxy(server.address, cut) as proxy,
+        opened(server, capacity=2, via=proxy.address) as pipe,
+    ):
+        await pipe.sender.send(records)
+        await pipe.sender.send(batch(1))
+        assert [await pipe.take(), await pipe.take()] == [records, batch(1)]
+        stats = server.statistics()
+        assert (proxy.cuts, proxy.connections, stats.bad_frames, stats.records) == (1, 2, 0, 301)
+
+
+async def test_marker_inside_a_split_batch_is_a_bad_frame() -> None:
+    """A BARRIER between a MORE piece and the batch's last piece breaks the protocol: ERROR, connection closed."""
+    async with DataServer(SECRET) as server, raw(server) as (reader, writer):
+        inbox = Inbox(8)
+        server.register(CHANNEL, inbox, inbox.add_channel(0))
+        await authenticate(reader, writer)
+        writer.write(frame(FrameType.OPEN, [CHANNEL]))
+        writer.write(with_header(FrameType.DATA, data_body(CHANNEL, 0, 1, batch(1)), MORE))
+        writer.write(frame(FrameType.BARRIER, [CHANNEL, 0, 2, 1]))
+        replies: list[tuple[FrameType, list[Any]]] = []
+        while not replies or replies[-1][0] is not FrameType.ERROR:
+            replies.append(await read_frame(reader, DEFAULT_MAX_FRAME))
+        assert replies[-1][1] == [f"channel '{CHANNEL}': BARRIER inside a batch sent in pieces"]
+        assert (server.statistics().bad_frames, inbox.queued(0)) == (1, 0)
