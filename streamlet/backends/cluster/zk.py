@@ -1,4 +1,5 @@
-"""ZooKeeper through kazoo, without blocking the event loop.
+"""The :class:`~streamlet.backends.cluster.store.ClusterStore` on ZooKeeper, through kazoo, without blocking
+the event loop.
 
 kazoo is thread-based: every call here runs in a worker thread
 (``anyio.to_thread``) and every kazoo callback is handed back to the event
@@ -10,55 +11,65 @@ Connection states follow ZooKeeper's rules. SUSPENDED means the connection
 dropped but the session may live: callers pause decisions. LOST means the
 session expired and its ephemeral nodes are gone: callers re-register and
 re-check what they owned once kazoo has a new session (CONNECTED again).
+
+Security: a store given the cluster secret authenticates with ZooKeeper's
+digest scheme (user ``streamlet``, a password derived from the secret) and
+creates every node with an ACL that gives that identity every permission
+and everyone else read access only (ZooKeeper ACLs are not inherited, so
+kazoo's ``default_acl`` puts it on each node). A store without the secret
+can read, and every write is refused with :class:`NotAuthorized`. A cluster
+root that already carries another identity's ACL is refused at start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 import structlog
 
-from streamlet.errors import StreamletError
+from streamlet.backends.cluster.store import (
+    Check,
+    CoordinationError,
+    Create,
+    Delete,
+    NodeExists,
+    NotAuthorized,
+    Op,
+    SetData,
+    VersionConflict,
+)
 
 log = structlog.get_logger("streamlet")
-
-
-class CoordinationError(StreamletError):
-    """ZooKeeper could not be reached, or a node was not what we expected."""
-
-
-class VersionConflict(CoordinationError):
-    """A conditional write lost to someone else's."""
-
-
-class NodeExists(CoordinationError):
-    """The node was already there."""
 
 
 def _kazoo() -> Any:
     try:
         import kazoo.client
+        import kazoo.security
     except ImportError:  # pragma: no cover - depends on the install
         raise CoordinationError("the cluster backend needs kazoo: pip install 'streamlet[cluster]'") from None
     return kazoo
 
 
-class ZkCoordinator:
+class ZkStore:
     """The cluster's view of ZooKeeper: JSON nodes under ``/streamlet/<cluster>``.
 
     Example:
         >>> async def show(hosts):                                  # doctest: +SKIP
-        ...     async with ZkCoordinator(hosts, "demo") as zk:
+        ...     async with ZkStore(hosts, "demo", secret=b"...") as zk:
         ...         await zk.create("/workers/w1", {"host": "10.0.0.5"}, ephemeral=True)
     """
 
-    def __init__(self, hosts: str, cluster: str, session_timeout: float = 4.0) -> None:
+    def __init__(self, hosts: str, cluster: str, session_timeout: float = 4.0, secret: bytes | None = None) -> None:
         self.hosts = hosts
+        self.secret = secret
         self.cluster = cluster
         self.root = f"/streamlet/{cluster}"
         self.session_timeout = session_timeout
@@ -67,7 +78,7 @@ class ZkCoordinator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
 
-    async def __aenter__(self) -> ZkCoordinator:
+    async def __aenter__(self) -> ZkStore:
         await self.start()
         return self
 
@@ -78,14 +89,33 @@ class ZkCoordinator:
         """Connect (with a session of ``session_timeout`` seconds)."""
         kazoo = _kazoo()
         self._loop = asyncio.get_running_loop()
-        self._client = kazoo.client.KazooClient(hosts=self.hosts, timeout=self.session_timeout)
+        auth = {} if self.secret is None else {"auth_data": [("digest", credentials(self.secret))]}
+        self._client = kazoo.client.KazooClient(
+            hosts=self.hosts, timeout=self.session_timeout, default_acl=cluster_acl(self.secret), **auth
+        )
         self._client.add_listener(self._on_state)
         try:
             await anyio.to_thread.run_sync(lambda: self._client.start(timeout=max(10.0, self.session_timeout)))
         except Exception as exc:
             raise CoordinationError(f"cannot reach ZooKeeper at {self.hosts}: {exc}") from exc
         self.state = "connected"
+        if self.secret is not None:
+            await self._claim_root()
+
+    async def _claim_root(self) -> None:
+        """Create the cluster root with our ACL, or check that the existing one carries it."""
+        kazoo = _kazoo()
+        shared = [kazoo.security.make_acl("world", "anyone", read=True, create=True)]  # every cluster's parent
+        await self._call(lambda: self._client.ensure_path(self.root.rsplit("/", 1)[0], acl=shared))
         await self.ensure("")
+        acls, _ = await self._call(lambda: self._client.get_acls(self.root))
+        ours = {(acl.id.scheme, acl.id.id) for acl in cluster_acl(self.secret) if acl.id.scheme == "digest"}
+        if not ours <= {(acl.id.scheme, acl.id.id) for acl in acls}:
+            found = ", ".join(f"{acl.id.scheme}:{acl.id.id}" for acl in acls)
+            raise CoordinationError(
+                f"the cluster root {self.root} carries another owner's ACL ({found}); "
+                "refusing to use it (another secret made it, or it was created by hand)"
+            )
 
     async def aclose(self) -> None:
         """Close the session: our ephemeral nodes disappear at once."""
@@ -129,6 +159,10 @@ class ZkCoordinator:
             raise NodeExists(str(exc) or "node exists") from exc
         except kazoo.exceptions.BadVersionError as exc:
             raise VersionConflict(str(exc) or "version conflict") from exc
+        except kazoo.exceptions.NoAuthError as exc:
+            raise NotAuthorized(
+                f"ZooKeeper refused a change under {self.root}: this client does not hold the cluster secret"
+            ) from exc
         except kazoo.exceptions.KazooException as exc:
             raise CoordinationError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -229,24 +263,18 @@ class ZkCoordinator:
                 return data, found
             await changed.wait()
 
-    async def write_fenced(self, relative: str, data: Any, version: int | None, fence: tuple[str, int]) -> bool:
-        """Atomically: write ``data`` (create it when ``version`` is ``None``) while node ``fence[0]`` is
-        still at version ``fence[1]``. ``False`` when either check failed: nothing was written."""
-        value = json.dumps(data).encode()
-        fence_path, fence_version = fence
+    async def commit(self, ops: Sequence[Op]) -> bool:
+        """Apply every step or none (one ZooKeeper multi); ``False`` when a check or version failed."""
 
-        def commit() -> bool:
+        def run() -> bool:
             transaction = self._client.transaction()
-            transaction.check(self.path(fence_path), fence_version)
-            if version is None:
-                transaction.create(self.path(relative), value)
-            else:
-                transaction.set_data(self.path(relative), value, version)
+            for op in ops:
+                _add(transaction, self.path(op.path), op)
             results = transaction.commit()
             return not any(isinstance(result, Exception) for result in results)
 
-        written: bool = await self._call(commit)
-        return written
+        committed: bool = await self._call(run)
+        return committed
 
     async def watch_children(self, relative: str) -> asyncio.Event:
         """An event set (on the loop) every time the children of ``relative`` change; the caller clears it.
@@ -262,3 +290,35 @@ class ZkCoordinator:
 
         await self._call(lambda: self._client.ChildrenWatch(self.path(relative), on_change))
         return changed
+
+
+def _add(transaction: Any, path: str, op: Op) -> None:
+    if isinstance(op, Check):
+        transaction.check(path, op.version)
+    elif isinstance(op, Create):
+        transaction.create(path, json.dumps(op.data).encode())
+    elif isinstance(op, SetData):
+        transaction.set_data(path, json.dumps(op.data).encode(), op.version)
+    elif isinstance(op, Delete):
+        transaction.delete(path, op.version)
+
+
+DIGEST_USER = "streamlet"
+
+
+def credentials(secret: bytes) -> str:
+    """``user:password`` for ZooKeeper's digest scheme, derived from the cluster secret (not the secret itself)."""
+    password = hmac.new(secret, b"streamlet zookeeper digest", hashlib.sha256).hexdigest()
+    return f"{DIGEST_USER}:{password}"
+
+
+def cluster_acl(secret: bytes | None) -> list[Any]:
+    """Every permission for the secret's digest identity, read for anyone; ``None`` without a secret."""
+    kazoo = _kazoo()
+    if secret is None:
+        return [kazoo.security.make_acl("world", "anyone", read=True)]  # only ever used on reads: nothing created
+    user, password = credentials(secret).split(":", 1)
+    return [
+        kazoo.security.make_digest_acl(user, password, all=True),
+        kazoo.security.make_acl("world", "anyone", read=True),
+    ]

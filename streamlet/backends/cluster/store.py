@@ -1,0 +1,355 @@
+"""The cluster's coordination seam: a small tree of versioned JSON nodes.
+
+:class:`ClusterStore` is everything the leader, the workers and the clients
+need from ZooKeeper: read, create, versioned set, delete, children, watches
+and an all-or-nothing transaction. :class:`~streamlet.backends.cluster.zk.ZkStore`
+implements it with kazoo; :class:`MemoryClusterStore` implements it in one
+event loop, so the cluster's logic is unit-tested without a server or a
+sleep. Paths are relative to the cluster's root (see ``paths``).
+
+Sessions follow ZooKeeper's rules. ``"suspended"``: the connection dropped
+but the session may live (decide nothing). ``"lost"``: the session expired
+and its ephemeral nodes are gone (register again once ``"connected"``).
+
+Example:
+    >>> import anyio
+    >>> async def demo() -> object:
+    ...     store = MemoryClusterStore(MemoryTree(), "demo")
+    ...     await store.create("/jobs/wc/state", {"state": "SUBMITTED"})
+    ...     return await store.get("/jobs/wc/state")
+    >>> anyio.run(demo)
+    ({'state': 'SUBMITTED'}, 0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from streamlet.errors import StreamletError
+
+
+class CoordinationError(StreamletError):
+    """The store could not be reached, or a node was not what we expected."""
+
+
+class VersionConflict(CoordinationError):
+    """A conditional write lost to someone else's."""
+
+
+class NodeExists(CoordinationError):
+    """The node was already there."""
+
+
+class NotAuthorized(CoordinationError):
+    """The store refused a change: this client does not hold the cluster secret."""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """Transaction step: ``path`` is still at ``version``."""
+
+    path: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Transaction step: create ``path`` holding ``data``."""
+
+    path: str
+    data: Any
+
+
+@dataclass(frozen=True, slots=True)
+class SetData:
+    """Transaction step: write ``data`` to ``path`` (only at ``version`` unless it is -1)."""
+
+    path: str
+    data: Any
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Transaction step: remove ``path`` (only at ``version`` unless it is -1)."""
+
+    path: str
+    version: int = -1
+
+
+Op = Check | Create | SetData | Delete
+
+
+class ClusterStore(Protocol):
+    """Versioned JSON nodes under one cluster's root, with watches and transactions."""
+
+    cluster: str
+    state: str
+
+    def on_state(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback("suspended" | "lost" | "connected")`` on the loop when the session changes."""
+
+    async def get(self, path: str) -> tuple[Any, int] | None:
+        """``(data, version)`` of a node, or ``None`` when it does not exist."""
+
+    async def create(self, path: str, data: Any, *, ephemeral: bool = False, sequence: bool = False) -> str:
+        """Create a node (and missing parents); returns its path. Raises :class:`NodeExists`."""
+
+    async def set(self, path: str, data: Any, version: int = -1) -> int:
+        """Write ``data``; with ``version`` only if the node is still at it. Returns the new version."""
+
+    async def delete(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a node (no error when it is already gone)."""
+
+    async def children(self, path: str) -> list[str]:
+        """Names of a node's children, sorted (empty when the node does not exist)."""
+
+    async def ensure(self, path: str) -> None:
+        """Create ``path`` and its parents if missing."""
+
+    async def commit(self, ops: Sequence[Op]) -> bool:
+        """Apply every step or none; ``False`` when a check or a version did not hold."""
+
+    async def wait_changed(self, path: str, version: int | None) -> tuple[Any, int | None]:
+        """``(data, version)`` of ``path`` once its version is not ``version`` (``None``: absent)."""
+
+    async def wait_gone(self, path: str) -> None:
+        """Return once ``path`` does not exist."""
+
+    async def watch_children(self, path: str) -> asyncio.Event:
+        """An event set every time the children of ``path`` change; the caller clears it."""
+
+
+async def write_fenced(store: ClusterStore, path: str, data: Any, version: int | None, fence: tuple[str, int]) -> bool:
+    """Write ``data`` (create it when ``version`` is ``None``) only while ``fence`` (path, version) holds."""
+    write: Op = Create(path, data) if version is None else SetData(path, data, version)
+    return await store.commit([Check(*fence), write])
+
+
+async def read_all(store: ClusterStore, path: str) -> dict[str, Any]:
+    """Every child of ``path`` with its data (children that vanish meanwhile are left out)."""
+    found = {}
+    for name in await store.children(path):
+        entry = await store.get(f"{path}/{name}")
+        if entry is not None:
+            found[name] = entry[0]
+    return found
+
+
+# -- in memory ------------------------------------------------------------------------
+
+
+@dataclass
+class _Node:
+    raw: bytes
+    version: int = 0
+    owner: MemoryClusterStore | None = None  # the session of an ephemeral node
+    sequence: int = 0  # next suffix for sequential children
+
+
+@dataclass
+class MemoryTree:
+    """The shared tree behind any number of :class:`MemoryClusterStore` sessions (one event loop)."""
+
+    nodes: dict[str, _Node] = field(default_factory=lambda: {"": _Node(b"")})
+    _watchers: dict[str, list[asyncio.Event]] = field(default_factory=dict)  # one-shot, like ZooKeeper's
+    _child_watchers: dict[str, list[asyncio.Event]] = field(default_factory=dict)  # kept, like ChildrenWatch
+
+    def touched(self, path: str) -> None:
+        """Wake whoever watches ``path`` (data) or its parent (children)."""
+        for watched in (path, _parent(path) + "/*"):
+            for event in self._watchers.pop(watched, []):
+                event.set()
+        for event in self._child_watchers.get(_parent(path), []):
+            event.set()
+
+    def watch(self, key: str) -> asyncio.Event:
+        """An event set at the next change of ``key`` (a path, or ``parent/*`` for its children)."""
+        event = asyncio.Event()
+        self._watchers.setdefault(key, []).append(event)
+        return event
+
+
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0]
+
+
+class MemoryClusterStore:
+    """One session on a :class:`MemoryTree`; ``expire()`` and ``suspend()`` simulate ZooKeeper's faults."""
+
+    def __init__(self, tree: MemoryTree, cluster: str = "memory") -> None:
+        self.tree = tree
+        self.cluster = cluster
+        self.state = "connected"
+        self._listeners: list[Callable[[str], None]] = []
+
+    async def __aenter__(self) -> MemoryClusterStore:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """End the session: its ephemeral nodes go."""
+        self._drop_ephemerals()
+        self.state = "closed"
+
+    def on_state(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback`` when the session state changes."""
+        self._listeners.append(callback)
+
+    def _changed(self, state: str) -> None:
+        self.state = state
+        for callback in list(self._listeners):
+            callback(state)
+
+    def suspend(self) -> None:
+        """The connection drops: every call fails until :meth:`resume`."""
+        self._changed("suspended")
+
+    def resume(self) -> None:
+        """The connection is back within the session."""
+        self._changed("connected")
+
+    def expire(self) -> None:
+        """The session expires: ephemeral nodes go, listeners hear "lost", then "connected" (a new session)."""
+        self._drop_ephemerals()
+        self._changed("lost")
+        self._changed("connected")
+
+    def _drop_ephemerals(self) -> None:
+        for path in [p for p, node in self.tree.nodes.items() if node.owner is self]:
+            del self.tree.nodes[path]
+            self.tree.touched(path)
+
+    def _usable(self) -> dict[str, _Node]:
+        if self.state != "connected":
+            raise CoordinationError(f"the store session is {self.state}")
+        return self.tree.nodes
+
+    # -- nodes ----------------------------------------------------------------------
+
+    async def get(self, path: str) -> tuple[Any, int] | None:
+        node = self._usable().get(path)
+        return None if node is None else (_load(node.raw), node.version)
+
+    async def create(self, path: str, data: Any, *, ephemeral: bool = False, sequence: bool = False) -> str:
+        nodes = self._usable()
+        await self.ensure(_parent(path))
+        if sequence:
+            parent = nodes[_parent(path)]
+            path, parent.sequence = f"{path}{parent.sequence:010d}", parent.sequence + 1
+        if path in nodes:
+            raise NodeExists(f"node exists: {path}")
+        if nodes[_parent(path)].owner is not None:
+            raise CoordinationError(f"an ephemeral node cannot have children: {path}")
+        nodes[path] = _Node(_dump(data), owner=self if ephemeral else None)
+        self.tree.touched(path)
+        return path
+
+    async def set(self, path: str, data: Any, version: int = -1) -> int:
+        node = self._existing(path, version)
+        node.raw, node.version = _dump(data), node.version + 1
+        self.tree.touched(path)
+        return node.version
+
+    def _existing(self, path: str, version: int) -> _Node:
+        node = self._usable().get(path)
+        if node is None:
+            raise CoordinationError(f"no node {path}")
+        if version != -1 and node.version != version:
+            raise VersionConflict(f"{path} is at version {node.version}, not {version}")
+        return node
+
+    async def delete(self, path: str, *, recursive: bool = False) -> None:
+        nodes = self._usable()
+        below = [p for p in nodes if p.startswith(path + "/")]
+        if below and not recursive:
+            raise CoordinationError(f"node {path} has children")
+        for gone in [*below, path]:
+            if nodes.pop(gone, None) is not None:
+                self.tree.touched(gone)
+
+    async def children(self, path: str) -> list[str]:
+        prefix = path + "/"
+        return sorted(p[len(prefix) :] for p in self._usable() if p.startswith(prefix) and "/" not in p[len(prefix) :])
+
+    async def ensure(self, path: str) -> None:
+        nodes = self._usable()
+        parts = [part for part in path.split("/") if part]
+        for depth in range(1, len(parts) + 1):
+            prefix = "/" + "/".join(parts[:depth])
+            if prefix not in nodes:
+                nodes[prefix] = _Node(b"")
+                self.tree.touched(prefix)
+
+    async def commit(self, ops: Sequence[Op]) -> bool:
+        if not self._would_hold(ops):
+            return False
+        for op in ops:
+            await self._apply(op)
+        return True
+
+    def _would_hold(self, ops: Sequence[Op]) -> bool:
+        """Check the steps in order, each seeing the ones before it, as ZooKeeper's multi does."""
+        nodes = self._usable()
+        planned: dict[str, int | None] = {}  # path -> version after the steps so far (None: absent)
+
+        def version(path: str) -> int | None:
+            return planned[path] if path in planned else (nodes[path].version if path in nodes else None)
+
+        for op in ops:
+            current = version(op.path)
+            if isinstance(op, Create):
+                if current is not None or version(_parent(op.path)) is None:
+                    return False
+                planned[op.path] = 0
+                continue
+            if current is None or op.version not in (-1, current):
+                return False
+            if isinstance(op, SetData):
+                planned[op.path] = current + 1
+            elif isinstance(op, Delete):
+                planned[op.path] = None
+        return True
+
+    async def _apply(self, op: Op) -> None:
+        if isinstance(op, Create):
+            await self.create(op.path, op.data)
+        elif isinstance(op, SetData):
+            await self.set(op.path, op.data)
+        elif isinstance(op, Delete):
+            await self.delete(op.path)
+
+    # -- watches ----------------------------------------------------------------------
+
+    async def wait_changed(self, path: str, version: int | None) -> tuple[Any, int | None]:
+        while True:
+            changed = self.tree.watch(path)
+            found = await self.get(path)
+            current = None if found is None else found[1]
+            if current != version:
+                return (None if found is None else found[0]), current
+            await changed.wait()
+
+    async def wait_gone(self, path: str) -> None:
+        while path in self._usable():
+            await self.tree.watch(path).wait()
+
+    async def watch_children(self, path: str) -> asyncio.Event:
+        await self.ensure(path)
+        changed = asyncio.Event()
+        self.tree._child_watchers.setdefault(path, []).append(changed)
+        return changed
+
+
+def _dump(data: Any) -> bytes:
+    return json.dumps(data).encode()  # what ZooKeeper would hold: JSON or an error now, not later
+
+
+def _load(raw: bytes) -> Any:
+    return json.loads(raw) if raw else None
