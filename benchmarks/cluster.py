@@ -48,9 +48,15 @@ def run_on_cluster(workers: int, records: int, repeats: int) -> dict[str, Any]:
             rates, shares = [], []
             for repeat in range(repeats):
                 outcome = anyio.run(
-                    client.submit_and_wait, state.zk, state.name, client.Submission(TARGET, f"wc{repeat}"), True, 300
+                    client.submit_and_wait,
+                    state.zk,
+                    state.name,
+                    client.Submission(TARGET, f"wc{repeat}"),
+                    True,
+                    300,
+                    state.secret(),
                 )
-                if outcome["state"] != "finished":
+                if outcome["state"] != "FINISHED":
                     raise RuntimeError(f"cluster job failed: {outcome['errors']}")
                 reports = list(outcome["done"].values())
                 wall = max(r["statistics"]["wall_time"] for r in reports)
@@ -74,7 +80,7 @@ async def _wait_ready(state: local_cluster.ClusterState, workers: int) -> None:
 def recovery_seconds() -> dict[str, float]:
     """SIGKILL a worker mid-job (a checkpointed slow count); seconds from the kill until the next attempt is
     assigned to the survivor, and until that attempt completes its first checkpoint (its output resumes)."""
-    from streamlet.backends.cluster.coordinator import ZkCoordinator
+    from streamlet.backends.cluster.zk import ZkStore
 
     with tempfile.TemporaryDirectory() as directory:
         state_dir = Path(directory)
@@ -84,10 +90,10 @@ def recovery_seconds() -> dict[str, float]:
             slow = "benchmarks.cluster_slow_job:build_topology"
             checkpoint = {"interval": 0.2, "directory": str(state_dir / "checkpoints")}
             submission = client.Submission(slow, "slow", checkpoint=checkpoint)
-            anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60)
+            anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
 
             async def progress() -> tuple[int, int]:
-                async with ZkCoordinator(state.zk, state.name) as zk:
+                async with ZkStore(state.zk, state.name) as zk:
                     found = await zk.get("/jobs/slow/assignment")
                     done = await zk.get("/jobs/slow/checkpoints/completed")
                     return (0 if found is None else int(found[0]["attempt"])), (

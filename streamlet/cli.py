@@ -59,6 +59,19 @@ def _secret() -> bytes:
     return bytes.fromhex(value or "")
 
 
+def _client_secret(action: str, state_dir: Path) -> bytes:
+    """The secret a command that changes the cluster needs: from the environment, else the state dir."""
+    from streamlet.backends.cluster.local_cluster import find_secret
+
+    secret = find_secret(state_dir)
+    if secret is None:
+        raise StreamletError(
+            f"{action} needs the cluster secret: set STREAMLET_SECRET (hex) or run it with the --state-dir "
+            f"that 'streamlet cluster up' wrote (looked in {state_dir})"
+        )
+    return secret
+
+
 @main.command("master")
 @click.option("--zk", required=True, help="ZooKeeper HOST:PORT")
 @click.option("--name", default="default", show_default=True, help="cluster name")
@@ -67,7 +80,9 @@ def master_command(zk: str, name: str, master_id: str | None) -> None:
     """Run one master: a candidate that leads the cluster when elected."""
     from streamlet.backends.cluster.processes import run_master
 
-    anyio.run(run_master, zk, name, master_id or f"master-{os.getpid()}", backend_options={"use_uvloop": True})
+    anyio.run(
+        run_master, zk, name, master_id or f"master-{os.getpid()}", _secret(), backend_options={"use_uvloop": True}
+    )
 
 
 @main.command("worker")
@@ -75,7 +90,7 @@ def master_command(zk: str, name: str, master_id: str | None) -> None:
 @click.option("--name", default="default", show_default=True, help="cluster name")
 @click.option("--id", "worker_id", default=None, help="this worker's name (default: worker-<pid>)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address other workers reach this one on")
-@click.option("--capacity", default=8, show_default=True, help="instances this worker takes")
+@click.option("--capacity", default=8, show_default=True, type=click.IntRange(min=1), help="instances it takes")
 @click.option("--label", "labels", multiple=True, help="a label tasks can ask for (add_task(labels=...)), repeatable")
 def worker_command(
     zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...]
@@ -95,11 +110,11 @@ def cluster_group() -> None:
 
 
 @cluster_group.command("up")
-@click.option("--workers", default=2, show_default=True)
-@click.option("--masters", default=1, show_default=True)
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--masters", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--zk", default=None, help="use this ZooKeeper instead of starting one")
 @click.option("--name", default="default", show_default=True)
-@click.option("--capacity", default=8, show_default=True, help="instances each worker takes")
+@click.option("--capacity", default=8, show_default=True, type=click.IntRange(min=1), help="instances per worker")
 @click.option("--label", "labels", multiple=True, help="WORKER=LABEL, e.g. worker-1=gpu; repeatable")
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
 def cluster_up(
@@ -110,17 +125,16 @@ def cluster_up(
     from streamlet.backends.cluster.status import format_status, wait_until_ready
 
     try:
-        by_worker: dict[str, list[str]] = {}
-        for item in labels:
-            worker, _, label = item.partition("=")
-            if not worker or not label:
-                raise click.BadParameter(f"expected WORKER=LABEL, got {item!r}")
-            by_worker.setdefault(worker, []).append(label)
+        by_worker = _labels_by_worker(labels, workers)
+        local_cluster.refuse_if_recorded(state_dir)  # before anything starts: a running cluster stays untouched
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    try:
         state = local_cluster.up(state_dir, name, workers, masters, zk, capacity, by_worker)
         status = anyio.run(wait_until_ready, state.zk, name, workers)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         if (state_dir / local_cluster.STATE_FILE).exists():
-            local_cluster.down(state_dir)
+            local_cluster.down(state_dir)  # what this command started, and nothing else: it refused above
         _fail(exc)
     click.echo(f"ZooKeeper at {state.zk}; state in {state_dir}")
     for process in state.processes:
@@ -128,18 +142,33 @@ def cluster_up(
     click.echo(format_status(status))
 
 
+def _labels_by_worker(labels: tuple[str, ...], workers: int) -> dict[str, list[str]]:
+    names = [f"worker-{index}" for index in range(workers)]
+    by_worker: dict[str, list[str]] = {}
+    for item in labels:
+        worker, _, label = item.partition("=")
+        if not worker or not label:
+            raise click.BadParameter(f"expected WORKER=LABEL, got {item!r}")
+        if worker not in names:
+            raise click.BadParameter(f"--label {item}: no worker called '{worker}' (workers: {', '.join(names)})")
+        by_worker.setdefault(worker, []).append(label)
+    return by_worker
+
+
 @cluster_group.command("status")
 @click.option("--zk", default=None)
 @click.option("--name", default=None)
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
-def cluster_status(zk: str | None, name: str | None, state_dir: Path) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: bool) -> None:
     """Leader and epoch, candidates, workers with state and load, jobs."""
-    from streamlet.backends.cluster.coordinator import ZkCoordinator
     from streamlet.backends.cluster.status import format_status, read_status
+    from streamlet.backends.cluster.zk import ZkStore
 
     async def show(hosts: str, cluster: str) -> str:
-        async with ZkCoordinator(hosts, cluster) as coordinator:
-            return format_status(await read_status(coordinator))
+        async with ZkStore(hosts, cluster) as store:
+            status = await read_status(store)
+        return json.dumps(status, indent=2) if as_json else format_status(status)
 
     try:
         hosts, cluster = _where(zk, name, state_dir)
@@ -176,9 +205,14 @@ def _cluster_options(command: Any) -> Any:
 @click.option("--job", "job_name", default=None, help="job name (default: the topology's)")
 @click.option("--parallelism", "-p", multiple=True, help="TASK=N, repeatable")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="wait until the job ends")
-@click.option("--timeout", default=300.0, show_default=True, help="seconds to wait")
+@click.option(
+    "--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="seconds to wait"
+)  # fmt: skip
 @click.option("--results", default=None, type=click.Path(path_type=Path), help="write collected sink records (JSON)")
-@click.option("--checkpoint-interval", default=None, type=float, help="take a checkpoint every SECONDS")
+@click.option(
+    "--checkpoint-interval", default=None, type=click.FloatRange(min=0, min_open=True),
+    help="take a checkpoint every SECONDS",
+)  # fmt: skip
 @click.option(
     "--checkpoint-dir", default=None, type=click.Path(path_type=Path),
     help="where checkpoints go, on a path every worker reaches (default: STATE_DIR/checkpoints)",
@@ -200,13 +234,14 @@ def submit_command(
             directory = (checkpoint_dir or state_dir / "checkpoints").resolve()
             checkpoint = {"interval": checkpoint_interval, "directory": str(directory)}
         submission = cluster_client.Submission(target, job_name, counts, checkpoint)
-        outcome = anyio.run(cluster_client.submit_and_wait, hosts, name, submission, wait, timeout)
+        secret = _client_secret("submit", state_dir)
+        outcome = anyio.run(cluster_client.submit_and_wait, hosts, name, submission, wait, timeout, secret)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     click.echo(cluster_client.describe(outcome))
     if results is not None:
         results.write_text(json.dumps(cluster_client.collected(outcome)), encoding="utf-8")
-    if outcome["state"] == "failed":
+    if outcome["state"] in ("FAILED", "KILLED"):
         sys.exit(1)
 
 
@@ -219,8 +254,9 @@ def _parallelism(item: str) -> tuple[str, int]:
 
 @main.command("jobs")
 @_cluster_options
-def jobs_command(zk: str | None, cluster: str | None, state_dir: Path) -> None:
-    """Every job on the cluster and its state."""
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def jobs_command(zk: str | None, cluster: str | None, state_dir: Path, as_json: bool) -> None:
+    """Every job on the cluster: state, reason, attempt, workers."""
     from streamlet.backends.cluster import client as cluster_client
 
     try:
@@ -228,8 +264,13 @@ def jobs_command(zk: str | None, cluster: str | None, state_dir: Path) -> None:
         listing = anyio.run(cluster_client.list_jobs, hosts, name)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
+    if as_json:
+        click.echo(json.dumps([cluster_client.public(status) for status in listing], indent=2))
+        return
     for status in listing:
-        click.echo(f"{status['job']:<24} {status['state']:<10} workers: {', '.join(status['workers']) or '-'}")
+        workers = ", ".join(status["workers"]) or "-"
+        click.echo(f"{status['job']:<24} {status['state']:<13} attempt {status['attempt']:<3} workers: {workers}")
+        click.echo(f"{'':<24} {status['reason']}")
 
 
 @main.command("kill")
@@ -241,10 +282,28 @@ def kill_command(job: str, zk: str | None, cluster: str | None, state_dir: Path)
 
     try:
         hosts, name = _where(zk, cluster, state_dir)
-        anyio.run(cluster_client.kill, hosts, name, job)
+        state = anyio.run(cluster_client.kill, hosts, name, job, _client_secret("kill", state_dir))
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
-    click.echo(f"asked the cluster to stop job '{job}'")
+    if state in ("FINISHED", "FAILED", "KILLED"):
+        click.echo(f"job '{job}' has ended already ({state})")
+    else:
+        click.echo(f"asked the cluster to stop job '{job}' (it was {state})")
+
+
+@main.command("rm")
+@click.argument("job")
+@_cluster_options
+def rm_command(job: str, zk: str | None, cluster: str | None, state_dir: Path) -> None:
+    """Remove an ended JOB, so that its name can be used again."""
+    from streamlet.backends.cluster import client as cluster_client
+
+    try:
+        hosts, name = _where(zk, cluster, state_dir)
+        anyio.run(cluster_client.remove, hosts, name, job, _client_secret("rm", state_dir))
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    click.echo(f"removed job '{job}'")
 
 
 def _where(zk: str | None, name: str | None, state_dir: Path) -> tuple[str, str]:

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from streamlet.backends.cluster.coordinator import ZkCoordinator
+from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
 from tests.support.kafka_mock import MockBroker
 
 _names = itertools.count()
+TEST_SECRET = b"integration tests"
 
 
 @pytest.fixture(scope="session")
@@ -34,9 +35,9 @@ def cluster_name() -> str:
 
 
 @pytest.fixture
-async def zk(zookeeper: ZooKeeperServer, cluster_name: str) -> AsyncIterator[ZkCoordinator]:
+async def zk(zookeeper: ZooKeeperServer, cluster_name: str) -> AsyncIterator[ZkStore]:
     """A connected coordinator with a 2-second session."""
-    async with ZkCoordinator(zookeeper.address, cluster_name, session_timeout=2.0) as coordinator:
+    async with ZkStore(zookeeper.address, cluster_name, session_timeout=2.0, secret=TEST_SECRET) as coordinator:
         yield coordinator
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.local_cluster import alive, stop_pid
+from streamlet.backends.cluster.zk import ZkStore
+from tests.support.cluster import wait_for_node, wait_for_state
 
 pytestmark = pytest.mark.integration
 STREAMLET = [sys.executable, "-m", "streamlet.cli"]
@@ -106,26 +107,17 @@ def test_master_failover_elects_a_candidate_with_a_higher_epoch(
         [*STREAMLET, "submit", str(job_file), "--job", "paced", "--results", str(results)],
         cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while "paced                    running" not in streamlet("jobs", cwd=directory).stdout:
-        assert time.monotonic() < deadline, "the job never started"
-        time.sleep(0.2)
+    wait_for_state(directory, "paced", {"RUNNING"})
     name, epoch = leader_line(streamlet("cluster", "status", cwd=directory).stdout)
     [victim] = [p for p in processes if p["id"] == name]
     os.kill(int(str(victim["pid"])), signal.SIGKILL)
     began = time.monotonic()
-    while True:
-        new_name, new_epoch = leader_line(
-            streamlet("cluster", "status", cwd=directory).stdout + "leader: none (epoch 0)"
-        )
-        if new_name != name and new_name != "none":
-            break
-        assert time.monotonic() - began < 4.0 + 1.0 + 2.0, "no new leader in time"  # session + 1 s + CLI start-up
-        time.sleep(0.2)
-    assert new_epoch > epoch
+    new_leader = wait_for_node(directory, "/leader", lambda data: data["epoch"] > epoch, seconds=30)
+    assert time.monotonic() - began < 4.0 + 1.0 + 1.0, "no new leader in time"  # session + 1 s + the watch's client
+    assert new_leader["name"] != name
     out, err = submit.communicate(timeout=60)
     assert submit.returncode == 0, err
-    assert out.splitlines()[0].startswith("job 'paced' finished on ")
+    assert out.splitlines()[0].startswith("job 'paced' FINISHED on ")
     finals: dict[int, int] = {}
     for key, value, _ts in json.loads(results.read_text())["out"]:
         finals[key] = max(finals.get(key, 0), value)  # running counts: the largest is the total
@@ -133,7 +125,7 @@ def test_master_failover_elects_a_candidate_with_a_higher_epoch(
     state = json.loads((directory / ".streamlet" / "cluster.json").read_text())
 
     async def assignment() -> tuple[dict[str, object], int]:
-        async with ZkCoordinator(state["zk"], "cli") as zk:
+        async with ZkStore(state["zk"], "cli") as zk:
             found = await zk.get("/jobs/paced/assignment")
             assert found is not None
             return found
@@ -153,3 +145,42 @@ def test_down_stops_every_process_by_pid(cluster: tuple[Path, list[dict[str, obj
     again = streamlet("cluster", "status", cwd=directory)
     assert again.returncode == 1
     assert again.stderr.strip().startswith("error: ClusterError: no cluster recorded in .streamlet")
+
+
+def test_up_on_a_running_cluster_refuses_and_leaves_it_untouched(cluster: tuple[Path, list[dict[str, object]]]) -> None:
+    """A second 'cluster up' in the same state dir starts nothing and stops nothing."""
+    directory, processes = cluster
+    again = streamlet("cluster", "up", "--workers", "1", cwd=directory)
+    assert again.returncode == 1
+    assert again.stderr.strip() == (
+        "error: ClusterError: a cluster is already recorded in .streamlet; it was left untouched "
+        "('streamlet cluster status' shows it, 'streamlet cluster down' stops it)"
+    )
+    assert all(alive(int(str(p["pid"]))) for p in processes)
+    assert json.loads((directory / ".streamlet" / "cluster.json").read_text())["processes"] == processes
+
+
+def test_submit_without_the_secret_is_refused_before_any_code_runs(
+    cluster: tuple[Path, list[dict[str, object]]], tmp_path: Path
+) -> None:
+    """No secret: a clear error; a wrong secret: ZooKeeper's ACL refuses it. The module never runs anywhere."""
+    directory, _ = cluster
+    zk = json.loads((directory / ".streamlet" / "cluster.json").read_text())["zk"]
+    marker = tmp_path / "ran"
+    job_file = tmp_path / "intruder.py"
+    job_file.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n", encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    environment = {key: value for key, value in os.environ.items() if key != "STREAMLET_SECRET"}
+    command = [*STREAMLET, "submit", str(job_file), "--zk", zk, "--name", "cli"]
+    anonymous = subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, env=environment, timeout=60)
+    assert anonymous.returncode == 1
+    assert anonymous.stderr.strip() == (
+        "error: StreamletError: submit needs the cluster secret: set STREAMLET_SECRET (hex) or run it with the "
+        "--state-dir that 'streamlet cluster up' wrote (looked in .streamlet)"
+    )
+    environment["STREAMLET_SECRET"] = "00" * 32
+    forged = subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, env=environment, timeout=60)
+    assert forged.returncode == 1
+    assert "carries another owner's ACL" in forged.stderr
+    assert not marker.exists()

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +15,9 @@ from typing import Any
 import anyio
 import pytest
 
-from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.local_cluster import alive, stop_pid
+from streamlet.backends.cluster.zk import ZkStore
+from tests.support.cluster import streamlet, wait_for_node, wait_for_state
 
 pytestmark = pytest.mark.integration
 
@@ -48,11 +48,6 @@ def build_topology():
     topology.add_sink("totals", sl.CollectSink()).set_input(count)
     return topology
 """
-
-
-def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "streamlet.cli", *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
@@ -90,11 +85,9 @@ def start_slow_job(directory: Path, *options: str) -> tuple[subprocess.Popen[str
         *options,
     ]
     submit = subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while "slow                     running" not in streamlet("jobs", cwd=directory).stdout:
-        assert time.monotonic() < deadline, "the job never started"
-        time.sleep(0.2)
-    time.sleep(1.0)  # well into the stream
+    wait_for_state(directory, "slow", {"RUNNING"})
+    if "--checkpoint-interval" in options:  # well into the stream: a checkpoint across both workers completed
+        wait_for_node(directory, "/jobs/slow/checkpoints/completed", lambda data: data["attempt"] == 1)
     return submit, results
 
 
@@ -111,10 +104,10 @@ def test_killing_a_worker_mid_job_reruns_it_on_the_survivor_with_exact_counts(cl
     os.kill(cluster["pids"]["worker-1"], signal.SIGKILL)
     out, err = submit.communicate(timeout=50)
     assert submit.returncode == 0, err
-    assert out.splitlines()[0] == "job 'slow' finished on worker-0"
+    assert out.splitlines()[0] == "job 'slow' FINISHED on worker-0: every worker finished (1)"
     assert_exact_totals(results)
-    listing = streamlet("jobs", cwd=cluster["dir"]).stdout
-    assert "slow                     finished   workers: worker-0" in listing.splitlines()
+    [listing] = json.loads(streamlet("jobs", "--json", cwd=cluster["dir"]).stdout)
+    assert (listing["state"], listing["attempt"], listing["workers"]) == ("FINISHED", 2, ["worker-0"])
     assert not alive(cluster["pids"]["worker-1"])
 
 
@@ -127,11 +120,12 @@ def test_a_stopped_worker_that_comes_back_cannot_add_stale_output(cluster: dict[
     out, err = submit.communicate(timeout=50)
     os.kill(zombie, signal.SIGCONT)
     assert submit.returncode == 0, err
-    assert out.splitlines()[0] == "job 'slow' finished on worker-0"
-    time.sleep(2.0)  # the zombie wakes up, sees attempt 2 and drops its attempt 1
+    assert out.splitlines()[0] == "job 'slow' FINISHED on worker-0: every worker finished (1)"
+    # the zombie wakes up, registers again and drops its attempt 1 (it sees the job has ended)
+    wait_for_node(cluster["dir"], "/workers/worker-1", lambda data: data["local_state"] == "waiting")
 
     async def reports() -> tuple[dict[str, list[str]], dict[str, Any] | None]:
-        async with ZkCoordinator(cluster["zk"], "failover") as zk:
+        async with ZkStore(cluster["zk"], "failover") as zk:
             done = {attempt: await zk.children(f"/jobs/slow/done/{attempt}") for attempt in ("1", "2")}
             completed = await zk.get("/jobs/slow/checkpoints/completed")
             return done, None if completed is None else completed[0]
@@ -152,7 +146,7 @@ def test_a_checkpointed_job_resumes_from_its_last_completed_checkpoint_after_a_w
     submit, results = start_slow_job(cluster["dir"], "--checkpoint-interval", "0.3")
 
     async def completed() -> dict[str, Any] | None:
-        async with ZkCoordinator(cluster["zk"], "failover") as zk:
+        async with ZkStore(cluster["zk"], "failover") as zk:
             found = await zk.get("/jobs/slow/checkpoints/completed")
             return None if found is None else found[0]
 
@@ -163,11 +157,11 @@ def test_a_checkpointed_job_resumes_from_its_last_completed_checkpoint_after_a_w
     os.kill(cluster["pids"]["worker-1"], signal.SIGKILL)
     out, err = submit.communicate(timeout=50)
     assert submit.returncode == 0, err
-    assert out.splitlines()[0] == "job 'slow' finished on worker-0"
+    assert out.splitlines()[0] == "job 'slow' FINISHED on worker-0: every worker finished (1)"
     assert_exact_totals(results)
 
     async def second_attempt() -> dict[str, Any]:
-        async with ZkCoordinator(cluster["zk"], "failover") as zk:
+        async with ZkStore(cluster["zk"], "failover") as zk:
             found = await zk.get("/jobs/slow/done/2/worker-0")
             assert found is not None
             return dict(found[0])

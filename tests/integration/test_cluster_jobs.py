@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +13,9 @@ import pytest
 
 import streamlet as sl
 from examples.wordcount import build_topology, word_counts
-from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.local_cluster import stop_pid
+from streamlet.backends.cluster.zk import ZkStore
+from tests.support.cluster import streamlet, wait_for_state
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,12 +130,6 @@ def build_topology():
 """
 
 
-def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "streamlet.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One cluster for the module; every PID it started is stopped at the end."""
@@ -161,7 +153,10 @@ def test_wordcount_on_two_workers_gives_the_in_process_counts(cluster: Path) -> 
     target = str(ROOT / "examples" / "wordcount.py")
     run = streamlet("submit", target, "--job", "wc", "--results", str(results), cwd=cluster)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines() == ["job 'wc' finished on worker-0, worker-1", "  totals: 93 records"]
+    assert run.stdout.splitlines() == [
+        "job 'wc' FINISHED on worker-0, worker-1: every worker finished (2)",
+        "  totals: 93 records",
+    ]
     counts = {key: value for key, value, _ts in json.loads(results.read_text())["totals"]}
     assert counts == word_counts(sl.run(build_topology()))
 
@@ -171,9 +166,13 @@ def test_parallelism_override_and_jobs_listing(cluster: Path) -> None:
     target = str(ROOT / "examples" / "wordcount.py")
     run = streamlet("submit", target, "--job", "wc1", "-p", "count=1", "-p", "split=1", cwd=cluster)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[0] == "job 'wc1' finished on worker-0, worker-1"
-    listing = streamlet("jobs", cwd=cluster)
-    assert "wc1                      finished   workers: worker-0, worker-1" in listing.stdout.splitlines()
+    assert run.stdout.splitlines()[0] == "job 'wc1' FINISHED on worker-0, worker-1: every worker finished (2)"
+    listing = {job["name"]: job for job in json.loads(streamlet("jobs", "--json", cwd=cluster).stdout)}
+    assert listing["wc1"]["state"] == "FINISHED"
+    assert listing["wc1"]["workers"] == ["worker-0", "worker-1"]
+    assert listing["wc1"]["attempt"] == 1
+    assert listing["wc1"]["reconfigurations"] == 0
+    assert listing["wc1"]["started"] <= listing["wc1"]["ended"]
 
 
 def test_a_failing_job_reports_the_task_error(cluster: Path, tmp_path: Path) -> None:
@@ -182,30 +181,33 @@ def test_a_failing_job_reports_the_task_error(cluster: Path, tmp_path: Path) -> 
     path.write_text(FAILING, encoding="utf-8")
     run = streamlet("submit", str(path), "--job", "broken", cwd=cluster)
     assert run.returncode == 1
-    assert run.stdout.splitlines()[1] == (
-        "  error: TaskError: task 'explode' instance 0 failed on record with key None: ValueError: no 1"
+    assert re.fullmatch(
+        r"  error: TaskError: task 'explode' instance 0 failed on record with key None: ValueError: no 1 "
+        r"\(on worker-[01]\)",
+        run.stdout.splitlines()[1],
     )
 
 
-def test_kill_stops_a_running_job(cluster: Path, tmp_path: Path) -> None:
-    """kill: the workers cancel the job and report it killed."""
+def test_kill_stops_a_running_job_idempotently_and_rm_frees_its_name(cluster: Path, tmp_path: Path) -> None:
+    """kill: KILLED, a second kill changes nothing; rm removes the ended job and the name can be used again."""
     path = tmp_path / "slow.py"
     path.write_text(SLOW, encoding="utf-8")
     submitted = streamlet("submit", str(path), "--job", "slow", "--no-wait", cwd=cluster)
     assert submitted.returncode == 0, submitted.stderr
-    deadline = time.monotonic() + 30
-    while "slow                     running" not in streamlet("jobs", cwd=cluster).stdout:
-        assert time.monotonic() < deadline, "the job never started"
-        time.sleep(0.2)
+    wait_for_state(cluster, "slow", {"RUNNING"})
     status = streamlet("cluster", "status", cwd=cluster).stdout
     held = re.findall(r"^      instances: (.*)$", status, re.M)
     assert sorted(", ".join(held).split(", ")) == ["slow/in.0", "slow/out.0", "slow/slow.0"]
-    assert "slow (running, attempt 1)" in status
+    assert "slow (RUNNING, attempt 1)" in status
     killed = streamlet("kill", "slow", cwd=cluster)
-    assert killed.stdout.strip() == "asked the cluster to stop job 'slow'"
-    while "slow                     failed" not in streamlet("jobs", cwd=cluster).stdout:
-        assert time.monotonic() < deadline, "the job was not stopped"
-        time.sleep(0.2)
+    assert killed.stdout.strip() == "asked the cluster to stop job 'slow' (it was RUNNING)"
+    assert wait_for_state(cluster, "slow", {"KILLED"})["reason"] == "killed by streamlet kill"
+    again = streamlet("kill", "slow", cwd=cluster)
+    assert (again.returncode, again.stdout.strip()) == (0, "job 'slow' has ended already (KILLED)")
+    assert streamlet("rm", "slow", cwd=cluster).stdout.strip() == "removed job 'slow'"
+    target = str(ROOT / "examples" / "wordcount.py")
+    reused = streamlet("submit", target, "--job", "slow", cwd=cluster)
+    assert reused.returncode == 0, reused.stderr
 
 
 def test_submitting_a_job_name_twice_is_refused(cluster: Path) -> None:
@@ -215,7 +217,10 @@ def test_submitting_a_job_name_twice_is_refused(cluster: Path) -> None:
     assert first.returncode == 0, first.stderr
     again = streamlet("submit", target, "--job", "twice", cwd=cluster)
     assert again.returncode == 1
-    assert again.stderr.strip() == "error: JobError: a job called 'twice' already exists on cluster 'jobs'"
+    assert again.stderr.strip() == (
+        "error: JobError: a job called 'twice' already exists on cluster 'jobs' "
+        "(when it has ended, 'streamlet rm twice' removes it)"
+    )
 
 
 def test_a_task_restricted_to_a_worker_runs_there(cluster: Path, tmp_path: Path) -> None:
@@ -225,7 +230,7 @@ def test_a_task_restricted_to_a_worker_runs_there(cluster: Path, tmp_path: Path)
     results = tmp_path / "pinned.json"
     run = streamlet("submit", str(path), "--job", "pinned", "--results", str(results), cwd=cluster)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[0] == "job 'pinned' finished on worker-0, worker-1"
+    assert run.stdout.splitlines()[0] == "job 'pinned' FINISHED on worker-0, worker-1: every worker finished (2)"
     assert sorted(value for _key, value, _ts in json.loads(results.read_text())["out"]) == [10, 20, 30]
 
 
@@ -236,7 +241,7 @@ def test_checkpoints_across_workers_make_a_file_sink_exactly_once(cluster: Path,
     path.write_text(f"OUT = {str(out)!r}\n{FILES}", encoding="utf-8")
     run = streamlet("submit", str(path), "--job", "files", "--checkpoint-interval", "0.1", cwd=cluster)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines() == ["job 'files' finished on worker-0, worker-1"]
+    assert run.stdout.splitlines() == ["job 'files' FINISHED on worker-0, worker-1: every worker finished (2)"]
     records = sl.read_file_sink(out)
     assert sorted((r.key, r.value) for r in records) == sorted((v % 7, v * 2) for v in range(30_000))
     epochs = {int(name.name.split("-")[1]) for name in out.glob("part-*.jsonl")}
@@ -251,7 +256,7 @@ def job_nodes(cluster: Path, job: str) -> dict[str, Any]:
     state = json.loads((cluster / ".streamlet" / "cluster.json").read_text())
 
     async def read() -> dict[str, Any]:
-        async with ZkCoordinator(state["zk"], "jobs") as zk:
+        async with ZkStore(state["zk"], "jobs") as zk:
             assignment = await zk.get(f"/jobs/{job}/assignment")
             failures = {}
             for instance in await zk.children(f"/jobs/{job}/failures"):
@@ -310,8 +315,8 @@ def test_an_instance_that_keeps_crashing_fails_the_job_after_max_failures(cluste
         "TaskError: task 'crashy' instance 0 failed on record with key None after 1 restarts: "
         "RuntimeError: bad disk on this worker"
     )
-    time.sleep(1.0)  # a leader that kept going would have written attempt 3 by now
-    assert job_nodes(cluster, "doomed")["assignment"]["attempt"] == 2
+    [doomed] = [job for job in json.loads(streamlet("jobs", "--json", cwd=cluster).stdout) if job["name"] == "doomed"]
+    assert (doomed["state"], doomed["attempt"]) == ("FAILED", 2)  # ended: the lifecycle lets nothing follow
 
 
 def test_spark_sink_instances_hand_their_epochs_to_spark_from_their_workers(

@@ -8,21 +8,22 @@ from typing import Any
 
 import pytest
 
-from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.election import EpochFence, LeaderElection, candidates, leader
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
+from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from tests.integration.conftest import TEST_SECRET
 
 pytestmark = pytest.mark.integration
 
 
 async def test_first_candidate_leads_and_the_next_takes_over_with_a_higher_epoch(
-    zookeeper: ZooKeeperServer, cluster_name: str, zk: ZkCoordinator
+    zookeeper: ZooKeeperServer, cluster_name: str, zk: ZkStore
 ) -> None:
     """When the leader's session ends, the waiting candidate leads within session timeout + 1 s."""
-    first = ZkCoordinator(zookeeper.address, cluster_name, session_timeout=2.0)
+    first = ZkStore(zookeeper.address, cluster_name, session_timeout=2.0, secret=TEST_SECRET)
     await first.start()
-    second = ZkCoordinator(zookeeper.address, cluster_name, session_timeout=2.0)
+    second = ZkStore(zookeeper.address, cluster_name, session_timeout=2.0, secret=TEST_SECRET)
     await second.start()
     try:
         first_epoch = await LeaderElection(first, {"name": "m1"}).campaign()
@@ -44,7 +45,7 @@ async def test_first_candidate_leads_and_the_next_takes_over_with_a_higher_epoch
         await second.aclose()
 
 
-async def test_resign_hands_leadership_on(zookeeper: ZooKeeperServer, cluster_name: str, zk: ZkCoordinator) -> None:
+async def test_resign_hands_leadership_on(zookeeper: ZooKeeperServer, cluster_name: str, zk: ZkStore) -> None:
     """A leader that resigns deletes /leader and the next candidate wins at once."""
     election = LeaderElection(zk, {"name": "m1"})
     epoch = await election.campaign()
@@ -61,7 +62,7 @@ def test_fence_refuses_commands_from_an_older_epoch() -> None:
     assert (fence.highest, fence.refused) == (4, 1)
 
 
-async def test_workers_register_with_state_and_heartbeat(zk: ZkCoordinator) -> None:
+async def test_workers_register_with_state_and_heartbeat(zk: ZkStore) -> None:
     """A registered worker is listed with its state model and a fresh heartbeat."""
     registration = WorkerRegistration(zk, "w1", {"host": "127.0.0.1", "data_port": 7001, "capacity": 4}, heartbeat=0.1)
     await registration.register()
@@ -83,7 +84,7 @@ async def test_workers_register_with_state_and_heartbeat(zk: ZkCoordinator) -> N
     assert (view.info["zk_state"], view.info["local_state"]) == ("LIVE", "running")
 
 
-async def test_stale_heartbeat_is_detected(zk: ZkCoordinator) -> None:
+async def test_stale_heartbeat_is_detected(zk: ZkStore) -> None:
     """A worker whose load was written long ago counts as stale."""
     registration = WorkerRegistration(zk, "w2", {"host": "127.0.0.1"}, load=lambda: {"cpu_seconds": 0.0})
     await registration.register()
@@ -92,7 +93,7 @@ async def test_stale_heartbeat_is_detected(zk: ZkCoordinator) -> None:
     assert view.stale(time.time() + 10.0, after=5.0) is True
 
 
-async def expire(zookeeper: ZooKeeperServer, victim: ZkCoordinator) -> None:
+async def expire(zookeeper: ZooKeeperServer, victim: ZkStore) -> None:
     """Expire ``victim``'s session the ZooKeeper way: open the same session elsewhere and close it."""
     from kazoo.client import KazooClient
 
@@ -108,10 +109,10 @@ async def expire(zookeeper: ZooKeeperServer, victim: ZkCoordinator) -> None:
 
 
 async def test_lost_session_is_reported_and_the_worker_registers_again(
-    zookeeper: ZooKeeperServer, cluster_name: str, zk: ZkCoordinator
+    zookeeper: ZooKeeperServer, cluster_name: str, zk: ZkStore
 ) -> None:
     """After LOST the worker's ephemeral node is gone; once reconnected it is registered again."""
-    worker_zk = ZkCoordinator(zookeeper.address, cluster_name, session_timeout=2.0)
+    worker_zk = ZkStore(zookeeper.address, cluster_name, session_timeout=2.0, secret=TEST_SECRET)
     await worker_zk.start()
     states: list[str] = []
     worker_zk.on_state(states.append)

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from streamlet.backends.cluster.child_process import stop_child
-from streamlet.backends.cluster.coordinator import VersionConflict, ZkCoordinator
 from streamlet.backends.cluster.local_cluster import alive, stop_pid
+from streamlet.backends.cluster.store import VersionConflict
+from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer, find_classpath, four_letter_word
+from tests.integration.conftest import TEST_SECRET
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +89,7 @@ def test_missing_installation_says_what_to_install(monkeypatch: pytest.MonkeyPat
         find_classpath()
 
 
-async def test_nodes_hold_json_and_versioned_writes_detect_conflicts(zk: ZkCoordinator) -> None:
+async def test_nodes_hold_json_and_versioned_writes_detect_conflicts(zk: ZkStore) -> None:
     """set(version=...) succeeds only from the version read; a stale write raises VersionConflict."""
     await zk.create("/jobs/wc/spec", {"module": "examples.wordcount", "parallelism": {"count": 2}})
     data, version = await zk.get("/jobs/wc/spec") or (None, -1)
@@ -102,8 +104,8 @@ async def test_nodes_hold_json_and_versioned_writes_detect_conflicts(zk: ZkCoord
 
 async def test_ephemeral_nodes_vanish_with_their_session(zookeeper: ZooKeeperServer, cluster_name: str) -> None:
     """A closed session takes its ephemeral node with it; wait_gone returns then."""
-    async with ZkCoordinator(zookeeper.address, cluster_name, session_timeout=2.0) as watcher:
-        owner = ZkCoordinator(zookeeper.address, cluster_name, session_timeout=2.0)
+    async with ZkStore(zookeeper.address, cluster_name, session_timeout=2.0, secret=TEST_SECRET) as watcher:
+        owner = ZkStore(zookeeper.address, cluster_name, session_timeout=2.0, secret=TEST_SECRET)
         await owner.start()
         await owner.create("/workers/w1", {"host": "127.0.0.1"}, ephemeral=True)
         waiting = asyncio.ensure_future(watcher.wait_gone("/workers/w1"))
@@ -116,11 +118,11 @@ async def test_ephemeral_nodes_vanish_with_their_session(zookeeper: ZooKeeperSer
 
 async def test_unreachable_zookeeper_is_a_clear_error() -> None:
     """A coordinator pointed at a port nobody serves fails with the address in the message."""
-    from streamlet.backends.cluster.coordinator import CoordinationError
+    from streamlet.backends.cluster.store import CoordinationError
     from streamlet.backends.cluster.zookeeper import free_port
 
     address = f"127.0.0.1:{free_port()}"
-    coordinator = ZkCoordinator(address, "nowhere", session_timeout=1.0)
+    coordinator = ZkStore(address, "nowhere", session_timeout=1.0)
     with pytest.raises(CoordinationError, match=rf"^cannot reach ZooKeeper at {address}: "):
         await coordinator.start()
     await coordinator.aclose()

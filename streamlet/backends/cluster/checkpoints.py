@@ -36,7 +36,14 @@ from typing import Any, TypeVar
 
 import anyio
 
-from streamlet.backends.cluster.coordinator import CoordinationError, NodeExists, VersionConflict, ZkCoordinator
+from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.store import (
+    ClusterStore,
+    CoordinationError,
+    NodeExists,
+    VersionConflict,
+    write_fenced,
+)
 from streamlet.core.checkpoint import Coordinator, _Pending
 from streamlet.core.checkpoint_store import DirectoryCheckpointStore, decode, encode
 from streamlet.core.clock import Clock
@@ -60,7 +67,7 @@ class AttemptInfo:
 
 def completed_path(job: str) -> str:
     """Where the job's last completed checkpoint is published."""
-    return f"/jobs/{job}/checkpoints/completed"
+    return f"{paths.checkpoints(job)}/completed"
 
 
 def part_store(directory: Path, job: str, attempt: int, worker: str) -> DirectoryCheckpointStore:
@@ -72,13 +79,13 @@ class ClusterCheckpoints(Coordinator):
     """Aligned checkpoints for the instances of one worker, agreed with the others through ZooKeeper."""
 
     def __init__(
-        self, zk: ZkCoordinator, info: AttemptInfo, directory: Path, interval: float | None, clock: Clock
+        self, zk: ClusterStore, info: AttemptInfo, directory: Path, interval: float | None, clock: Clock
     ) -> None:
         super().__init__(info.job, part_store(directory, info.job, info.attempt, info.worker), clock, interval)
         self.zk = zk
         self.info = info
         self.directory = directory
-        self.base = f"/jobs/{info.job}/checkpoints/attempt-{info.attempt}"
+        self.base = f"{paths.checkpoints(info.job)}/attempt-{info.attempt}"
         self.restored_from: int | None = None
         self._published = 0  # the newest epoch known complete
         self._triggered = 0
@@ -191,7 +198,7 @@ class ClusterCheckpoints(Coordinator):
 
     async def _publish_completed(self, epoch: int, finished: bool) -> None:
         path = completed_path(self.job)
-        fence = (f"/jobs/{self.job}/assignment", self.info.assignment_version)
+        fence = (paths.assignment(self.job), self.info.assignment_version)
         value = {
             "attempt": self.info.attempt,
             "epoch": epoch,
@@ -203,7 +210,7 @@ class ClusterCheckpoints(Coordinator):
             found = await self.zk.get(path)
             if found is not None and (found[0]["attempt"], found[0]["epoch"]) >= (self.info.attempt, epoch):
                 return  # a later checkpoint is published already
-            if await self.zk.write_fenced(path, value, None if found is None else found[1], fence):
+            if await write_fenced(self.zk, path, value, None if found is None else found[1], fence):
                 return
             current = await self.zk.get(fence[0])
             if current is None or current[1] != self.info.assignment_version:

@@ -1,4 +1,8 @@
-"""What ``submit``, ``jobs`` and ``kill`` do, talking to the cluster through ZooKeeper."""
+"""What ``submit``, ``jobs``, ``kill`` and ``rm`` do, talking to the cluster through ZooKeeper.
+
+Reading needs nothing; changing the cluster needs its secret (the store is
+opened with it, and ZooKeeper refuses writes from anyone without it).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,12 @@ from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster.coordinator import ZkCoordinator
-from streamlet.backends.cluster.jobs import JOBS, job_status, submit, topology_of
+from streamlet.backends.cluster import jobs
+from streamlet.backends.cluster.lifecycle import JobState
+from streamlet.backends.cluster.zk import ZkStore
 from streamlet.errors import JobError
+
+POLL = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,35 +30,43 @@ class Submission:
 
 
 async def submit_and_wait(
-    hosts: str, cluster: str, submission: Submission, wait: bool, seconds: float
+    hosts: str, cluster: str, submission: Submission, wait: bool, seconds: float, secret: bytes
 ) -> dict[str, Any]:
-    """Submit a job; with ``wait``, poll until it finishes or fails."""
-    async with ZkCoordinator(hosts, cluster) as zk:
-        target, parallelism = submission.target, submission.parallelism
-        name = submission.job or topology_of({"target": target, "parallelism": parallelism}).name
-        await submit(zk, name, target, parallelism, submission.checkpoint)
-        status = await job_status(zk, name)
+    """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass)."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint)
+        name = submission.job or jobs.topology_of(spec).name
+        await jobs.submit(store, name, spec, secret)
+        status = await jobs.job_status(store, name)
         if not wait:
             return status
-        with anyio.fail_after(seconds):
-            while status["state"] not in ("finished", "failed"):
-                await anyio.sleep(0.1)
-                status = await job_status(zk, name)
-        return status
+        with anyio.move_on_after(seconds):
+            while not JobState(status["state"]).ended:
+                await anyio.sleep(POLL)
+                status = await jobs.job_status(store, name)
+            return status
+        raise JobError(
+            f"job '{name}' has not ended after {seconds:g} s; it is {status['state']}: {status['reason']} "
+            f"(it goes on; 'streamlet jobs' follows it, 'streamlet kill {name}' stops it)"
+        )
 
 
 async def list_jobs(hosts: str, cluster: str) -> list[dict[str, Any]]:
     """Every job's status."""
-    async with ZkCoordinator(hosts, cluster) as zk:
-        return [await job_status(zk, job) for job in await zk.children(JOBS)]
+    async with ZkStore(hosts, cluster) as store:
+        return await jobs.all_jobs(store)
 
 
-async def kill(hosts: str, cluster: str, job: str) -> None:
-    """Ask the workers to stop ``job``."""
-    async with ZkCoordinator(hosts, cluster) as zk:
-        if await zk.get(f"{JOBS}/{job}/spec") is None:
-            raise JobError(f"no job called '{job}' on cluster '{cluster}'")
-        await zk.create(f"{JOBS}/{job}/kill", {"by": "streamlet kill"})
+async def kill(hosts: str, cluster: str, job: str, secret: bytes) -> str:
+    """Ask the cluster to stop ``job``; returns the state it was in."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        return await jobs.kill(store, job)
+
+
+async def remove(hosts: str, cluster: str, job: str, secret: bytes) -> None:
+    """Remove an ended job so that its name can be used again."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        await jobs.remove(store, job)
 
 
 def collected(status: dict[str, Any]) -> dict[str, list[list[Any]]]:
@@ -64,8 +79,15 @@ def collected(status: dict[str, Any]) -> dict[str, list[list[Any]]]:
 
 
 def describe(status: dict[str, Any]) -> str:
-    """One line per fact: state, workers, errors, records per collecting sink."""
-    lines = [f"job '{status['job']}' {status['state']} on {', '.join(status['workers']) or 'no worker yet'}"]
+    """One line per fact: state and reason, workers, errors, records per collecting sink."""
+    workers = ", ".join(status["workers"]) or "no worker yet"
+    lines = [f"job '{status['job']}' {status['state']} on {workers}: {status['reason']}"]
     lines.extend(f"  error: {error}" for error in status["errors"])
     lines.extend(f"  {sink}: {len(records)} records" for sink, records in sorted(collected(status).items()))
     return "\n".join(lines)
+
+
+def public(status: dict[str, Any]) -> dict[str, Any]:
+    """A status as ``jobs --json`` prints it (without the workers' full reports)."""
+    keys = ("name", "state", "reason", "attempt", "reconfigurations", "workers", "started", "ended")
+    return {key: status[key] for key in keys}

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamlet.backends.cluster.coordinator import NodeExists, VersionConflict, ZkCoordinator
+from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.store import ClusterStore, NodeExists, VersionConflict
 
-LEADER = "/leader"
-EPOCH = "/epoch"
-CANDIDATES = "/candidates"
+LEADER = paths.LEADER
+EPOCH = paths.EPOCH
 
 
 class LeaderElection:
     """One candidate's part in the election."""
 
-    def __init__(self, zk: ZkCoordinator, identity: dict[str, Any]) -> None:
+    def __init__(self, zk: ClusterStore, identity: dict[str, Any]) -> None:
         self.zk = zk
         self.identity = identity
         self.epoch: int | None = None
@@ -33,7 +33,8 @@ class LeaderElection:
     async def campaign(self) -> int:
         """Wait until this candidate leads; returns its epoch (the fencing token)."""
         if self.candidate is None:
-            self.candidate = await self.zk.create(f"{CANDIDATES}/c-", self.identity, ephemeral=True, sequence=True)
+            prefix = paths.candidate_prefix()
+            self.candidate = await self.zk.create(prefix, self.identity, ephemeral=True, sequence=True)
         while True:
             await self.zk.wait_gone(LEADER)
             epoch = await next_epoch(self.zk)
@@ -59,7 +60,7 @@ class LeaderElection:
             self.candidate = None
 
 
-async def next_epoch(zk: ZkCoordinator) -> int:
+async def next_epoch(zk: ClusterStore) -> int:
     """Increment ``/epoch`` atomically and return the new value."""
     while True:
         found = await zk.get(EPOCH)
@@ -78,17 +79,17 @@ async def next_epoch(zk: ZkCoordinator) -> int:
             continue
 
 
-async def leader(zk: ZkCoordinator) -> dict[str, Any] | None:
+async def leader(zk: ClusterStore) -> dict[str, Any] | None:
     """The current leader's identity and epoch, if there is one."""
     found = await zk.get(LEADER)
     return None if found is None else found[0]
 
 
-async def candidates(zk: ZkCoordinator) -> list[dict[str, Any]]:
+async def candidates(zk: ClusterStore) -> list[dict[str, Any]]:
     """Every registered candidate's identity, oldest first."""
     found = []
-    for name in await zk.children(CANDIDATES):
-        entry = await zk.get(f"{CANDIDATES}/{name}")
+    for name in await zk.children(paths.CANDIDATES):
+        entry = await zk.get(f"{paths.CANDIDATES}/{name}")
         if entry is not None:
             found.append(entry[0])
     return found

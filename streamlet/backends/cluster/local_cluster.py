@@ -86,12 +86,13 @@ def up(
     labels: dict[str, list[str]] | None = None,
 ) -> ClusterState:
     """Start ZooKeeper (unless ``zk``), masters and workers (``labels`` by worker id); record them in ``state_dir``."""
-    if (state_dir / STATE_FILE).exists():
-        raise ClusterError(f"a cluster is already recorded in {state_dir}; run 'streamlet cluster down' first")
+    refuse_if_recorded(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.chmod(0o700)  # the secret lives here: nobody else may list or read it
     secret_file = state_dir / "secret"
-    secret_file.write_bytes(secrets.token_bytes(32))
-    secret_file.chmod(0o600)
+    descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # 0600 from the start
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(secrets.token_bytes(32))
     state = ClusterState(name=name, zk=zk or "", secret_file=str(secret_file.resolve()))
     try:
         if zk is None:
@@ -118,6 +119,25 @@ def up(
         down(state_dir)
         raise
     return state
+
+
+def refuse_if_recorded(state_dir: Path) -> None:
+    """Raise :class:`ClusterError` when ``state_dir`` records a cluster (running or not: 'down' clears it)."""
+    if (state_dir / STATE_FILE).exists():
+        raise ClusterError(
+            f"a cluster is already recorded in {state_dir}; it was left untouched "
+            "('streamlet cluster status' shows it, 'streamlet cluster down' stops it)"
+        )
+
+
+def find_secret(state_dir: Path) -> bytes | None:
+    """The cluster secret: ``STREAMLET_SECRET`` (hex), else the one ``cluster up`` wrote in ``state_dir``."""
+    value = os.environ.get(SECRET_ENV)
+    if value:
+        return bytes.fromhex(value)
+    if (state_dir / STATE_FILE).exists():
+        return ClusterState.load(state_dir).secret()
+    return None
 
 
 def down(state_dir: Path) -> list[dict[str, Any]]:

@@ -9,57 +9,39 @@ from typing import Any
 import anyio
 import structlog
 
-from streamlet.backends.cluster.coordinator import ZkCoordinator
 from streamlet.backends.cluster.election import LeaderElection
-from streamlet.backends.cluster.failover import recover
-from streamlet.backends.cluster.jobs import schedule_pending
+from streamlet.backends.cluster.leader import Leader
 from streamlet.backends.cluster.load import LoadMeter
-from streamlet.backends.cluster.registry import WORKERS, WorkerRegistration
-from streamlet.backends.cluster.runner import WorkerJobs
+from streamlet.backends.cluster.registry import WorkerRegistration
+from streamlet.backends.cluster.store import ClusterStore
+from streamlet.backends.cluster.worker import WorkerJobs
+from streamlet.backends.cluster.zk import ZkStore
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 
 log = structlog.get_logger("streamlet")
 SESSION_TIMEOUT = 4.0
-ROUND = 0.2  # seconds between the leader's scheduling rounds
 
 
-async def run_master(zk_hosts: str, cluster: str, name: str, session_timeout: float = SESSION_TIMEOUT) -> None:
+async def run_master(
+    zk_hosts: str, cluster: str, name: str, secret: bytes, session_timeout: float = SESSION_TIMEOUT
+) -> None:
     """Campaign for leadership and lead until the session is lost; then campaign again."""
-    async with ZkCoordinator(zk_hosts, cluster, session_timeout) as zk:
+    async with ZkStore(zk_hosts, cluster, session_timeout, secret=secret) as zk:
         identity = {"name": name, "pid": os.getpid(), "host": socket.gethostname()}
         while True:
             election = LeaderElection(zk, identity)
             epoch = await election.campaign()
             log.info("leading the cluster", cluster=cluster, master=name, epoch=epoch)
             async with anyio.create_task_group() as group:
-                group.start_soon(_schedule_forever, zk, epoch)
+                group.start_soon(Leader(zk, epoch, secret).run)
                 await _lead_until_lost(zk)
                 group.cancel_scope.cancel()
             log.warning("lost leadership", cluster=cluster, master=name, epoch=epoch)
             election.candidate = None  # the lost session took our candidate node too
 
 
-async def _schedule_forever(zk: ZkCoordinator, epoch: int) -> None:
-    # a worker that goes away wakes the leader at once; new jobs and reports are picked up within a round
-    workers_changed = await zk.watch_children(WORKERS)
-    while True:
-        workers_changed.clear()
-        if zk.state == "suspended":  # as ZooKeeper advises: decide nothing until the session is back or lost
-            await anyio.sleep(ROUND)
-            continue
-        try:
-            for job in await schedule_pending(zk, epoch):
-                log.info("job assigned", job=job, epoch=epoch)
-            for job in await recover(zk, epoch):
-                log.warning("job recovered", job=job, epoch=epoch)
-        except Exception as exc:  # noqa: BLE001 - a bad job must not stop the leader; the next round retries
-            log.warning("scheduling failed", error=f"{type(exc).__name__}: {exc}")
-        with anyio.move_on_after(ROUND):
-            await workers_changed.wait()
-
-
-async def _lead_until_lost(zk: ZkCoordinator) -> None:
+async def _lead_until_lost(zk: ClusterStore) -> None:
     lost, reconnected = anyio.Event(), anyio.Event()
 
     def follow(state: str) -> None:
@@ -85,7 +67,7 @@ async def run_worker(
 ) -> None:
     """Serve data connections, register, and heartbeat until stopped."""
     async with (
-        ZkCoordinator(zk_hosts, cluster, session_timeout) as zk,
+        ZkStore(zk_hosts, cluster, session_timeout, secret=secret) as zk,
         DataServer(secret, host=host) as server,
         TcpClient(secret) as client,
     ):
@@ -93,7 +75,7 @@ async def run_worker(
             "host": host, "data_port": server.port, "capacity": capacity, "labels": labels or [], "pid": os.getpid(),
         }  # fmt: skip
         registration = WorkerRegistration(zk, worker_id, info)
-        jobs = WorkerJobs(zk, registration, server, client)
+        jobs = WorkerJobs(zk, registration, server, client, secret)
         registration.load = LoadMeter(jobs.queue_depths)
         await registration.register()
         log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{host}:{server.port}")

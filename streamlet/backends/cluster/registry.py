@@ -1,8 +1,4 @@
-"""Workers in ZooKeeper: an ephemeral ``/workers/<id>`` node and an ephemeral ``/loads/<id>`` heartbeat.
-
-(ZooKeeper does not allow children under an ephemeral node, so the heartbeat
-cannot live at ``/workers/<id>/load`` as the first design drew it.)
-
+"""Workers in the store: an ephemeral ``/workers/<id>`` node and an ephemeral ``/loads/<id>`` heartbeat.
 
 The worker state model follows SpeedStream: on the ZooKeeper side a worker is
 VOID (not registered), STANDBY (registered, nothing assigned) or LIVE
@@ -23,10 +19,9 @@ from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster.coordinator import CoordinationError, NodeExists, ZkCoordinator
-
-WORKERS = "/workers"
-LOADS = "/loads"
+from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.lifecycle import WORKER_MOVES, LocalState, WorkerState
+from streamlet.backends.cluster.store import ClusterStore, CoordinationError, NodeExists
 
 
 def process_load() -> dict[str, Any]:
@@ -47,24 +42,24 @@ def _rss_bytes() -> int:
 class WorkerRegistration:
     """Registers one worker and keeps its heartbeat going; re-registers after a lost session."""
 
-    zk: ZkCoordinator
+    zk: ClusterStore
     worker_id: str
     info: dict[str, Any]
     heartbeat: float = 1.0
     load: Callable[[], dict[str, Any]] = process_load
-    zk_state: str = "VOID"
-    local_state: str = "waiting"
+    zk_state: WorkerState = WorkerState.VOID
+    local_state: LocalState = LocalState.WAITING
     beats: int = field(default=0, init=False)
 
     @property
     def node(self) -> str:
         """The worker's node path (relative to the cluster root)."""
-        return f"{WORKERS}/{self.worker_id}"
+        return paths.worker(self.worker_id)
 
     async def register(self) -> None:
         """Create the ephemeral worker node (STANDBY until it runs instances)."""
-        if self.zk_state == "VOID":
-            self.zk_state = "STANDBY"
+        if self.zk_state == WorkerState.VOID:
+            self.zk_state = WorkerState.STANDBY
         try:
             await self.zk.create(self.node, self._description(), ephemeral=True)
         except NodeExists:  # a session we lost may not have expired yet: take the node over
@@ -72,10 +67,11 @@ class WorkerRegistration:
         self.zk.on_state(self._on_state)
 
     def _description(self) -> dict[str, Any]:
-        return {**self.info, "zk_state": self.zk_state, "local_state": self.local_state}
+        return {**self.info, "zk_state": self.zk_state.value, "local_state": self.local_state.value}
 
-    async def set_state(self, zk_state: str, local_state: str) -> None:
+    async def set_state(self, zk_state: WorkerState, local_state: LocalState) -> None:
         """Move in the state model and publish it (the heartbeat loop re-registers if the session is gone)."""
+        assert zk_state in WORKER_MOVES[self.zk_state], f"worker {self.zk_state.value} -> {zk_state.value}"
         self.zk_state, self.local_state = zk_state, local_state
         try:
             await self.zk.set(self.node, self._description())
@@ -86,6 +82,7 @@ class WorkerRegistration:
     def _on_state(self, state: str) -> None:
         if state == "lost":
             self._lost = True
+            self.zk_state = WorkerState.VOID
 
     async def run(self) -> None:
         """Heartbeat forever; after a lost session, register again once connected."""
@@ -104,9 +101,9 @@ class WorkerRegistration:
         """Publish the load now."""
         load = {**self.load(), "ts": time.time(), "beat": self.beats}
         try:
-            await self.zk.set(f"{LOADS}/{self.worker_id}", load)
+            await self.zk.set(paths.load(self.worker_id), load)
         except CoordinationError:
-            await self.zk.create(f"{LOADS}/{self.worker_id}", load, ephemeral=True)
+            await self.zk.create(paths.load(self.worker_id), load, ephemeral=True)
         self.beats += 1
 
 
@@ -123,13 +120,13 @@ class WorkerView:
         return self.load is None or now - float(self.load.get("ts", 0.0)) > after
 
 
-async def workers(zk: ZkCoordinator) -> list[WorkerView]:
+async def workers(zk: ClusterStore) -> list[WorkerView]:
     """Every registered worker with its last heartbeat."""
     found = []
-    for worker_id in await zk.children(WORKERS):
-        entry = await zk.get(f"{WORKERS}/{worker_id}")
+    for worker_id in await zk.children(paths.WORKERS):
+        entry = await zk.get(paths.worker(worker_id))
         if entry is None:
             continue  # gone between the listing and the read
-        load = await zk.get(f"{LOADS}/{worker_id}")
+        load = await zk.get(paths.load(worker_id))
         found.append(WorkerView(worker_id, entry[0], None if load is None else load[0]))
     return found

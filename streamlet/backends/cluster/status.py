@@ -7,21 +7,26 @@ from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster.coordinator import ZkCoordinator
+from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.client import public
 from streamlet.backends.cluster.election import candidates, leader
-from streamlet.backends.cluster.jobs import ENDED, JOBS, STALE_AFTER, job_status
+from streamlet.backends.cluster.jobs import all_jobs
+from streamlet.backends.cluster.lifecycle import JobState
 from streamlet.backends.cluster.registry import WorkerView, workers
+from streamlet.backends.cluster.scheduler import STALE_AFTER
+from streamlet.backends.cluster.store import ClusterStore
+from streamlet.backends.cluster.zk import ZkStore
 
 
-async def read_status(zk: ZkCoordinator) -> dict[str, Any]:
+async def read_status(zk: ClusterStore) -> dict[str, Any]:
     """Leader (with epoch), candidates, workers (state, load, instances, staleness) and jobs with their state."""
     now = time.time()
-    jobs = [await job_status(zk, job) for job in await zk.children(JOBS)]
+    jobs = await all_jobs(zk)
     held: dict[str, list[str]] = {}
     for job in jobs:
-        if job["state"] in ENDED:
+        if JobState(job["state"]).ended:
             continue
-        found = await zk.get(f"{JOBS}/{job['job']}/assignment")
+        found = await zk.get(paths.assignment(job["job"]))
         for instance, worker in ({} if found is None else found[0]["instances"]).items():
             held.setdefault(worker, []).append(f"{job['job']}/{instance}")
     return {
@@ -29,7 +34,7 @@ async def read_status(zk: ZkCoordinator) -> dict[str, Any]:
         "leader": await leader(zk),
         "candidates": [c.get("name") for c in await candidates(zk)],
         "workers": [_worker_row(view, now, held.get(view.worker_id, [])) for view in await workers(zk)],
-        "jobs": [{"job": job["job"], "state": job["state"], "attempt": job["attempt"]} for job in jobs],
+        "jobs": [public(job) for job in jobs],
     }
 
 
@@ -51,7 +56,7 @@ def _worker_row(view: WorkerView, now: float, instances: list[str]) -> dict[str,
 
 async def wait_until_ready(zk_hosts: str, cluster: str, workers_expected: int, seconds: float = 60.0) -> dict[str, Any]:
     """Poll until a leader is elected and ``workers_expected`` workers are registered."""
-    async with ZkCoordinator(zk_hosts, cluster) as zk:
+    async with ZkStore(zk_hosts, cluster) as zk:
         with anyio.fail_after(seconds):
             while True:
                 status = await read_status(zk)
@@ -81,6 +86,6 @@ def format_status(status: dict[str, Any]) -> str:
             lines.append(f"      labels: {', '.join(worker['labels'])}")
         if worker["instances"]:
             lines.append(f"      instances: {', '.join(worker['instances'])}")
-    jobs = [f"{job['job']} ({job['state']}, attempt {job['attempt']})" for job in status["jobs"]]
+    jobs = [f"{job['name']} ({job['state']}, attempt {job['attempt']})" for job in status["jobs"]]
     lines.append(f"  jobs: {', '.join(jobs) or 'none'}")
     return "\n".join(lines)

@@ -1,7 +1,19 @@
-"""A worker's part of the cluster's jobs: watch assignments, run the local instances, report."""
+"""A worker's part of the cluster's jobs: follow assignments and job states, run the local instances, report.
+
+Every poll the worker reads each job's assignment and state. A new attempt
+that names this worker (from a leader at least as new as any it has seen)
+starts its part: the spec's signature is checked before any of its code is
+imported, the part is built, ``/jobs/<job>/started/<attempt>/<me>`` says so,
+and when it ends the outcome goes to ``/jobs/<job>/done/<attempt>/<me>`` in
+a transaction fenced on the assignment's version. A job whose state has
+ended (KILLED, FAILED) or whose attempt was replaced is stopped at once.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -10,16 +22,20 @@ import anyio
 import anyio.abc
 import structlog
 
+from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.checkpoints import AttemptInfo, ClusterCheckpoints
-from streamlet.backends.cluster.coordinator import CoordinationError, NodeExists, ZkCoordinator
 from streamlet.backends.cluster.election import EpochFence
-from streamlet.backends.cluster.jobs import JOBS, instance_id, spec_of, topology_of
+from streamlet.backends.cluster.jobs import topology_of
+from streamlet.backends.cluster.lifecycle import state_of, worker_states
+from streamlet.backends.cluster.paths import instance_id
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
+from streamlet.backends.cluster.signing import SpecError, verify
+from streamlet.backends.cluster.store import ClusterStore, CoordinationError, NodeExists, write_fenced
 from streamlet.core.clock import SystemClock
 from streamlet.core.plan import Placement
 from streamlet.core.runtime import Job, JobResult
 from streamlet.core.topology import Topology
-from streamlet.errors import TaskError
+from streamlet.errors import JobError, TaskError
 from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
@@ -33,22 +49,24 @@ class WorkerJobs:
 
     def __init__(
         self,
-        zk: ZkCoordinator,
+        zk: ClusterStore,
         registration: WorkerRegistration,
         server: DataServer,
         client: TcpClient,
+        secret: bytes,
     ) -> None:
         self.zk = zk
+        self.secret = secret
         self.registration = registration
         self.me = registration.worker_id
         self.server = server
         self.client = client
         self.fence = EpochFence()
-        self.seen: dict[str, int] = {}  # job -> the attempt last looked at
+        self.seen: dict[str, tuple[str, int]] = {}  # job -> (its uid, the attempt last looked at)
         self.running: dict[tuple[str, int], anyio.CancelScope] = {}
         self.jobs: dict[tuple[str, int], Job] = {}
-        self.killed: set[str] = set()
-        self.failed: set[str] = set()  # the leader gave up on these: stop, report nothing more
+        self.ended: set[str] = set()  # uids of jobs whose state ended: stop, report nothing more
+        self.topologies: dict[str, Topology] = {}  # job -> its topology, as this worker loaded it
 
     async def run(self) -> None:
         """Poll for assignments and kill requests until cancelled."""
@@ -61,21 +79,21 @@ class WorkerJobs:
                 await anyio.sleep(POLL)
 
     async def _poll(self, group: anyio.abc.TaskGroup) -> None:
-        for job in await self.zk.children(JOBS):
-            found = await self.zk.get(f"{JOBS}/{job}/assignment")
-            if found is None:
+        for job in await self.zk.children(paths.JOBS):
+            found, header = await self.zk.get(paths.assignment(job)), await self.zk.get(paths.job(job))
+            if found is None or header is None:
                 continue
             assignment, version = found
-            attempt = int(assignment.get("attempt", 1))
+            uid, attempt = str((header[0] or {}).get("uid", "")), int(assignment["attempt"])
             self._stop_outdated(job, attempt)
-            new_attempt = self.seen.get(job) != attempt
-            # only jobs this worker runs, or may start now, are worth asking about (finished ones are not)
-            if (new_attempt or any(running == job for running, _ in self.running)) and await self._ended(job):
+            new_attempt = self.seen.get(job) != (uid, attempt)
+            # only jobs this worker runs, or may start now, are worth asking about (ended ones are not)
+            if (new_attempt or any(running == job for running, _ in self.running)) and await self._ended(job, uid):
                 self._cancel(job)
                 continue
             if not new_attempt:
                 continue
-            self.seen[job] = attempt
+            self.seen[job] = (uid, attempt)
             if not self.fence.accept(int(assignment["epoch"])):
                 log.warning("ignoring an assignment from a deposed leader", job=job, epoch=assignment["epoch"])
                 continue
@@ -83,15 +101,13 @@ class WorkerJobs:
             if self.me in instances.values():
                 group.start_soon(self._run_job, job, attempt, version, instances)
 
-    async def _ended(self, job: str) -> bool:
-        """Someone killed the job, or the leader gave up on it; both are final, so remembered."""
-        if job in self.killed or job in self.failed:
+    async def _ended(self, job: str, uid: str) -> bool:
+        """The job's state has ended (killed, failed): final, so remembered."""
+        if uid in self.ended:
             return True
-        if await self.zk.get(f"{JOBS}/{job}/kill") is not None:
-            self.killed.add(job)
-            return True
-        if await self.zk.get(f"{JOBS}/{job}/failed") is not None:
-            self.failed.add(job)
+        found = await self.zk.get(paths.state(job))
+        if found is not None and state_of(found[0]).ended:
+            self.ended.add(uid)
             return True
         return False
 
@@ -119,31 +135,26 @@ class WorkerJobs:
         payload: dict[str, Any] | None = None
         try:
             with scope:
-                await self.registration.set_state("LIVE", "running")
+                await self.registration.set_state(*worker_states(len(self.running)))
                 tcp_before = self.server.counts["records"]
                 result, restored_from = await self._execute(job, attempt, version, instances)
                 payload = {
                     "restored_from": restored_from,
-                    "sinks": _records(result),
+                    "sinks": reportable(result),
                     "statistics": _plain(asdict(result.statistics)),
                     "tcp_records_in": self.server.counts["records"] - tcp_before,
                 }
-            if scope.cancelled_caught and job in self.killed:
-                payload = {"error": "killed"}
         except TaskError as exc:  # an instance crashed: the leader may restart it elsewhere
             payload = {"error": f"TaskError: {exc}", "instance": instance_id(exc.task, exc.instance)}
-            payload["retry"] = await self._restartable(job, exc.task)
+            payload["retry"] = self._restartable(job, exc.task)
         except Exception as exc:  # noqa: BLE001 - whatever stopped the job is reported to the submitter
             payload = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             del self.running[job, attempt]
             self.jobs.pop((job, attempt), None)
-        if job in self.failed:
-            payload = None  # the leader has given up on the job already
-        if payload is not None:  # None: superseded by a newer attempt
-            await self._report(f"{JOBS}/{job}/done/{attempt}", payload, (f"{JOBS}/{job}/assignment", version))
-        if not self.running:
-            await self.registration.set_state("STANDBY", "waiting")
+        if payload is not None:  # None: cancelled (superseded by a newer attempt, or the job ended)
+            await self._report(paths.done(job, attempt), payload, (paths.assignment(job), version))
+        await self.registration.set_state(*worker_states(len(self.running)))
 
     async def _report(self, directory: str, payload: dict[str, Any], fence: tuple[str, int]) -> None:
         """Report the attempt's outcome, fenced: only while the assignment is still the one this ran."""
@@ -151,7 +162,7 @@ class WorkerJobs:
         for _ in range(100):
             try:
                 await self.zk.ensure(directory)
-                if await self.zk.write_fenced(f"{directory}/{self.me}", payload, None, fence):
+                if await write_fenced(self.zk, f"{directory}/{self.me}", payload, None, fence):
                     return
                 if await self.zk.get(f"{directory}/{self.me}") is None:
                     log.warning("dropping the outcome of a replaced attempt", path=directory)
@@ -164,9 +175,11 @@ class WorkerJobs:
         self, job: str, attempt: int, version: int, instances: dict[str, str]
     ) -> tuple[JobResult, int | None]:
         """Run this worker's share of the attempt; the result and the checkpoint it resumed from."""
-        spec = await spec_of(self.zk, job)
-        assert spec is not None
-        topology = topology_of(spec)
+        found = await self.zk.get(paths.spec(job))
+        if found is None:
+            raise SpecError(f"job '{job}' has no spec")
+        spec = verify(job, found[0], self.secret)  # before anything of it is imported
+        topology = self.topologies[job] = topology_of(spec)
         addresses = {
             view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)
         }
@@ -180,12 +193,14 @@ class WorkerJobs:
         checkpoints = self._checkpoints(job, attempt, version, instances, spec.get("checkpoint"))
         running = Job(topology, channel_factory=LocalChannel, placement=placement, coordinator=checkpoints)
         self.jobs[job, attempt] = running
+        with contextlib.suppress(NodeExists):
+            await self.zk.create(f"{paths.started(job, attempt)}/{self.me}", {"at": time.time()})
         result = await running.run()
         return result, None if checkpoints is None else checkpoints.restored_from
 
-    async def _restartable(self, job: str, task: str) -> bool:
-        spec = await spec_of(self.zk, job)
-        return spec is not None and topology_of(spec).nodes[task].on_error == "restart"
+    def _restartable(self, job: str, task: str) -> bool:
+        topology = self.topologies.get(job)
+        return topology is not None and topology.nodes[task].on_error == "restart"
 
     def _checkpoints(
         self, job: str, attempt: int, version: int, instances: dict[str, str], settings: dict[str, Any] | None
@@ -203,15 +218,26 @@ class WorkerJobs:
                 if instances[instance_id(node.name, index)] != self.me:
                     continue
                 for port in range(node.inputs):
-                    path = f"{JOBS}/{job}/channels/{instance_id(node.name, index)}@{port}"
+                    path = paths.channel(job, instance_id(node.name, index), port)
                     try:
                         await self.zk.create(path, address)
                     except NodeExists:
                         await self.zk.set(path, address)
 
 
-def _records(result: JobResult) -> dict[str, list[list[Any]]]:
-    return {name: [[r.key, r.value, r.ts] for r in records] for name, records in result.collected().items()}
+def reportable(result: JobResult) -> dict[str, list[list[Any]]]:
+    """Collected sink records as JSON-ready rows; a record JSON cannot hold is a :class:`JobError` naming it."""
+    rows = {}
+    for name, records in result.collected().items():
+        for record in records:
+            try:
+                json.dumps([record.key, record.value, record.ts])
+            except (TypeError, ValueError) as exc:
+                raise JobError(
+                    f"sink '{name}' collected a record (key {record.key!r}) that cannot be reported as JSON: {exc}"
+                ) from exc
+        rows[name] = [[r.key, r.value, r.ts] for r in records]
+    return rows
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,230 @@
+"""The leading master: schedules jobs, follows their outcomes, recovers them, and writes their state.
+
+Each round the leader looks at every job once (:meth:`Leader.round`) and
+moves it through the lifecycle (``lifecycle``), writing the state node in the
+same transaction as whatever else the decision needs:
+
+- SUBMITTED (or STALLED with nothing assigned): place the instances over the
+  live workers and write attempt 1 -> SCHEDULED; no worker fits -> STALLED,
+  with the reason, until one does. A spec that is not signed with the
+  cluster secret, or code that cannot load -> FAILED.
+- all workers of the attempt started their part -> RUNNING;
+  all reported success -> FINISHED; a task error -> FAILED.
+- Node failover: a worker of the attempt is gone (node or heartbeat) ->
+  the next attempt over the live workers -> RECOVERING; nobody left that can
+  take it -> STALLED, and a new attempt as soon as someone can.
+- Instance failover: a crashed instance whose task asks for restarts ->
+  the next attempt away from the workers where it crashed -> RECOVERING;
+  past ``max_failures`` -> FAILED with a reason naming the instance.
+- ``/kill`` present -> KILLED; workers stop the job when they read it.
+
+Every write is conditional on the versions read, so a deposed leader that
+has not noticed yet changes nothing; assignments carry the leader's epoch,
+which workers check too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import structlog
+
+from streamlet.adaptation.dispatch import DispatchError
+from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.jobs import topology_of
+from streamlet.backends.cluster.lifecycle import JobState, moved, state_of
+from streamlet.backends.cluster.paths import Assignment, JobStateNode
+from streamlet.backends.cluster.registry import workers
+from streamlet.backends.cluster.scheduler import live, live_loads, place
+from streamlet.backends.cluster.signing import verify
+from streamlet.backends.cluster.store import ClusterStore, Create, NodeExists, Op, SetData, read_all
+from streamlet.core.topology import Topology
+
+log = structlog.get_logger("streamlet")
+ROUND = 0.2  # seconds between rounds when nothing wakes the leader earlier
+
+
+@dataclass
+class JobView:
+    """What the leader reads of one job in a round."""
+
+    name: str
+    spec: dict[str, Any]
+    state: JobStateNode
+    state_version: int
+    assignment: tuple[Assignment, int] | None
+    started: set[str]
+    done: dict[str, dict[str, Any]]
+    kill: dict[str, Any] | None
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt (0 before the first)."""
+        return 0 if self.assignment is None else int(self.assignment[0]["attempt"])
+
+    @property
+    def involved(self) -> set[str]:
+        """Workers of the current attempt."""
+        return set() if self.assignment is None else set(self.assignment[0]["instances"].values())
+
+
+async def read_view(store: ClusterStore, job: str) -> JobView | None:
+    """One job as it now stands (``None`` for a job half-created or being removed)."""
+    spec, state = await store.get(paths.spec(job)), await store.get(paths.state(job))
+    if spec is None or state is None:
+        return None
+    assignment = await store.get(paths.assignment(job))
+    attempt = 0 if assignment is None else int(assignment[0]["attempt"])
+    return JobView(
+        name=job,
+        spec=spec[0],
+        state=state[0],
+        state_version=state[1],
+        assignment=assignment,
+        started=set(await store.children(paths.started(job, attempt))),
+        done=await read_all(store, paths.done(job, attempt)),
+        kill=None if (found := await store.get(paths.kill(job))) is None else found[0],
+    )
+
+
+class Leader:
+    """One leadership term: ``epoch`` fences everything it writes."""
+
+    def __init__(self, store: ClusterStore, epoch: int, secret: bytes, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.epoch = epoch
+        self.secret = secret
+        self.clock = clock
+
+    async def run(self) -> None:
+        """Rounds until cancelled: at once when a worker comes or goes, else every ``ROUND``."""
+        workers_changed = await self.store.watch_children(paths.WORKERS)
+        while True:
+            workers_changed.clear()
+            if self.store.state == "connected":  # suspended: decide nothing until the session is back or lost
+                try:
+                    await self.round()
+                except Exception as exc:  # noqa: BLE001 - the leader must outlive a bad round; the next retries
+                    log.warning("leader round failed", error=f"{type(exc).__name__}: {exc}")
+            with anyio.move_on_after(ROUND):
+                await workers_changed.wait()
+
+    async def round(self) -> list[str]:
+        """Look at every job once; returns a line per decision taken."""
+        live_ids = {view.worker_id for view in live(await workers(self.store), self.clock())}
+        decisions = []
+        for job in await self.store.children(paths.JOBS):
+            view = await read_view(self.store, job)
+            if view is None or state_of(view.state).ended:
+                continue
+            decision = await self._step(view, live_ids)
+            if decision is not None:
+                log.info("job decision", job=job, decision=decision, epoch=self.epoch)
+                decisions.append(f"{job}: {decision}")
+        return decisions
+
+    async def _step(self, view: JobView, live_ids: set[str]) -> str | None:
+        state = state_of(view.state)
+        if view.kill is not None:
+            return await self._move(view, JobState.KILLED, f"killed by {view.kill.get('by', 'a client')}")
+        if view.assignment is None:
+            return await self._schedule(view)
+        if state == JobState.STALLED:
+            return await self._next_attempt(view, "a worker can take it again", {})
+        errors = {worker: report for worker, report in view.done.items() if "error" in report}
+        if errors:
+            return await self._crashed(view, errors)
+        if view.involved <= set(view.done):
+            return await self._move(view, JobState.FINISHED, f"every worker finished ({len(view.done)})")
+        lost = sorted(view.involved - live_ids)
+        if lost:
+            return await self._next_attempt(view, f"lost {', '.join(lost)}", {})
+        if state in (JobState.SCHEDULED, JobState.RECOVERING) and view.involved <= view.started:
+            return await self._move(view, JobState.RUNNING, f"running on {', '.join(sorted(view.involved))}")
+        return None
+
+    # -- decisions ------------------------------------------------------------------
+
+    async def _move(
+        self, view: JobView, target: JobState, reason: str, extra: list[Op] | None = None, attempt: int | None = None
+    ) -> str | None:
+        """Write the job's new state (with ``extra`` steps) if nobody changed it since it was read."""
+        if view.state["state"] == target.value and view.state["reason"] == reason and not extra:
+            return None
+        node = moved(view.state, target, reason, view.attempt if attempt is None else attempt, self.clock())
+        steps = [*(extra or []), SetData(paths.state(view.name), node, view.state_version)]
+        if not await self.store.commit(steps):
+            return None  # someone else (a newer leader, a client) moved first: next round looks again
+        return f"{target.value}: {reason}"
+
+    async def _schedule(self, view: JobView) -> str | None:
+        topology = self._topology(view)
+        if isinstance(topology, str):
+            return await self._move(view, JobState.FAILED, topology)
+        try:
+            mapping = place(topology, await live_loads(self.store, self.clock()))
+        except DispatchError as exc:
+            return await self._move(view, JobState.STALLED, f"no live worker can take it: {exc}")
+        assignment: Assignment = {"epoch": self.epoch, "attempt": 1, "instances": mapping}
+        workers_ = ", ".join(sorted(set(mapping.values())))
+        created = Create(paths.assignment(view.name), assignment)
+        return await self._move(view, JobState.SCHEDULED, f"assigned to {workers_}", [created], attempt=1)
+
+    def _topology(self, view: JobView) -> Topology | str:
+        """The job's topology, or why it cannot run (a bad signature, code that does not load)."""
+        try:
+            topology = topology_of(verify(view.name, view.spec, self.secret))
+        except Exception as exc:  # noqa: BLE001 - user code: whatever it raises fails this job, not the leader
+            return f"cannot load the job: {type(exc).__name__}: {exc}"
+        return topology
+
+    async def _next_attempt(self, view: JobView, why: str, avoid: dict[str, set[str]]) -> str | None:
+        """The next attempt over the live workers (RECOVERING), or STALLED when none can take it."""
+        assert view.assignment is not None
+        topology = self._topology(view)
+        if isinstance(topology, str):
+            return await self._move(view, JobState.FAILED, topology)
+        try:
+            mapping = place(topology, await live_loads(self.store, self.clock(), exclude=view.name), avoid)
+        except DispatchError as exc:
+            return await self._move(view, JobState.STALLED, f"{why}; no live worker can take it: {exc}")
+        current, version = view.assignment
+        attempt = int(current["attempt"]) + 1
+        new: Assignment = {"epoch": self.epoch, "attempt": attempt, "instances": mapping}
+        step = SetData(paths.assignment(view.name), new, version)
+        return await self._move(view, JobState.RECOVERING, f"attempt {attempt}: {why}", [step], attempt)
+
+    async def _crashed(self, view: JobView, errors: dict[str, dict[str, Any]]) -> str | None:
+        """A task failed: instance failover when every error asks for a retry, else the job fails."""
+        worker, report = sorted(errors.items())[0]
+        if not all(entry.get("retry") for entry in errors.values()):
+            return await self._move(view, JobState.FAILED, f"{report['error']} (on {worker})")
+        instance = str(report["instance"])
+        history = await self._record_failure(view, instance, worker, str(report["error"]))
+        topology = self._topology(view)
+        if isinstance(topology, str):
+            return await self._move(view, JobState.FAILED, topology)
+        node = topology.nodes[paths.task_of(instance)]
+        if len(history) > node.max_failures:
+            where = ", ".join(sorted({entry["worker"] for entry in history}))
+            reason = (
+                f"instance '{instance}' failed {len(history)} times (max_failures={node.max_failures}) on {where}; "
+                f"last error: {history[-1]['error']}"
+            )
+            return await self._move(view, JobState.FAILED, reason)
+        avoid = {node.name: {entry["worker"] for entry in history}}
+        return await self._next_attempt(view, f"{instance} crashed on {worker}", avoid)
+
+    async def _record_failure(self, view: JobView, instance: str, worker: str, error: str) -> list[dict[str, Any]]:
+        # one entry per attempt: a leader that looks twice (or a new leader) does not count a crash twice
+        directory = paths.failures(view.name, instance)
+        entry = {"attempt": view.attempt, "worker": worker, "error": error}
+        with contextlib.suppress(NodeExists):
+            await self.store.create(f"{directory}/{view.attempt}", entry)
+        entries = list((await read_all(self.store, directory)).values())
+        return sorted(entries, key=lambda entry: int(entry["attempt"]))

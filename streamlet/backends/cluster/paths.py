@@ -1,0 +1,179 @@
+"""Every node of a cluster's tree, and the JSON it holds: one function per path.
+
+All paths are relative to the cluster's root ``/streamlet/<cluster>``::
+
+    /leader                               LeaderNode     ephemeral: the leading master and its epoch
+    /epoch                                {"epoch": n}   the last epoch handed out (only grows)
+    /candidates/c-<seq>                   identity       ephemeral sequential: masters waiting to lead
+    /workers/<id>                         WorkerInfo     ephemeral: address, capacity, labels, states
+    /loads/<id>                           dict           ephemeral heartbeat: cpu, memory, queues
+    /jobs/<job>/spec                      JobSpec        what to run, signed with the cluster secret
+    /jobs/<job>/state                     JobStateNode   lifecycle as data, written by the leader
+    /jobs/<job>/assignment                Assignment     the attempt: instance -> worker
+    /jobs/<job>/started/<attempt>/<id>    {"at": t}      the worker has built its part of the attempt
+    /jobs/<job>/done/<attempt>/<id>       DoneReport     how the worker's part ended
+    /jobs/<job>/kill                      {"by", "at"}   someone asked for the job to stop
+    /jobs/<job>/failures/<inst>/<attempt> Failure        the instance crashed in that attempt
+    /jobs/<job>/channels/<inst>@<port>    "host:port"    where a receiving instance port is served
+    /jobs/<job>/checkpoints/...           see ``checkpoints``
+
+(ZooKeeper does not allow children under an ephemeral node, so a worker's
+heartbeat lives at ``/loads/<id>``, not under ``/workers/<id>``.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+LEADER = "/leader"
+EPOCH = "/epoch"
+CANDIDATES = "/candidates"
+WORKERS = "/workers"
+LOADS = "/loads"
+JOBS = "/jobs"
+
+
+class LeaderNode(TypedDict):
+    """``/leader``: who leads, with the fencing epoch."""
+
+    name: str
+    pid: int
+    host: str
+    epoch: int
+
+
+class WorkerInfo(TypedDict, total=False):
+    """``/workers/<id>``: how to reach a worker and what it offers."""
+
+    host: str
+    data_port: int
+    capacity: int
+    labels: list[str]
+    pid: int
+    zk_state: str  # VOID / STANDBY / LIVE
+    local_state: str  # waiting / running
+
+
+class JobSpec(TypedDict, total=False):
+    """``/jobs/<job>/spec``: the topology by reference, never pickled; HMAC-signed (see ``signing``)."""
+
+    target: str  # "pkg.module:name" or "path/to/file.py:name"
+    parallelism: dict[str, int]
+    checkpoint: dict[str, Any] | None  # {"interval": seconds, "directory": path}
+    submitted: float
+    uid: str  # tells a job from an earlier one of the same name
+    module_sha256: str  # of the file the target names
+    signature: str
+
+
+class JobStateNode(TypedDict):
+    """``/jobs/<job>/state``: the job's lifecycle state (see ``lifecycle``)."""
+
+    state: str
+    reason: str
+    at: float
+    attempt: int
+    started: float | None  # first time RUNNING
+    ended: float | None
+    reconfigurations: int
+
+
+class Assignment(TypedDict):
+    """``/jobs/<job>/assignment``: one attempt of the job; its node version fences the attempt."""
+
+    epoch: int  # the leader's
+    attempt: int
+    instances: dict[str, str]  # "task.index" -> worker id
+
+
+class Failure(TypedDict):
+    """``/jobs/<job>/failures/<instance>/<attempt>``."""
+
+    attempt: int
+    worker: str
+    error: str
+
+
+def leader() -> str:
+    """The leader's ephemeral node."""
+    return LEADER
+
+
+def epoch() -> str:
+    """The epoch counter."""
+    return EPOCH
+
+
+def candidate_prefix() -> str:
+    """Prefix of a master's ephemeral sequential candidate node."""
+    return f"{CANDIDATES}/c-"
+
+
+def worker(worker_id: str) -> str:
+    """A worker's ephemeral registration."""
+    return f"{WORKERS}/{worker_id}"
+
+
+def load(worker_id: str) -> str:
+    """A worker's ephemeral heartbeat."""
+    return f"{LOADS}/{worker_id}"
+
+
+def job(name: str) -> str:
+    """Everything of a job, under one node (``rm`` deletes it)."""
+    return f"{JOBS}/{name}"
+
+
+def spec(name: str) -> str:
+    """What the job runs."""
+    return f"{JOBS}/{name}/spec"
+
+
+def state(name: str) -> str:
+    """The job's lifecycle state."""
+    return f"{JOBS}/{name}/state"
+
+
+def assignment(name: str) -> str:
+    """The job's current attempt."""
+    return f"{JOBS}/{name}/assignment"
+
+
+def started(name: str, attempt: int) -> str:
+    """Workers that have started their part of ``attempt``."""
+    return f"{JOBS}/{name}/started/{attempt}"
+
+
+def done(name: str, attempt: int) -> str:
+    """Workers' outcomes of ``attempt``."""
+    return f"{JOBS}/{name}/done/{attempt}"
+
+
+def kill(name: str) -> str:
+    """Present once someone asked for the job to stop."""
+    return f"{JOBS}/{name}/kill"
+
+
+def failures(name: str, instance: str) -> str:
+    """The attempts in which ``instance`` crashed."""
+    return f"{JOBS}/{name}/failures/{instance}"
+
+
+def channel(name: str, instance: str, port: int) -> str:
+    """Where a receiving instance's input port is served."""
+    return f"{JOBS}/{name}/channels/{instance}@{port}"
+
+
+def checkpoints(name: str) -> str:
+    """The job's checkpoint agreement (see ``checkpoints``)."""
+    return f"{JOBS}/{name}/checkpoints"
+
+
+def instance_id(node: str, index: int) -> str:
+    """``count.1``: how instances are named in the tree."""
+    return f"{node}.{index}"
+
+
+def task_of(instance: str) -> str:
+    """``count`` from ``count.1``."""
+    return instance.rsplit(".", 1)[0]

@@ -1,0 +1,100 @@
+"""Where a job's instances go: the live workers' loads in, instance -> worker out.
+
+The placing itself is the pure dispatch policy (``adaptation/dispatch``); this
+module reads what it needs from the store (live workers, their heartbeats
+and the instances of unfinished jobs they hold) and applies a topology's
+constraints (``add_task(workers=..., labels=...)``).
+"""
+
+from __future__ import annotations
+
+from streamlet.adaptation.dispatch import DispatchError, WorkerLoad, assign
+from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.lifecycle import state_of
+from streamlet.backends.cluster.registry import WorkerView, workers
+from streamlet.backends.cluster.store import ClusterStore
+from streamlet.core.graph import cycle_through
+from streamlet.core.topology import Topology
+from streamlet.errors import TopologyError
+
+STALE_AFTER = 5.0  # seconds without a heartbeat before the leader counts a worker as lost
+
+Instance = tuple[str, int]
+
+
+def plan_instances(topology: Topology) -> tuple[list[Instance], dict[Instance, list[Instance]]]:
+    """Every instance, upstream nodes first, and each one's upstream instances."""
+    back = sorted(topology.back_edges())
+    if back:
+        loop = " -> ".join(cycle_through(back[0], topology.successors()))
+        raise TopologyError(f"topology '{topology.name}' has a loop ({loop}): loops do not run on the cluster yet")
+    order: list[str] = []
+    remaining = dict(topology.nodes)
+    while remaining:
+        ready = [n for n in remaining if all(e.upstream in order for e in topology.edges if e.downstream == n)]
+        for name in ready:
+            order.append(name)
+            del remaining[name]
+    instances = [(name, index) for name in order for index in range(topology.nodes[name].parallelism)]
+    upstream: dict[Instance, list[Instance]] = {}
+    for edge in topology.edges:
+        senders = [(edge.upstream, i) for i in range(topology.nodes[edge.upstream].parallelism)]
+        for index in range(topology.nodes[edge.downstream].parallelism):
+            upstream.setdefault((edge.downstream, index), []).extend(senders)
+    return instances, upstream
+
+
+def place(topology: Topology, loads: list[WorkerLoad], avoid: dict[str, set[str]] | None = None) -> dict[str, str]:
+    """Instance id -> worker for every instance of ``topology``.
+
+    A node runs only on the workers it names and that carry all its labels;
+    it avoids the workers in ``avoid[node]`` (where it failed) while others
+    remain. Raises :class:`DispatchError` when no live worker fits a node.
+    """
+    if not loads:
+        raise DispatchError("no live worker")
+    instances, upstream = plan_instances(topology)
+    allowed: dict[str, set[str]] = {}
+    for node in topology.nodes.values():
+        fitting = {w.worker_id for w in loads if set(node.labels) <= w.labels}
+        if node.workers is not None:
+            fitting &= set(node.workers)
+        if not fitting:
+            raise DispatchError(
+                f"task '{node.name}' needs a worker among {list(node.workers or ['any'])} "
+                f"with labels {list(node.labels)}; none is live"
+            )
+        allowed[node.name] = (fitting - (avoid or {}).get(node.name, set())) or fitting
+    placed = assign(instances, upstream, loads, allowed)
+    return {paths.instance_id(node, index): worker for (node, index), worker in placed.items()}
+
+
+def live(views: list[WorkerView], now: float) -> list[WorkerView]:
+    """The workers with a fresh heartbeat."""
+    return [view for view in views if not view.stale(now, STALE_AFTER)]
+
+
+async def live_loads(store: ClusterStore, now: float, exclude: str | None = None) -> list[WorkerLoad]:
+    """Live workers: capacity, instances of unfinished jobs (but ``exclude``) they hold, overload."""
+    views = live(await workers(store), now)
+    used = dict.fromkeys((v.worker_id for v in views), 0)
+    for job in await store.children(paths.JOBS):
+        found = await store.get(paths.assignment(job))
+        if job == exclude or found is None:
+            continue
+        state = await store.get(paths.state(job))
+        if state_of(None if state is None else state[0]).ended:
+            continue
+        for worker in found[0]["instances"].values():
+            if worker in used:
+                used[worker] += 1
+    return [
+        WorkerLoad(
+            v.worker_id,
+            int(v.info.get("capacity", 8)),
+            used[v.worker_id],
+            bool((v.load or {}).get("overloaded", False)),
+            frozenset(v.info.get("labels", ())),
+        )
+        for v in views
+    ]

@@ -1,0 +1,50 @@
+"""Driving a real cluster from tests: the CLI in a subprocess, and waiting on a job's state through a watch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.zk import ZkStore
+
+
+def streamlet(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the ``streamlet`` command in ``cwd`` (where ``cluster up`` left its state dir)."""
+    return subprocess.run(
+        [sys.executable, "-m", "streamlet.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def recorded(directory: Path) -> dict[str, Any]:
+    """What ``cluster up`` recorded in ``directory/.streamlet``."""
+    state: dict[str, Any] = json.loads((directory / ".streamlet" / "cluster.json").read_text())
+    return state
+
+
+def wait_for_node(directory: Path, path: str, wanted: Callable[[Any], bool], seconds: float = 60) -> Any:
+    """Block until the node at ``path`` holds data for which ``wanted`` is true (a ZooKeeper watch)."""
+    state = recorded(directory)
+
+    async def watch() -> Any:
+        async with ZkStore(state["zk"], state["name"]) as store:
+            version: int | None = -2
+            with anyio.fail_after(seconds):
+                while True:
+                    data, version = await store.wait_changed(path, version)
+                    if data is not None and wanted(data):
+                        return data
+
+    return anyio.run(watch)
+
+
+def wait_for_state(directory: Path, job: str, states: set[str], seconds: float = 60) -> dict[str, Any]:
+    """Block until the job's state node holds one of ``states``."""
+    found: dict[str, Any] = wait_for_node(directory, paths.state(job), lambda data: data["state"] in states, seconds)
+    return found

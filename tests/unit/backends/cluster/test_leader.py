@@ -1,0 +1,205 @@
+"""The leader's decisions, one round at a time, on the in-memory store (no servers, no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamlet.backends.cluster import jobs, paths
+from streamlet.backends.cluster.leader import read_view
+from streamlet.errors import JobError, TopologyError
+from tests.unit.backends.cluster.conftest import MemoryCluster
+
+LOOP = """
+import streamlet as sl
+
+def build_topology():
+    topology = sl.Topology("loop")
+    source = topology.add_source("numbers", [8])
+    halve = topology.map("halve", lambda record: (None, record.value // 2)).set_input(source)
+    halve.set_input(halve)
+    topology.set_max_iterations(5)
+    topology.add_sink("out", sl.CollectSink()).set_input(halve)
+    return topology
+"""
+
+RESTARTING = """
+import streamlet as sl
+
+def build_topology():
+    topology = sl.Topology("crashy")
+    source = topology.add_source("numbers", [1])
+    crashy = topology.map("crashy", lambda record: (None, record.value), on_error="restart", max_failures=1)
+    crashy.set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(crashy)
+    return topology
+"""
+
+
+async def test_a_submitted_job_is_scheduled_over_the_live_workers(cluster: MemoryCluster) -> None:
+    """SUBMITTED -> SCHEDULED: attempt 1 places every instance on a registered worker."""
+    await cluster.add_worker("w0")
+    await cluster.add_worker("w1")
+    await cluster.submit("p")
+    assert await cluster.state("p") == ("SUBMITTED", "waiting for the leader to schedule it")
+    await cluster.leader.round()
+    assignment = await cluster.assignment("p")
+    assert assignment["attempt"] == 1
+    assert sorted(assignment["instances"]) == ["double.0", "double.1", "numbers.0", "out.0"]  # type: ignore[call-overload]
+    state, reason = await cluster.state("p")
+    assert state == "SCHEDULED"
+    assert reason.startswith("assigned to ")
+
+
+async def test_with_no_worker_a_job_stalls_and_resumes_when_one_joins(cluster: MemoryCluster) -> None:
+    """STALLED names why; the round after a worker registers schedules it."""
+    await cluster.submit("p")
+    await cluster.leader.round()
+    assert await cluster.state("p") == ("STALLED", "no live worker can take it: no live worker")
+    await cluster.add_worker("w0")
+    await cluster.leader.round()
+    assert await cluster.state("p") == ("SCHEDULED", "assigned to w0")
+
+
+async def test_started_then_done_reports_make_a_job_running_then_finished(cluster: MemoryCluster) -> None:
+    """RUNNING once every worker of the attempt started; FINISHED once every one reported success."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p")
+    await cluster.leader.round()
+    await cluster.report("p", 1, "w0", "started", {"at": 0})
+    await cluster.leader.round()
+    assert await cluster.state("p") == ("RUNNING", "running on w0")
+    await cluster.report("p", 1, "w0", "done", {"sinks": {}})
+    await cluster.leader.round()
+    status = await jobs.job_status(cluster.client, "p")
+    assert (status["state"], status["reason"]) == ("FINISHED", "every worker finished (1)")
+    assert status["started"] is not None
+    assert status["ended"] >= status["started"]
+
+
+async def test_losing_a_worker_starts_the_next_attempt_on_the_survivor(cluster: MemoryCluster) -> None:
+    """Node failover: RUNNING -> RECOVERING with attempt 2 on the live worker only."""
+    await cluster.add_worker("w0", capacity=2)
+    await cluster.add_worker("w1", capacity=2)
+    await cluster.submit("p")
+    await cluster.leader.round()
+    assert set((await cluster.assignment("p"))["instances"].values()) == {"w0", "w1"}  # type: ignore[attr-defined]
+    cluster.workers["w1"].expire()
+    await cluster.leader.round()
+    assert await cluster.state("p") == ("RECOVERING", "attempt 2: lost w1")
+    assignment = await cluster.assignment("p")
+    assert assignment["attempt"] == 2
+    assert set(assignment["instances"].values()) == {"w0"}  # type: ignore[attr-defined]
+
+
+async def test_losing_every_worker_stalls_the_job_until_a_new_one_joins(cluster: MemoryCluster) -> None:
+    """All workers gone -> STALLED (not RUNNING on a dead worker); a new worker -> RECOVERING there."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p")
+    await cluster.leader.round()
+    cluster.workers["w0"].expire()
+    await cluster.leader.round()
+    assert await cluster.state("p") == ("STALLED", "lost w0; no live worker can take it: no live worker")
+    await cluster.add_worker("w9")
+    await cluster.leader.round()
+    assert await cluster.state("p") == ("RECOVERING", "attempt 2: a worker can take it again")
+    assert set((await cluster.assignment("p"))["instances"].values()) == {"w9"}  # type: ignore[attr-defined]
+
+
+async def test_a_stale_heartbeat_counts_as_a_lost_worker(cluster: MemoryCluster) -> None:
+    """A worker whose node is there but whose heartbeat is old is not live."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p")
+    cluster.leader.clock = lambda: 1e12  # far past every heartbeat
+    await cluster.leader.round()
+    assert (await cluster.state("p"))[0] == "STALLED"
+
+
+async def test_kill_yields_killed_and_is_idempotent(cluster: MemoryCluster) -> None:
+    """A second kill changes nothing; kill of an ended job reports its state."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p")
+    await cluster.leader.round()
+    assert await jobs.kill(cluster.client, "p") == "SCHEDULED"
+    assert await jobs.kill(cluster.client, "p") == "SCHEDULED"
+    await cluster.leader.round()
+    assert await cluster.state("p") == ("KILLED", "killed by streamlet kill")
+    assert await jobs.kill(cluster.client, "p") == "KILLED"
+
+
+async def test_an_ended_job_can_be_removed_and_its_name_reused(cluster: MemoryCluster) -> None:
+    """rm refuses a live job, removes an ended one; the name then takes a new job."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p")
+    with pytest.raises(JobError, match=r"^job 'p' is SUBMITTED: only an ended job can be removed"):
+        await jobs.remove(cluster.client, "p")
+    with pytest.raises(JobError, match=r"^a job called 'p' already exists on cluster 'memory'"):
+        await cluster.submit("p")
+    await jobs.kill(cluster.client, "p")
+    await cluster.leader.round()
+    await jobs.remove(cluster.client, "p")
+    await cluster.submit("p")
+    assert await cluster.state("p") == ("SUBMITTED", "waiting for the leader to schedule it")
+
+
+async def test_a_spec_signed_with_another_secret_fails_without_running(cluster: MemoryCluster) -> None:
+    """The leader refuses an unsigned spec before importing its module."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p", secret=b"someone else")
+    await cluster.leader.round()
+    assert await cluster.state("p") == (
+        "FAILED",
+        "cannot load the job: SpecError: job 'p': its spec is not signed with this cluster's secret; "
+        "refusing to run it",
+    )
+    assert await cluster.client.get(paths.assignment("p")) is None
+
+
+async def test_a_loop_is_refused_at_submit_with_a_reason_naming_it(cluster: MemoryCluster) -> None:
+    """A topology with a loop is refused before anything is written, instead of a submit timeout."""
+    with pytest.raises(TopologyError, match=r"^topology 'loop' has a loop \(halve -> halve\): loops do not run"):
+        await cluster.submit("loop", source=LOOP)
+    assert await cluster.client.children(paths.JOBS) == []
+
+
+async def test_a_task_error_fails_the_job_with_the_workers_error(cluster: MemoryCluster) -> None:
+    """An error report without retry -> FAILED, with the error and the worker."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p")
+    await cluster.leader.round()
+    await cluster.report("p", 1, "w0", "done", {"error": "TaskError: boom"})
+    await cluster.leader.round()
+    assert await cluster.state("p") == ("FAILED", "TaskError: boom (on w0)")
+
+
+async def test_a_restartable_crash_moves_the_task_then_fails_past_max_failures(cluster: MemoryCluster) -> None:
+    """Instance failover: attempt 2 avoids the worker where it crashed; a second crash exceeds max_failures=1."""
+    await cluster.add_worker("w0", capacity=3)
+    await cluster.add_worker("w1", capacity=3)
+    await cluster.submit("c", source=RESTARTING)
+    await cluster.leader.round()
+    first = (await cluster.assignment("c"))["instances"]["crashy.0"]  # type: ignore[index]
+    crash = {"error": "TaskError: no", "instance": "crashy.0", "retry": True}
+    await cluster.report("c", 1, first, "done", crash)
+    await cluster.leader.round()
+    assert await cluster.state("c") == ("RECOVERING", f"attempt 2: crashy.0 crashed on {first}")
+    second = (await cluster.assignment("c"))["instances"]["crashy.0"]  # type: ignore[index]
+    assert second != first
+    await cluster.report("c", 2, second, "done", crash)
+    await cluster.leader.round()
+    where = ", ".join(sorted({first, second}))
+    assert await cluster.state("c") == (
+        "FAILED",
+        f"instance 'crashy.0' failed 2 times (max_failures=1) on {where}; last error: TaskError: no",
+    )
+
+
+async def test_a_deposed_leader_changes_nothing(cluster: MemoryCluster) -> None:
+    """A write based on a stale read of the state is refused (conditional on its version)."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p")
+    view = await read_view(cluster.leader.store, "p")
+    await jobs.kill(cluster.client, "p")
+    await cluster.leader.round()
+    assert view is not None
+    assert await cluster.leader._schedule(view) is None
+    assert await cluster.state("p") == ("KILLED", "killed by streamlet kill")
