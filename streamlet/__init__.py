@@ -19,7 +19,7 @@ from streamlet.core.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partition
 from streamlet.core.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.record import Record, WindowRecord
 from streamlet.core.runtime import Job, JobResult
-from streamlet.core.sinks import CallbackSink, CollectSink, Sink, SinkContext, SinkWriter
+from streamlet.core.sinks import CallbackSink, CollectSink, RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.core.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
 from streamlet.core.state import KeyedState, StateStore
 from streamlet.core.statistics import DeadLetter, JobStatistics, NodeStatistics
@@ -64,6 +64,7 @@ __all__ = (
     "PortDeclarer",
     "QueueSource",
     "Record",
+    "RestorePoint",
     "Sink",
     "SinkContext",
     "SinkWriter",

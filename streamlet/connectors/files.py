@@ -1,17 +1,29 @@
 """Files: ``FileSource`` (lines, replayable by byte offset) and ``FileSink`` (exactly-once with checkpoints).
 
-``FileSink`` writes JSON lines. With checkpoints it is transactional: what
-an instance writes goes to a staging file; at ``prepare_commit(epoch)`` that
-file is fsynced and set aside for the epoch; at ``commit(epoch)`` (the
-checkpoint is complete) it is renamed to a visible
-``part-<epoch>-<instance>.jsonl``. A restore commits what was staged for
-completed epochs and discards the rest, so every record is visible exactly
-once. Without checkpoints everything becomes ``part-00000000-<instance>.jsonl``
-when the job ends.
+``FileSink`` writes JSON lines. With checkpoints it is transactional: each
+run of the job (its *attempt*, see ``SinkContext``) stages in its own
+directory ``<dir>/.staging/<attempt>/``: what an instance writes goes to
+``<index>.inprogress``; at ``prepare_commit(epoch)`` that file is fsynced and
+set aside as ``<index>-<epoch>.pending``; at ``commit(epoch)`` (the
+checkpoint is complete) it is renamed to the visible
+``part-<epoch>-<index>.jsonl``. Publishing is idempotent: the name is fixed
+by epoch and instance, so a second publish of the same staged file (a stale
+run that wakes up, or a restore after the commit happened) finds it gone and
+changes nothing. A restore from a checkpoint publishes what *the attempt that
+took it* staged for epochs up to its epoch and discards what that attempt
+staged after; another attempt's staging is never published, so a stale run
+still writing cannot add or take away records. Every record is visible
+exactly once. Without checkpoints everything becomes
+``part-00000000-<instance>.jsonl`` when the job ends.
+
+Staging of an attempt that never completed a checkpoint stays in
+``.staging/<attempt>/`` (it is never published); delete it once that run is
+known to be over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -21,7 +33,7 @@ import anyio
 
 from streamlet.core.durable import fsync_directory, seal
 from streamlet.core.record import Batch, Record
-from streamlet.core.sinks import Sink, SinkContext, SinkWriter
+from streamlet.core.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.core.sources import Source, SourceContext, SourceReader
 
 STAGING = ".staging"
@@ -97,8 +109,8 @@ class FileSink(Sink):
         self.directory = Path(directory)
 
     def open(self, context: SinkContext) -> SinkWriter:
-        """A writer for instance ``context.index``."""
-        return _FileWriter(self.directory, context.index)
+        """A writer for instance ``context.index``, staging under ``context.attempt``."""
+        return _FileWriter(self.directory, context.index, context.attempt)
 
 
 def part_name(epoch: int, index: int) -> str:
@@ -106,17 +118,39 @@ def part_name(epoch: int, index: int) -> str:
     return f"part-{epoch:08d}-{index:04d}.jsonl"
 
 
+def pending_name(epoch: int, index: int) -> str:
+    """Name of the staged file of ``epoch`` written by instance ``index`` (in its attempt's staging)."""
+    return f"{index:04d}-{epoch:08d}.pending"
+
+
+def publish(staged: Path, target: Path) -> None:
+    """Make ``staged`` visible as ``target`` by an atomic rename; doing it again changes nothing.
+
+    ``staged`` gone means it was published already (or was empty and
+    dropped): that is not an error. An empty one is dropped, not published.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        if staged.stat().st_size == 0:
+            staged.unlink()
+        else:
+            os.replace(staged, target)
+    fsync_directory(target.parent)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty (or gone): someone still stages there
+        directory.rmdir()
+
+
 class _FileWriter(SinkWriter):
-    def __init__(self, directory: Path, index: int) -> None:
+    def __init__(self, directory: Path, index: int, attempt: str) -> None:
         self.directory = directory
         self.index = index
-        self.staging = directory / STAGING
+        self.attempt = attempt
+        self.staging = directory / STAGING / attempt
         self.staging.mkdir(parents=True, exist_ok=True)
         self._current = self.staging / f"{index:04d}.inprogress"
         self._file: IO[str] = open(self._current, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-
-    def _staged(self, epoch: int) -> Path:
-        return self.staging / f"{self.index:04d}-{epoch:08d}.pending"
 
     def write(self, batch: Batch) -> None:
         dumps = json.dumps
@@ -126,30 +160,33 @@ class _FileWriter(SinkWriter):
         await anyio.to_thread.run_sync(self._stage, epoch)
 
     def _stage(self, epoch: int) -> None:
-        seal(self._file, self._current, self._staged(epoch))
+        seal(self._file, self._current, self.staging / pending_name(epoch, self.index))
         self._file = open(self._current, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     async def commit(self, epoch: int) -> None:
-        await anyio.to_thread.run_sync(self._publish, epoch)
+        await anyio.to_thread.run_sync(self._publish, self.staging, epoch)
 
-    def _publish(self, epoch: int) -> None:
-        staged = self._staged(epoch)
-        if staged.stat().st_size == 0:
-            staged.unlink()
-        else:
-            os.replace(staged, self.directory / part_name(epoch, self.index))
-        fsync_directory(self.directory)
+    def _publish(self, staging: Path, epoch: int) -> None:
+        publish(staging / pending_name(epoch, self.index), self.directory / part_name(epoch, self.index))
 
-    def restore(self, epoch: int | None) -> None:
-        for staged in self.staging.glob(f"{self.index:04d}-*.pending"):
-            staged_epoch = int(staged.stem.split("-")[1])
-            if epoch is not None and staged_epoch <= epoch:
-                self._publish(staged_epoch)  # the checkpoint completed but the commit was cut short
+    def restore(self, point: RestorePoint | None) -> None:
+        if point is None or point.attempt is None:
+            return  # nothing staged belongs to a completed checkpoint
+        restored = self.directory / STAGING / point.attempt
+        for staged in restored.glob(f"{self.index:04d}-*.pending"):
+            epoch = int(staged.stem.split("-")[1])
+            if epoch <= point.epoch:
+                self._publish(restored, epoch)  # the checkpoint completed but the commit was cut short
             else:
-                staged.unlink()
+                staged.unlink(missing_ok=True)  # never completed: the sources replay it
+        if point.attempt != self.attempt:  # that run is over: what it had in progress was never staged
+            (restored / f"{self.index:04d}.inprogress").unlink(missing_ok=True)
+            _remove_if_empty(restored)
 
     def abort(self) -> None:
-        self._file.close()  # what it holds is uncommitted: a restore discards it
+        self._file.close()  # what it holds is in no checkpoint: nothing will publish it
+        self._current.unlink(missing_ok=True)
+        _remove_if_empty(self.staging)  # pending epochs stay: one may be complete, for a restore to publish
 
     def close(self) -> None:
         if self._file.closed:
@@ -161,6 +198,7 @@ class _FileWriter(SinkWriter):
             os.replace(self._current, self.directory / part_name(0, self.index))
         else:
             self._current.unlink()
+        _remove_if_empty(self.staging)
 
 
 def read_file_sink(directory: str | os.PathLike[str]) -> list[Record]:

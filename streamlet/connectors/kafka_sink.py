@@ -13,17 +13,18 @@ fences and aborts it), so the sink never keeps a transaction open across a
 checkpoint. Instead:
 
 1. ``write`` serializes records and stages them in a local file
-   (``staging_dir``); ``prepare_commit(epoch)`` fsyncs that file as the
-   epoch's.
+   (``staging_dir/<transactional id>/<attempt>/``: each run of the job stages
+   apart); ``prepare_commit(epoch)`` fsyncs that file as the epoch's.
 2. ``commit(epoch)`` (the checkpoint is complete) produces every staged epoch
    up to ``epoch`` inside **one** transaction, together with a marker record
    ``(transactional id, epoch)`` on ``marker_topic`` partition 0, commits it,
    and only then deletes the staged files.
-3. ``restore(epoch)`` after a crash: epochs staged after ``epoch`` are
-   dropped (their records are replayed by the sources). Epochs up to
-   ``epoch`` whose files remain were completed but maybe not committed: the
-   sink reads the markers (``read_committed``) and produces again exactly
-   those epochs that have no committed marker.
+3. ``restore(point)`` after a crash looks only at what the run that took
+   checkpoint ``point`` staged: epochs after ``point.epoch`` are dropped
+   (their records are replayed by the sources). Epochs up to it whose files
+   remain were completed but maybe not committed: the sink reads the markers
+   (``read_committed``) and produces again exactly those epochs that have no
+   committed marker. Another run's staging is never produced.
 
 A crash *inside* ``commit`` leaves a transaction open with part of the
 epoch: the restarted instance's producer (same transactional id) fences it,
@@ -32,10 +33,13 @@ epoch (no committed marker) is produced again. This relies on the broker's
 transaction isolation, which librdkafka's mock cluster used in the tests does
 not implement.
 
-Each sink instance has its own transactional id,
-``f"{transactional_id}-{index}"`` (default prefix
-``f"streamlet-{topic}-{node}"``), stable across restarts; starting its
-producer fences any older incarnation.
+Each sink instance has its own transactional id, the same in every run of
+the job: ``f"streamlet.{job_id}.{node}.{index}"`` (``job_id`` from
+``SinkContext``: ``local.<topology name>`` in-process, the cluster's own
+name for the job there), or ``f"{transactional_id}-{index}"`` when a prefix
+is given. Starting its producer fences every older incarnation, including a
+stale run of the instance that still runs elsewhere. Give a prefix when two
+deployments of one topology write through the same Kafka cluster.
 
 Limits: records reach Kafka only when the checkpoint that covers them
 completes (latency = checkpoint interval). The staging directory must be on
@@ -59,9 +63,9 @@ import anyio
 import structlog
 
 from streamlet.connectors.kafka_common import KafkaError, Serializer, broker_errors, encode, require_aiokafka, servers
-from streamlet.connectors.kafka_staging import StagedRecord, Staging
+from streamlet.connectors.kafka_staging import StagedEpochs, StagedRecord, Staging
 from streamlet.core.record import Batch, Record
-from streamlet.core.sinks import Sink, SinkContext, SinkWriter
+from streamlet.core.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 
 log = structlog.get_logger("streamlet")
 
@@ -80,7 +84,7 @@ class KafkaSink(Sink):
             ``str`` as UTF-8, ``None`` as null, anything else as compact JSON.
         headers: ``record -> [(name, bytes), ...]`` for each record's Kafka headers.
         staging_dir: where a transactional sink stages each epoch's records (durable local disk).
-        transactional_id: prefix of the instances' transactional ids.
+        transactional_id: prefix of the instances' transactional ids (default: from the job and sink name).
         marker_topic: where a transactional sink marks committed epochs (default ``f"{topic}.streamlet-commits"``).
         producer_options: more ``AIOKafkaProducer`` keyword arguments.
         consumer_options: more ``AIOKafkaConsumer`` keyword arguments for reading the markers.
@@ -123,9 +127,14 @@ class KafkaSink(Sink):
         require_aiokafka()
         what = f"sink '{context.node}' instance {context.index}"
         if self.transactional:
-            prefix = self.transactional_id or f"streamlet-{self.topic}-{context.node}"
-            return _TransactionalWriter(self, f"{prefix}-{context.index}", what)
+            return _TransactionalWriter(self, self.transactional_id_of(context), context.attempt, what)
         return _IdempotentWriter(self, what)
+
+    def transactional_id_of(self, context: SinkContext) -> str:
+        """The transactional id of instance ``context.index``: the same in every run of the job."""
+        if self.transactional_id is not None:
+            return f"{self.transactional_id}-{context.index}"
+        return f"streamlet.{context.job_id}.{context.node}.{context.index}"
 
     def serialize(self, batch: Batch) -> list[StagedRecord]:
         """``[key, value, timestamp_ms, headers]`` per record, as they will be produced."""
@@ -223,14 +232,16 @@ class _IdempotentWriter(SinkWriter):
 class _TransactionalWriter(SinkWriter):
     """Stages per epoch; one transaction per completed checkpoint (see the module docstring)."""
 
-    def __init__(self, sink: KafkaSink, transactional_id: str, what: str) -> None:
+    def __init__(self, sink: KafkaSink, transactional_id: str, attempt: str, what: str) -> None:
         assert sink.staging_dir is not None
         self.sink = sink
         self.what = f"{what} (transactional id {transactional_id!r})"
         self.transactional_id = transactional_id
-        self.staging = Staging(sink.staging_dir, transactional_id)
+        self.attempt = attempt
+        self.staging = Staging(sink.staging_dir, transactional_id, attempt)
         self.producer: Any = None
-        self.recover_through: int | None = None  # a restore left completed epochs to check and redo
+        self.recovering: StagedEpochs | None = None  # a restore left completed epochs there to check and redo
+        self.recover_through = -1
 
     def write(self, batch: Batch) -> None:
         self.staging.append(self.sink.serialize(batch))
@@ -241,13 +252,20 @@ class _TransactionalWriter(SinkWriter):
     async def commit(self, epoch: int) -> None:
         with broker_errors(self.what):
             await self._ready()
-            await self._publish([e for e in self.staging.epochs() if e <= epoch], epoch)
+            await self._publish(self.staging, [e for e in self.staging.epochs() if e <= epoch], epoch)
 
-    def restore(self, epoch: int | None) -> None:
-        staged = self.staging.epochs()
-        self.staging.remove([e for e in staged if epoch is None or e > epoch])  # the sources replay these
-        if epoch is not None and any(e <= epoch for e in staged):
-            self.recover_through = epoch
+    def restore(self, point: RestorePoint | None) -> None:
+        if point is None or point.attempt is None:
+            return  # nothing staged belongs to a completed checkpoint
+        restored = self.staging.of_attempt(point.attempt)
+        staged = restored.epochs()
+        restored.remove([e for e in staged if e > point.epoch])  # never completed: the sources replay these
+        if point.attempt != self.attempt:
+            restored.discard_inprogress()
+        if any(e <= point.epoch for e in staged):
+            self.recovering, self.recover_through = restored, point.epoch
+        elif point.attempt != self.attempt:
+            restored.remove_if_empty()
 
     async def close(self) -> None:
         if self.staging.staged_bytes:  # a job without checkpoints: everything it wrote, in one transaction
@@ -255,13 +273,16 @@ class _TransactionalWriter(SinkWriter):
                 await self._ready()
                 await self._in_transaction(self.staging.read_current(), marker=None)
         self.staging.close()
-        self.staging.current.unlink(missing_ok=True)
+        self.staging.discard_inprogress()
+        self.staging.remove_if_empty()
         if self.producer is not None:
             await self.producer.stop()
             self.producer = None
 
     async def abort(self) -> None:
-        self.staging.close()  # staged epochs stay for the restore to judge
+        self.staging.close()
+        self.staging.discard_inprogress()  # in no checkpoint: nothing will produce it
+        self.staging.remove_if_empty()  # staged epochs stay for a restore to judge
         if self.producer is not None:
             await _stop(self.producer)
             self.producer = None
@@ -272,22 +293,28 @@ class _TransactionalWriter(SinkWriter):
         """Start the producer (fencing older incarnations), then redo what a restore left to redo."""
         if self.producer is None:
             self.producer = await _started(self.sink.make_producer(transactional_id=self.transactional_id))
-        if self.recover_through is not None:
-            staged = [e for e in self.staging.epochs() if e <= self.recover_through]
-            marked = await self._last_marked()
-            self.staging.remove([e for e in staged if e <= marked])  # committed before the crash
-            redo = [e for e in staged if e > marked]
-            log.info("kafka sink recovering", transactional_id=self.transactional_id, committed=marked, redo=redo)
-            if redo:
-                await self._publish(redo, redo[-1])
-            self.recover_through = None
+        if self.recovering is not None:
+            await self._recover(self.recovering)
+            self.recovering = None
 
-    async def _publish(self, epochs: list[int], marker: int) -> None:
+    async def _recover(self, restored: StagedEpochs) -> None:
+        """Produce the completed epochs ``restored`` holds that have no committed marker yet."""
+        staged = [e for e in restored.epochs() if e <= self.recover_through]
+        marked = await self._last_marked()
+        restored.remove([e for e in staged if e <= marked])  # committed before the crash
+        redo = [e for e in staged if e > marked]
+        log.info("kafka sink recovering", transactional_id=self.transactional_id, committed=marked, redo=redo)
+        if redo:
+            await self._publish(restored, redo, redo[-1])
+        if restored.directory != self.staging.directory:
+            restored.remove_if_empty()
+
+    async def _publish(self, staged: StagedEpochs, epochs: list[int], marker: int) -> None:
         if not epochs:
             return
-        if any(self.staging.path(epoch).stat().st_size for epoch in epochs):
-            await self._in_transaction((r for epoch in epochs for r in self.staging.read(epoch)), marker)
-        self.staging.remove(epochs)
+        if any(staged.path(epoch).stat().st_size for epoch in epochs):
+            await self._in_transaction((r for epoch in epochs for r in staged.read(epoch)), marker)
+        staged.remove(epochs)
 
     async def _in_transaction(self, records: Iterable[StagedRecord], marker: int | None) -> None:
         producer, topic = self.producer, self.sink.topic

@@ -23,7 +23,9 @@ Where rows go (exactly one of):
   ``overwrite``, so handing over an epoch twice replaces it: a replayed epoch
   never duplicates rows. Reading ``<path>`` back through Spark gives the
   ``epoch`` and ``instance`` columns by partition discovery. Staging lives in
-  ``<path>/_staging/<sink name>`` (Spark ignores names starting with ``_``). A restore
+  ``<path>/_staging/<sink name>/<attempt>`` (Spark ignores names starting with
+  ``_``; each run of the job stages apart, and a restore hands over only what
+  the run that took the checkpoint sealed). A restore
   also deletes this instance's partitions of epochs after the checkpoint
   (all of them when the job starts without one), so the output is that of
   exactly one run.
@@ -58,6 +60,7 @@ Remaining limits:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -71,7 +74,7 @@ import anyio
 from streamlet.connectors.spark_rows import read_chunks, remove, seal, to_arrow, with_epoch, write_chunk
 from streamlet.connectors.spark_session import spark_session
 from streamlet.core.record import Batch, Record
-from streamlet.core.sinks import Sink, SinkContext, SinkWriter
+from streamlet.core.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.errors import ConnectorError
 
 STAGING = "_staging"
@@ -181,17 +184,22 @@ class _SparkWriter(SinkWriter):
     def __init__(self, sink: SparkSink, context: SinkContext) -> None:
         self.sink = sink
         self.index = context.index
+        self.node = context.node
         self.where = f"sink '{context.node}' instance {context.index}"
         self._temporary = sink.staging_dir is None
         self._base = sink.staging_dir or Path(tempfile.mkdtemp(prefix="streamlet-spark-"))
-        self.staging = self._base / context.node  # sinks sharing a staging directory keep apart
+        self.attempt = context.attempt
+        self.staging = self._attempt_staging(context.attempt)
         self.staging.mkdir(parents=True, exist_ok=True)
         self._open = self.staging / f"{self.index:04d}-open"
         self._rows: list[Record] = []
         self._handing_over: anyio.Event | None = None
 
-    def _sealed(self, epoch: int) -> Path:
-        return self.staging / f"{self.index:04d}-{epoch:08d}"
+    def _attempt_staging(self, attempt: str) -> Path:
+        return self._base / self.node / attempt  # sinks sharing a staging directory keep apart, and so do runs
+
+    def _sealed(self, epoch: int, staging: Path | None = None) -> Path:
+        return (staging or self.staging) / f"{self.index:04d}-{epoch:08d}"
 
     def _take(self) -> list[Record]:
         rows, self._rows = self._rows, []
@@ -223,9 +231,9 @@ class _SparkWriter(SinkWriter):
             self._handing_over.set()
             self._handing_over = None
 
-    def _publish(self, epoch: int) -> None:
-        sealed = self._sealed(epoch)
-        rows = read_chunks(sealed)
+    def _publish(self, epoch: int, staging: Path | None = None) -> None:
+        sealed = self._sealed(epoch, staging)
+        rows = read_chunks(sealed)  # None when handed over already: overwriting the partition again is harmless
         if rows is not None:
             try:
                 self.sink.hand_over(with_epoch(rows, epoch), epoch, self.index)
@@ -235,23 +243,34 @@ class _SparkWriter(SinkWriter):
                 raise ConnectorError(f"{self.where}: handing epoch {epoch} to Spark failed: {exc}") from exc
         remove(sealed)
 
-    async def restore(self, epoch: int | None) -> None:
-        await anyio.to_thread.run_sync(self._restore, epoch)
+    async def restore(self, point: RestorePoint | None) -> None:
+        await anyio.to_thread.run_sync(self._restore, point)
 
-    def _restore(self, epoch: int | None) -> None:
-        remove(self._open)  # rows of an epoch whose barrier never came: the replay brings them again
-        for sealed in sorted(self.staging.glob(f"{self.index:04d}-[0-9]*")):
+    def _restore(self, point: RestorePoint | None) -> None:
+        if point is not None and point.attempt is not None:
+            self._finish_attempt(point.epoch, point.attempt)
+        self.sink.forget_after(None if point is None else point.epoch, self.index)
+
+    def _finish_attempt(self, epoch: int, attempt: str) -> None:
+        """Hand over what ``attempt`` sealed up to ``epoch``; drop the rest of its staging."""
+        staging = self._attempt_staging(attempt)
+        for sealed in sorted(staging.glob(f"{self.index:04d}-[0-9]*")):
             sealed_epoch = int(sealed.name.split("-")[1])
-            if epoch is not None and sealed_epoch <= epoch:
-                self._publish(sealed_epoch)  # the checkpoint completed but the hand-over was cut short
+            if sealed_epoch <= epoch:
+                self._publish(sealed_epoch, staging)  # the checkpoint completed but the hand-over was cut short
             else:
                 remove(sealed)
-        self.sink.forget_after(epoch, self.index)
+        if attempt != self.attempt:  # rows of an epoch whose barrier never came: the replay brings them again
+            remove(staging / f"{self.index:04d}-open")
+            _remove_if_empty(staging)
 
     def abort(self) -> None:
-        self._rows = []  # uncommitted: a restore discards what was staged for them
+        self._rows = []  # uncommitted: nothing will hand them over
         if self._temporary:
             shutil.rmtree(self._base, ignore_errors=True)
+        else:
+            shutil.rmtree(self._open, ignore_errors=True)  # in no checkpoint; sealed epochs stay for a restore
+            _remove_if_empty(self.staging)
 
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self._finish, self._take())
@@ -264,3 +283,10 @@ class _SparkWriter(SinkWriter):
             self._publish(0)
         if self._temporary:
             shutil.rmtree(self._base, ignore_errors=True)
+        else:
+            _remove_if_empty(self.staging)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty (or gone): someone still stages there
+        directory.rmdir()

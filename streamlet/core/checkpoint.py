@@ -12,6 +12,7 @@ stages what it still holds).
 A checkpoint document::
 
     {"epoch": 7, "job": "wordcount", "finished": False,
+     "attempt": "3f9c0a1b2d4e",                     # the run that took it (``Job(attempt=...)``)
      "sources": {"lines": [position, ...]},         # one entry per instance
      "tasks": {"count": [{"state": [[k, v], ...], "window": ..., "finished": False}, ...]}}
 """
@@ -61,6 +62,7 @@ class Coordinator:
         self.interval = interval
         self.instances: list[Instance] = []
         self.next_epoch = 1
+        self.attempt = "0"  # the run whose instances are attached (set by attach)
         self.completed = 0
         self.last: CheckpointInfo | None = None
         self._pending: dict[int, _Pending] = {}
@@ -68,10 +70,11 @@ class Coordinator:
         self._closed = False
         self._ready = anyio.create_memory_object_stream[int](100)
 
-    def attach(self, instances: list[Instance], last_epoch: int | None) -> None:
-        """The instances of the job; epochs continue after ``last_epoch``."""
+    def attach(self, instances: list[Instance], last_epoch: int | None, attempt: str) -> None:
+        """The instances of run ``attempt`` of the job; epochs continue after ``last_epoch``."""
         self.instances = instances
         self.next_epoch = (last_epoch or 0) + 1
+        self.attempt = attempt
 
     # -- triggering -----------------------------------------------------------
 
@@ -199,7 +202,10 @@ class Coordinator:
                 sources.setdefault(instance.node.name, []).append(snapshot)
             elif isinstance(instance, TaskInstance):
                 tasks.setdefault(instance.node.name, []).append(snapshot)
-        return {"epoch": epoch, "job": self.job, "finished": finished, "sources": sources, "tasks": tasks}
+        return {
+            "epoch": epoch, "job": self.job, "finished": finished, "attempt": self.attempt,
+            "sources": sources, "tasks": tasks,
+        }  # fmt: skip
 
     async def finish(self) -> None:
         """The job ended normally: a final checkpoint commits what sinks still hold, then they close."""

@@ -52,6 +52,8 @@ class Environment:
     clock: Clock
     dead_letters: list[DeadLetter] = field(default_factory=list)
     checkpoints: CheckpointAcks | None = None
+    job_id: str = "local"  # the job, the same in every run (see ``SinkContext``)
+    attempt: str = "0"  # this run of the job
 
 
 class Instance(ABC):
@@ -295,7 +297,8 @@ class SinkInstance(Receiver):
     def __init__(self, node: Node, index: int, outputs: Outputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
         assert node.sink is not None
-        self.writer: SinkWriter = node.sink.open(SinkContext(node.name, index, node.parallelism))
+        context = SinkContext(node.name, index, node.parallelism, env.job_id, env.attempt)
+        self.writer: SinkWriter = node.sink.open(context)
         self._async = inspect.iscoroutinefunction(self.writer.write)
 
     async def process(self, port: int, batch: Batch) -> None:

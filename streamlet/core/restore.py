@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from streamlet.core.instance import Instance, SinkInstance, SourceInstance, _maybe_await
+from streamlet.core.sinks import RestorePoint
 from streamlet.core.state import KeyedState
 from streamlet.core.task_instance import TaskInstance
 from streamlet.errors import JobError
@@ -13,18 +14,20 @@ from streamlet.errors import JobError
 async def restore(instances: dict[str, list[Instance]], document: dict[str, Any] | None) -> None:
     """Restore sources' positions, tasks' state and windows, and sinks' staged output.
 
-    ``document`` is ``None`` for a fresh start (sinks still clean up what an
-    earlier, unfinished run staged; a sink's ``restore`` may be ``async def``,
-    e.g. to redo a Spark write off the event loop). A task's keyed state is re-split by key
-    when its parallelism changed; sources and windowed tasks must keep theirs.
-    ``instances`` may hold only some instances of a node (a cluster worker's
-    share): each takes the entry of its own index.
+    Sinks are told the checkpoint's epoch and the attempt that took it
+    (``document["attempt"]``), so they publish what that run staged; for a
+    fresh start (``document`` is ``None``) they are told ``None``. A sink's
+    ``restore`` may be ``async def``, e.g. to redo a Spark write off the
+    event loop. A task's keyed state is re-split by key when its parallelism
+    changed; sources and windowed tasks must keep theirs. ``instances`` may
+    hold only some instances of a node (a cluster worker's share): each takes
+    the entry of its own index.
     """
-    epoch = None if document is None else document["epoch"]
+    point = None if document is None else RestorePoint(document["epoch"], document.get("attempt"))
     for group in instances.values():
         for instance in group:
             if isinstance(instance, SinkInstance):
-                await _maybe_await(instance.writer.restore(epoch))
+                await _maybe_await(instance.writer.restore(point))
     if document is None or document["finished"]:
         return
     for name, group in instances.items():

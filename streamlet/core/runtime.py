@@ -7,6 +7,7 @@ instance cancels the others and is raised from :meth:`Job.wait`.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from streamlet.core.instance import Environment, Receiver, SinkInstance, _maybe_
 from streamlet.core.plan import PhysicalPlan, Placement, build_plan
 from streamlet.core.record import Record
 from streamlet.core.restore import restore
+from streamlet.core.sinks import check_attempt
 from streamlet.core.sources import END_OF_FEED
 from streamlet.core.statistics import DeadLetter, JobStatistics, NodeStatistics
 from streamlet.core.task_instance import TaskInstance
@@ -64,7 +66,14 @@ class JobResult:
 
 
 class Job:
-    """One run of a topology. Create it with :func:`start` or :func:`run`."""
+    """One run of a topology. Create it with :func:`start` or :func:`run`.
+
+    ``job_id`` names the job the same way in every run (default
+    ``"local.<topology name>"``); ``attempt`` is a token unique to this run
+    (default: a new random one). Both reach sinks through ``SinkContext``,
+    and checkpoints record the attempt that took them, so a restore
+    publishes what that run staged. A cluster passes its own.
+    """
 
     def __init__(
         self,
@@ -78,8 +87,12 @@ class Job:
         checkpoint_interval: float | None = None,
         placement: Placement | None = None,
         coordinator: Coordinator | None = None,
+        job_id: str | None = None,
+        attempt: str | None = None,
     ) -> None:
         topology.validate()
+        self.job_id = job_id or f"local.{topology.name}"
+        self.attempt = new_attempt() if attempt is None else check_attempt(attempt)
         self._placement = placement
         if placement is not None:
             _refuse_cycles(topology, "cluster runs are")
@@ -87,7 +100,7 @@ class Job:
         self.clock = clock or SystemClock()
         self._channel_factory = channel_factory
         self._channel_capacity = channel_capacity
-        self._env = Environment(batch_size, self.clock)
+        self._env = Environment(batch_size, self.clock, job_id=self.job_id, attempt=self.attempt)
         self._coordinator: Coordinator | None = None
         if checkpoint_store is not None or coordinator is not None:
             _refuse_cycles(topology, "checkpoints are")
@@ -141,7 +154,7 @@ class Job:
             if self._coordinator is not None:
                 point = await self._coordinator.restore_point()
                 await restore(self._plan.instances, None if point is None else point[1])
-                self._coordinator.attach(self._plan.all(), None if point is None else point[0])
+                self._coordinator.attach(self._plan.all(), None if point is None else point[0], self.attempt)
                 outer.start_soon(self._guarded, self._coordinator.run, outer)  # a failed commit stops the job
         except Exception as exc:  # noqa: BLE001 - e.g. a sink that cannot open: raised by wait()
             self._error = exc
@@ -271,6 +284,11 @@ class Job:
             if kept and all(r is not None for r in kept):
                 sinks[name] = [record for records in kept if records is not None for record in records]
         return JobResult(self.statistics(), list(self._env.dead_letters), sinks)
+
+
+def new_attempt() -> str:
+    """A token for one run of a job, unique in practice (12 hex digits)."""
+    return uuid.uuid4().hex[:12]
 
 
 def _refuse_cycles(topology: Topology, what: str) -> None:

@@ -3,21 +3,63 @@
 from __future__ import annotations
 
 import inspect
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from streamlet.core.record import Batch, Record
+from streamlet.errors import JobError
+
+_ATTEMPT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_attempt(attempt: str) -> str:
+    """``attempt`` if it is a usable run token (a safe file name), else a ``JobError`` naming it."""
+    if not isinstance(attempt, str) or _ATTEMPT.fullmatch(attempt) is None:
+        raise JobError(
+            f"attempt {attempt!r} is not a usable run token: 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return attempt
 
 
 @dataclass(frozen=True, slots=True)
 class SinkContext:
-    """What a sink instance knows about where it runs."""
+    """What a sink instance knows about where it runs.
+
+    ``job_id`` names the job the same way in every run of it (``"local.<topology
+    name>"`` in-process; a cluster passes its own): use it for names that must
+    outlive a run, such as a Kafka transactional id. ``attempt`` is unique to
+    this run of the job: a transactional writer stages under it, so two runs of
+    the same instance (a restarted one and a stale one still running) never
+    write into each other's files. It is a safe file name (see :func:`check_attempt`).
+    """
 
     node: str
     index: int
     parallelism: int
+    job_id: str = "local"
+    attempt: str = "0"
+
+    def __post_init__(self) -> None:
+        check_attempt(self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class RestorePoint:
+    """The completed checkpoint a job resumes from: its ``epoch`` and the ``attempt`` (run) that took it.
+
+    Every epoch up to ``epoch`` is complete, and that attempt staged them:
+    a writer publishes what ``attempt`` staged for them and has not published
+    yet, and never what another attempt staged. ``attempt`` is ``None`` when
+    the checkpoint does not record it (written by an older streamlet): then
+    nothing staged can be matched to it.
+    """
+
+    epoch: int
+    attempt: str | None
 
 
 class SinkWriter(ABC):
@@ -48,11 +90,14 @@ class SinkWriter(ABC):
     def commit(self, epoch: int) -> Any:
         """Checkpoint ``epoch`` is complete: make what was staged for it visible."""
 
-    def restore(self, epoch: int | None) -> Any:
-        """A job resumes from checkpoint ``epoch`` (``None``: from scratch).
+    def restore(self, point: RestorePoint | None) -> Any:
+        """A job resumes from the completed checkpoint ``point`` (``None``: from scratch).
 
-        Commit what was staged for epochs up to ``epoch`` and not yet
-        committed; discard what was staged after it. Plain or ``async def``.
+        Called before anything is written. Commit what ``point.attempt``
+        staged for epochs up to ``point.epoch`` and did not commit yet;
+        discard what it staged after that; never commit what another attempt
+        staged. Committing an epoch twice (this restore and a stale run of
+        the same instance) must leave it visible once. Plain or ``async def``.
         """
 
     def result(self) -> list[Record] | None:

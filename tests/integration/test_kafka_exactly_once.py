@@ -85,8 +85,8 @@ def test_exception_mid_stream_then_restart_is_exactly_once(
 
 
 def staged(tmp_path: Path) -> list[tuple[str, str]]:
-    """(sink instance, file name) of every staged epoch file."""
-    return sorted((path.parent.name[-1], path.name) for path in (tmp_path / "staging").rglob("*.pending"))
+    """(sink instance, file name) of every staged epoch file (in ``<transactional id>/<attempt>/``)."""
+    return sorted((path.parent.parent.name[-1], path.name) for path in (tmp_path / "staging").rglob("*.pending"))
 
 
 def run_child_until_killed(bootstrap: str, topics: tuple[str, str], tmp_path: Path, *flags: str) -> None:
@@ -140,7 +140,7 @@ def test_markers_name_each_sink_instance_and_its_last_epoch(
     assert {m.partition for m in markers} == {0}
     last = result.statistics.last_checkpoint.epoch
     for index in (0, 1):
-        key = f"streamlet-{topics[1]}-out-{index}".encode()
+        key = f"streamlet.local.kafka-exactly-once.out.{index}".encode()  # the same in every run
         epochs = [int(m.value) for m in markers if m.key == key and m.value is not None]
         assert epochs == sorted(set(epochs))  # one marker per transaction, epochs rising
         assert len(epochs) >= 2

@@ -80,7 +80,8 @@ def test_restore_hands_over_an_epoch_whose_write_failed(spark: Any, tmp_path: Pa
     with pytest.raises(sl.ConnectorError, match=failure):
         sl.run(topology, checkpoint_dir=checkpoints, checkpoint_interval=0.05, batch_size=spark_job.BATCH)
     [failed] = FailingOnce.failed
-    assert (output / "_staging" / "to-spark" / f"0000-{failed:08d}").is_dir()  # sealed, durable, not yet in Spark
+    sealed = list((output / "_staging" / "to-spark").glob(f"*/0000-{failed:08d}"))  # in the failed run's staging
+    assert [path.is_dir() for path in sealed] == [True]  # sealed, durable, not yet in Spark
     assert failed not in epochs_written(output)
 
     spark_job.run(checkpoints, output)

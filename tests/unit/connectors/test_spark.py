@@ -129,8 +129,8 @@ def records(*values: int) -> list[sl.Record]:
     return [sl.Record("k", value, float(value)) for value in values]
 
 
-def open_writer(sink: sl.SparkSink) -> Any:
-    return sink.open(sl.SinkContext("out", 0, 1))
+def open_writer(sink: sl.SparkSink, attempt: str = "run-a") -> Any:
+    return sink.open(sl.SinkContext("out", 0, 1, attempt=attempt))
 
 
 async def test_rows_past_max_rows_spill_and_reach_spark_as_one_epoch(tmp_path: Path) -> None:
@@ -139,15 +139,15 @@ async def test_rows_past_max_rows_spill_and_reach_spark_as_one_epoch(tmp_path: P
     writer = open_writer(sink)
     for value in range(10):
         await writer.write(records(value))
-    assert len(list((tmp_path / "_staging" / "out" / "0000-open").glob("chunk-*.arrow"))) == 3
+    assert len(list((tmp_path / "_staging" / "out" / "run-a" / "0000-open").glob("chunk-*.arrow"))) == 3
     await writer.prepare_commit(4)
-    assert len(list((tmp_path / "_staging" / "out" / "0000-00000004").glob("chunk-*.arrow"))) == 4
+    assert len(list((tmp_path / "_staging" / "out" / "run-a" / "0000-00000004").glob("chunk-*.arrow"))) == 4
     assert sink.handed == []
     await writer.commit(4)
     assert sink.handed == [
         (4, 0, {"key": ["k"] * 10, "value": list(range(10)), "ts": [float(v) for v in range(10)], "epoch": [4] * 10})
     ]
-    assert list((tmp_path / "_staging" / "out").iterdir()) == []
+    assert list((tmp_path / "_staging" / "out" / "run-a").iterdir()) == []
 
 
 async def test_a_write_waits_while_spark_is_busy_and_memory_is_full(tmp_path: Path) -> None:
@@ -178,7 +178,7 @@ async def test_a_write_waits_while_spark_is_busy_and_memory_is_full(tmp_path: Pa
 
 
 async def test_restore_hands_over_sealed_epochs_up_to_the_checkpoint_and_drops_the_rest(tmp_path: Path) -> None:
-    """Sealed epochs 1 and 2 with a checkpoint at 1: 1 goes to Spark, 2 and the open rows are discarded."""
+    """Run A sealed epochs 1 and 2, checkpoint 1 completed: 1 goes to Spark, 2 and the open rows are discarded."""
     crashed = open_writer(Recording(tmp_path))
     for epoch in (1, 2):
         await crashed.write(records(epoch))
@@ -186,12 +186,24 @@ async def test_restore_hands_over_sealed_epochs_up_to_the_checkpoint_and_drops_t
     await crashed.write(records(3))
     await crashed.write(records(4))
     crashed.abort()
-    (tmp_path / "_staging" / "out" / "0000-open").mkdir()
+    (tmp_path / "_staging" / "out" / "run-a" / "0000-open").mkdir()
 
     sink = Recording(tmp_path)
-    await open_writer(sink).restore(1)
+    await open_writer(sink, "run-b").restore(sl.RestorePoint(1, "run-a"))
     assert [(epoch, rows["value"]) for epoch, _, rows in sink.handed] == [(1, [1])]
-    assert list((tmp_path / "_staging" / "out").iterdir()) == []
+    assert [path.name for path in (tmp_path / "_staging" / "out").iterdir()] == ["run-b"]
+
+
+async def test_restore_never_hands_over_another_attempts_sealed_epochs(tmp_path: Path) -> None:
+    """Runs A and X both sealed epoch 1; restoring from A's checkpoint 1 hands over A's rows only."""
+    for attempt, value in (("run-a", 1), ("run-x", 100)):
+        writer = open_writer(Recording(tmp_path), attempt)
+        await writer.write(records(value))
+        await writer.prepare_commit(1)
+    sink = Recording(tmp_path)
+    await open_writer(sink, "run-b").restore(sl.RestorePoint(1, "run-a"))
+    assert [(epoch, rows["value"]) for epoch, _, rows in sink.handed] == [(1, [1])]
+    assert (tmp_path / "_staging" / "out" / "run-x" / "0000-00000001").is_dir()
 
 
 async def test_without_checkpoints_everything_goes_at_close_as_epoch_0(tmp_path: Path) -> None:

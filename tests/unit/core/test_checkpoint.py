@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import streamlet as sl
+from streamlet.transport.local import LocalChannel
 from tests.conftest import self_loop
 from tests.support import exactly_once
 from tests.support.exactly_once import Bomb, expected_output
@@ -141,9 +143,9 @@ def test_checkpoint_without_a_store_is_refused() -> None:
 
 
 class _AsyncRestoreSink(sl.Sink):
-    """A sink whose writer's ``restore`` is ``async def`` and records the epoch it was given."""
+    """A sink whose writer's ``restore`` is ``async def`` and records the restore point it was given."""
 
-    restored: list[int | None]
+    restored: list[sl.RestorePoint | None]
 
     def __init__(self) -> None:
         self.restored = []
@@ -153,25 +155,72 @@ class _AsyncRestoreSink(sl.Sink):
 
 
 class _AsyncRestoreWriter(sl.SinkWriter):
-    def __init__(self, restored: list[int | None]) -> None:
+    def __init__(self, restored: list[sl.RestorePoint | None]) -> None:
         self.restored = restored
 
     def write(self, batch: list[sl.Record]) -> None:
         pass
 
-    async def restore(self, epoch: int | None) -> None:
+    async def restore(self, point: sl.RestorePoint | None) -> None:
         await asyncio.sleep(0)
-        self.restored.append(epoch)
+        self.restored.append(point)
 
 
-def test_an_async_sink_restore_is_awaited(tmp_path: Path) -> None:
-    """A sink's ``async def restore`` runs to completion at the start of each run (None, then the final epoch)."""
-    sink = _AsyncRestoreSink()
+def restore_job(sink: sl.Sink, directory: Path, attempt: str) -> sl.Job:
+    """source [1, 2, 3] -> ``sink``, as run ``attempt``, with checkpoints in ``directory``."""
     topology = sl.Topology("restore")
     topology.add_sink("out", sink).set_input(topology.add_source("in", [1, 2, 3]))
-    sl.run(topology, checkpoint_dir=tmp_path)
-    sl.run(topology, checkpoint_dir=tmp_path)
-    assert sink.restored == [None, 1]
+    return sl.Job(
+        topology, channel_factory=LocalChannel, checkpoint_store=sl.DirectoryCheckpointStore(directory), attempt=attempt
+    )
+
+
+async def test_an_async_sink_restore_is_awaited_with_the_epoch_and_attempt(tmp_path: Path) -> None:
+    """A sink's ``async def restore`` runs at the start of each run: None, then (final epoch, the run that took it)."""
+    sink = _AsyncRestoreSink()
+    await restore_job(sink, tmp_path, "first").run()
+    await restore_job(sink, tmp_path, "second").run()
+    assert sink.restored == [None, sl.RestorePoint(1, "first")]
+
+
+async def test_a_checkpoint_records_the_attempt_that_took_it(tmp_path: Path) -> None:
+    """The checkpoint document names the run (``Job(attempt=...)``) that took it."""
+    await restore_job(_AsyncRestoreSink(), tmp_path, "run-7").run()
+    point = sl.DirectoryCheckpointStore(tmp_path).latest()
+    assert point is not None
+    assert (point[0], point[1]["attempt"]) == (1, "run-7")
+
+
+class _ContextSink(sl.Sink):
+    """A sink that keeps the contexts it was opened with."""
+
+    def __init__(self) -> None:
+        self.contexts: list[sl.SinkContext] = []
+
+    def open(self, context: sl.SinkContext) -> sl.SinkWriter:
+        self.contexts.append(context)
+        return _AsyncRestoreWriter([])
+
+
+def test_sinks_learn_the_job_id_and_a_new_attempt_per_run() -> None:
+    """Each run's sinks get job id ``local.<topology>`` and an attempt token no other run has."""
+    sink = _ContextSink()
+    topology = sl.Topology("ids")
+    topology.add_sink("out", sink).set_input(topology.add_source("in", [1]))
+    sl.run(topology)
+    sl.run(topology)
+    first, second = sink.contexts
+    assert (first.job_id, second.job_id) == ("local.ids", "local.ids")
+    assert first.attempt != second.attempt
+    assert re.fullmatch(r"[0-9a-f]{12}", first.attempt)
+
+
+def test_an_attempt_that_is_no_file_name_is_refused() -> None:
+    """``Job(attempt=...)`` must be a safe file name; the error names what was given."""
+    topology = sl.Topology("bad")
+    topology.add_sink("out", sl.CollectSink()).set_input(topology.add_source("in", [1]))
+    with pytest.raises(sl.JobError, match=r"^attempt '\.\./x' is not a usable run token: "):
+        sl.Job(topology, channel_factory=LocalChannel, attempt="../x")
 
 
 class _FailingCommitSink(sl.Sink):
