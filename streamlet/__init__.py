@@ -27,7 +27,15 @@ from streamlet.core.task import Task
 from streamlet.core.topology import NodeHandle, Topology
 from streamlet.core.topology_constants import LATE
 from streamlet.core.window import CountOrTimeWindow, CountWindow, TimeWindow, WindowSpec
-from streamlet.errors import ConnectorError, JobError, StreamletError, TaskError, TopologyError, TransportError
+from streamlet.errors import (
+    CheckpointError,
+    ConnectorError,
+    JobError,
+    StreamletError,
+    TaskError,
+    TopologyError,
+    TransportError,
+)
 
 __all__ = (
     "BROADCAST",
@@ -35,6 +43,7 @@ __all__ = (
     "ROUND_ROBIN",
     "SAME_KEY",
     "CallbackSink",
+    "CheckpointError",
     "CheckpointStore",
     "Clock",
     "CollectSink",

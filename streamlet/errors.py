@@ -6,6 +6,7 @@ Every error derives from one root, so ``except StreamletError`` catches them all
     ├── TopologyError        a topology that cannot run (names the node and port)
     ├── TaskError            user code in a task failed under the ``fail`` policy
     ├── JobError             a job could not start, was stopped, or is misused
+    ├── CheckpointError      a checkpoint could not be saved (names the epoch, the path and why)
     ├── ConnectorError       an outside system (Spark, Kafka) is missing, unreachable or failed
     │   └── KafkaError       (streamlet.connectors.kafka) a Kafka connector failed
     └── TransportError       moving batches between processes failed
@@ -37,6 +38,10 @@ class TaskError(StreamletError):
 
 class JobError(StreamletError):
     """A job was used wrongly (unknown source, sent to after it ended, ...)."""
+
+
+class CheckpointError(StreamletError):
+    """A checkpoint could not be saved (a full disk, say); the message names epoch, path and the OS error."""
 
 
 class ConnectorError(StreamletError):

@@ -20,6 +20,7 @@ A checkpoint document::
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,7 @@ class Coordinator:
         self._finishing: int | None = None
         self._closed = False
         self._ready = anyio.create_memory_object_stream[int](100)
+        self.failure: Exception | None = None  # what stopped run(): a save, a commit or a sink's staging failed
 
     def attach(self, instances: list[Instance], last_epoch: int | None, attempt: str) -> None:
         """The instances of run ``attempt`` of the job; epochs continue after ``last_epoch``."""
@@ -85,6 +87,8 @@ class Coordinator:
         epoch = await self.trigger()
         pending = self._pending[epoch]
         await pending.done.wait()
+        if pending.abandoned and self.failure is not None:
+            raise self.failure  # the reason the job ended, not only that it did
         if pending.abandoned:
             raise JobError(f"checkpoint {epoch} of job '{self.job}' did not complete: the job ended first")
         return epoch
@@ -146,18 +150,23 @@ class Coordinator:
 
     async def run(self) -> None:
         """Save and commit checkpoints as they complete; trigger one every ``interval``."""
-        failure: Exception | None = None
         async with anyio.create_task_group() as group:
             if self.interval is not None:
-                group.start_soon(self._tick)
-            try:
-                async for epoch in self._ready[1]:
-                    await self._complete(epoch, finished=epoch == self._finishing)
-            except Exception as exc:  # noqa: BLE001 - a save or a sink commit failed: raised as itself, not in a group
-                failure = exc
-                group.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
+                group.start_soon(self._stopping_on_failure, self._tick, group.cancel_scope)
+            await self._stopping_on_failure(self._complete_ready, group.cancel_scope)
+        if self.failure is not None:
+            raise self.failure
+
+    async def _stopping_on_failure(self, step: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
+        try:
+            await step()
+        except Exception as exc:  # noqa: BLE001 - raised by run() as itself, not inside an exception group
+            self.failure = self.failure or exc
+            scope.cancel()
+
+    async def _complete_ready(self) -> None:
+        async for epoch in self._ready[1]:
+            await self._complete(epoch, finished=epoch == self._finishing)
 
     async def _tick(self) -> None:
         assert self.interval is not None

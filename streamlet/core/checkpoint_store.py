@@ -4,6 +4,8 @@ A checkpoint is one msgpack document (never pickle). The directory store
 writes it to a temporary file, fsyncs, renames it into place and fsyncs the
 directory, and frames it with a length and a CRC-32 so that a torn or
 corrupted file is detected and skipped in favour of the previous checkpoint.
+A write that fails (a full disk, say) leaves no temporary file and raises
+:class:`~streamlet.errors.CheckpointError` naming the epoch and the file.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any, Protocol
 import msgpack
 import structlog
 
-from streamlet.core.durable import fsync_directory
+from streamlet.core.durable import reason, write_file
+from streamlet.errors import CheckpointError
 
 _MAGIC = b"STLTCKP1"
 _HEADER = struct.Struct(">8sIQ")  # magic, crc32 of the body, body length
@@ -108,19 +111,16 @@ class DirectoryCheckpointStore:
         return self.directory / f"{_PREFIX}{epoch:010d}.msgpack"
 
     def save(self, epoch: int, data: bytes) -> None:
-        """Write, fsync, rename into place, fsync the directory; then drop old checkpoints."""
+        """Write, fsync, rename into place, fsync the directory; then drop old checkpoints.
+
+        Raises :class:`~streamlet.errors.CheckpointError` (from the ``OSError``)
+        when the file cannot be written; no temporary file is left.
+        """
         final = self.path(epoch)
-        temporary = final.with_suffix(".tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, final)
-        fsync_directory(self.directory)
+            write_file(final, data)
+        except OSError as exc:
+            raise CheckpointError(f"cannot save checkpoint {epoch} to {final}: {reason(exc)}") from exc
         for old in self.epochs()[: -self.keep]:
             os.unlink(self.path(old))
 

@@ -134,7 +134,8 @@ class Job:
                     if not await self._start(instances, outer):
                         return
                 if self._coordinator is not None and self._error is None:
-                    await self._coordinator.finish()
+                    # guarded: a sink failing to stage the final checkpoint is the job's error, not an exception group
+                    await self._guarded(self._coordinator.finish, outer)
                 outer.cancel_scope.cancel()  # the coordinator's loop runs until the job is over
         finally:
             self._ended = time.perf_counter()
@@ -183,7 +184,13 @@ class Job:
         with anyio.CancelScope(shield=True):  # a cancelled job still lets its sinks let go of connections
             for instance in self._plan.all():
                 if isinstance(instance, SinkInstance):
-                    await _maybe_await(instance.writer.abort())
+                    await self._abort_sink(instance)
+
+    async def _abort_sink(self, instance: SinkInstance) -> None:
+        try:
+            await _maybe_await(instance.writer.abort())
+        except Exception as exc:  # noqa: BLE001 - logged: it must not hide why the job stopped, nor skip other sinks
+            self.log.warning("sink abort failed", sink=instance.node.name, instance=instance.index, error=repr(exc))
 
     async def wait(self) -> JobResult:
         """Wait until the job has finished; raise the error that stopped it, if any."""
