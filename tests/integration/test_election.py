@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from streamlet.backends.cluster.election import EpochFence, LeaderElection, candidates, leader
+from streamlet.backends.cluster.lifecycle import LocalState, WorkerState
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
@@ -79,7 +80,7 @@ async def test_workers_register_with_state_and_heartbeat(zk: ZkStore) -> None:
     assert view.load is not None
     assert view.load["beat"] == 0
     assert view.stale(time.time(), after=5.0) is False
-    await registration.set_state("LIVE", "running")
+    await registration.set_state(WorkerState.LIVE, LocalState.RUNNING)
     [view] = await workers(zk)
     assert (view.info["zk_state"], view.info["local_state"]) == ("LIVE", "running")
 

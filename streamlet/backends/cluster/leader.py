@@ -139,13 +139,14 @@ class Leader:
         errors = {worker: report for worker, report in view.done.items() if "error" in report}
         if errors:
             return await self._crashed(view, errors)
+        if state in (JobState.SCHEDULED, JobState.RECOVERING) and view.involved <= view.started:
+            # before FINISHED, even for a job quicker than a round: 'started' records when it ran
+            return await self._move(view, JobState.RUNNING, f"running on {', '.join(sorted(view.involved))}")
         if view.involved <= set(view.done):
             return await self._move(view, JobState.FINISHED, f"every worker finished ({len(view.done)})")
         lost = sorted(view.involved - live_ids)
         if lost:
             return await self._next_attempt(view, f"lost {', '.join(lost)}", {})
-        if state in (JobState.SCHEDULED, JobState.RECOVERING) and view.involved <= view.started:
-            return await self._move(view, JobState.RUNNING, f"running on {', '.join(sorted(view.involved))}")
         return None
 
     # -- decisions ------------------------------------------------------------------

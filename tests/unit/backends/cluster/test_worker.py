@@ -63,6 +63,8 @@ async def test_a_worker_runs_its_part_and_the_leader_finishes_the_job(cluster: M
         await cluster.leader.round()
         await until_done(cluster, "p", 1, "w0")
     await cluster.leader.round()
+    assert (await cluster.state("p"))[0] == "RUNNING"  # it started before it finished, even if no round saw it run
+    await cluster.leader.round()
     status = await jobs.job_status(cluster.client, "p")
     assert status["state"] == "FINISHED"
     assert sorted(row[1] for row in collected(status)["out"]) == [2 * n for n in range(10)]
