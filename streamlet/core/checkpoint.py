@@ -9,6 +9,14 @@ readers ``checkpoint_complete(epoch, position)``. Instances that have
 already completed report their final snapshot at once (a completed sink
 stages what it still holds).
 
+Alone (in one process) the coordinator triggers every ``interval`` and a
+checkpoint is complete when its local instances have answered. Across
+processes it is given an :class:`Agreement`: the agreement tells it which
+epochs begin (``begin``) and which are complete everywhere
+(``commit_through``); the coordinator saves its *part* (its own instances,
+by index) and tells the agreement it is saved. The cluster implements the
+agreement over ZooKeeper; this module knows nothing of that.
+
 A checkpoint document::
 
     {"epoch": 7, "job": "wordcount", "finished": False,
@@ -22,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import structlog
@@ -53,20 +61,47 @@ class CheckpointInfo:
     seconds: float
 
 
+class Agreement(Protocol):
+    """How one process's checkpoints agree with the other processes running the same job."""
+
+    async def restore_point(self) -> tuple[int, dict[str, Any]] | None:
+        """The job's last checkpoint complete everywhere, merged into one document; ``None``: a fresh start."""
+
+    async def run(self, coordinator: Coordinator) -> None:
+        """Until cancelled: call ``coordinator.begin(epoch, final)`` for every epoch that starts and
+        ``coordinator.commit_through(epoch)`` once an epoch is complete everywhere (and trigger epochs)."""
+
+    async def saved(self, epoch: int, size: int, finished: bool) -> None:
+        """This process's part of ``epoch`` is saved (``size`` bytes)."""
+
+    async def finished(self) -> None:
+        """Every local instance has completed: return once the job's final checkpoint is committed."""
+
+
 class Coordinator:
     """Triggers checkpoints, collects the instances' snapshots, saves and commits."""
 
-    def __init__(self, job: str, store: CheckpointStore, clock: Clock, interval: float | None) -> None:
+    def __init__(
+        self,
+        job: str,
+        store: CheckpointStore,
+        clock: Clock,
+        interval: float | None,
+        agreement: Agreement | None = None,
+    ) -> None:
         self.job = job
         self.store = store
         self.clock = clock
         self.interval = interval
+        self.agreement = agreement
         self.instances: list[Instance] = []
         self.next_epoch = 1
+        self.published = 0  # the newest epoch complete everywhere (with an agreement)
         self.attempt = "0"  # the run whose instances are attached (set by attach)
         self.completed = 0
         self.last: CheckpointInfo | None = None
         self._pending: dict[int, _Pending] = {}
+        self._saved: dict[int, int] = {}  # epoch -> size of the part saved, awaiting commit_through
         self._finishing: int | None = None
         self._closed = False
         self._ready = anyio.create_memory_object_stream[int](100)
@@ -76,6 +111,7 @@ class Coordinator:
         """The instances of run ``attempt`` of the job; epochs continue after ``last_epoch``."""
         self.instances = instances
         self.next_epoch = (last_epoch or 0) + 1
+        self.published = last_epoch or 0
         self.attempt = attempt
 
     # -- triggering -----------------------------------------------------------
@@ -108,6 +144,17 @@ class Coordinator:
         await self._begin(epoch)
         return epoch
 
+    async def begin(self, epoch: int, final: bool = False, pause: bool = False) -> None:
+        """Checkpoint ``epoch`` starts (``final``: the last one, once every instance has completed;
+        ``pause``: the sources stop reading first, so that it holds everything read: a graceful stop)."""
+        if final:
+            self._finishing = epoch
+        if pause:
+            for instance in self.instances:
+                if isinstance(instance, SourceInstance):
+                    instance.pause()
+        await self._begin(epoch)
+
     async def _begin(self, epoch: int) -> None:
         """Ask the sources for barrier ``epoch``; completed instances answer at once."""
         self.next_epoch = max(self.next_epoch, epoch + 1)
@@ -139,23 +186,34 @@ class Coordinator:
             self._ready[0].send_nowait(epoch)
 
     def _pending_for(self, epoch: int) -> _Pending | None:
-        # here every epoch starts with trigger(); a distributed coordinator also learns of epochs from barriers
-        return self._pending.get(epoch)
+        if self.agreement is None:
+            return self._pending.get(epoch)  # alone, every epoch starts with trigger()
+        # a barrier from another process may arrive before the agreement has said that its epoch began
+        return None if epoch <= self.published else self._pending.setdefault(epoch, _Pending())
 
     async def restore_point(self) -> tuple[int, dict[str, Any]] | None:
         """The checkpoint a job resumes from: ``(epoch, document)``, or ``None`` for a fresh start."""
+        if self.agreement is not None:
+            return await self.agreement.restore_point()
         return await anyio.to_thread.run_sync(self.store.latest)
 
     # -- completing -------------------------------------------------------------
 
     async def run(self) -> None:
-        """Save and commit checkpoints as they complete; trigger one every ``interval``."""
+        """Save and commit checkpoints as they complete; trigger one every ``interval`` (or follow the agreement)."""
         async with anyio.create_task_group() as group:
-            if self.interval is not None:
+            if self.agreement is not None:
+                group.start_soon(self._stopping_on_failure, self._follow_agreement, group.cancel_scope)
+            elif self.interval is not None:
                 group.start_soon(self._stopping_on_failure, self._tick, group.cancel_scope)
             await self._stopping_on_failure(self._complete_ready, group.cancel_scope)
+            group.cancel_scope.cancel()  # no checkpoint can complete any more: stop triggering and following
         if self.failure is not None:
             raise self.failure
+
+    async def _follow_agreement(self) -> None:
+        assert self.agreement is not None
+        await self.agreement.run(self)
 
     async def _stopping_on_failure(self, step: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
         try:
@@ -183,8 +241,19 @@ class Coordinator:
         # Not in a worker thread: while the loop keeps the GIL busy, a thread waits ~5 ms to get it back
         # after each system call (the convoy effect), which made a 2 ms save take most of a second.
         await _maybe_await(self.store.save(epoch, data))
+        if self.agreement is not None:
+            self._saved[epoch] = len(data)  # committed when the agreement says every process has its part
+            await self.agreement.saved(epoch, len(data), finished)
+            return
         await self._commit(epoch)
         self._completed(epoch, len(data))
+
+    async def commit_through(self, epoch: int) -> None:
+        """Every process has saved its part of ``epoch``: commit it and every earlier local part."""
+        for saved in sorted(e for e in self._saved if e <= epoch):
+            await self._commit(saved)
+            self._completed(saved, self._saved.pop(saved))
+        self.published = max(self.published, epoch)
 
     async def _commit(self, epoch: int) -> None:
         """Checkpoint ``epoch`` is complete: the sinks publish its output, then the sources hear of it."""
@@ -207,6 +276,8 @@ class Coordinator:
         tasks: dict[str, list[Any]] = {}
         for instance in self.instances:
             snapshot = pending.snapshots[instance.node.name, instance.index]
+            if self.agreement is not None:  # a part holds some instances of a node: say which
+                snapshot = [instance.index, snapshot]
             if isinstance(instance, SourceInstance):
                 sources.setdefault(instance.node.name, []).append(snapshot)
             elif isinstance(instance, TaskInstance):
@@ -218,6 +289,10 @@ class Coordinator:
 
     async def finish(self) -> None:
         """The job ended normally: a final checkpoint commits what sinks still hold, then they close."""
+        if self.agreement is not None:
+            await self.agreement.finished()  # the agreement begins the final epoch once every process is done
+            await self._close_sinks()
+            return
         epoch = self.next_epoch
         self._finishing = epoch
         await self.trigger()  # every instance has completed, so every answer comes at once

@@ -246,7 +246,7 @@ def test_checkpoints_across_workers_make_a_file_sink_exactly_once(cluster: Path,
     assert sorted((r.key, r.value) for r in records) == sorted((v % 7, v * 2) for v in range(30_000))
     epochs = {int(name.name.split("-")[1]) for name in out.glob("part-*.jsonl")}
     assert len(epochs) >= 2  # periodic checkpoints committed output before the final one
-    assert not list((out / ".staging").glob("*.pending"))
+    assert not list((out / ".staging").rglob("*.pending"))
     parts = cluster / ".streamlet" / "checkpoints" / "files" / "attempt-1"
     assert sorted(p.name for p in parts.iterdir()) == ["worker-0", "worker-1"]
 

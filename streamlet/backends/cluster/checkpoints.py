@@ -1,16 +1,18 @@
 """Checkpoints of a job whose instances run on several workers.
 
-Each worker runs a :class:`ClusterCheckpoints`: the core's aligned-barrier
-coordinator for its own instances, made to agree with the other workers of
-the same attempt through ZooKeeper::
+Each worker runs the core's aligned-barrier coordinator for its own
+instances, given a :class:`ZkAgreement` (the core's ``Agreement`` seam) that
+agrees with the other workers of the same attempt through ZooKeeper::
 
     /jobs/<job>/checkpoints/completed                     {"attempt", "epoch", "workers", "finished"}
     /jobs/<job>/checkpoints/attempt-<n>/trigger           {"epoch": e, "final": bool}
     /jobs/<job>/checkpoints/attempt-<n>/acks/<e>/<worker> the worker's part of epoch e is saved
     /jobs/<job>/checkpoints/attempt-<n>/finished/<worker> all of the worker's instances have completed
 
-One worker (the first of the attempt) writes the trigger every interval,
-after the previous checkpoint completed; every worker injects the barrier
+One worker (the first of the attempt) writes the trigger every interval
+(or as soon as the previous checkpoint completed, when that took longer);
+epochs never repeat across attempts: a new attempt numbers its checkpoints
+after the highest any earlier attempt triggered. Every worker injects the barrier
 at its local sources when it sees it. When all of a worker's instances
 have snapshotted epoch e, it saves its *part* (the snapshots, by instance
 index) under ``<directory>/<job>/attempt-<n>/<worker>/`` and acknowledges.
@@ -44,11 +46,9 @@ from streamlet.backends.cluster.store import (
     VersionConflict,
     write_fenced,
 )
-from streamlet.core.checkpoint import Coordinator, _Pending
-from streamlet.core.checkpoint_store import DirectoryCheckpointStore, decode, encode
+from streamlet.core.checkpoint import Coordinator
+from streamlet.core.checkpoint_store import DirectoryCheckpointStore, decode
 from streamlet.core.clock import Clock
-from streamlet.core.instance import SourceInstance, _maybe_await
-from streamlet.core.task_instance import TaskInstance
 from streamlet.errors import JobError
 
 T = TypeVar("T")
@@ -75,27 +75,35 @@ def part_store(directory: Path, job: str, attempt: int, worker: str) -> Director
     return DirectoryCheckpointStore(directory / job / f"attempt-{attempt}" / worker)
 
 
-class ClusterCheckpoints(Coordinator):
-    """Aligned checkpoints for the instances of one worker, agreed with the others through ZooKeeper."""
+class ZkAgreement:
+    """The checkpoint :class:`~streamlet.core.checkpoint.Agreement` of one worker's part of an attempt."""
 
     def __init__(
         self, zk: ClusterStore, info: AttemptInfo, directory: Path, interval: float | None, clock: Clock
     ) -> None:
-        super().__init__(info.job, part_store(directory, info.job, info.attempt, info.worker), clock, interval)
         self.zk = zk
         self.info = info
+        self.job = info.job
         self.directory = directory
+        self.interval = interval
+        self.clock = clock
         self.base = f"{paths.checkpoints(info.job)}/attempt-{info.attempt}"
         self.restored_from: int | None = None
         self._published = 0  # the newest epoch known complete
-        self._triggered = 0
-        self._sizes: dict[int, int] = {}
+        self._triggered = 0  # the newest epoch triggered, by this attempt or an earlier one
+        self._progress = anyio.Event()  # set (and replaced) at every completion
         self._final_done = anyio.Event()
+
+    def coordinator(self) -> Coordinator:
+        """The core coordinator of this worker's instances, saving parts locally and agreeing through this."""
+        store = part_store(self.directory, self.job, self.info.attempt, self.info.worker)
+        return Coordinator(self.job, store, self.clock, None, agreement=self)
 
     # -- restoring --------------------------------------------------------------
 
     async def restore_point(self) -> tuple[int, dict[str, Any]] | None:
         """The parts of the job's last completed checkpoint, merged into one document."""
+        self._triggered = await self._highest_triggered()  # epochs of a new attempt never repeat an old one's
         found = await self.zk.get(completed_path(self.job))
         if found is None:
             return None
@@ -110,91 +118,96 @@ class ClusterCheckpoints(Coordinator):
             parts = await anyio.to_thread.run_sync(read_parts)
         except (OSError, ValueError) as exc:
             raise JobError(f"checkpoint {epoch} of job '{self.job}' cannot be read: {exc}") from exc
-        self.restored_from = self._published = self._triggered = epoch
+        self.restored_from = self._published = epoch
+        self._triggered = max(self._triggered, epoch)
         return epoch, merge_parts(parts)
+
+    async def _highest_triggered(self) -> int:
+        highest = 0  # over earlier attempts only: this attempt's first trigger may already be out
+        for name in await self.zk.children(paths.checkpoints(self.job)):
+            if name.startswith("attempt-") and int(name.removeprefix("attempt-")) < self.info.attempt:
+                found = await self.zk.get(f"{paths.checkpoints(self.job)}/{name}/trigger")
+                highest = max(highest, 0 if found is None else int(found[0]["epoch"]))
+        return highest
 
     # -- triggering -------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, coordinator: Coordinator) -> None:
         """Follow triggers and completions; the attempt's first worker also triggers."""
-        await self.zk.ensure(f"{self.base}/acks")
+        await _riding_out(self.zk.ensure, f"{self.base}/acks")
         async with anyio.create_task_group() as group:
-            group.start_soon(self._follow_triggers)
-            group.start_soon(self._follow_completions)
+            group.start_soon(self._follow_triggers, coordinator)
+            group.start_soon(self._follow_completions, coordinator)
             if self.interval is not None and self.info.worker == self.info.workers[0]:
                 group.start_soon(self._tick)
-            async for epoch in self._ready[1]:
-                await self._complete(epoch, finished=epoch == self._finishing)
-            group.cancel_scope.cancel()
 
     async def _tick(self) -> None:
+        """Trigger one checkpoint per ``interval``: the next as soon as the interval has passed since the last
+        began and the last is complete (one at a time; a slow one is not piled upon)."""
         assert self.interval is not None
-        while self._finishing is None:
-            await self.clock.sleep(self.interval)
-            if self._published >= self._triggered:  # one checkpoint at a time
-                await _riding_out(self._publish_trigger, False)
+        while not self._final_done.is_set():
+            began = self.clock.now()
+            epoch = await _riding_out(self._publish_trigger, False)
+            if epoch is None:
+                return  # the final checkpoint is under way
+            while self._published < epoch and not self._final_done.is_set():
+                await self._progress.wait()
+            await self.clock.sleep(max(0.0, began + self.interval - self.clock.now()))
 
-    async def _publish_trigger(self, final: bool) -> None:
+    async def stop_checkpoint(self) -> int | None:
+        """Graceful stop: a checkpoint before which every worker's sources stop reading; returns its epoch once
+        it is complete everywhere (``None``: the job is finishing anyway)."""
+        epoch = await _riding_out(self._publish_trigger, False, True)
+        while epoch is not None and self._published < epoch and not self._final_done.is_set():
+            await self._progress.wait()
+        return epoch
+
+    async def _publish_trigger(self, final: bool, pause: bool = False) -> int | None:
+        """Write the next epoch's trigger; returns it (``None`` once the final one is under way)."""
         path = f"{self.base}/trigger"
         while True:
             found = await self.zk.get(path)
             if found is not None and found[0]["final"]:
-                return  # the final checkpoint is under way: nothing comes after it
-            epoch = (self._published if found is None else int(found[0]["epoch"])) + 1
+                return None  # the final checkpoint is under way: nothing comes after it
+            epoch = max(self._triggered, self._published if found is None else int(found[0]["epoch"])) + 1
             try:
+                trigger = {"epoch": epoch, "final": final, "pause": pause}
                 if found is None:
-                    await self.zk.create(path, {"epoch": epoch, "final": final})
+                    await self.zk.create(path, trigger)
                 else:
-                    await self.zk.set(path, {"epoch": epoch, "final": final}, found[1])
-                return
+                    await self.zk.set(path, trigger, found[1])
+                return epoch
             except (NodeExists, VersionConflict):
                 continue  # another worker moved it first: look again
 
-    async def _follow_triggers(self) -> None:
+    async def _follow_triggers(self, coordinator: Coordinator) -> None:
         version: int | None = None
+        begun = self._triggered  # epochs up to here belong to earlier attempts (or to the restored checkpoint)
         while True:
             data, version = await _riding_out(self.zk.wait_changed, f"{self.base}/trigger", version)
             if data is None:
                 continue
             epoch = int(data["epoch"])
-            if data["final"]:
-                self._finishing = epoch
             self._triggered = max(self._triggered, epoch)
-            for missed in range(self.next_epoch, epoch + 1):  # a watch may fold several changes into one
-                await self._begin(missed)
-
-    def _pending_for(self, epoch: int) -> _Pending | None:
-        # a barrier from another worker may arrive before this worker has seen the trigger
-        if epoch <= self._published:
-            return None
-        return self._pending.setdefault(epoch, _Pending())
+            for missed in range(begun + 1, epoch + 1):  # a watch may fold several changes into one
+                last = missed == epoch
+                await coordinator.begin(
+                    missed, final=last and bool(data["final"]), pause=last and bool(data.get("pause"))
+                )
+            begun = max(begun, epoch)
 
     # -- completing -------------------------------------------------------------
 
-    async def _complete(self, epoch: int, finished: bool = False) -> None:
-        data = encode(self._part(epoch, self._pending[epoch], finished))
-        await _maybe_await(self.store.save(epoch, data))
-        self._sizes[epoch] = len(data)
-        await _riding_out(self._acknowledge, epoch, len(data), finished)
+    async def saved(self, epoch: int, size: int, finished: bool) -> None:
+        """Say this worker's part of ``epoch`` is saved; the last worker to say so publishes it complete."""
+        await _riding_out(self._acknowledge, epoch, size, finished)
 
     async def _acknowledge(self, epoch: int, size: int, finished: bool) -> None:
-        """Say this worker's part of ``epoch`` is saved; the last worker to say so publishes it complete."""
         acks = f"{self.base}/acks/{epoch}"
         with contextlib.suppress(NodeExists):
             await self.zk.create(f"{acks}/{self.info.worker}", {"bytes": size})
         if set(await self.zk.children(acks)) >= set(self.info.workers):
             await self._publish_completed(epoch, finished)
-
-    def _part(self, epoch: int, pending: _Pending, finished: bool) -> dict[str, Any]:
-        sources: dict[str, list[Any]] = {}
-        tasks: dict[str, list[Any]] = {}
-        for instance in self.instances:
-            entry = [instance.index, pending.snapshots[instance.node.name, instance.index]]
-            if isinstance(instance, SourceInstance):
-                sources.setdefault(instance.node.name, []).append(entry)
-            elif isinstance(instance, TaskInstance):
-                tasks.setdefault(instance.node.name, []).append(entry)
-        return {"epoch": epoch, "job": self.job, "finished": finished, "sources": sources, "tasks": tasks}
 
     async def _publish_completed(self, epoch: int, finished: bool) -> None:
         path = completed_path(self.job)
@@ -216,31 +229,30 @@ class ClusterCheckpoints(Coordinator):
             if current is None or current[1] != self.info.assignment_version:
                 return  # the job moved on to another attempt: this one completes nothing
 
-    async def _follow_completions(self) -> None:
+    async def _follow_completions(self, coordinator: Coordinator) -> None:
         version: int | None = None
         while True:
             data, version = await _riding_out(self.zk.wait_changed, completed_path(self.job), version)
             if data is None or int(data["attempt"]) != self.info.attempt:
                 continue
             epoch = int(data["epoch"])
-            for saved in sorted(e for e in self._sizes if e <= epoch):
-                await self._commit(saved)
-                self._completed(saved, self._sizes.pop(saved))
+            await coordinator.commit_through(epoch)
             self._published = max(self._published, epoch)
+            self._progress.set()
+            self._progress = anyio.Event()
             if data["finished"]:
                 self._final_done.set()
 
-    async def finish(self) -> None:
+    async def finished(self) -> None:
         """All local instances completed: once every worker's have, the final checkpoint commits the rest."""
         await _riding_out(self._announce_finished)
         await self._final_done.wait()
-        await self._close_sinks()
 
     async def _announce_finished(self) -> None:
         with contextlib.suppress(NodeExists):
             await self.zk.create(f"{self.base}/finished/{self.info.worker}", {})
         if set(await self.zk.children(f"{self.base}/finished")) >= set(self.info.workers):
-            await self._publish_trigger(final=True)
+            await self._publish_trigger(final=True)  # None when another worker wrote it first
 
 
 async def _riding_out(call: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -261,6 +273,7 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "epoch": parts[0]["epoch"],
         "job": parts[0]["job"],
         "finished": all(part["finished"] for part in parts),
+        "attempt": parts[0].get("attempt"),  # the run that took it: its sinks' staging is what a restore publishes
     }
     for section in ("sources", "tasks"):
         by_node: dict[str, dict[int, Any]] = {}

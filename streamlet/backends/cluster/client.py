@@ -35,7 +35,7 @@ async def submit_and_wait(
     """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass)."""
     async with ZkStore(hosts, cluster, secret=secret) as store:
         spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint)
-        name = submission.job or jobs.topology_of(spec).name
+        name = jobs.check_job_name(submission.job or jobs.topology_of(spec).name)
         await jobs.submit(store, name, spec, secret)
         status = await jobs.job_status(store, name)
         if not wait:

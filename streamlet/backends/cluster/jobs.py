@@ -9,6 +9,7 @@ their parts ended under ``/jobs/<job>/done/<attempt>/``.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import uuid
 from pathlib import Path
@@ -17,9 +18,9 @@ from typing import Any
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.lifecycle import JobState, state_of, submitted
 from streamlet.backends.cluster.paths import JobSpec
-from streamlet.backends.cluster.scheduler import plan_instances
 from streamlet.backends.cluster.signing import sign
 from streamlet.backends.cluster.store import ClusterStore, Create, NodeExists, read_all
+from streamlet.core.cycles import refuse_checkpoints_with_cycles
 from streamlet.core.topology import Topology
 from streamlet.errors import JobError
 from streamlet.loading import load_topology
@@ -37,15 +38,29 @@ def new_spec(target: str, parallelism: dict[str, int], checkpoint: dict[str, Any
 
 
 def topology_of(spec: JobSpec | dict[str, Any]) -> Topology:
-    """Load and validate the job's topology from its reference."""
+    """Load and validate the job's topology from its reference; refuse what the cluster cannot run."""
     topology = load_topology(spec["target"], spec.get("parallelism") or {})
     topology.validate()
-    plan_instances(topology)  # what the cluster cannot run yet (a loop) is refused here, before anything starts
+    if spec.get("checkpoint") is not None:
+        refuse_checkpoints_with_cycles(topology)  # at submit, before anything is written or started
     return topology
+
+
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def check_job_name(job: str) -> str:
+    """``job`` if it can name a job (a ZooKeeper node, part of file names and run tokens)."""
+    if not JOB_NAME.fullmatch(job):
+        raise JobError(
+            f"job name {job!r} is not allowed: use 1-64 letters, digits, '_' or '-', starting with a letter or digit"
+        )
+    return job
 
 
 async def submit(store: ClusterStore, job: str, spec: JobSpec, secret: bytes) -> None:
     """Record a signed job, SUBMITTED; the leader schedules it. The topology is loaded here first, to fail early."""
+    check_job_name(job)
     topology_of(spec)
     await store.ensure(paths.JOBS)
     steps = [

@@ -23,7 +23,7 @@ import anyio.abc
 import structlog
 
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.checkpoints import AttemptInfo, ClusterCheckpoints
+from streamlet.backends.cluster.checkpoints import AttemptInfo, ZkAgreement
 from streamlet.backends.cluster.election import EpochFence
 from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import state_of, worker_states
@@ -67,6 +67,7 @@ class WorkerJobs:
         self.jobs: dict[tuple[str, int], Job] = {}
         self.ended: set[str] = set()  # uids of jobs whose state ended: stop, report nothing more
         self.topologies: dict[str, Topology] = {}  # job -> its topology, as this worker loaded it
+        self.agreements: dict[tuple[str, int], ZkAgreement] = {}  # checkpointed job parts running here
 
     async def run(self) -> None:
         """Poll for assignments and kill requests until cancelled."""
@@ -111,6 +112,16 @@ class WorkerJobs:
             return True
         return False
 
+    async def drain(self) -> None:
+        """Graceful stop: every checkpointed job part here takes a checkpoint before which all its workers'
+        sources stop reading (so the next attempt resumes with nothing read twice); then every part stops."""
+        async with anyio.create_task_group() as group:
+            for key, agreement in list(self.agreements.items()):
+                if key in self.running:
+                    group.start_soon(agreement.stop_checkpoint)
+        for scope in list(self.running.values()):
+            scope.cancel()
+
     def _cancel(self, job: str) -> None:
         for (running_job, _), scope in self.running.items():
             if running_job == job:
@@ -152,6 +163,7 @@ class WorkerJobs:
         finally:
             del self.running[job, attempt]
             self.jobs.pop((job, attempt), None)
+            self.agreements.pop((job, attempt), None)
         if payload is not None:  # None: cancelled (superseded by a newer attempt, or the job ended)
             await self._report(paths.done(job, attempt), payload, (paths.assignment(job), version))
         await self.registration.set_state(*worker_states(len(self.running)))
@@ -183,15 +195,22 @@ class WorkerJobs:
         addresses = {
             view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)
         }
+        run = f"{job}.{spec['uid']}.{attempt}"  # this attempt of this submission: never the same twice
         placement = Placement(
-            job=f"{job}.{attempt}",  # channel ids per attempt: an old attempt's frames never mix in
+            job=run,  # channel ids per attempt: an old attempt's frames never mix in
             local=lambda node, index: instances[instance_id(node, index)] == self.me,
             remote=lambda name, node, index: self.client.channel(addresses[instances[instance_id(node, index)]], name),
             expose=self.server.register,
         )
         await self._publish_endpoints(job, topology, instances)
         checkpoints = self._checkpoints(job, attempt, version, instances, spec.get("checkpoint"))
-        running = Job(topology, channel_factory=LocalChannel, placement=placement, coordinator=checkpoints)
+        if checkpoints is not None:
+            self.agreements[job, attempt] = checkpoints
+        running = Job(
+            topology, channel_factory=LocalChannel, placement=placement,
+            coordinator=None if checkpoints is None else checkpoints.coordinator(),
+            job_id=f"{self.zk.cluster}.{job}", attempt=run,  # sinks stage per run; Kafka ids stay per job
+        )  # fmt: skip
         self.jobs[job, attempt] = running
         with contextlib.suppress(NodeExists):
             await self.zk.create(f"{paths.started(job, attempt)}/{self.me}", {"at": time.time()})
@@ -204,11 +223,11 @@ class WorkerJobs:
 
     def _checkpoints(
         self, job: str, attempt: int, version: int, instances: dict[str, str], settings: dict[str, Any] | None
-    ) -> ClusterCheckpoints | None:
+    ) -> ZkAgreement | None:
         if settings is None:
             return None
         info = AttemptInfo(job, attempt, self.me, sorted(set(instances.values())), version)
-        return ClusterCheckpoints(self.zk, info, Path(settings["directory"]), settings.get("interval"), SystemClock())
+        return ZkAgreement(self.zk, info, Path(settings["directory"]), settings.get("interval"), SystemClock())
 
     async def _publish_endpoints(self, job: str, topology: Topology, instances: dict[str, str]) -> None:
         # seed 000: where each receiving instance port of this worker is served

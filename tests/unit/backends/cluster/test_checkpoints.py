@@ -1,0 +1,161 @@
+"""Cluster checkpoints: merging the workers' parts, and the agreement between workers on the in-memory store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.checkpoints import AttemptInfo, ZkAgreement, completed_path, merge_parts
+from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
+from streamlet.errors import JobError
+from streamlet.testing import ManualClock
+
+
+def part(worker_sources: list[list[object]], worker_tasks: list[list[object]], finished: bool = False) -> dict:
+    return {
+        "epoch": 4,
+        "job": "wc",
+        "finished": finished,
+        "attempt": "wc.u1.2",
+        "sources": {"lines": worker_sources} if worker_sources else {},
+        "tasks": {"count": worker_tasks} if worker_tasks else {},
+    }
+
+
+def test_parts_merge_into_instance_order_whichever_worker_held_which_instance() -> None:
+    """Worker b held count.0 and lines.1, worker a the rest: the document lists each node by index."""
+    a = part([[0, 100]], [[1, {"state": "s1"}], [2, {"state": "s2"}]])
+    b = part([[1, 250]], [[0, {"state": "s0"}]])
+    merged = merge_parts([a, b])
+    assert merged == {
+        "epoch": 4,
+        "job": "wc",
+        "finished": False,
+        "attempt": "wc.u1.2",
+        "sources": {"lines": [100, 250]},
+        "tasks": {"count": [{"state": "s0"}, {"state": "s1"}, {"state": "s2"}]},
+    }
+
+
+def test_a_document_is_finished_only_when_every_part_is() -> None:
+    """One worker's final snapshot does not make the whole checkpoint final."""
+    assert merge_parts([part([[0, 1]], [], finished=True), part([], [[0, {}]])])["finished"] is False
+    assert merge_parts([part([[0, 1]], [], finished=True), part([], [[0, {}]], finished=True)])["finished"] is True
+
+
+def test_a_missing_instance_is_an_error_naming_the_node() -> None:
+    """A part that never arrived must not restore a job with a hole in its state."""
+    with pytest.raises(JobError, match="checkpoint 4: instances of 'count' are missing"):
+        merge_parts([part([[0, 1]], [[0, {}], [2, {}]])])
+
+
+class FakeCoordinator:
+    """What an agreement drives: records the epochs begun and committed, in order."""
+
+    def __init__(self) -> None:
+        self.next_epoch = 1
+        self.calls: list[tuple[str, int]] = []
+
+    async def begin(self, epoch: int, final: bool = False) -> None:
+        self.next_epoch = max(self.next_epoch, epoch + 1)
+        self.calls.append(("final" if final else "begin", epoch))
+
+    async def commit_through(self, epoch: int) -> None:
+        self.calls.append(("commit", epoch))
+
+
+async def settle_on(store: MemoryClusterStore) -> None:
+    """Let every watcher react to the last write (the store wakes them on the loop)."""
+    await anyio.wait_all_tasks_blocked()
+
+
+@pytest.fixture
+def tree() -> MemoryTree:
+    """The shared in-memory tree, with the job's assignment at version 0."""
+    return MemoryTree()
+
+
+def agreement(tree: MemoryTree, worker: str, attempt: int = 1, version: int = 0, interval: float | None = None,
+              clock: ManualClock | None = None) -> ZkAgreement:  # fmt: skip
+    info = AttemptInfo("wc", attempt, worker, ["w0", "w1"], version)
+    return ZkAgreement(MemoryClusterStore(tree), info, Path("/nonexistent"), interval, clock or ManualClock())
+
+
+async def test_the_first_worker_triggers_and_the_last_ack_completes_for_both(tree: MemoryTree) -> None:
+    """w0 triggers epoch 1 on its interval; both begin it; once both parts are saved both commit it."""
+    await MemoryClusterStore(tree).create(paths.assignment("wc"), {"attempt": 1})
+    clock = ManualClock()
+    first, second = agreement(tree, "w0", interval=1.0, clock=clock), agreement(tree, "w1")
+    seen = {"w0": FakeCoordinator(), "w1": FakeCoordinator()}
+    async with anyio.create_task_group() as group:
+        group.start_soon(first.run, seen["w0"])
+        group.start_soon(second.run, seen["w1"])
+        await settle_on(first.zk)
+        assert seen["w0"].calls == seen["w1"].calls == [("begin", 1)]
+        await first.saved(1, 10, False)
+        await settle_on(first.zk)
+        assert seen["w1"].calls == [("begin", 1)]  # not complete until w1's part is saved too
+        await second.saved(1, 12, False)
+        await settle_on(first.zk)
+        assert seen["w0"].calls == seen["w1"].calls == [("begin", 1), ("commit", 1)]
+        clock.advance(1.0)
+        await settle_on(first.zk)
+        assert seen["w1"].calls[-1] == ("begin", 2)
+        group.cancel_scope.cancel()
+
+
+async def test_a_replaced_attempt_cannot_complete_a_checkpoint(tree: MemoryTree) -> None:
+    """Both parts saved, but the assignment moved on (version 1): nothing is published as completed."""
+    client = MemoryClusterStore(tree)
+    await client.create(paths.assignment("wc"), {"attempt": 1})
+    await client.set(paths.assignment("wc"), {"attempt": 2})
+    zombie_a, zombie_b = agreement(tree, "w0"), agreement(tree, "w1")
+    await zombie_a.saved(1, 10, False)
+    await zombie_b.saved(1, 10, False)
+    assert await client.get(completed_path("wc")) is None
+
+
+async def test_the_final_checkpoint_begins_once_every_worker_has_finished(tree: MemoryTree) -> None:
+    """finished() returns on both workers only after the final epoch, begun as final, completed."""
+    await MemoryClusterStore(tree).create(paths.assignment("wc"), {"attempt": 1})
+    parts = {"w0": agreement(tree, "w0"), "w1": agreement(tree, "w1")}
+    seen = {"w0": FakeCoordinator(), "w1": FakeCoordinator()}
+    ended: list[str] = []
+
+    async def finish(worker: str) -> None:
+        await parts[worker].finished()
+        ended.append(worker)
+
+    async with anyio.create_task_group() as group:
+        for worker in parts:
+            group.start_soon(parts[worker].run, seen[worker])
+        group.start_soon(finish, "w0")
+        await settle_on(parts["w0"].zk)
+        assert seen["w0"].calls == []  # w1 has not finished: no final checkpoint yet
+        assert ended == []
+        group.start_soon(finish, "w1")
+        await settle_on(parts["w0"].zk)
+        assert seen["w0"].calls == seen["w1"].calls == [("final", 1)]
+        await parts["w0"].saved(1, 1, True)
+        await parts["w1"].saved(1, 1, True)
+        await settle_on(parts["w0"].zk)
+        assert sorted(ended) == ["w0", "w1"]
+        group.cancel_scope.cancel()
+
+
+async def test_a_new_attempt_numbers_its_checkpoints_after_every_earlier_trigger(tree: MemoryTree) -> None:
+    """Attempt 1 triggered epoch 3 (never completed); attempt 2 restores from 2 but begins at 4, not 3."""
+    client = MemoryClusterStore(tree)
+    await client.create(paths.assignment("wc"), {"attempt": 2})
+    await client.create(f"{paths.checkpoints('wc')}/attempt-1/trigger", {"epoch": 3, "final": False})
+    fresh = agreement(tree, "w0", attempt=2, interval=1.0)
+    assert await fresh.restore_point() is None  # nothing completed: a fresh start, but numbering goes on
+    seen = FakeCoordinator()
+    async with anyio.create_task_group() as group:
+        group.start_soon(fresh.run, seen)
+        await settle_on(fresh.zk)
+        assert seen.calls == [("begin", 4)]
+        group.cancel_scope.cancel()
