@@ -100,12 +100,20 @@ class SourceInstance(Instance):
         self._reader: SourceReader | None = None
         self._position: Any = None
         self._stopping = False
+        self._paused = False
         self._barriers: list[int] = []
         self._read_scope: anyio.CancelScope | None = None
+        self._wake = anyio.Event()  # set when a paused source has something to do
 
     def stop(self) -> None:
         """End the source early: stop reading, then end the stream downstream."""
         self._stopping = True
+        self._interrupt_read()
+
+    def pause(self) -> None:
+        """Stop reading without ending the stream. Barriers still go out, so a checkpoint taken after a pause
+        holds every record read: a graceful stop resumes from it with nothing read twice."""
+        self._paused = True
         self._interrupt_read()
 
     def request_barrier(self, epoch: int) -> None:
@@ -114,6 +122,7 @@ class SourceInstance(Instance):
         self._interrupt_read()
 
     def _interrupt_read(self) -> None:
+        self._wake.set()
         if self._read_scope is not None:
             self._read_scope.cancel()
 
@@ -144,6 +153,11 @@ class SourceInstance(Instance):
     async def _pump(self, reader: SourceReader) -> None:
         outputs, size = self.outputs, self.env.batch_size
         while not self._stopping:
+            if self._paused:
+                await self._inject_barriers(reader)
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                continue
             batch = None
             with anyio.CancelScope() as scope:  # only the read is cancellable: sends are never cut
                 self._read_scope = scope

@@ -17,7 +17,7 @@ import pytest
 
 from streamlet.backends.cluster.local_cluster import alive, stop_pid
 from streamlet.backends.cluster.zk import ZkStore
-from tests.support.cluster import wait_for_node, wait_for_state
+from tests.support.cluster import wait_for_exit, wait_for_node, wait_for_state
 
 pytestmark = pytest.mark.integration
 STREAMLET = [sys.executable, "-m", "streamlet.cli"]
@@ -184,3 +184,16 @@ def test_submit_without_the_secret_is_refused_before_any_code_runs(
     assert forged.returncode == 1
     assert "carries another owner's ACL" in forged.stderr
     assert not marker.exists()
+
+
+def test_sigterm_to_the_leader_hands_over_at_once(cluster: tuple[Path, list[dict[str, object]]]) -> None:
+    """A leader stopped with SIGTERM closes its session: a candidate leads without waiting for a timeout."""
+    directory, processes = cluster
+    name, epoch = leader_line(streamlet("cluster", "status", cwd=directory).stdout)
+    [leader] = [p for p in processes if p["id"] == name]
+    began = time.monotonic()
+    os.kill(int(str(leader["pid"])), signal.SIGTERM)
+    new_leader = wait_for_node(directory, "/leader", lambda data: data["epoch"] > epoch, seconds=30)
+    assert time.monotonic() - began < 2.0  # well under the 4 s session timeout
+    assert new_leader["name"] != name
+    assert wait_for_exit(int(str(leader["pid"])), seconds=10)

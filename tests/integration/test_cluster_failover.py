@@ -15,11 +15,13 @@ from typing import Any
 import anyio
 import pytest
 
+import streamlet as sl
 from streamlet.backends.cluster.local_cluster import alive, stop_pid
 from streamlet.backends.cluster.zk import ZkStore
-from tests.support.cluster import streamlet, wait_for_node, wait_for_state
+from tests.support.cluster import streamlet, wait_for_exit, wait_for_node, wait_for_state
 
 pytestmark = pytest.mark.integration
+STREAMLET = [sys.executable, "-m", "streamlet.cli"]
 
 SLOW_COUNT = """
 import asyncio
@@ -175,3 +177,104 @@ def test_a_checkpointed_job_resumes_from_its_last_completed_checkpoint_after_a_w
     final = anyio.run(completed)
     assert final is not None
     assert (final["attempt"], final["finished"]) == (2, True)
+
+
+ZOMBIE_SINK = """
+import asyncio
+import streamlet as sl
+
+class Slow(sl.Task):
+    async def execute(self, inputs, outputs):
+        await asyncio.sleep(0.2)  # 60 batches over 2 instances: about 6 s, longer than a session
+        outputs.emit_batch([sl.Record(None, int(r.value) * 2, r.ts) for r in inputs.get()])
+
+def build_topology():
+    topology = sl.Topology("zombie-sink")
+    source = topology.add_source("lines", sl.FileSource(INPUT))
+    slow = topology.add_task("slow", Slow, parallelism=2).set_input(source)
+    topology.add_sink("files", sl.FileSink(OUT)).set_input(slow)
+    return topology
+"""
+
+
+def test_a_zombie_holding_the_file_sink_adds_no_duplicate_and_loses_nothing(cluster: dict[str, Any]) -> None:
+    """SIGSTOP the worker holding the FileSink past its session; the job moves on from its last checkpoint;
+    SIGCONT the zombie after that: the committed output is exactly the input, once."""
+    directory = cluster["dir"]
+    lines, out = directory / "numbers.txt", directory / "out"
+    lines.write_text("".join(f"{n}\n" for n in range(60_000)), encoding="utf-8")
+    job_file = directory / "zombie_sink.py"
+    job_file.write_text(f"INPUT = {str(lines)!r}\nOUT = {str(out)!r}\n{ZOMBIE_SINK}", encoding="utf-8")
+    command = [
+        sys.executable,
+        "-m",
+        "streamlet.cli",
+        "submit",
+        str(job_file),
+        "--job",
+        "zs",
+        "--checkpoint-interval",
+        "0.5",
+    ]
+    submit = subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_state(directory, "zs", {"RUNNING"})
+    wait_for_node(directory, "/jobs/zs/checkpoints/completed", lambda data: data["epoch"] >= 1)  # output committed
+    holder = wait_for_node(directory, "/jobs/zs/assignment", lambda data: True)["instances"]["files.0"]
+    zombie = cluster["pids"][holder]
+    os.kill(zombie, signal.SIGSTOP)
+    moved = wait_for_state(directory, "zs", {"RECOVERING", "STALLED"}, seconds=30)
+    os.kill(zombie, signal.SIGCONT)  # the job moved: the zombie wakes into a newer attempt
+    out_text, err = submit.communicate(timeout=90)
+    assert submit.returncode == 0, err
+    assert out_text.splitlines()[0].startswith("job 'zs' FINISHED"), out_text
+    assert moved["attempt"] == 2
+    values = [record.value for record in sl.read_file_sink(out)]
+    assert len(values) == 60_000  # nothing doubled ...
+    assert sorted(values) == [2 * n for n in range(60_000)]  # ... and nothing lost
+
+
+GRACEFUL = """
+import asyncio
+import os
+import streamlet as sl
+
+class Logged(sl.Task):
+    async def execute(self, inputs, outputs):
+        batch = inputs.get()
+        await asyncio.sleep(0.2)
+        with open(f"{LOG}.{os.getpid()}", "a", encoding="utf-8") as log:  # every record processed, per process
+            log.write("".join(f"{r.value}\\n" for r in batch))
+        outputs.emit_batch([sl.Record(None, int(r.value), r.ts) for r in batch])
+
+def build_topology():
+    topology = sl.Topology("graceful")
+    source = topology.add_source("lines", sl.FileSource(INPUT))
+    logged = topology.add_task("logged", Logged, parallelism=2).set_input(source)
+    topology.add_sink("files", sl.FileSink(OUT)).set_input(logged)
+    return topology
+"""
+
+
+def test_sigterm_drains_a_worker_so_that_nothing_is_processed_twice(cluster: dict[str, Any]) -> None:
+    """SIGTERM a worker mid-job: its job's sources pause, a checkpoint holds everything read, the worker
+    exits; the next attempt resumes from there: every record is processed exactly once, output exact."""
+    directory = cluster["dir"]
+    lines, out, log = directory / "numbers.txt", directory / "out", directory / "processed"
+    lines.write_text("".join(f"{n}\n" for n in range(60_000)), encoding="utf-8")
+    job_file = directory / "graceful.py"
+    job_file.write_text(f"INPUT = {str(lines)!r}\nOUT = {str(out)!r}\nLOG = {str(log)!r}\n{GRACEFUL}")
+    command = [*STREAMLET, "submit", str(job_file), "--job", "g", "--checkpoint-interval", "1"]
+    submit = subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_state(directory, "g", {"RUNNING"})
+    wait_for_node(directory, "/jobs/g/checkpoints/completed", lambda data: data["epoch"] >= 1)
+    leaving = cluster["pids"]["worker-1"]
+    os.kill(leaving, signal.SIGTERM)
+    assert wait_for_exit(leaving, seconds=20), "the worker did not drain and exit"
+    out_text, err = submit.communicate(timeout=90)
+    assert submit.returncode == 0, err
+    assert out_text.splitlines()[0] == "job 'g' FINISHED on worker-0: every worker finished (1)"
+    processed = [int(line) for path in directory.glob("processed.*") for line in path.read_text().split()]
+    assert len(processed) == 60_000  # nothing read (and processed) twice after the graceful stop ...
+    assert sorted(processed) == list(range(60_000))
+    assert sorted(record.value for record in sl.read_file_sink(out)) == list(range(60_000))  # ... output exact
+    assert "stopping gracefully" in (directory / ".streamlet" / "worker-1.log").read_text()

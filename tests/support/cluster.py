@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
 from collections.abc import Callable
@@ -48,3 +50,16 @@ def wait_for_state(directory: Path, job: str, states: set[str], seconds: float =
     """Block until the job's state node holds one of ``states``."""
     found: dict[str, Any] = wait_for_node(directory, paths.state(job), lambda data: data["state"] in states, seconds)
     return found
+
+
+def wait_for_exit(pid: int, seconds: float = 30) -> bool:
+    """Block until process ``pid`` (not necessarily our child) exits, on a pidfd; False on timeout."""
+    try:
+        descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([descriptor], [], [], seconds)
+        return bool(readable)
+    finally:
+        os.close(descriptor)

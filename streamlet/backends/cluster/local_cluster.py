@@ -10,6 +10,7 @@ to the processes through the environment, never on their command line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -90,9 +91,10 @@ def up(
     state_dir.mkdir(parents=True, exist_ok=True)
     state_dir.chmod(0o700)  # the secret lives here: nobody else may list or read it
     secret_file = state_dir / "secret"
-    descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # 0600 from the start
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(secrets.token_bytes(32))
+    if not secret_file.exists():  # kept across down/up: ZooKeeper's data (and its ACLs) outlive a 'down'
+        descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # 0600 from the start
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(secrets.token_bytes(32))
     state = ClusterState(name=name, zk=zk or "", secret_file=str(secret_file.resolve()))
     try:
         if zk is None:
@@ -141,32 +143,51 @@ def find_secret(state_dir: Path) -> bytes | None:
 
 
 def down(state_dir: Path) -> list[dict[str, Any]]:
-    """Stop every process ``up`` started (workers, masters, then ZooKeeper) by PID; forget the cluster."""
+    """Stop every process ``up`` started by PID, and forget the cluster: all workers at once (each drains:
+    a checkpoint its job's other workers take part in), then the masters, then ZooKeeper."""
     state = ClusterState.load(state_dir)
-    order = {"worker": 0, "master": 1, "zookeeper": 2}
     stopped = []
-    for process in sorted(state.processes, key=lambda p: order[p["role"]]):
-        if stop_pid(int(process["pid"])):
-            stopped.append(process)
+    for role in ("worker", "master", "zookeeper"):
+        group = [process for process in state.processes if process["role"] == role]
+        running = [process for process in group if signal_pid(int(process["pid"]), signal.SIGTERM)]
+        for process in running:  # signalled together above: one SIGTERM each (a second one stops at once)
+            wait_or_kill(int(process["pid"]), DRAIN_SECONDS)
+        stopped.extend(running)
     (state_dir / STATE_FILE).unlink()
     return stopped
 
 
-def stop_pid(pid: int, timeout: float = 10.0) -> bool:
-    """SIGTERM ``pid``, SIGKILL it after ``timeout``; True if it was running."""
+DRAIN_SECONDS = 30.0  # how long 'down' lets a worker drain before SIGKILL
+
+
+def signal_pid(pid: int, signum: int) -> bool:
+    """Send ``signum`` to ``pid``; False if it is not running."""
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signum)
     except ProcessLookupError:
         return False
+    return True
+
+
+def stop_pid(pid: int, timeout: float = 10.0) -> bool:
+    """SIGTERM ``pid``, SIGKILL it after ``timeout``; True if it was running."""
+    if not signal_pid(pid, signal.SIGTERM):
+        return False
+    wait_or_kill(pid, timeout)
+    return True
+
+
+def wait_or_kill(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` for ``pid`` to exit (after a SIGTERM), then SIGKILL it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not alive(pid):
-            return True
+            return
         time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
     while alive(pid):
         time.sleep(0.05)
-    return True
 
 
 def alive(pid: int) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -26,19 +28,32 @@ SESSION_TIMEOUT = 4.0
 async def run_master(
     zk_hosts: str, cluster: str, name: str, secret: bytes, session_timeout: float = SESSION_TIMEOUT
 ) -> None:
+    """Campaign and lead until SIGTERM; closing the session then removes ``/leader`` at once, so a
+    candidate takes over without waiting for the session to time out."""
+    async with ZkStore(zk_hosts, cluster, session_timeout, secret=secret) as zk, anyio.create_task_group() as group:
+        group.start_soon(_campaign_and_lead, zk, cluster, name, secret)
+        await until_terminated(_nothing_to_drain)
+        group.cancel_scope.cancel()
+    log.info("master stopped", cluster=cluster, master=name)
+
+
+async def _nothing_to_drain() -> None:
+    """A master holds no data: it stops at once."""
+
+
+async def _campaign_and_lead(zk: ClusterStore, cluster: str, name: str, secret: bytes) -> None:
     """Campaign for leadership and lead until the session is lost; then campaign again."""
-    async with ZkStore(zk_hosts, cluster, session_timeout, secret=secret) as zk:
-        identity = {"name": name, "pid": os.getpid(), "host": socket.gethostname()}
-        while True:
-            election = LeaderElection(zk, identity)
-            epoch = await election.campaign()
-            log.info("leading the cluster", cluster=cluster, master=name, epoch=epoch)
-            async with anyio.create_task_group() as group:
-                group.start_soon(Leader(zk, epoch, secret).run)
-                await _lead_until_lost(zk)
-                group.cancel_scope.cancel()
-            log.warning("lost leadership", cluster=cluster, master=name, epoch=epoch)
-            election.candidate = None  # the lost session took our candidate node too
+    identity = {"name": name, "pid": os.getpid(), "host": socket.gethostname()}
+    while True:
+        election = LeaderElection(zk, identity)
+        epoch = await election.campaign()
+        log.info("leading the cluster", cluster=cluster, master=name, epoch=epoch)
+        async with anyio.create_task_group() as group:
+            group.start_soon(Leader(zk, epoch, secret).run)
+            await _lead_until_lost(zk)
+            group.cancel_scope.cancel()
+        log.warning("lost leadership", cluster=cluster, master=name, epoch=epoch)
+        election.candidate = None  # the lost session took our candidate node too
 
 
 async def _lead_until_lost(zk: ClusterStore) -> None:
@@ -82,3 +97,24 @@ async def run_worker(
         async with anyio.create_task_group() as group:
             group.start_soon(registration.run)
             group.start_soon(jobs.run)
+            await until_terminated(jobs.drain)
+            group.cancel_scope.cancel()
+    log.info("worker stopped", cluster=cluster, worker=worker_id)
+
+
+async def until_terminated(graceful: Callable[[], Awaitable[None]]) -> None:
+    """Return after SIGTERM (or SIGINT) and ``graceful()``; a second signal cuts ``graceful`` short."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            break
+        log.warning("stopping gracefully (a second SIGTERM stops at once)")
+        async with anyio.create_task_group() as stopping:
+
+            async def on_second_signal() -> None:
+                async for _ in signals:
+                    log.warning("stopping at once")
+                    stopping.cancel_scope.cancel()
+
+            stopping.start_soon(on_second_signal)
+            await graceful()
+            stopping.cancel_scope.cancel()
