@@ -225,8 +225,11 @@ def submit_command(
 ) -> None:  # fmt: skip
     """Run TARGET (module:name or path/to/file.py[:name]) on the cluster, by reference."""
     from streamlet.backends.cluster import client as cluster_client
+    from streamlet.backends.cluster.jobs import check_job_name
 
     try:
+        if job_name is not None:
+            check_job_name(job_name)  # bad options are refused before anything is contacted
         hosts, name = _where(zk, cluster, state_dir)
         counts = dict(_parallelism(item) for item in parallelism)
         checkpoint = None

@@ -185,3 +185,42 @@ def test_name_that_is_not_a_topology_is_an_error(tmp_path: Path) -> None:
     assert result.stderr == (
         f"error: StreamletError: {path}:answer is not a Topology or a function returning one (got int)\n"
     )
+
+
+def test_cluster_up_with_no_workers_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """--workers 0 is a usage error, and nothing is recorded in the state dir."""
+    result = invoke("cluster", "up", "--workers", "0", "--state-dir", str(tmp_path / "state"))
+    assert result.exit_code == 2
+    assert "Invalid value for '--workers': 0 is not in the range x>=1." in result.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_cluster_up_with_a_label_for_an_unknown_worker_is_refused(tmp_path: Path) -> None:
+    """A label naming a worker that will not exist (a typo) is refused before anything starts."""
+    result = invoke("cluster", "up", "--workers", "2", "--label", "worker-5=gpu", "--state-dir", str(tmp_path / "s"))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        "error: BadParameter: --label worker-5=gpu: no worker called 'worker-5' (workers: worker-0, worker-1)"
+    )
+    assert not (tmp_path / "s").exists()
+
+
+def test_submit_with_a_bad_job_name_is_refused(tmp_path: Path) -> None:
+    """A job name that cannot name a node or a file is refused before anything is contacted."""
+    result = invoke("submit", str(WORDCOUNT), "--job", "a/b", "--zk", "127.0.0.1:1", "--state-dir", str(tmp_path))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        "error: JobError: job name 'a/b' is not allowed: use 1-64 letters, digits, '_' or '-', "
+        "starting with a letter or digit"
+    )
+
+
+def test_kill_without_the_secret_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill needs the secret: from STREAMLET_SECRET or the state dir; without either, a clear error."""
+    monkeypatch.delenv("STREAMLET_SECRET", raising=False)
+    result = invoke("kill", "wc", "--zk", "127.0.0.1:1", "--state-dir", str(tmp_path))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        "error: StreamletError: kill needs the cluster secret: set STREAMLET_SECRET (hex) or run it with the "
+        f"--state-dir that 'streamlet cluster up' wrote (looked in {tmp_path})"
+    )
