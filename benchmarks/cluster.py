@@ -10,6 +10,7 @@ Baseline: the same job in-process, in the same run.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import statistics
@@ -66,9 +67,38 @@ def run_on_cluster(workers: int, records: int, repeats: int) -> dict[str, Any]:
                 )  # fmt: skip
                 rates.append(records / wall)
                 shares.append(sum(r["tcp_records_in"] for r in reports) / received)
-            return {"rate": statistics.median(rates), "tcp_share": round(statistics.median(shares), 3), "idle": idle}
+            gaps = anyio.run(checkpoint_gaps, state, state_dir) if workers > 1 else []
+            return {
+                "rate": statistics.median(rates), "tcp_share": round(statistics.median(shares), 3), "idle": idle,
+                "gap": round(statistics.median(gaps), 3) if gaps else None, "gaps": len(gaps),
+            }  # fmt: skip
         finally:
             local_cluster.down(state_dir)
+
+
+CHECKPOINT_INTERVAL = 0.5
+
+
+async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) -> list[float]:
+    """The job again with a checkpoint every ``CHECKPOINT_INTERVAL`` s: the gaps between completions (s)."""
+    from streamlet.backends.cluster.checkpoints import completed_path
+    from streamlet.backends.cluster.zk import ZkStore
+
+    checkpoint = {"interval": CHECKPOINT_INTERVAL, "directory": str(state_dir / "checkpoints")}
+    submission = client.Submission("benchmarks.cluster_job:build_long_topology", "checkpointed", checkpoint=checkpoint)
+    await client.submit_and_wait(state.zk, state.name, submission, False, 60, state.secret())
+    completions: list[float] = []
+    async with ZkStore(state.zk, state.name) as zk:
+        version: int | None = None
+        with anyio.fail_after(300):
+            while True:
+                data, version = await zk.wait_changed(completed_path("checkpointed"), version)
+                if data is None:
+                    continue
+                if data["finished"]:  # the final checkpoint comes when the job ends, not on the interval
+                    break
+                completions.append(float(data["at"]))
+    return [later - earlier for earlier, later in itertools.pairwise(completions)]
 
 
 async def _wait_ready(state: local_cluster.ClusterState, workers: int) -> None:
@@ -150,6 +180,9 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         idle_worker_rss_mb=two["idle"]["worker"],
         recovery_seconds=recovery["reassigned"],
         recovery_to_output_seconds=recovery["output"],
+        checkpoint_interval=CHECKPOINT_INTERVAL,
+        checkpoint_gap_median_seconds=two["gap"],
+        checkpoint_gaps_measured=two["gaps"],
         session_timeout=SESSION_TIMEOUT,
         records=records,
         repeats=repeats,
