@@ -65,6 +65,18 @@ def test_up_starts_every_process_and_status_shows_them(cluster: tuple[Path, list
         r"^  (worker-\d)\s+127\.0\.0\.1:\d+\s+STANDBY/waiting\s+NORMAL\s+\d+\s+0\s+[\d.]+\s+ok$", status.stdout, re.M
     )
     assert rows == ["worker-0", "worker-1"]
+    as_json = json.loads(streamlet("cluster", "status", "--json", cwd=directory).stdout)
+    assert [(w["id"], w["state"], w["stale"]) for w in as_json["workers"]] == [
+        ("worker-0", "STANDBY/waiting", False), ("worker-1", "STANDBY/waiting", False),
+    ]  # fmt: skip
+    assert (as_json["cluster"], as_json["jobs"]) == ("cli", [])
+
+
+def test_the_secret_is_readable_by_its_owner_only(cluster: tuple[Path, list[dict[str, object]]]) -> None:
+    """The state dir is 0700 and the secret in it 0600."""
+    directory, _ = cluster
+    assert (directory / ".streamlet").stat().st_mode & 0o777 == 0o700
+    assert (directory / ".streamlet" / "secret").stat().st_mode & 0o777 == 0o600
 
 
 def test_ps_shows_streamlet_master_and_worker(cluster: tuple[Path, list[dict[str, object]]]) -> None:

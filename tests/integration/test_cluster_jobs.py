@@ -340,3 +340,30 @@ def test_spark_sink_instances_hand_their_epochs_to_spark_from_their_workers(
     # in.0, sums.0 and sums.1 fill worker-0 (capacity 3), so both sink instances run on worker-1, not here
     held = {job_nodes(cluster, "to-spark")["assignment"]["instances"][f"spark.{i}"] for i in range(2)}
     assert held == {"worker-1"}
+
+
+NEEDS_A_TPU = """
+import streamlet as sl
+
+def build_topology():
+    topology = sl.Topology("tpu")
+    source = topology.add_source("in", [1, 2, 3])
+    score = topology.map("score", lambda record: (None, record.value), labels=["tpu"]).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(score)
+    return topology
+"""
+
+
+def test_a_job_no_worker_can_take_stalls_and_submit_says_so_at_its_timeout(cluster: Path, tmp_path: Path) -> None:
+    """No worker has the label: STALLED with the reason; submit's timeout names the state and why; kill ends it."""
+    path = tmp_path / "tpu.py"
+    path.write_text(NEEDS_A_TPU, encoding="utf-8")
+    run = streamlet("submit", str(path), "--job", "tpu", "--timeout", "2", cwd=cluster)
+    assert run.returncode == 1
+    assert run.stderr.strip() == (
+        "error: JobError: job 'tpu' has not ended after 2 s; it is STALLED: no live worker can take it: "
+        "task 'score' needs a worker among ['any'] with labels ['tpu']; none is live "
+        "(it goes on; 'streamlet jobs' follows it, 'streamlet kill tpu' stops it)"
+    )
+    assert streamlet("kill", "tpu", cwd=cluster).returncode == 0
+    assert wait_for_state(cluster, "tpu", {"KILLED"})["reason"] == "killed by streamlet kill"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import pytest
 
@@ -29,8 +28,11 @@ async def test_first_candidate_leads_and_the_next_takes_over_with_a_higher_epoch
     try:
         first_epoch = await LeaderElection(first, {"name": "m1"}).campaign()
         runner_up = LeaderElection(second, {"name": "m2"})
+        registered = await zk.watch_children("/candidates")
         waiting = asyncio.ensure_future(runner_up.campaign())
-        await asyncio.sleep(0.3)
+        while len(await zk.children("/candidates")) < 2:  # the runner-up has registered and now waits
+            await asyncio.wait_for(registered.wait(), timeout=10)
+            registered.clear()
         assert not waiting.done()
         assert [c["name"] for c in await candidates(zk)] == ["m1", "m2"]
         assert await leader(zk) == {"name": "m1", "epoch": first_epoch}
@@ -122,14 +124,11 @@ async def test_lost_session_is_reported_and_the_worker_registers_again(
     beating = asyncio.ensure_future(registration.run())
     try:
         await expire(zookeeper, worker_zk)
-        deadline = time.monotonic() + 10
-        seen: list[Any] = []
-        while time.monotonic() < deadline and not ("lost" in states and seen and states[-1] == "connected"):
-            seen = [view.worker_id for view in await workers(zk)]
-            await asyncio.sleep(0.1)
+        await asyncio.wait_for(zk.wait_gone("/workers/w3"), timeout=10)  # the expired session took it
+        await asyncio.wait_for(zk.wait_changed("/workers/w3", None), timeout=10)  # registered again
         assert "lost" in states
         assert states[-1] == "connected"
-        assert seen == ["w3"]
+        assert [view.worker_id for view in await workers(zk)] == ["w3"]
     finally:
         beating.cancel()
         await asyncio.gather(beating, return_exceptions=True)
