@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlet.backends.cluster.local_cluster import stop_pid
-from tests.support.cluster import streamlet
+from tests.support.cluster import running_cluster, streamlet
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -52,15 +51,8 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Path]:
     """ZooKeeper, a master and two workers; every PID stopped afterwards."""
-    up = streamlet("cluster", "up", "--workers", "2", "--name", "disk", cwd=tmp_path)
-    state_file = tmp_path / ".streamlet" / "cluster.json"
-    processes = json.loads(state_file.read_text())["processes"] if state_file.exists() else []
-    try:
-        assert up.returncode == 0, up.stderr
+    with running_cluster(tmp_path, "--workers", "2", "--name", "disk"):
         yield tmp_path
-    finally:
-        for process in processes:
-            stop_pid(int(process["pid"]))
 
 
 def test_a_full_checkpoint_disk_fails_the_job_naming_enospc_and_the_path(cluster: Path, tiny_disk: Path) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from streamlet.backends.cluster.local_cluster import alive, stop_pid
+from streamlet.backends.cluster.local_cluster import alive
 from streamlet.backends.cluster.zk import ZkStore
-from tests.support.cluster import wait_for_exit, wait_for_node, wait_for_state
+from tests.support.cluster import running_cluster, wait_for_exit, wait_for_node, wait_for_state
 
 pytestmark = pytest.mark.integration
 STREAMLET = [sys.executable, "-m", "streamlet.cli"]
@@ -30,15 +30,8 @@ def streamlet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Path, list[dict[str, object]]]]:
     """A cluster of ZooKeeper, 2 masters and 2 workers; every PID it started is stopped afterwards."""
-    up = streamlet("cluster", "up", "--workers", "2", "--masters", "2", "--name", "cli", cwd=tmp_path)
-    state_file = tmp_path / ".streamlet" / "cluster.json"
-    processes = json.loads(state_file.read_text())["processes"] if state_file.exists() else []
-    try:
-        assert up.returncode == 0, up.stderr
-        yield tmp_path, processes
-    finally:
-        for process in processes:
-            stop_pid(int(str(process["pid"])))
+    with running_cluster(tmp_path, "--workers", "2", "--masters", "2", "--name", "cli") as state:
+        yield tmp_path, state["processes"]
 
 
 def leader_line(output: str) -> tuple[str, int]:

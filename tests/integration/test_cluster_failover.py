@@ -16,9 +16,9 @@ import anyio
 import pytest
 
 import streamlet as sl
-from streamlet.backends.cluster.local_cluster import alive, stop_pid
+from streamlet.backends.cluster.local_cluster import alive
 from streamlet.backends.cluster.zk import ZkStore
-from tests.support.cluster import streamlet, wait_for_exit, wait_for_node, wait_for_state
+from tests.support.cluster import running_cluster, streamlet, wait_for_exit, wait_for_node, wait_for_state
 
 pytestmark = pytest.mark.integration
 STREAMLET = [sys.executable, "-m", "streamlet.cli"]
@@ -55,18 +55,8 @@ def build_topology():
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """ZooKeeper, a master and two workers of capacity 3; every PID is stopped (and un-stopped) afterwards."""
-    up = streamlet("cluster", "up", "--workers", "2", "--capacity", "3", "--name", "failover", cwd=tmp_path)
-    state = json.loads((tmp_path / ".streamlet" / "cluster.json").read_text()) if up.returncode == 0 else {}
-    processes = state.get("processes", [])
-    try:
-        assert up.returncode == 0, up.stderr
-        yield {"dir": tmp_path, "zk": state["zk"], "pids": {p["id"]: int(p["pid"]) for p in processes}}
-    finally:
-        for process in processes:
-            pid = int(process["pid"])
-            if alive(pid):
-                os.kill(pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-            stop_pid(pid)
+    with running_cluster(tmp_path, "--workers", "2", "--capacity", "3", "--name", "failover") as state:
+        yield state
 
 
 def start_slow_job(directory: Path, *options: str) -> tuple[subprocess.Popen[str], Path]:
@@ -179,6 +169,24 @@ def test_a_checkpointed_job_resumes_from_its_last_completed_checkpoint_after_a_w
     assert (final["attempt"], final["finished"]) == (2, True)
 
 
+NUMBERS = 60_000
+
+
+def submit_over_numbers(directory: Path, job: str, source: str, interval: str, **paths: Path) -> Any:
+    """Submit ``source`` over a file of ``NUMBERS`` lines (``INPUT``, and ``paths`` as module constants) with
+    checkpoints every ``interval`` s, in the background; returns the submit process once a checkpoint completed."""
+    lines = directory / "numbers.txt"
+    lines.write_text("".join(f"{n}\n" for n in range(NUMBERS)), encoding="utf-8")
+    constants = "".join(f"{name} = {str(path)!r}\n" for name, path in {"INPUT": lines, **paths}.items())
+    job_file = directory / f"{job}_job.py"
+    job_file.write_text(constants + source, encoding="utf-8")
+    command = [*STREAMLET, "submit", str(job_file), "--job", job, "--checkpoint-interval", interval]
+    submit = subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_state(directory, job, {"RUNNING"})
+    wait_for_node(directory, f"/jobs/{job}/checkpoints/completed", lambda data: data["epoch"] >= 1)  # output out
+    return submit
+
+
 ZOMBIE_SINK = """
 import asyncio
 import streamlet as sl
@@ -200,25 +208,8 @@ def build_topology():
 def test_a_zombie_holding_the_file_sink_adds_no_duplicate_and_loses_nothing(cluster: dict[str, Any]) -> None:
     """SIGSTOP the worker holding the FileSink past its session; the job moves on from its last checkpoint;
     SIGCONT the zombie after that: the committed output is exactly the input, once."""
-    directory = cluster["dir"]
-    lines, out = directory / "numbers.txt", directory / "out"
-    lines.write_text("".join(f"{n}\n" for n in range(60_000)), encoding="utf-8")
-    job_file = directory / "zombie_sink.py"
-    job_file.write_text(f"INPUT = {str(lines)!r}\nOUT = {str(out)!r}\n{ZOMBIE_SINK}", encoding="utf-8")
-    command = [
-        sys.executable,
-        "-m",
-        "streamlet.cli",
-        "submit",
-        str(job_file),
-        "--job",
-        "zs",
-        "--checkpoint-interval",
-        "0.5",
-    ]
-    submit = subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_state(directory, "zs", {"RUNNING"})
-    wait_for_node(directory, "/jobs/zs/checkpoints/completed", lambda data: data["epoch"] >= 1)  # output committed
+    directory, out = cluster["dir"], cluster["dir"] / "out"
+    submit = submit_over_numbers(directory, "zs", ZOMBIE_SINK, "0.5", OUT=out)
     holder = wait_for_node(directory, "/jobs/zs/assignment", lambda data: True)["instances"]["files.0"]
     zombie = cluster["pids"][holder]
     os.kill(zombie, signal.SIGSTOP)
@@ -229,8 +220,8 @@ def test_a_zombie_holding_the_file_sink_adds_no_duplicate_and_loses_nothing(clus
     assert out_text.splitlines()[0].startswith("job 'zs' FINISHED"), out_text
     assert moved["attempt"] == 2
     values = [record.value for record in sl.read_file_sink(out)]
-    assert len(values) == 60_000  # nothing doubled ...
-    assert sorted(values) == [2 * n for n in range(60_000)]  # ... and nothing lost
+    assert len(values) == NUMBERS  # nothing doubled ...
+    assert sorted(values) == [2 * n for n in range(NUMBERS)]  # ... and nothing lost
 
 
 GRACEFUL = """
@@ -258,15 +249,8 @@ def build_topology():
 def test_sigterm_drains_a_worker_so_that_nothing_is_processed_twice(cluster: dict[str, Any]) -> None:
     """SIGTERM a worker mid-job: its job's sources pause, a checkpoint holds everything read, the worker
     exits; the next attempt resumes from there: every record is processed exactly once, output exact."""
-    directory = cluster["dir"]
-    lines, out, log = directory / "numbers.txt", directory / "out", directory / "processed"
-    lines.write_text("".join(f"{n}\n" for n in range(60_000)), encoding="utf-8")
-    job_file = directory / "graceful.py"
-    job_file.write_text(f"INPUT = {str(lines)!r}\nOUT = {str(out)!r}\nLOG = {str(log)!r}\n{GRACEFUL}")
-    command = [*STREAMLET, "submit", str(job_file), "--job", "g", "--checkpoint-interval", "1"]
-    submit = subprocess.Popen(command, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_state(directory, "g", {"RUNNING"})
-    wait_for_node(directory, "/jobs/g/checkpoints/completed", lambda data: data["epoch"] >= 1)
+    directory, out = cluster["dir"], cluster["dir"] / "out"
+    submit = submit_over_numbers(directory, "g", GRACEFUL, "1", OUT=out, LOG=directory / "processed")
     leaving = cluster["pids"]["worker-1"]
     os.kill(leaving, signal.SIGTERM)
     assert wait_for_exit(leaving, seconds=20), "the worker did not drain and exit"
@@ -274,7 +258,7 @@ def test_sigterm_drains_a_worker_so_that_nothing_is_processed_twice(cluster: dic
     assert submit.returncode == 0, err
     assert out_text.splitlines()[0] == "job 'g' FINISHED on worker-0: every worker finished (1)"
     processed = [int(line) for path in directory.glob("processed.*") for line in path.read_text().split()]
-    assert len(processed) == 60_000  # nothing read (and processed) twice after the graceful stop ...
-    assert sorted(processed) == list(range(60_000))
-    assert sorted(record.value for record in sl.read_file_sink(out)) == list(range(60_000))  # ... output exact
+    assert len(processed) == NUMBERS  # nothing read (and processed) twice after the graceful stop ...
+    assert sorted(processed) == list(range(NUMBERS))
+    assert sorted(record.value for record in sl.read_file_sink(out)) == list(range(NUMBERS))  # ... output exact
     assert "stopping gracefully" in (directory / ".streamlet" / "worker-1.log").read_text()

@@ -13,9 +13,8 @@ import pytest
 
 import streamlet as sl
 from examples.wordcount import build_topology, word_counts
-from streamlet.backends.cluster.local_cluster import stop_pid
 from streamlet.backends.cluster.zk import ZkStore
-from tests.support.cluster import streamlet, wait_for_state
+from tests.support.cluster import running_cluster, streamlet, wait_for_state
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,17 +133,9 @@ def build_topology():
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One cluster for the module; every PID it started is stopped at the end."""
     directory = Path(tmp_path_factory.mktemp("cluster"))
-    up = streamlet(
-        "cluster", "up", "--workers", "2", "--capacity", "3", "--name", "jobs", "--label", "worker-1=gpu", cwd=directory
-    )
-    state_file = directory / ".streamlet" / "cluster.json"
-    processes = json.loads(state_file.read_text())["processes"] if state_file.exists() else []
-    try:
-        assert up.returncode == 0, up.stderr
+    up = ("--workers", "2", "--capacity", "3", "--name", "jobs", "--label", "worker-1=gpu")
+    with running_cluster(directory, *up):
         yield directory
-    finally:
-        for process in processes:
-            stop_pid(int(process["pid"]))
 
 
 def test_wordcount_on_two_workers_gives_the_in_process_counts(cluster: Path) -> None:

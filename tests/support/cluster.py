@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.local_cluster import alive, stop_pid
 from streamlet.backends.cluster.zk import ZkStore
 
 
@@ -63,3 +66,21 @@ def wait_for_exit(pid: int, seconds: float = 30) -> bool:
         return bool(readable)
     finally:
         os.close(descriptor)
+
+
+@contextmanager
+def running_cluster(directory: Path, *up_args: str) -> Iterator[dict[str, Any]]:
+    """``streamlet cluster up UP_ARGS`` in ``directory``; yields what it recorded, with ``pids`` by process id.
+    Afterwards every PID it started is stopped (a stopped process is continued first: SIGTERM needs it running)."""
+    up = streamlet("cluster", "up", *up_args, cwd=directory)
+    state_file = directory / ".streamlet" / "cluster.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {"processes": []}
+    try:
+        assert up.returncode == 0, up.stderr
+        yield {**state, "dir": directory, "pids": {p["id"]: int(p["pid"]) for p in state["processes"]}}
+    finally:
+        for process in state["processes"]:
+            pid = int(process["pid"])
+            if alive(pid):
+                os.kill(pid, signal.SIGCONT)
+            stop_pid(pid)
