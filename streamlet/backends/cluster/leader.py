@@ -119,8 +119,11 @@ class Leader:
         live_ids = {view.worker_id for view in live(await workers(self.store), self.clock())}
         decisions = []
         for job in await self.store.children(paths.JOBS):
+            state = await self.store.get(paths.state(job))
+            if state is None or state_of(state[0]).ended:
+                continue  # ended jobs cost one read a round, not the whole view
             view = await read_view(self.store, job)
-            if view is None or state_of(view.state).ended:
+            if view is None:
                 continue
             decision = await self._step(view, live_ids)
             if decision is not None:
