@@ -59,9 +59,9 @@ class FakeCoordinator:
         self.next_epoch = 1
         self.calls: list[tuple[str, int]] = []
 
-    async def begin(self, epoch: int, final: bool = False) -> None:
+    async def begin(self, epoch: int, final: bool = False, pause: bool = False) -> None:
         self.next_epoch = max(self.next_epoch, epoch + 1)
-        self.calls.append(("final" if final else "begin", epoch))
+        self.calls.append(("final" if final else "pause" if pause else "begin", epoch))
 
     async def commit_through(self, epoch: int) -> None:
         self.calls.append(("commit", epoch))
@@ -158,4 +158,29 @@ async def test_a_new_attempt_numbers_its_checkpoints_after_every_earlier_trigger
         group.start_soon(fresh.run, seen)
         await settle_on(fresh.zk)
         assert seen.calls == [("begin", 4)]
+        group.cancel_scope.cancel()
+
+
+async def test_a_graceful_stop_pauses_every_worker_and_returns_once_complete(tree: MemoryTree) -> None:
+    """stop_checkpoint on w1: both workers begin the epoch as a pause; it returns when both parts are saved."""
+    await MemoryClusterStore(tree).create(paths.assignment("wc"), {"attempt": 1})
+    parts = {"w0": agreement(tree, "w0"), "w1": agreement(tree, "w1")}
+    seen = {"w0": FakeCoordinator(), "w1": FakeCoordinator()}
+    stopped: list[int | None] = []
+
+    async def stop() -> None:
+        stopped.append(await parts["w1"].stop_checkpoint())
+
+    async with anyio.create_task_group() as group:
+        for worker in parts:
+            group.start_soon(parts[worker].run, seen[worker])
+        group.start_soon(stop)
+        await settle_on(parts["w0"].zk)
+        assert seen["w0"].calls == seen["w1"].calls == [("pause", 1)]
+        await parts["w0"].saved(1, 1, False)
+        await settle_on(parts["w0"].zk)
+        assert stopped == []  # w1's own part is not saved yet
+        await parts["w1"].saved(1, 1, False)
+        await settle_on(parts["w0"].zk)
+        assert stopped == [1]
         group.cancel_scope.cancel()
