@@ -1,4 +1,5 @@
-"""Shared fixtures: a topology builder, a one-line runner for in-process jobs, and the armed crash."""
+"""Shared fixtures: a topology builder, a one-line runner for in-process jobs, the armed crash, and the
+session's ZooKeeper (for tests/integration and tests/faults)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 import streamlet as sl
+from streamlet.backends.cluster.zookeeper import ZooKeeperServer
 from tests.support.exactly_once import Bomb
 
 
@@ -54,3 +56,15 @@ def armed_bomb(tmp_path: Path) -> Iterator[Path]:
     Bomb.armed, Bomb.checkpoints, Bomb.seen_at_crash = True, checkpoints, 0
     yield checkpoints
     Bomb.armed, Bomb.checkpoints = False, None
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """A standalone ZooKeeper (a missing installation fails the tests, it does not skip them).
+
+    Started only when a test asks for it; shared by every test of the session that does.
+    """
+    # die_with_parent: should a timeout end the run without teardown, the server goes with it
+    server = ZooKeeperServer(data_dir=Path(tmp_path_factory.mktemp("zookeeper")), die_with_parent=True)
+    with server:
+        yield server

@@ -1,5 +1,5 @@
-"""Real servers for the whole session, stopped at the end: ZooKeeper on 127.0.0.1 and a Kafka-protocol
-mock broker (both by PID), and a local SparkSession."""
+"""Real servers for the whole session, stopped at the end: a Kafka-protocol mock broker (by PID) and a local
+SparkSession; the session's ZooKeeper is in tests/conftest.py (tests/faults uses it too)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,6 @@ from tests.support.kafka_mock import MockBroker
 
 _names = itertools.count()
 TEST_SECRET = b"integration tests"
-
-
-@pytest.fixture(scope="session")
-def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
-    """A standalone ZooKeeper (a missing installation fails the tests, it does not skip them)."""
-    # die_with_parent: should a timeout end the run without teardown, the server goes with it
-    server = ZooKeeperServer(data_dir=Path(tmp_path_factory.mktemp("zookeeper")), die_with_parent=True)
-    with server:
-        yield server
 
 
 @pytest.fixture
