@@ -1,0 +1,425 @@
+"""Tools of the fault tests: a local cluster of real processes, a job held at a gate, and one ZooKeeper
+session in a background thread that follows nodes by watches.
+
+Nothing here sleeps to wait for something: waits are ZooKeeper watches or a process's exit, each with a
+timeout that is only a safety net (the one pause is between retries while a killed ZooKeeper is away).
+Processes are stopped by the PIDs recorded when they were started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+
+from streamlet.backends.cluster import jobs
+from streamlet.backends.cluster.local_cluster import SECRET_ENV, alive, stop_pid
+from streamlet.backends.cluster.store import CoordinationError, read_all
+from streamlet.backends.cluster.zk import ZkStore
+from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from tests.support.cluster import wait_for_exit
+
+# A keyed count whose middle task waits, after 30 000 of its 40 000 words, until the file RELEASE exists:
+# a test acts on the cluster while the job is provably mid-run, then lets it end (no sleep in the test).
+GATED_COUNT = """
+import asyncio
+import pathlib
+
+import streamlet as sl
+
+WORDS = [f"w{(i * 7919) % 97}" for i in range(40_000)]
+HOLD_AFTER = 30_000
+
+
+class Gate(sl.Task):
+    passed = 0  # records this instance passed on (a new attempt starts again at 0)
+
+    async def execute(self, inputs, outputs):
+        while self.passed >= HOLD_AFTER and not RELEASE.exists():
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)  # a batch every 50 ms: checkpoints complete before the gate holds
+        batch = inputs.get()
+        self.passed += len(batch)
+        outputs.emit_batch([sl.Record(r.value, 1, r.ts) for r in batch])
+
+
+class Count(sl.Task):
+    def execute(self, inputs, outputs):
+        for r in inputs.get():
+            self.state.put(r.key, self.state.get(r.key, 0) + r.value)
+
+    def finish(self, outputs):
+        outputs.emit_all(self.state.items())
+
+
+def build_topology():
+    topology = sl.Topology("gated-count")
+    source = topology.add_source("words", WORDS)
+    gate = topology.add_task("gate", Gate).set_input(source)
+    count = topology.add_task("count", Count, parallelism=2).set_input(gate, partitioning=sl.SAME_KEY)
+    topology.add_sink("totals", sl.CollectSink()).set_input(count)
+    return topology
+"""
+
+WORDS = [f"w{(i * 7919) % 97}" for i in range(40_000)]
+
+
+def expected_totals() -> dict[str, int]:
+    """What the gated count must report: a plain count of its words."""
+    return dict(Counter(WORDS))
+
+
+@dataclass
+class GatedJob:
+    """A gated count written to ``directory``: ``file`` to submit, ``release()`` to let it end."""
+
+    directory: Path
+
+    @property
+    def file(self) -> Path:
+        return self.directory / "gated_count.py"
+
+    @property
+    def gate(self) -> Path:
+        return self.directory / "release"
+
+    def write(self) -> GatedJob:
+        self.file.write_text(f"RELEASE = __import__('pathlib').Path({str(self.gate)!r})\n{GATED_COUNT}")
+        return self
+
+    def release(self) -> None:
+        self.gate.touch()
+
+
+def totals(rows: list[list[Any]]) -> dict[str, int]:
+    """``[[key, value, ts], ...]`` as reported by a cluster's CollectSink -> {key: value}, refusing duplicates."""
+    found: dict[str, int] = {}
+    for key, value, _ts in rows:
+        assert key not in found, f"key {key!r} reported twice"
+        found[key] = value
+    return found
+
+
+# -- processes --------------------------------------------------------------------------------------------
+
+
+def streamlet_process(
+    *args: str, cwd: Path, log: Path | None = None, secret: bytes | None = None
+) -> subprocess.Popen[str]:
+    """``streamlet ARGS`` in the background: output to pipes, or to ``log`` in a session of its own (a server)."""
+    environment = dict(os.environ)
+    if secret is not None:
+        environment[SECRET_ENV] = secret.hex()
+    command = [sys.executable, "-m", "streamlet.cli", *args]
+    if log is None:
+        return subprocess.Popen(
+            command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
+        )
+    with open(log, "ab") as output:
+        return subprocess.Popen(
+            command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+            env=environment, start_new_session=True,
+        )  # fmt: skip
+
+
+def read_rss(pid: int) -> int:
+    """Resident memory of ``pid`` in bytes (``VmRSS`` of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+@dataclass
+class Submission:
+    """A ``streamlet submit`` running in the background."""
+
+    process: subprocess.Popen[str]
+    results: Path
+    out: str = ""
+    err: str = ""
+
+    def finish(self, seconds: float = 90) -> Submission:
+        """Wait for it to exit (the job ended, or submit gave up)."""
+        self.out, self.err = self.process.communicate(timeout=seconds)
+        return self
+
+    @property
+    def code(self) -> int | None:
+        return self.process.returncode
+
+    def collected(self) -> dict[str, list[list[Any]]]:
+        found: dict[str, list[list[Any]]] = json.loads(self.results.read_text())
+        return found
+
+
+@dataclass
+class LocalCluster:
+    """A cluster that ``streamlet cluster up`` started in ``directory``, and every process a test added."""
+
+    directory: Path
+    name: str
+    zk: str
+    pids: dict[str, int]  # process id ("worker-1", "master-0", "zookeeper") -> PID, from .streamlet/cluster.json
+    started: list[int] = field(default_factory=list)  # PIDs a test started besides: submits, workers, a ZooKeeper
+    children: list[subprocess.Popen[Any]] = field(default_factory=list)
+    zookeepers: list[int] = field(default_factory=list)  # ZooKeeper servers a test started again
+
+    @classmethod
+    def up(
+        cls, directory: Path, name: str, *, workers: int = 2, masters: int = 1, capacity: int = 3, zk: str | None
+    ) -> LocalCluster:
+        """``streamlet cluster up`` (on the ZooKeeper at ``zk``, or one of its own when ``None``)."""
+        args = ["cluster", "up", "--name", name, "--workers", str(workers), "--masters", str(masters)]
+        args += ["--capacity", str(capacity), *(["--zk", zk] if zk else [])]
+        up = subprocess.run(
+            [sys.executable, "-m", "streamlet.cli", *args], cwd=directory, capture_output=True, text=True, timeout=90
+        )
+        state_file = directory / ".streamlet" / "cluster.json"
+        state = json.loads(state_file.read_text()) if state_file.exists() else {"zk": zk, "processes": []}
+        cluster = cls(directory, name, state["zk"], {p["id"]: int(p["pid"]) for p in state["processes"]})
+        if up.returncode != 0:
+            cluster.down()
+            raise AssertionError(f"cluster up failed: {up.stderr}")
+        return cluster
+
+    @property
+    def state_dir(self) -> Path:
+        return self.directory / ".streamlet"
+
+    def secret(self) -> bytes:
+        return (self.state_dir / "secret").read_bytes()
+
+    def every_pid(self) -> list[int]:
+        return [*self.pids.values(), *self.started]
+
+    def adopt(self, process: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
+        """Stop ``process`` (by its PID) with the cluster."""
+        self.started.append(process.pid)
+        self.children.append(process)
+        return process
+
+    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """A ``streamlet`` command in the cluster's directory, waited for."""
+        return subprocess.run(
+            [sys.executable, "-m", "streamlet.cli", *args], cwd=self.directory, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+
+    def submit(self, target: Path, job: str, *options: str) -> Submission:
+        """``streamlet submit TARGET --job JOB --results ...`` in the background."""
+        results = self.directory / f"{job}.results.json"
+        args = ["submit", str(target), "--job", job, "--results", str(results), *options]
+        return Submission(self.adopt(streamlet_process(*args, cwd=self.directory)), results)
+
+    def start_worker(self, worker_id: str, capacity: int = 8) -> int:
+        """One more worker process (``streamlet worker``), with the cluster's secret in its environment."""
+        args = ["worker", "--zk", self.zk, "--name", self.name, "--id", worker_id, "--capacity", str(capacity)]
+        log = self.state_dir / f"{worker_id}.log"
+        process = self.adopt(streamlet_process(*args, cwd=self.directory, log=log, secret=self.secret()))
+        return process.pid
+
+    def down(self) -> list[int]:
+        """Stop every PID, workers and the rest first, ZooKeeper last; the PIDs still alive after (none, we hope).
+
+        Each group is signalled at once (SIGCONT, for a stopped process, and SIGTERM) and waited for on pidfds;
+        ``stop_pid`` then makes sure of each PID (a second SIGTERM stops a draining worker at once).
+        """
+        zookeeper = {self.pids.get("zookeeper"), *self.zookeepers}
+        pids = self.every_pid()
+        for group in ([pid for pid in pids if pid not in zookeeper], [pid for pid in pids if pid in zookeeper]):
+            for pid in group:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGTERM)
+            for pid in group:
+                wait_for_exit(pid, seconds=15)
+            for pid in group:
+                stop_pid(pid)
+        for child in self.children:
+            child.wait(timeout=10)  # reaped by stop_pid already: this only settles the Popen
+            for stream in (child.stdout, child.stderr):
+                if stream is not None:
+                    stream.close()
+        return [pid for pid in pids if alive(pid)]
+
+    def restart_zookeeper(self) -> ZooKeeperServer:
+        """Start the cluster's ZooKeeper again on its port and data directory (after it was killed)."""
+        server = ZooKeeperServer(
+            data_dir=self.state_dir / "zookeeper", port=int(self.zk.rsplit(":", 1)[1]), die_with_parent=True
+        )
+        server.launch()
+        assert server.process is not None
+        self.zookeepers.append(self.adopt(server.process).pid)
+        server.wait_until_ready()
+        return server
+
+
+# -- ZooKeeper, followed from a thread --------------------------------------------------------------------
+
+
+class NodeHistory:
+    """Every version of one node seen through its watch, with the time it was seen."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[float, int | None, Any]] = []  # (seen at, version, data)
+        self._changed = threading.Condition()
+
+    def add(self, version: int | None, data: Any) -> None:
+        with self._changed:
+            self.entries.append((time.time(), version, data))
+            self._changed.notify_all()
+
+    def wait_for(self, wanted: Callable[[Any], bool], seconds: float = 60) -> Any:
+        """The first data seen (in order) for which ``wanted`` holds, waiting for it if need be."""
+        with self._changed:
+            found = self._changed.wait_for(lambda: self._first(wanted) is not None, timeout=seconds)
+            assert found, f"not seen within {seconds} s; seen: {[data for _, _, data in self.entries]}"
+            return self._first(wanted)
+
+    def _first(self, wanted: Callable[[Any], bool]) -> Any:
+        return next((data for _, _, data in self.entries if data is not None and wanted(data)), None)
+
+    def data(self) -> list[Any]:
+        with self._changed:
+            return [data for _, _, data in self.entries]
+
+    def versions(self) -> list[int | None]:
+        with self._changed:
+            return [version for _, version, _ in self.entries]
+
+
+class ZkWatch:
+    """One anonymous (read-only) ZooKeeper session in a background thread, for a test's waits and reads."""
+
+    def __init__(self, hosts: str, cluster: str) -> None:
+        self.store = ZkStore(hosts, cluster, session_timeout=10.0)
+        self._stack = contextlib.ExitStack()
+        self._followers: list[Any] = []
+
+    def __enter__(self) -> ZkWatch:
+        self.portal = self._stack.enter_context(anyio.from_thread.start_blocking_portal())
+        self.portal.call(self.store.start)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for future in self._followers:
+            future.cancel()
+        with contextlib.suppress(Exception):
+            self.portal.call(self.store.aclose)
+        self._stack.close()
+
+    def get(self, path: str) -> tuple[Any, int] | None:
+        return self.portal.call(self._riding_out, self.store.get, path)
+
+    def data(self, path: str) -> Any:
+        found = self.get(path)
+        assert found is not None, f"no node {path}"
+        return found[0]
+
+    def children(self, path: str) -> list[str]:
+        return self.portal.call(self._riding_out, self.store.children, path)
+
+    def status(self, job: str) -> dict[str, Any]:
+        """What ``submit`` would report of ``job`` (state, reason, the workers' reports)."""
+        found: dict[str, Any] = self.portal.call(self._riding_out, jobs.job_status, self.store, job)
+        return found
+
+    def tree(self, path: str) -> dict[str, tuple[Any, int]]:
+        """Every node under ``path`` (itself included) with its data and version."""
+
+        async def read(node: str, found: dict[str, tuple[Any, int]]) -> None:
+            entry = await self.store.get(node)
+            if entry is not None:
+                found[node] = entry
+            for child in await self.store.children(node):
+                await read(f"{node}/{child}", found)
+
+        found: dict[str, tuple[Any, int]] = {}
+        self.portal.call(read, path, found)
+        return found
+
+    def follow(self, path: str) -> NodeHistory:
+        """Record every version of ``path`` from now on (its current one first)."""
+        history = NodeHistory()
+        started = threading.Event()
+        self._followers.append(self.portal.start_task_soon(self._follow, path, history, started))
+        assert started.wait(30), f"could not watch {path}"
+        return history
+
+    def wait_for(self, path: str, wanted: Callable[[Any], bool], seconds: float = 60) -> Any:
+        """Block until ``path`` holds data for which ``wanted`` holds (a watch; ``seconds`` is a safety net)."""
+        history = NodeHistory()
+
+        async def watch() -> None:
+            with anyio.fail_after(seconds):
+                await self._follow(path, history, threading.Event(), until=wanted)
+
+        self.portal.call(watch)
+        return history.wait_for(wanted, 0)
+
+    def wait_for_children(
+        self, path: str, wanted: Callable[[dict[str, Any]], bool], seconds: float = 60
+    ) -> dict[str, Any]:
+        """Block until the children of ``path`` (name -> data) satisfy ``wanted`` (a children watch)."""
+
+        async def watch() -> dict[str, Any]:
+            changed = await self.store.watch_children(path)
+            with anyio.fail_after(seconds):
+                while True:
+                    changed.clear()
+                    found = await read_all(self.store, path)
+                    if wanted(found):
+                        return found
+                    await changed.wait()
+
+        found: dict[str, Any] = self.portal.call(watch)
+        return found
+
+    async def _follow(
+        self,
+        path: str,
+        history: NodeHistory,
+        started: threading.Event,
+        until: Callable[[Any], bool] | None = None,
+    ) -> None:
+        version: int | None = -2  # matches no version: the first read returns at once
+        while True:
+            try:
+                data, version = await self.store.wait_changed(path, version)
+            except CoordinationError:  # the server is away (a fault test may have killed it): try again
+                await anyio.sleep(0.1)
+                continue
+            history.add(version, data)
+            started.set()
+            if until is not None and data is not None and until(data):
+                return
+
+    @staticmethod
+    async def _riding_out(call: Callable[..., Any], *args: Any) -> Any:
+        with anyio.fail_after(60):  # a safety net: the server may be away for a moment, not for good
+            while True:
+                try:
+                    return await call(*args)
+                except CoordinationError:
+                    await anyio.sleep(0.1)
+
+
+@contextlib.contextmanager
+def watching(cluster: LocalCluster) -> Iterator[ZkWatch]:
+    """A :class:`ZkWatch` on ``cluster``."""
+    with ZkWatch(cluster.zk, cluster.name) as watch:
+        yield watch
