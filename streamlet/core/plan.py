@@ -11,7 +11,7 @@ import anyio.abc
 
 from streamlet.core import graph
 from streamlet.core.channel import Channel, ChannelFactory, Inbox
-from streamlet.core.cycles import CycleTracker
+from streamlet.core.cycles import CycleTracker, Quiescence
 from streamlet.core.instance import Environment, Instance, Receiver, SinkInstance, SourceInstance
 from streamlet.core.ports import Outputs, WindowOutputs
 from streamlet.core.record import Record
@@ -59,14 +59,20 @@ class Placement:
 
 class _Builder:
     def __init__(
-        self, topology: Topology, channel_factory: ChannelFactory, capacity: int, placement: Placement | None = None
+        self,
+        topology: Topology,
+        channel_factory: ChannelFactory,
+        capacity: int,
+        placement: Placement | None = None,
+        quiescence: Quiescence | None = None,
     ) -> None:
         self.topology = topology
         self.channel_factory = channel_factory
         self.capacity = capacity
         self.placement = placement
         self.back = topology.back_edges()
-        self.trackers = [CycleTracker(part) for part in graph.strongly_connected(topology.successors())]
+        parts = graph.strongly_connected(topology.successors())
+        self.trackers = [CycleTracker(part, quiescence) for part in parts]
         self.tracker_of = {name: t for t in self.trackers for name in t.members}
         self.inboxes: dict[str, list[Inbox]] = {}
         # (edge index, sender index, receiver index) -> channel index in the receiver's inbox
@@ -92,12 +98,14 @@ class _Builder:
                 continue
             back_edge = (edge.upstream, edge.downstream) in self.back
             for receiver, inbox in enumerate(inboxes):
+                # a tracker counts only this process's members: the others count in their own process
+                counted = self.is_local(node.name, receiver)
                 for sender in range(self.topology.nodes[edge.upstream].parallelism):
                     # a back edge is never full, so a loop cannot deadlock on itself
                     channel = inbox.add_channel(edge.in_port, unbounded=back_edge)
                     self.channel_ids[edge_index, sender, receiver] = channel
                     self._expose_if_remote(edge_index, edge, sender, receiver, channel)
-                    if tracker is None:
+                    if tracker is None or not counted:
                         continue
                     if self.in_loop(edge):
                         tracker.add_in_loop_channel(inbox, channel)
@@ -179,9 +187,13 @@ def build_plan(
     channel_capacity: int,
     task_group: anyio.abc.TaskGroup,
     placement: Placement | None = None,
+    quiescence: Quiescence | None = None,
 ) -> PhysicalPlan:
-    """Instances and channels for ``topology`` (which must be valid); with ``placement``, only the local ones."""
-    builder = _Builder(topology, channel_factory, channel_capacity, placement)
+    """Instances and channels for ``topology`` (which must be valid); with ``placement``, only the local ones.
+
+    ``quiescence`` ends the loops instead of their trackers (needed when a loop is split between processes).
+    """
+    builder = _Builder(topology, channel_factory, channel_capacity, placement, quiescence)
     for node in topology.nodes.values():
         if node.kind != "source":
             builder.make_inboxes(node)

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -21,6 +22,7 @@ from streamlet.core.channel import ChannelFactory
 from streamlet.core.checkpoint import Coordinator
 from streamlet.core.checkpoint_store import CheckpointStore
 from streamlet.core.clock import Clock, SystemClock
+from streamlet.core.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
 from streamlet.core.instance import Environment, Receiver, SinkInstance, _maybe_await
 from streamlet.core.plan import PhysicalPlan, Placement, build_plan
 from streamlet.core.record import Record
@@ -30,7 +32,7 @@ from streamlet.core.sources import END_OF_FEED
 from streamlet.core.statistics import DeadLetter, JobStatistics, NodeStatistics
 from streamlet.core.task_instance import TaskInstance
 from streamlet.core.topology import Topology
-from streamlet.errors import JobError, TopologyError
+from streamlet.errors import JobError
 
 DEFAULT_BATCH_SIZE = 1000
 # Batches per channel: one in hand, one queued. In one event loop deeper queues buy no overlap,
@@ -73,6 +75,10 @@ class Job:
     (default: a new random one). Both reach sinks through ``SinkContext``,
     and checkpoints record the attempt that took them, so a restore
     publishes what that run staged. A cluster passes its own.
+
+    A job split between processes (``placement``) runs loops only with a
+    ``quiescence``, which decides when each loop is quiet in every process
+    (see ``cycles``); in one process the loops end by themselves.
     """
 
     def __init__(
@@ -89,13 +95,16 @@ class Job:
         coordinator: Coordinator | None = None,
         job_id: str | None = None,
         attempt: str | None = None,
+        quiescence: Quiescence | None = None,
     ) -> None:
         topology.validate()
         self.job_id = job_id or f"local.{topology.name}"
         self.attempt = new_attempt() if attempt is None else check_attempt(attempt)
         self._placement = placement
-        if placement is not None:
-            _refuse_cycles(topology, "cluster runs are")
+        self._quiescence = quiescence
+        if placement is not None and quiescence is None:
+            # no process sees all of a split loop's counters: ending it by local counts could end it early
+            refuse_cycles(topology, "a loop split between processes needs a quiescence detector (quiescence=...)")
         self.topology = topology
         self.clock = clock or SystemClock()
         self._channel_factory = channel_factory
@@ -103,7 +112,7 @@ class Job:
         self._env = Environment(batch_size, self.clock, job_id=self.job_id, attempt=self.attempt)
         self._coordinator: Coordinator | None = None
         if checkpoint_store is not None or coordinator is not None:
-            _refuse_cycles(topology, "checkpoints are")
+            refuse_checkpoints_with_cycles(topology)
         if checkpoint_store is not None and coordinator is None:
             coordinator = Coordinator(topology.name, checkpoint_store, self.clock, checkpoint_interval)
         if coordinator is not None:
@@ -151,6 +160,7 @@ class Job:
             self._plan = build_plan(
                 self.topology, self._env, channel_factory=self._channel_factory,
                 channel_capacity=self._channel_capacity, task_group=instances, placement=self._placement,
+                quiescence=self._quiescence,
             )  # fmt: skip
             if self._coordinator is not None:
                 point = await self._coordinator.restore_point()
@@ -165,6 +175,9 @@ class Job:
         self._started.set()
         for instance in self._plan.all():
             instances.start_soon(self._guarded, instance.run, outer)
+        if self._quiescence is not None and self._plan.trackers:
+            # among the instances: this part of the job ends only once its loops have ended everywhere
+            instances.start_soon(self._guarded, partial(self._quiescence.run, self._plan.trackers), outer)
         return True
 
     async def _guarded(self, run: Any, group: anyio.abc.TaskGroup) -> None:
@@ -296,15 +309,6 @@ class Job:
 def new_attempt() -> str:
     """A token for one run of a job, unique in practice (12 hex digits)."""
     return uuid.uuid4().hex[:12]
-
-
-def _refuse_cycles(topology: Topology, what: str) -> None:
-    back = sorted(topology.back_edges())
-    if back:
-        raise TopologyError(
-            f"topology '{topology.name}': {what} not supported with cycles yet "
-            f"(back edge from '{back[0][0]}' into '{back[0][1]}')"
-        )
 
 
 @asynccontextmanager

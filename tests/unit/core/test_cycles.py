@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import streamlet as sl
+from streamlet.core.channel import Inbox
+from streamlet.core.cycles import CycleTracker, LoopCounters
+from streamlet.core.record import CYCLE_END
 from tests.conftest import pairs
 
 
@@ -84,3 +89,35 @@ def test_records_leaving_a_loop_are_plain_records() -> None:
     [record] = result.sink("done")
     assert type(record) is sl.Record
     assert record.iteration == 0
+
+
+class NeverQuiet:
+    """A quiescence that decides nothing (the tests close trackers themselves)."""
+
+    async def run(self, trackers: Sequence[CycleTracker]) -> None:
+        """Never closes anything."""
+
+
+def test_a_tracker_given_a_quiescence_leaves_the_decision_to_it() -> None:
+    """Nothing in flight and no outside sender: alone a tracker would close; with a quiescence only close() does."""
+    tracker = CycleTracker({"halve"}, NeverQuiet())
+    inbox = Inbox(2)
+    channel = inbox.add_channel(0)
+    tracker.add_in_loop_channel(inbox, channel)
+    tracker.check()
+    assert (tracker.closed, inbox.depth()) == (False, 0)
+    tracker.close()
+    assert (tracker.closed, inbox.head(channel)) == (True, CYCLE_END)
+
+
+def test_tracker_counters_are_this_process_share_of_the_loop() -> None:
+    """Batches sent into the loop, batches its members here finished, outside senders still open, input waiting."""
+    tracker = CycleTracker({"halve", "relay"}, NeverQuiet())
+    inbox = Inbox(2)
+    channel = inbox.add_channel(0)
+    tracker.add_in_loop_channel(inbox, channel)
+    tracker.external_open = 1
+    tracker.flow.pending += 3  # what routes into the loop count as they send
+    tracker.batches_done(2)
+    inbox.put_nowait(channel, [sl.Record("k", 1)])
+    assert (tracker.name, tracker.counters()) == ("halve", LoopCounters(sent=3, received=2, external_open=1, busy=True))

@@ -65,10 +65,13 @@ async def test_split_job_equals_the_whole(split: dict[str, str]) -> None:
     assert results[other].collected() == {}
 
 
-def test_cycles_are_refused_across_processes() -> None:
-    """A loop cannot be split between processes yet, and the error says so."""
+def test_a_loop_split_without_a_quiescence_is_refused() -> None:
+    """No process sees all of a split loop's counters: without a detector to end it, the job is refused."""
     topology = self_loop()
     placement: Any = Placement("j", lambda n, i: True, lambda *a: None, lambda *a: None)  # type: ignore[arg-type,return-value]
-    message = r"^topology 'loop': cluster runs are not supported with cycles yet \(back edge from 'step' into 'step'\)$"
+    message = (
+        r"^topology 'loop': a loop split between processes needs a quiescence detector \(quiescence=\.\.\.\) "
+        r"\(back edge from 'step' into 'step'\)$"
+    )
     with pytest.raises(sl.TopologyError, match=message):
         Job(topology, channel_factory=LocalChannel, placement=placement)
