@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,6 +98,26 @@ async def test_nodes_hold_json_and_versioned_writes_detect_conflicts(zk: ZkStore
         await zk.set("/jobs/wc/spec", {"module": "y"}, version=version)
     assert await zk.children("/jobs") == ["wc"]
     assert await zk.get("/jobs/missing") is None
+
+
+async def test_wait_changed_returns_a_node_created_between_its_read_and_its_watch(
+    zk: ZkStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node appears after the read found none but before the watch is set: it is returned, not waited past
+    (the watch would only fire at its next change, which may never come)."""
+    import kazoo.exceptions
+
+    client: Any = zk._client
+    read = client.get
+
+    def appear_after_missing(path: str, watch: Any = None) -> Any:
+        monkeypatch.setattr(client, "get", read)  # only the first read misses
+        client.create(path, b'{"round": 1}', makepath=True)  # as another session would, just then
+        raise kazoo.exceptions.NoNodeError
+
+    monkeypatch.setattr(client, "get", appear_after_missing)
+    found = await asyncio.wait_for(zk.wait_changed("/loops/counters/w0", None), timeout=5)
+    assert found == ({"round": 1}, 0)
 
 
 async def test_ephemeral_nodes_vanish_with_their_session(zookeeper: ZooKeeperServer, cluster_name: str) -> None:

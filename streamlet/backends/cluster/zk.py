@@ -251,12 +251,16 @@ class ZkStore:
                 loop.call_soon_threadsafe(changed.set)
 
             def read(watch: Any = watch) -> tuple[Any, int | None]:
-                try:
-                    raw, stat = self._client.get(self.path(relative), watch=watch)
-                except kazoo.exceptions.NoNodeError:
-                    self._client.exists(self.path(relative), watch=watch)  # be told when it appears
-                    return None, None
-                return (json.loads(raw) if raw else None), stat.version
+                while True:
+                    try:
+                        raw, stat = self._client.get(self.path(relative), watch=watch)
+                    except kazoo.exceptions.NoNodeError:
+                        # be told when it appears; created since the get, it is read again (its creation
+                        # happened before this watch, which would only fire at the change after it)
+                        if self._client.exists(self.path(relative), watch=watch) is None:
+                            return None, None
+                        continue
+                    return (json.loads(raw) if raw else None), stat.version
 
             data, found = await self._call(read)
             if found != version:
