@@ -16,6 +16,9 @@ All paths are relative to the cluster's root ``/streamlet/<cluster>``::
     /jobs/<job>/failures/<inst>/<attempt> Failure        the instance crashed in that attempt
     /jobs/<job>/channels/<inst>@<port>    "host:port"    where a receiving instance port is served
     /jobs/<job>/checkpoints/...           see ``checkpoints``
+    /jobs/<job>/loops/attempt-<n>/round             LoopRound    the termination detector asks for counters
+    /jobs/<job>/loops/attempt-<n>/counters/<id>     LoopAnswer   a worker's loop counters for that round
+    /jobs/<job>/loops/attempt-<n>/quiet             LoopQuiet    the loops found quiet for good (see ``termination``)
 
 (ZooKeeper does not allow children under an ephemeral node, so a worker's
 heartbeat lives at ``/loads/<id>``, not under ``/workers/<id>``.)
@@ -94,6 +97,26 @@ class Failure(TypedDict):
     error: str
 
 
+class LoopRound(TypedDict):
+    """``/jobs/<job>/loops/attempt-<n>/round``: the round the detector (the attempt's first worker) runs."""
+
+    round: int
+
+
+class LoopAnswer(TypedDict):
+    """``/jobs/<job>/loops/attempt-<n>/counters/<id>``: a worker's counters, per loop, taken in ``round``."""
+
+    round: int
+    loops: dict[str, dict[str, Any]]  # loop name -> {"sent", "received", "external_open", "busy"}
+
+
+class LoopQuiet(TypedDict):
+    """``/jobs/<job>/loops/attempt-<n>/quiet``: the loops the detector found quiet, and in which round."""
+
+    loops: list[str]
+    round: int
+
+
 def leader() -> str:
     """The leader's ephemeral node."""
     return LEADER
@@ -167,6 +190,26 @@ def channel(name: str, instance: str, port: int) -> str:
 def checkpoints(name: str) -> str:
     """The job's checkpoint agreement (see ``checkpoints``)."""
     return f"{JOBS}/{name}/checkpoints"
+
+
+def loops(name: str, attempt: int) -> str:
+    """Everything of the termination detection of ``attempt``'s loops."""
+    return f"{JOBS}/{name}/loops/attempt-{attempt}"
+
+
+def loop_round(name: str, attempt: int) -> str:
+    """The detector's current round: every worker answers it with its counters."""
+    return f"{loops(name, attempt)}/round"
+
+
+def loop_counters(name: str, attempt: int, worker_id: str) -> str:
+    """A worker's answer to the last round it saw."""
+    return f"{loops(name, attempt)}/counters/{worker_id}"
+
+
+def loop_quiet(name: str, attempt: int) -> str:
+    """The loops found quiet for good: every worker ends them."""
+    return f"{loops(name, attempt)}/quiet"
 
 
 def instance_id(node: str, index: int) -> str:

@@ -13,9 +13,7 @@ from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.lifecycle import state_of
 from streamlet.backends.cluster.registry import WorkerView, workers
 from streamlet.backends.cluster.store import ClusterStore
-from streamlet.core.graph import cycle_through
 from streamlet.core.topology import Topology
-from streamlet.errors import TopologyError
 
 STALE_AFTER = 5.0  # seconds without a heartbeat before the leader counts a worker as lost
 
@@ -23,15 +21,18 @@ Instance = tuple[str, int]
 
 
 def plan_instances(topology: Topology) -> tuple[list[Instance], dict[Instance, list[Instance]]]:
-    """Every instance, upstream nodes first, and each one's upstream instances."""
-    back = sorted(topology.back_edges())
-    if back:
-        loop = " -> ".join(cycle_through(back[0], topology.successors()))
-        raise TopologyError(f"topology '{topology.name}' has a loop ({loop}): loops do not run on the cluster yet")
+    """Every instance, upstream nodes first, and each one's upstream instances.
+
+    "Upstream first" ignores the back edges a depth-first search finds: without
+    them every loop opens into a chain, whose head (where the loop is entered)
+    comes first.
+    """
+    back = topology.back_edges()
+    forward = [edge for edge in topology.edges if (edge.upstream, edge.downstream) not in back]
     order: list[str] = []
     remaining = dict(topology.nodes)
     while remaining:
-        ready = [n for n in remaining if all(e.upstream in order for e in topology.edges if e.downstream == n)]
+        ready = [n for n in remaining if all(e.upstream in order for e in forward if e.downstream == n)]
         for name in ready:
             order.append(name)
             del remaining[name]

@@ -31,6 +31,7 @@ from streamlet.backends.cluster.paths import instance_id
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
 from streamlet.backends.cluster.signing import SpecError, verify
 from streamlet.backends.cluster.store import ClusterStore, CoordinationError, NodeExists, write_fenced
+from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt
 from streamlet.core.clock import SystemClock
 from streamlet.core.plan import Placement
 from streamlet.core.runtime import Job, JobResult
@@ -210,6 +211,7 @@ class WorkerJobs:
             topology, channel_factory=LocalChannel, placement=placement,
             coordinator=None if checkpoints is None else checkpoints.coordinator(),
             job_id=f"{self.zk.cluster}.{job}", attempt=run,  # sinks stage per run; Kafka ids stay per job
+            quiescence=ClusterQuiescence(self.zk, LoopAttempt(job, attempt, self.me, sorted(set(instances.values())))),
         )  # fmt: skip
         self.jobs[job, attempt] = running
         with contextlib.suppress(NodeExists):

@@ -7,7 +7,7 @@ import pytest
 from streamlet.backends.cluster import jobs, paths
 from streamlet.backends.cluster.leader import read_view
 from streamlet.errors import JobError, TopologyError
-from tests.unit.backends.cluster.conftest import MemoryCluster
+from tests.unit.backends.cluster.conftest import SECRET, MemoryCluster
 
 LOOP = """
 import streamlet as sl
@@ -15,7 +15,7 @@ import streamlet as sl
 def build_topology():
     topology = sl.Topology("loop")
     source = topology.add_source("numbers", [8])
-    halve = topology.map("halve", lambda record: (None, record.value // 2)).set_input(source)
+    halve = topology.map("halve", lambda record: (None, record.value // 2), parallelism=2).set_input(source)
     halve.set_input(halve)
     topology.set_max_iterations(5)
     topology.add_sink("out", sl.CollectSink()).set_input(halve)
@@ -154,10 +154,25 @@ async def test_a_spec_signed_with_another_secret_fails_without_running(cluster: 
     assert await cluster.client.get(paths.assignment("p")) is None
 
 
-async def test_a_loop_is_refused_at_submit_with_a_reason_naming_it(cluster: MemoryCluster) -> None:
-    """A topology with a loop is refused before anything is written, instead of a submit timeout."""
-    with pytest.raises(TopologyError, match=r"^topology 'loop' has a loop \(halve -> halve\): loops do not run"):
-        await cluster.submit("loop", source=LOOP)
+async def test_a_loop_job_is_scheduled_with_its_loop_spread_over_the_workers(cluster: MemoryCluster) -> None:
+    """A loop is placed like any chain (its back edge ignored): with room for two instances each, the loop's two
+    instances land on different workers."""
+    await cluster.add_worker("w0", capacity=2)
+    await cluster.add_worker("w1", capacity=2)
+    await cluster.submit("loop", source=LOOP)
+    await cluster.leader.round()
+    assignment = await cluster.assignment("loop")
+    assert assignment["instances"] == {"numbers.0": "w0", "halve.0": "w0", "halve.1": "w1", "out.0": "w1"}
+    assert await cluster.state("loop") == ("SCHEDULED", "assigned to w0, w1")
+
+
+async def test_a_loop_with_checkpoints_is_refused_at_submit_naming_the_loop(cluster: MemoryCluster) -> None:
+    """Barriers cannot align around a back edge: checkpoints on a loop job are refused before anything is written."""
+    spec = jobs.new_spec(cluster.module(LOOP), {}, {"interval": 1.0, "directory": str(cluster.tmp_path)})
+    message = "topology 'loop': checkpoints are not supported with cycles yet (back edge from 'halve' into 'halve')"
+    with pytest.raises(TopologyError) as refused:
+        await jobs.submit(cluster.client, "loop", spec, SECRET)
+    assert str(refused.value) == message
     assert await cluster.client.children(paths.JOBS) == []
 
 
@@ -203,3 +218,15 @@ async def test_a_deposed_leader_changes_nothing(cluster: MemoryCluster) -> None:
     assert view is not None
     assert await cluster.leader._schedule(view) is None
     assert await cluster.state("p") == ("KILLED", "killed by streamlet kill")
+
+
+async def test_a_module_changed_after_submit_fails_the_job_naming_the_file(cluster: MemoryCluster) -> None:
+    """The spec records the module's SHA-256: code that differs from what was submitted does not run."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p")
+    module = cluster.tmp_path / "job_module.py"
+    module.write_text(module.read_text() + "\n# changed\n", encoding="utf-8")
+    await cluster.leader.round()
+    state, reason = await cluster.state("p")
+    assert state == "FAILED"
+    assert reason.startswith(f"cannot load the job: SpecError: job 'p': {module} here differs from the module that")

@@ -12,6 +12,9 @@ from streamlet.backends.cluster.client import collected
 from streamlet.backends.cluster.registry import WorkerRegistration
 from streamlet.backends.cluster.store import MemoryClusterStore
 from streamlet.backends.cluster.worker import WorkerJobs
+from streamlet.core.runtime import Job
+from streamlet.loading import load_topology
+from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 from tests.unit.backends.cluster.conftest import SECRET, MemoryCluster
@@ -33,12 +36,40 @@ def build_topology():
 """
 
 
+# numbers halved round a loop until they reach 1, leaving with the rounds they took (at most 10: 2048.. dropped)
+HALVING = """
+import streamlet as sl
+
+class Halve(sl.Task):
+    def declare_ports(self, ports):
+        ports.set_outputs(2)
+
+    def execute(self, inputs, outputs):
+        for record in inputs.get():
+            if record.value <= 1:
+                outputs.emit(record.key, record.iteration, port=1, ts=record.ts)
+            else:
+                outputs.emit(record.key, record.value // 2, port=0, ts=record.ts)
+
+def build_topology():
+    topology = sl.Topology("halving")
+    source = topology.add_source("numbers", [sl.Record(str(n), n, float(n)) for n in range(1, 3001)])
+    halve = topology.add_task("halve", Halve, parallelism=2)
+    halve.set_input(source).set_input(halve, out_port=0, partitioning=sl.SAME_KEY)
+    topology.add_sink("done", sl.CollectSink()).set_input(halve, out_port=1)
+    topology.set_max_iterations(10)
+    return topology
+"""
+
+
 @asynccontextmanager
-async def running_worker(cluster: MemoryCluster, worker_id: str, secret: bytes = SECRET) -> AsyncIterator[WorkerJobs]:
+async def running_worker(
+    cluster: MemoryCluster, worker_id: str, secret: bytes = SECRET, capacity: int = 8
+) -> AsyncIterator[WorkerJobs]:
     """A registered worker polling for assignments, with its own data server, until the block ends."""
     session = cluster.workers[worker_id] = MemoryClusterStore(cluster.tree)
     async with DataServer(secret) as server, TcpClient(secret) as client:
-        info = {"host": server.host, "data_port": server.port, "capacity": 8, "labels": []}
+        info = {"host": server.host, "data_port": server.port, "capacity": capacity, "labels": []}
         registration = WorkerRegistration(session, worker_id, info)
         await registration.register()
         await registration.beat()
@@ -128,3 +159,25 @@ def build_topology():
         "error": "JobError: sink 'out' collected a record (key None) that cannot be reported as JSON: "
         "Object of type bytes is not JSON serializable"
     }
+
+
+async def test_a_loop_spread_over_two_workers_ends_by_itself_with_the_in_process_records(
+    cluster: MemoryCluster,
+) -> None:
+    """halve.0 and halve.1 on different workers: their detector ends the loop, each worker reports its part,
+    and the job finishes with the in-process records and as many records dropped at the limit."""
+    async with running_worker(cluster, "w0", capacity=2), running_worker(cluster, "w1", capacity=2):
+        await cluster.submit("halving", source=HALVING)
+        await cluster.leader.round()
+        instances = (await cluster.assignment("halving"))["instances"]
+        reports = [await until_done(cluster, "halving", 1, worker) for worker in ("w0", "w1")]
+    await cluster.leader.round()
+    await cluster.leader.round()
+    status = await jobs.job_status(cluster.client, "halving")
+    expected = await Job(load_topology(cluster.module(HALVING)), channel_factory=LocalChannel).run()
+    rows = sorted(map(tuple, collected(status)["done"]))
+    assert status["state"] == "FINISHED"
+    assert rows == sorted((r.key, r.value, r.ts) for r in expected.sink("done"))
+    assert instances["halve.0"] != instances["halve.1"]  # type: ignore[index]
+    dropped = sum(report["statistics"]["dropped"] for report in reports)  # type: ignore[index]
+    assert dropped == expected.statistics.dropped == 953
