@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.local_cluster import alive, stop_pid
+from streamlet.backends.cluster.local_cluster import alive, down, stop_pid
 from streamlet.backends.cluster.zk import ZkStore
 
 
@@ -71,7 +71,7 @@ def wait_for_exit(pid: int, seconds: float = 30) -> bool:
 @contextmanager
 def running_cluster(directory: Path, *up_args: str) -> Iterator[dict[str, Any]]:
     """``streamlet cluster up UP_ARGS`` in ``directory``; yields what it recorded, with ``pids`` by process id.
-    Afterwards every PID it started is stopped (a stopped process is continued first: SIGTERM needs it running)."""
+    Afterwards every PID it started is stopped by PID, in the order ``cluster down`` uses."""
     up = streamlet("cluster", "up", *up_args, cwd=directory)
     state_file = directory / ".streamlet" / "cluster.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {"processes": []}
@@ -79,8 +79,11 @@ def running_cluster(directory: Path, *up_args: str) -> Iterator[dict[str, Any]]:
         assert up.returncode == 0, up.stderr
         yield {**state, "dir": directory, "pids": {p["id"]: int(p["pid"]) for p in state["processes"]}}
     finally:
-        for process in state["processes"]:
-            pid = int(process["pid"])
+        pids = [int(process["pid"]) for process in state["processes"]]
+        for pid in pids:
             if alive(pid):
-                os.kill(pid, signal.SIGCONT)
-            stop_pid(pid)
+                os.kill(pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        if state_file.exists():
+            down(directory / ".streamlet")  # workers first, then masters, then ZooKeeper: each stops cleanly
+        for pid in pids:
+            stop_pid(pid)  # whatever 'down' did not know of, or could not stop
