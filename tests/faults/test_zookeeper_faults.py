@@ -83,12 +83,6 @@ def read_until(stream: IO[str], texts: tuple[str, ...], seconds: float) -> list[
     return lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a waiting 'streamlet submit' exits 1 with 'error: CoordinationError: ConnectionLoss' (or "
-    "SessionExpiredError) when its ZooKeeper connection drops, though the job goes on and finishes: "
-    "client.submit_and_wait polls job_status without riding out a suspended or re-established session",
-)
 def test_a_waiting_submit_rides_out_a_zookeeper_pause(new_cluster: Callable[..., LocalCluster], tmp_path: Any) -> None:
     """SIGSTOP ZooKeeper while ``submit`` waits for a job, until the submit's ZooKeeper client has given up
     its connection (no answer to its heartbeat; kazoo says so on stderr), then SIGCONT: the job finishes,

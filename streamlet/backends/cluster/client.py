@@ -13,6 +13,7 @@ import anyio
 
 from streamlet.backends.cluster import jobs
 from streamlet.backends.cluster.lifecycle import JobState
+from streamlet.backends.cluster.store import CoordinationError
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.errors import JobError
 
@@ -43,12 +44,21 @@ async def submit_and_wait(
         with anyio.move_on_after(seconds):
             while not JobState(status["state"]).ended:
                 await anyio.sleep(POLL)
-                status = await jobs.job_status(store, name)
+                status = await _riding_out(store, name, status)
             return status
         raise JobError(
             f"job '{name}' has not ended after {seconds:g} s; it is {status['state']}: {status['reason']} "
             f"(it goes on; 'streamlet jobs' follows it, 'streamlet kill {name}' stops it)"
         )
+
+
+async def _riding_out(store: ZkStore, name: str, last: dict[str, Any]) -> dict[str, Any]:
+    """The job's status, or the last one seen while the connection is down (kazoo reconnects by itself;
+    the job goes on without this client, so waiting for it must too)."""
+    try:
+        return await jobs.job_status(store, name)
+    except CoordinationError:
+        return last
 
 
 async def list_jobs(hosts: str, cluster: str) -> list[dict[str, Any]]:
