@@ -310,6 +310,7 @@ def test_an_instance_that_keeps_crashing_fails_the_job_after_max_failures(cluste
     assert (doomed["state"], doomed["attempt"]) == ("FAILED", 2)  # ended: the lifecycle lets nothing follow
 
 
+@pytest.mark.timeout(180)  # two Spark JVMs start here (the test's session and the worker's); each takes 10-30 s
 def test_spark_sink_instances_hand_their_epochs_to_spark_from_their_workers(
     cluster: Path, tmp_path: Path, spark: Any
 ) -> None:
