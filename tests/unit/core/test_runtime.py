@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import structlog.testing
 
 import streamlet as sl
 from tests.conftest import pairs, values
@@ -120,6 +122,21 @@ def test_emit_without_ts_uses_last_event_time_of_the_batch() -> None:
     assert [(r.value, r.ts) for r in result.sink("out")] == [(2, 7.0)]
 
 
+class CountInFinish(sl.Task):
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        self.state.put("n", self.state.get("n", 0) + len(inputs.get()))
+
+    def finish(self, outputs: sl.Outputs) -> None:
+        outputs.emit("n", self.state.get("n"))
+
+
+def test_emit_without_ts_in_finish_has_no_event_time() -> None:
+    """finish has no batch to take a ts from: what it emits without ts= has ts None."""
+    items = [sl.Record("a", 1, 1.0), sl.Record("b", 2, 7.0)]
+    result = chain(items, lambda t, s: t.add_task("count", CountInFinish).set_input(s))
+    assert [(r.value, r.ts) for r in result.sink("out")] == [(2, None)]
+
+
 def test_one_output_port_feeds_several_nodes() -> None:
     """1-to-N: every downstream node gets every record."""
     topology = sl.Topology("fan-out")
@@ -161,6 +178,17 @@ def test_output_ports_route_separately_and_unconnected_port_is_counted() -> None
     assert values(result.sink("odd")) == [1, 3, 5]
     assert result.statistics.discarded == 6
     assert result.statistics.nodes["split"].records_out == 12
+
+
+def test_unconnected_output_port_drops_records_without_a_warning_or_log() -> None:
+    """Records emitted on a port nothing is connected to vanish silently: no log event, no Python warning."""
+    topology = sl.Topology("ports")
+    split = topology.add_task("split", SplitEvenOdd).set_input(topology.add_source("in", list(range(6))))
+    topology.add_sink("even", sl.CollectSink()).set_input(split, out_port=0)
+    with structlog.testing.capture_logs() as logged, warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        result = sl.run(topology)
+    assert (result.statistics.discarded, logged, warned) == (9, [], [])
 
 
 class Totals(sl.Task):

@@ -304,3 +304,10 @@ class Collect(sl.Task):
 
     def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
         outputs.emit(inputs.window, values(inputs.get()))
+
+
+def test_processing_time_record_between_hopping_windows_is_late() -> None:
+    """TimeWindow(10, slide=30): at now 15 no window is open, so the batch is late and counted."""
+    logic = sl.TimeWindow(10, slide=30).build()
+    assert add(logic, numbers(1, 2), now=15.0) == ([], [1, 2])
+    assert logic.late == 2

@@ -227,3 +227,102 @@ def test_records_of_tasks_without_windows_have_no_bounds() -> None:
     node = topology.map("m", lambda r: (r.key, r.value)).set_input(source)
     topology.add_sink("out", sl.CollectSink()).set_input(node)
     assert bounds(sl.run(topology).sink("out")) == [("a", 1, None, None)]
+
+
+class CollectAndCount(Collect):
+    """Two outputs: each window's values on port 0, how many there were on port 1."""
+
+    def declare_ports(self, ports: sl.PortDeclarer) -> None:
+        ports.set_outputs(2)
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        outputs.emit(inputs.window, values(inputs.get()), port=0)
+        outputs.emit(inputs.window, len(inputs.get()), port=1)
+
+
+def test_late_port_comes_after_the_declared_output_ports() -> None:
+    """A task declaring 2 outputs has ports 0, 1 and LATE, each reaching only the sink wired to it."""
+    topology = sl.Topology("ports")
+    source = topology.add_source("in", at(1, 12, 4))
+    node = topology.add_task("w", CollectAndCount, window=sl.TimeWindow(10, time="event")).set_input(source)
+    for name, port in (("values", 0), ("counts", 1), ("late", sl.LATE)):
+        topology.add_sink(name, sl.CollectSink()).set_input(node, out_port=port)
+    result = sl.run(topology)
+    assert (pairs(result.sink("values")), pairs(result.sink("counts")), result.sink("late")) == (
+        [((0, 10), [1]), ((10, 20), [12])],
+        [((0, 10), 1), ((10, 20), 1)],
+        at(4),
+    )
+
+
+def test_late_port_of_a_source_is_rejected() -> None:
+    """Sources have no late port: out_port=LATE from a source fails validation naming both nodes."""
+    topology = sl.Topology("t")
+    source = topology.add_source("in", [1], window=sl.TimeWindow(10, time="event"))
+    node = topology.add_task("w", Collect).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    topology.add_sink("late", sl.CollectSink()).set_input(source, out_port=sl.LATE)
+    with rejects("source 'in' has 1 output port but output port -1 was connected to 'late'"):
+        topology.validate()
+
+
+def test_unconnected_late_port_drops_late_records_counting_them_as_late_and_discarded() -> None:
+    """With nothing on the LATE port, late records still reach on_late, then are dropped and counted twice."""
+    late: list[sl.Record] = []
+    result = sl.run(windowed_task(OUT_OF_ORDER, sl.TimeWindow(10, time="event", on_late=late.append)))
+    assert (late, result.statistics.late, result.statistics.discarded) == (at(4, 11, 9), 3, 3)
+
+
+class PortAndWindow(sl.Task):
+    """Two inputs; emits ``(port that woke it, inputs.window)`` and the values of each port."""
+
+    def declare_ports(self, ports: sl.PortDeclarer) -> None:
+        ports.set_inputs(2)
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        outputs.emit((inputs.port, inputs.window), [values(inputs.get(0)), values(inputs.get(1))])
+
+
+def two_inputs(first: sl.NodeHandle | str, second: sl.NodeHandle | str, topology: sl.Topology, **options: Any) -> None:
+    """Task 'w' (PortAndWindow, ``options``) fed by ``first`` on port 0 and ``second`` on port 1 -> sink 'out'."""
+    node = topology.add_task("w", PortAndWindow, **options).set_input(first, in_port=0).set_input(second, in_port=1)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+
+
+def test_own_window_windows_every_input_port() -> None:
+    """add_task(window=...) on a 2-input task: one window holds the records of both ports, per port."""
+    topology = sl.Topology("t")
+    two_inputs(topology.add_source("a", at(1, 2)), topology.add_source("b", at(3)), topology, window=sl.CountWindow(3))
+    assert pairs(sl.run(topology).sink("out")) == [((None, (0, 3)), [[1, 2], [3]])]
+
+
+def test_windowed_source_windows_only_the_ports_it_feeds() -> None:
+    """A windowed source on port 0 and a plain one on port 1: port 1's batches reach execute unwindowed."""
+    topology = sl.Topology("t")
+    windowed = topology.add_source("a", at(1, 2), window=sl.TimeWindow(10, time="event"))
+    two_inputs(windowed, topology.add_source("b", at(30)), topology)
+    assert sorted(pairs(sl.run(topology).sink("out")), key=repr) == [
+        ((0, (0, 10)), [[1, 2], []]),
+        ((1, None), [[], [30]]),
+    ]
+
+
+class EventTimes(sl.Task):
+    """Emits one record per window: key ``inputs.window``, value the ``ts`` of each of its records."""
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        outputs.emit(inputs.window, [record.ts for record in inputs.get()])
+
+
+def test_event_time_window_places_a_record_without_ts_at_the_job_clock_time() -> None:
+    """A Record with ts None lands in the window of clock.now() (1000: [960, 1020)) and keeps ts None."""
+    topology = windowed_task([sl.Record("k", "no ts")], sl.TimeWindow(60, time="event"), EventTimes)
+    assert pairs(sl.run(topology, clock=sl.ManualClock(start=1000.0)).sink("out")) == [((960, 1020), [None])]
+
+
+def test_a_record_without_ts_moves_the_watermark_to_the_clock_time() -> None:
+    """After a ts-less record at clock 1000, a record with event time 30 is late."""
+    topology = windowed_task([sl.Record("k", "no ts"), *at(30)], sl.TimeWindow(60, time="event"))
+    topology.add_sink("late", sl.CollectSink()).set_input("w", out_port=sl.LATE)
+    result = sl.run(topology, clock=sl.ManualClock(start=1000.0))
+    assert (pairs(result.sink("out")), result.sink("late")) == ([((960, 1020), ["no ts"])], at(30))
