@@ -68,7 +68,7 @@ def new_topic(kafka_broker: MockBroker) -> Callable[[int], str]:
     """``new_topic(partitions)`` creates a topic no other test uses and returns its name."""
 
     def create(partitions: int) -> str:
-        name = f"topic{next(_names)}"
+        name = f"topic{next(_names):05d}"  # fixed width: names sort as they were made
         kafka_broker.create_topic(name, partitions)
         return name
 

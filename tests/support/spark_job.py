@@ -84,7 +84,7 @@ class Bomb(sl.Task):
 
 def sealed(output: Path) -> bool:
     """Whether instance 0 has an epoch with rows sealed in its staging directory."""
-    return any(output.glob("_staging/to-spark/0000-[0-9]*/chunk-*"))
+    return any(output.glob("_staging/to-spark/*/0000-[0-9]*/chunk-*"))  # <sink>/<run>/<index>-<epoch>
 
 
 def written(output: Path) -> bool:
