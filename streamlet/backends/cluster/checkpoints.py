@@ -40,11 +40,14 @@ import anyio
 
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.store import (
+    Check,
     ClusterStore,
     CoordinationError,
+    Create,
     NodeExists,
+    Op,
+    SetData,
     VersionConflict,
-    write_fenced,
 )
 from streamlet.core.checkpoint import Coordinator
 from streamlet.core.checkpoint_store import DirectoryCheckpointStore, decode
@@ -92,6 +95,7 @@ class ZkAgreement:
         self._published = 0  # the newest epoch known complete
         self._triggered = 0  # the newest epoch triggered, by this attempt or an earlier one
         self._progress = anyio.Event()  # set (and replaced) at every completion
+        self._trigger_seen: tuple[dict[str, Any], int | None] | None = None  # the trigger node, as last seen
         self._final_done = anyio.Event()
 
     def coordinator(self) -> Coordinator:
@@ -142,15 +146,17 @@ class ZkAgreement:
                 group.start_soon(self._tick)
 
     async def _tick(self) -> None:
-        """Trigger one checkpoint per ``interval``: the next as soon as the interval has passed since the last
-        began and the last is complete (one at a time; a slow one is not piled upon)."""
+        """Keep one checkpoint in flight per ``interval``: the next once the interval has passed since the last
+        began and the last is complete (one at a time; a slow one is not piled upon). When a checkpoint took
+        longer than the interval, the worker completing it publishes the next trigger in the same transaction
+        (see ``_publish_completed``), and this loop only follows."""
         assert self.interval is not None
         while not self._final_done.is_set():
             began = self.clock.now()
             epoch = await _riding_out(self._publish_trigger, False)
             if epoch is None:
                 return  # the final checkpoint is under way
-            while self._published < epoch and not self._final_done.is_set():
+            while self._published < max(epoch, self._triggered) and not self._final_done.is_set():
                 await self._progress.wait()
             await self.clock.sleep(max(0.0, began + self.interval - self.clock.now()))
 
@@ -163,15 +169,19 @@ class ZkAgreement:
         return epoch
 
     async def _publish_trigger(self, final: bool, pause: bool = False) -> int | None:
-        """Write the next epoch's trigger; returns it (``None`` once the final one is under way)."""
+        """Write the next epoch's trigger; returns it (``None`` once the final one is under way). A periodic
+        trigger while another epoch is still in flight writes nothing and returns that epoch."""
         path = f"{self.base}/trigger"
         while True:
             found = await self.zk.get(path)
             if found is not None and found[0]["final"]:
                 return None  # the final checkpoint is under way: nothing comes after it
-            epoch = max(self._triggered, self._published if found is None else int(found[0]["epoch"])) + 1
+            in_flight = 0 if found is None else int(found[0]["epoch"])
+            if not (final or pause) and in_flight > self._published:
+                return in_flight
+            epoch = max(self._triggered, self._published, in_flight) + 1
             try:
-                trigger = {"epoch": epoch, "final": final, "pause": pause}
+                trigger = {"epoch": epoch, "final": final, "pause": pause, "at": time.time()}
                 if found is None:
                     await self.zk.create(path, trigger)
                 else:
@@ -189,6 +199,7 @@ class ZkAgreement:
                 continue
             epoch = int(data["epoch"])
             self._triggered = max(self._triggered, epoch)
+            self._trigger_seen = (data, version)
             for missed in range(begun + 1, epoch + 1):  # a watch may fold several changes into one
                 last = missed == epoch
                 await coordinator.begin(
@@ -219,15 +230,33 @@ class ZkAgreement:
             "finished": finished,
             "at": time.time(),
         }
+        next_trigger = self._next_trigger_if_due(epoch, finished)
         while True:
             found = await self.zk.get(path)
             if found is not None and (found[0]["attempt"], found[0]["epoch"]) >= (self.info.attempt, epoch):
                 return  # a later checkpoint is published already
-            if await write_fenced(self.zk, path, value, None if found is None else found[1], fence):
+            steps: list[Op] = [Check(*fence), Create(path, value) if found is None else SetData(path, value, found[1])]
+            if await self.zk.commit(steps + next_trigger):
                 return
+            if next_trigger:
+                next_trigger = []  # the trigger moved meanwhile (a final or pausing one): complete without it
+                continue
             current = await self.zk.get(fence[0])
             if current is None or current[1] != self.info.assignment_version:
                 return  # the job moved on to another attempt: this one completes nothing
+
+    def _next_trigger_if_due(self, epoch: int, finished: bool) -> list[Op]:
+        """The next periodic trigger, when ``epoch`` took longer than the interval: it goes out with the
+        completion in one transaction, instead of after a round trip through the triggering worker."""
+        if self.interval is None or finished or self._trigger_seen is None:
+            return []
+        data, version = self._trigger_seen
+        if version is None or int(data["epoch"]) != epoch or data["final"] or data.get("pause"):
+            return []
+        if time.time() - float(data.get("at", time.time())) < self.interval:
+            return []
+        trigger = {"epoch": epoch + 1, "final": False, "pause": False, "at": time.time()}
+        return [SetData(f"{self.base}/trigger", trigger, version)]
 
     async def _follow_completions(self, coordinator: Coordinator) -> None:
         version: int | None = None

@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from streamlet.backends.cluster import paths
+from streamlet.backends.cluster import checkpoints, paths
 from streamlet.backends.cluster.checkpoints import AttemptInfo, ZkAgreement, completed_path, merge_parts
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
 from streamlet.errors import JobError
@@ -183,4 +183,29 @@ async def test_a_graceful_stop_pauses_every_worker_and_returns_once_complete(tre
         await parts["w1"].saved(1, 1, False)
         await settle_on(parts["w0"].zk)
         assert stopped == [1]
+        group.cancel_scope.cancel()
+
+
+async def test_a_checkpoint_slower_than_the_interval_triggers_the_next_with_its_completion(
+    tree: MemoryTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Epoch 1 took 2 s of a 1 s interval: the worker completing it publishes trigger 2 in the same transaction,
+    so both begin epoch 2 at once, with no turn of the triggering worker's clock."""
+    wall = [1000.0]
+    monkeypatch.setattr(checkpoints.time, "time", lambda: wall[0])
+    await MemoryClusterStore(tree).create(paths.assignment("wc"), {"attempt": 1})
+    first, second = agreement(tree, "w0", interval=1.0), agreement(tree, "w1", interval=1.0)
+    seen = {"w0": FakeCoordinator(), "w1": FakeCoordinator()}
+    async with anyio.create_task_group() as group:
+        group.start_soon(first.run, seen["w0"])
+        group.start_soon(second.run, seen["w1"])
+        await settle_on(first.zk)
+        wall[0] += 2.0
+        await first.saved(1, 10, False)
+        await second.saved(1, 10, False)
+        await settle_on(first.zk)
+        assert seen["w0"].calls == seen["w1"].calls == [("begin", 1), ("commit", 1), ("begin", 2)]
+        trigger = await first.zk.get(f"{paths.checkpoints('wc')}/attempt-1/trigger")
+        assert trigger is not None
+        assert trigger[0] == {"epoch": 2, "final": False, "pause": False, "at": 1002.0}
         group.cancel_scope.cancel()
