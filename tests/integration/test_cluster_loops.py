@@ -12,53 +12,20 @@ import pytest
 
 import streamlet as sl
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.local_cluster import stop_pid
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.loading import load_topology
-from tests.support.cluster import recorded, streamlet
+from tests.support.cluster import recorded, running_cluster, streamlet
+from tests.support.loop_jobs import HALVING
 
 pytestmark = pytest.mark.integration
-
-# numbers halved round a loop until they reach 1; each leaves with the rounds it took, at most 10 (2048.. dropped)
-HALVING = """
-import streamlet as sl
-
-class Halve(sl.Task):
-    def declare_ports(self, ports):
-        ports.set_outputs(2)
-
-    def execute(self, inputs, outputs):
-        for record in inputs.get():
-            if record.value <= 1:
-                outputs.emit(record.key, record.iteration, port=1, ts=record.ts)
-            else:
-                outputs.emit(record.key, record.value // 2, port=0, ts=record.ts)
-
-def build_topology():
-    topology = sl.Topology("halving")
-    source = topology.add_source("numbers", [sl.Record(str(n), n, float(n)) for n in range(1, 3001)])
-    halve = topology.add_task("halve", Halve, parallelism=2)
-    halve.set_input(source).set_input(halve, out_port=0, partitioning=sl.SAME_KEY)
-    topology.add_sink("done", sl.CollectSink()).set_input(halve, out_port=1)
-    topology.set_max_iterations(10)
-    return topology
-"""
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One cluster for the module, two instances per worker at most; every PID it started is stopped at the end."""
     directory = Path(tmp_path_factory.mktemp("cluster"))
-    up = streamlet("cluster", "up", "--workers", "2", "--capacity", "2", "--name", "loops", cwd=directory)
-    state_file = directory / ".streamlet" / "cluster.json"
-    processes = json.loads(state_file.read_text())["processes"] if state_file.exists() else []
-    try:
-        assert up.returncode == 0, up.stderr
+    with running_cluster(directory, "--workers", "2", "--capacity", "2", "--name", "loops"):
         yield directory
-    finally:
-        streamlet("cluster", "down", cwd=directory)  # workers and master first: none waits on a stopped ZooKeeper
-        for process in reversed(processes):
-            stop_pid(int(process["pid"]))  # whatever 'down' could not stop (nothing, when it worked)
 
 
 @pytest.fixture

@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 
@@ -42,19 +41,17 @@ from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.store import (
     Check,
     ClusterStore,
-    CoordinationError,
     Create,
     NodeExists,
     Op,
     SetData,
     VersionConflict,
+    riding_out,
 )
 from streamlet.core.checkpoint import Coordinator
 from streamlet.core.checkpoint_store import DirectoryCheckpointStore, decode
 from streamlet.core.clock import Clock
 from streamlet.errors import JobError
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +135,7 @@ class ZkAgreement:
 
     async def run(self, coordinator: Coordinator) -> None:
         """Follow triggers and completions; the attempt's first worker also triggers."""
-        await _riding_out(self.zk.ensure, f"{self.base}/acks")
+        await riding_out(self.zk.ensure, f"{self.base}/acks")
         async with anyio.create_task_group() as group:
             group.start_soon(self._follow_triggers, coordinator)
             group.start_soon(self._follow_completions, coordinator)
@@ -153,7 +150,7 @@ class ZkAgreement:
         assert self.interval is not None
         while not self._final_done.is_set():
             began = self.clock.now()
-            epoch = await _riding_out(self._publish_trigger, False)
+            epoch = await riding_out(self._publish_trigger, False)
             if epoch is None:
                 return  # the final checkpoint is under way
             while self._published < max(epoch, self._triggered) and not self._final_done.is_set():
@@ -163,7 +160,7 @@ class ZkAgreement:
     async def stop_checkpoint(self) -> int | None:
         """Graceful stop: a checkpoint before which every worker's sources stop reading; returns its epoch once
         it is complete everywhere (``None``: the job is finishing anyway)."""
-        epoch = await _riding_out(self._publish_trigger, False, True)
+        epoch = await riding_out(self._publish_trigger, False, True)
         while epoch is not None and self._published < epoch and not self._final_done.is_set():
             await self._progress.wait()
         return epoch
@@ -194,7 +191,7 @@ class ZkAgreement:
         version: int | None = None
         begun = self._triggered  # epochs up to here belong to earlier attempts (or to the restored checkpoint)
         while True:
-            data, version = await _riding_out(self.zk.wait_changed, f"{self.base}/trigger", version)
+            data, version = await riding_out(self.zk.wait_changed, f"{self.base}/trigger", version)
             if data is None:
                 continue
             epoch = int(data["epoch"])
@@ -211,7 +208,7 @@ class ZkAgreement:
 
     async def saved(self, epoch: int, size: int, finished: bool) -> None:
         """Say this worker's part of ``epoch`` is saved; the last worker to say so publishes it complete."""
-        await _riding_out(self._acknowledge, epoch, size, finished)
+        await riding_out(self._acknowledge, epoch, size, finished)
 
     async def _acknowledge(self, epoch: int, size: int, finished: bool) -> None:
         acks = f"{self.base}/acks/{epoch}"
@@ -261,7 +258,7 @@ class ZkAgreement:
     async def _follow_completions(self, coordinator: Coordinator) -> None:
         version: int | None = None
         while True:
-            data, version = await _riding_out(self.zk.wait_changed, completed_path(self.job), version)
+            data, version = await riding_out(self.zk.wait_changed, completed_path(self.job), version)
             if data is None or int(data["attempt"]) != self.info.attempt:
                 continue
             epoch = int(data["epoch"])
@@ -274,7 +271,7 @@ class ZkAgreement:
 
     async def finished(self) -> None:
         """All local instances completed: once every worker's have, the final checkpoint commits the rest."""
-        await _riding_out(self._announce_finished)
+        await riding_out(self._announce_finished)
         await self._final_done.wait()
 
     async def _announce_finished(self) -> None:
@@ -282,18 +279,6 @@ class ZkAgreement:
             await self.zk.create(f"{self.base}/finished/{self.info.worker}", {})
         if set(await self.zk.children(f"{self.base}/finished")) >= set(self.info.workers):
             await self._publish_trigger(final=True)  # None when another worker wrote it first
-
-
-async def _riding_out(call: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """``call(*args)``, retried while the ZooKeeper session is suspended or being re-established.
-
-    A worker whose session is gone for good is replaced by a newer attempt, which cancels this one.
-    """
-    while True:
-        try:
-            return await call(*args)
-        except CoordinationError:
-            await anyio.sleep(0.2)
 
 
 def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:

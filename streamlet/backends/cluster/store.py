@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+import anyio
 
 from streamlet.errors import StreamletError
+
+T = TypeVar("T")
 
 
 class CoordinationError(StreamletError):
@@ -128,6 +132,18 @@ async def write_fenced(store: ClusterStore, path: str, data: Any, version: int |
     """Write ``data`` (create it when ``version`` is ``None``) only while ``fence`` (path, version) holds."""
     write: Op = Create(path, data) if version is None else SetData(path, data, version)
     return await store.commit([Check(*fence), write])
+
+
+async def riding_out(call: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``call(*args)``, retried while the session is suspended or being re-established.
+
+    A worker whose session is gone for good is replaced by a newer attempt, which cancels this one.
+    """
+    while True:
+        try:
+            return await call(*args)
+        except CoordinationError:
+            await anyio.sleep(0.2)
 
 
 async def read_all(store: ClusterStore, path: str) -> dict[str, Any]:

@@ -35,18 +35,16 @@ one process.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.paths import LoopAnswer, LoopQuiet, LoopRound
-from streamlet.backends.cluster.store import ClusterStore, CoordinationError, NodeExists
+from streamlet.backends.cluster.store import ClusterStore, NodeExists, riding_out
 from streamlet.core.cycles import CycleTracker, LoopCounters
-
-T = TypeVar("T")
 
 ROUND_PAUSE = 0.02  # seconds between rounds while a loop runs; doubles each busy round ...
 MAX_ROUND_PAUSE = 0.5  # ... up to this, so a long-running loop costs ZooKeeper two rounds a second
@@ -105,7 +103,7 @@ class LoopDetector:
     async def run(self) -> None:
         """Rounds until every loop is quiet: paced while a loop runs, a confirming round at once."""
         pause = ROUND_PAUSE
-        while not await _riding_out(self.next_round):
+        while not await riding_out(self.next_round):
             if self._looked_quiet:
                 pause = ROUND_PAUSE  # about to end: confirm now, and look often should it go on
                 continue
@@ -169,9 +167,9 @@ class ClusterQuiescence:
         path = paths.loop_round(self.attempt.job, self.attempt.attempt)
         version: int | None = None
         while True:
-            data, version = await _riding_out(self.store.wait_changed, path, version)
+            data, version = await riding_out(self.store.wait_changed, path, version)
             if data is not None:  # a watch may fold several rounds into one: answering the last is enough
-                await _riding_out(self._answer, int(data["round"]), trackers)
+                await riding_out(self._answer, int(data["round"]), trackers)
 
     async def _answer(self, round_: int, trackers: Mapping[str, CycleTracker]) -> None:
         # read after seeing the round, all in one step of the event loop: one consistent snapshot of this worker
@@ -183,7 +181,7 @@ class ClusterQuiescence:
         path = paths.loop_quiet(self.attempt.job, self.attempt.attempt)
         version: int | None = None
         while not all(tracker.closed for tracker in trackers.values()):
-            data, version = await _riding_out(self.store.wait_changed, path, version)
+            data, version = await riding_out(self.store.wait_changed, path, version)
             for name in [] if data is None else data["loops"]:
                 if name in trackers:
                     trackers[name].close()
@@ -207,15 +205,3 @@ class _OwnNode:
             except NodeExists:
                 self._exists = True  # an earlier write got through before its session dropped
         await self.store.set(self.path, data)
-
-
-async def _riding_out(call: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """``call(*args)``, retried while the ZooKeeper session is suspended or being re-established.
-
-    A worker whose session is gone for good is replaced by a newer attempt, which cancels this one.
-    """
-    while True:
-        try:
-            return await call(*args)
-        except CoordinationError:
-            await anyio.sleep(0.2)

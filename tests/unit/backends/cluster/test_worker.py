@@ -17,6 +17,7 @@ from streamlet.loading import load_topology
 from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
+from tests.support.loop_jobs import HALVING
 from tests.unit.backends.cluster.conftest import SECRET, MemoryCluster
 
 FOREVER = """
@@ -32,32 +33,6 @@ def build_topology():
     source = topology.add_source("numbers", [1])
     forever = topology.add_task("forever", Forever).set_input(source)
     topology.add_sink("out", sl.CollectSink()).set_input(forever)
-    return topology
-"""
-
-
-# numbers halved round a loop until they reach 1, leaving with the rounds they took (at most 10: 2048.. dropped)
-HALVING = """
-import streamlet as sl
-
-class Halve(sl.Task):
-    def declare_ports(self, ports):
-        ports.set_outputs(2)
-
-    def execute(self, inputs, outputs):
-        for record in inputs.get():
-            if record.value <= 1:
-                outputs.emit(record.key, record.iteration, port=1, ts=record.ts)
-            else:
-                outputs.emit(record.key, record.value // 2, port=0, ts=record.ts)
-
-def build_topology():
-    topology = sl.Topology("halving")
-    source = topology.add_source("numbers", [sl.Record(str(n), n, float(n)) for n in range(1, 3001)])
-    halve = topology.add_task("halve", Halve, parallelism=2)
-    halve.set_input(source).set_input(halve, out_port=0, partitioning=sl.SAME_KEY)
-    topology.add_sink("done", sl.CollectSink()).set_input(halve, out_port=1)
-    topology.set_max_iterations(10)
     return topology
 """
 
