@@ -11,7 +11,9 @@ Example:
     [2, 4]
 
 Under pytest, the ``manual_clock`` fixture (registered by streamlet's pytest
-plugin) gives each test a fresh :class:`ManualClock` starting at 0.
+plugin) gives each test a fresh :class:`ManualClock` starting at 0. A test of
+a running job (``sl.start``) waits with ``await job.settle()`` until every
+record sent so far has been processed, then advances the clock: no sleeps.
 """
 
 from __future__ import annotations

@@ -141,6 +141,11 @@ class Inbox:
         finally:
             self._reader = None
 
+    def waiting(self) -> bool:
+        """The reader waits in :meth:`wait` and nothing has woken it yet."""
+        reader = self._reader
+        return reader is not None and not reader.done()
+
     def wake(self) -> None:
         """Wake the waiting reader, if any (new data, or a timer fell due)."""
         reader = self._reader

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,6 +55,7 @@ class Environment:
     checkpoints: CheckpointAcks | None = None
     job_id: str = "local"  # the job, the same in every run (see ``SinkContext``)
     attempt: str = "0"  # this run of the job
+    on_idle: Callable[[], None] | None = None  # set while ``Job.settle`` waits: an instance went idle
 
 
 class Instance(ABC):
@@ -121,6 +123,10 @@ class SourceInstance(Instance):
         self._barriers.append(epoch)
         self._interrupt_read()
 
+    def reading(self) -> bool:
+        """The instance waits in its reader's ``read`` (for a queue: with nothing ready)."""
+        return self._read_scope is not None
+
     def _interrupt_read(self) -> None:
         self._wake.set()
         if self._read_scope is not None:
@@ -159,6 +165,9 @@ class SourceInstance(Instance):
                 self._wake = anyio.Event()
                 continue
             batch = None
+            on_idle = self.env.on_idle
+            if on_idle is not None:
+                on_idle()  # ``settle`` looks once this task waits (here: in read, when nothing is ready)
             with anyio.CancelScope() as scope:  # only the read is cancellable: sends are never cut
                 self._read_scope = scope
                 batch = await reader.read(size)
@@ -234,6 +243,9 @@ class Receiver(Instance):
         """Nothing to take: send partial batches, then sleep until data or the next timer."""
         await self.outputs.flush()
         if not self.has_work():
+            on_idle = self.env.on_idle
+            if on_idle is not None:
+                on_idle()  # ``settle`` looks once this task waits in the inbox below
             deadline = self.next_deadline()
             timer = None if deadline is None else self.env.clock.call_at(deadline, self.inbox.wake)
             try:

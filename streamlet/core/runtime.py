@@ -23,7 +23,7 @@ from streamlet.core.checkpoint import Coordinator
 from streamlet.core.checkpoint_store import CheckpointStore
 from streamlet.core.clock import Clock, SystemClock
 from streamlet.core.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
-from streamlet.core.instance import Environment, Receiver, SinkInstance, _maybe_await
+from streamlet.core.instance import Environment, Receiver, SinkInstance, SourceInstance, _maybe_await
 from streamlet.core.plan import PhysicalPlan, Placement, build_plan
 from streamlet.core.record import Record
 from streamlet.core.restore import restore
@@ -125,6 +125,7 @@ class Job:
         self._finished = anyio.Event()
         self._started = anyio.Event()
         self._closed_feeds: set[str] = set()
+        self._went_idle: anyio.Event | None = None  # while settle() waits: set when an instance goes idle or ends
         self._began = self._ended = 0.0
         self.log = structlog.get_logger("streamlet").bind(job=topology.name)
 
@@ -154,6 +155,7 @@ class Job:
                 await self._abort_sinks()
             self._started.set()
             self._finished.set()
+            self._instance_idle()
 
     async def _start(self, instances: anyio.abc.TaskGroup, outer: anyio.abc.TaskGroup) -> bool:
         try:
@@ -187,6 +189,7 @@ class Job:
             if self._error is None:
                 self._error = exc  # raised by wait(); logging it as well would report it twice
             group.cancel_scope.cancel()
+        self._instance_idle()  # an instance that ended may be the last one settle() waited for
 
     def _unfinished(self) -> bool:
         return self._plan is not None and not all(i.completed for i in self._plan.all())
@@ -218,6 +221,57 @@ class Job:
             raise JobError(f"job '{self.topology.name}' has no checkpoint store (pass checkpoint_dir=...)")
         await self._started.wait()
         return await self._coordinator.checkpoint()
+
+    async def settle(self) -> None:
+        """Wait until every record sent or read so far has been processed: the topology is idle.
+
+        Idle means every ``QueueSource`` has taken all it was sent, and every
+        instance waits for input with its inbox taken and its partial batches
+        sent, or has ended (a source other than a ``QueueSource`` must have
+        ended). It holds until the next ``send``, or until a timer falls due:
+        windows keep their open windows, so with a ``ManualClock`` a test
+        sends, settles, advances the clock past a window's end and settles
+        again to see the window's result. A task with sync inputs waiting for
+        its other ports counts as idle. Returns at once when the job is idle
+        or has finished; raises the error that stopped the job, if any.
+        Waits on the instances going idle, never polls.
+
+        Only for a job in this process: a placed (cluster) job raises
+        :class:`JobError` ("settle() works for in-process jobs").
+        """
+        if self._placement is not None:
+            raise JobError("settle() works for in-process jobs")
+        await self._started.wait()
+        while not self._finished.is_set() and not self._idle():
+            went_idle = self._went_idle
+            if went_idle is None:
+                self._went_idle = went_idle = anyio.Event()
+                self._env.on_idle = self._instance_idle
+            await went_idle.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _instance_idle(self) -> None:
+        went_idle = self._went_idle
+        if went_idle is not None:
+            self._went_idle = self._env.on_idle = None  # one wake-up per wait: the hot path stays free after
+            went_idle.set()
+
+    def _idle(self) -> bool:
+        plan = self._plan
+        if plan is None:
+            return True
+        for instance in plan.all():
+            if instance.completed:
+                continue
+            if isinstance(instance, Receiver):
+                if not instance.inbox.waiting():
+                    return False
+            elif isinstance(instance, SourceInstance):
+                feed = plan.feeds.get(instance.node.name)
+                if feed is None or not feed.empty() or not instance.reading():
+                    return False
+        return True
 
     # -- feeding and stopping ---------------------------------------------
 
