@@ -9,6 +9,7 @@ Processes are stopped by the PIDs recorded when they were started.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -27,15 +28,19 @@ import anyio.from_thread
 
 from streamlet.backends.cluster import jobs
 from streamlet.backends.cluster.local_cluster import SECRET_ENV, alive, stop_pid
-from streamlet.backends.cluster.store import CoordinationError, read_all
+from streamlet.backends.cluster.store import read_all, riding_out
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
 from tests.support.cluster import wait_for_exit
 
-# A keyed count whose middle task waits, after 30 000 of its 40 000 words, until the file RELEASE exists:
-# a test acts on the cluster while the job is provably mid-run, then lets it end (no sleep in the test).
+# A keyed count whose middle task holds, after 30 000 of its 40 000 words, until the test releases it: a test
+# acts on the cluster while the job is provably mid-run, then lets it end. The hold waits on an event, not a
+# poll: the task opens the FIFO WAKE for reading *before* it looks for the file RELEASE, then waits until
+# WAKE is readable; release() creates RELEASE, then writes to WAKE when a reader is there. So a release
+# either comes before the look (RELEASE is seen) or after the reader opened (WAKE wakes it).
 GATED_COUNT = """
 import asyncio
+import os
 import pathlib
 
 import streamlet as sl
@@ -44,13 +49,28 @@ WORDS = [f"w{(i * 7919) % 97}" for i in range(40_000)]
 HOLD_AFTER = 30_000
 
 
+async def released():
+    wake = os.open(WAKE, os.O_RDONLY | os.O_NONBLOCK)  # first: a release from now on reaches this reader
+    try:
+        if RELEASE.exists():
+            return
+        loop, woken = asyncio.get_running_loop(), asyncio.Event()
+        loop.add_reader(wake, woken.set)
+        try:
+            await woken.wait()
+        finally:
+            loop.remove_reader(wake)
+    finally:
+        os.close(wake)
+
+
 class Gate(sl.Task):
     passed = 0  # records this instance passed on (a new attempt starts again at 0)
 
     async def execute(self, inputs, outputs):
-        while self.passed >= HOLD_AFTER and not RELEASE.exists():
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.05)  # a batch every 50 ms: checkpoints complete before the gate holds
+        if self.passed >= HOLD_AFTER:
+            await released()
+        await asyncio.sleep(0.05)  # pacing, not waiting: a batch every 50 ms, so checkpoints complete before the hold
         batch = inputs.get()
         self.passed += len(batch)
         outputs.emit_batch([sl.Record(r.value, 1, r.ts) for r in batch])
@@ -96,12 +116,26 @@ class GatedJob:
     def gate(self) -> Path:
         return self.directory / "release"
 
+    @property
+    def wake(self) -> Path:
+        return self.directory / "wake"
+
     def write(self) -> GatedJob:
-        self.file.write_text(f"RELEASE = __import__('pathlib').Path({str(self.gate)!r})\n{GATED_COUNT}")
+        os.mkfifo(self.wake)
+        constants = f"RELEASE = __import__('pathlib').Path({str(self.gate)!r})\nWAKE = {str(self.wake)!r}\n"
+        self.file.write_text(constants + GATED_COUNT)
         return self
 
     def release(self) -> None:
         self.gate.touch()
+        try:  # wake a holding task; with no reader there, the task will see the file instead
+            wake = os.open(self.wake, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            return
+        with contextlib.closing(os.fdopen(wake, "wb")) as writer:
+            writer.write(b"x")
 
 
 def totals(rows: list[list[Any]]) -> dict[str, int]:
@@ -397,12 +431,8 @@ class ZkWatch:
         until: Callable[[Any], bool] | None = None,
     ) -> None:
         version: int | None = -2  # matches no version: the first read returns at once
-        while True:
-            try:
-                data, version = await self.store.wait_changed(path, version)
-            except CoordinationError:  # the server is away (a fault test may have killed it): try again
-                await anyio.sleep(0.1)
-                continue
+        while True:  # riding out a server that is away (a fault test may have killed it)
+            data, version = await riding_out(self.store.wait_changed, path, version)
             history.add(version, data)
             started.set()
             if until is not None and data is not None and until(data):
@@ -411,11 +441,7 @@ class ZkWatch:
     @staticmethod
     async def _riding_out(call: Callable[..., Any], *args: Any) -> Any:
         with anyio.fail_after(60):  # a safety net: the server may be away for a moment, not for good
-            while True:
-                try:
-                    return await call(*args)
-                except CoordinationError:
-                    await anyio.sleep(0.1)
+            return await riding_out(call, *args)
 
 
 @contextlib.contextmanager
