@@ -1,21 +1,41 @@
 """Errors raised by streamlet.
 
-Every error derives from one root, so ``except StreamletError`` catches them all::
+Every error a user can cause derives from one root, so ``except StreamletError``
+catches them all, and each message names where it happened: the node, the
+instance, the port and, where there is one, the record's key::
 
     StreamletError
     ├── TopologyError        a topology that cannot run (names the node and port)
+    │   └── PortError        a task used a port it did not declare (names task, instance, port)
     ├── TaskError            user code in a task failed under the ``fail`` policy
+    ├── SourceError          a source failed to open or read (names source, instance, position)
+    ├── SinkError            a sink failed to open, write or commit (names sink, instance, record key)
+    ├── EncodingError        a value cannot be encoded (names its type, and the edge, state or file)
     ├── JobError             a job could not start, was stopped, or is misused
     ├── CheckpointError      a checkpoint could not be saved (names the epoch, the path and why)
     ├── ConnectorError       an outside system (Spark, Kafka) is missing, unreachable or failed
-    │   └── KafkaError       (streamlet.connectors.kafka) a Kafka connector failed
-    └── TransportError       moving batches between processes failed
-        ├── FrameError       a peer broke the wire protocol (that connection is closed)
-        ├── AuthenticationError  a peer does not share the cluster secret
-        └── RecordTooLarge   one record does not fit in a frame (names the channel, the size and the limit)
+    │   └── KafkaError       a Kafka connector failed
+    ├── TransportError       moving batches between processes failed
+    │   ├── FrameError       a peer broke the wire protocol (that connection is closed)
+    │   ├── AuthenticationError  a peer does not share the cluster secret
+    │   └── RecordTooLarge   one record does not fit in a frame (names the channel, the size and the limit)
+    └── ClusterError         the cluster could not do what was asked
+        ├── CoordinationError    ZooKeeper (or the store) unreachable, or a node not as expected
+        │   ├── VersionConflict  a conditional write lost to someone else's
+        │   ├── NodeExists       the node was already there
+        │   └── NotAuthorized    the store refused: no cluster secret
+        ├── DispatchError    no live worker can take an instance
+        ├── LifecycleError   a job state change the lifecycle does not allow
+        ├── SpecError        a job spec that must not run (unsigned, or naming other code)
+        └── ZooKeeperError   a local ZooKeeper server could not be found or started
+
+The errors are defined here and re-exported where they are raised, so both
+``streamlet.errors.KafkaError`` and ``streamlet.KafkaError`` name the same class.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class StreamletError(Exception):
@@ -26,6 +46,10 @@ class TopologyError(StreamletError):
     """The topology is malformed; the message names the node and the port."""
 
 
+class PortError(TopologyError):
+    """A task emitted on, or read from, a port it did not declare: a wiring mistake, so no error policy applies."""
+
+
 class TaskError(StreamletError):
     """A task's user code raised; the message names task, instance and record key."""
 
@@ -34,6 +58,34 @@ class TaskError(StreamletError):
         self.task = task
         self.instance = instance
         self.key = key
+
+
+class SourceError(StreamletError):
+    """A source's reader failed to open, seek or read; the message names the source, instance and position."""
+
+    def __init__(self, message: str, *, source: str, instance: int, position: Any = None) -> None:
+        super().__init__(message)
+        self.source = source
+        self.instance = instance
+        self.position = position
+
+
+class SinkError(StreamletError):
+    """A sink's writer failed; the message names the sink, the instance and the key of the record it failed on."""
+
+    def __init__(self, message: str, *, sink: str, instance: int, key: object = None) -> None:
+        super().__init__(message)
+        self.sink = sink
+        self.instance = instance
+        self.key = key
+
+
+class EncodingError(StreamletError):
+    """A value cannot be encoded (msgpack, JSON); the message names its type, where it sits and where it was going."""
+
+    def __init__(self, message: str, *, value_type: str) -> None:
+        super().__init__(message)
+        self.value_type = value_type
 
 
 class JobError(StreamletError):
@@ -48,8 +100,21 @@ class ConnectorError(StreamletError):
     """A connector's outside system is missing (a pip extra, Java) or failed; the message says which."""
 
 
+class KafkaError(ConnectorError):
+    """A Kafka connector failed: aiokafka is missing, a topic does not exist, a record
+    could not be decoded under ``on_error="fail"``, or the broker refused (chained)."""
+
+
 class TransportError(StreamletError):
     """A channel between processes failed."""
+
+
+class FrameError(TransportError):
+    """A frame broke the protocol; ``reason`` says how (the connection is closed)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class AuthenticationError(TransportError):
@@ -58,3 +123,39 @@ class AuthenticationError(TransportError):
 
 class RecordTooLarge(TransportError):
     """A record cannot go over TCP: even alone in a frame it is over the frame limit (retrying will not help)."""
+
+
+class ClusterError(StreamletError):
+    """The cluster could not do what was asked (a local cluster not started, found or stopped, ...)."""
+
+
+class CoordinationError(ClusterError):
+    """The store could not be reached, or a node was not what we expected."""
+
+
+class VersionConflict(CoordinationError):
+    """A conditional write lost to someone else's."""
+
+
+class NodeExists(CoordinationError):
+    """The node was already there."""
+
+
+class NotAuthorized(CoordinationError):
+    """The store refused a change: this client does not hold the cluster secret."""
+
+
+class DispatchError(ClusterError):
+    """No worker can take an instance."""
+
+
+class LifecycleError(ClusterError):
+    """A state change that the lifecycle does not allow."""
+
+
+class SpecError(ClusterError):
+    """A job spec that must not run: unsigned, signed with another secret, or naming other code."""
+
+
+class ZooKeeperError(ClusterError):
+    """A local ZooKeeper server could not be found or started."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streamlet.errors import DispatchError
+
 Instance = tuple[str, int]
 
 
@@ -22,10 +24,6 @@ class WorkerLoad:
     used: int = 0
     overloaded: bool = False
     labels: frozenset[str] = frozenset()
-
-
-class DispatchError(Exception):
-    """No worker can take an instance."""
 
 
 def assign(

@@ -12,8 +12,9 @@ it is missing, opening one raises :class:`KafkaError` naming the extra.
 
 from __future__ import annotations
 
-from streamlet.connectors.kafka_common import KafkaError, decode_utf8, encode
+from streamlet.connectors.kafka_common import decode_utf8, encode
 from streamlet.connectors.kafka_sink import KafkaSink
 from streamlet.connectors.kafka_source import KafkaSource
+from streamlet.errors import KafkaError
 
 __all__ = ("KafkaError", "KafkaSink", "KafkaSource", "decode_utf8", "encode")

@@ -14,17 +14,12 @@ from typing import Any
 
 import anyio
 
-from streamlet.errors import ConnectorError
+from streamlet.errors import KafkaError
 
 INSTALL_HINT = "the Kafka connectors need aiokafka: pip install 'streamlet[kafka]'"
 
 Deserializer = Callable[[bytes], Any]
 Serializer = Callable[[Any], bytes | None]
-
-
-class KafkaError(ConnectorError):
-    """A Kafka connector failed: aiokafka is missing, a topic does not exist, a record
-    could not be decoded under ``on_error="fail"``, or the broker refused (chained)."""
 
 
 def require_aiokafka() -> ModuleType:

@@ -62,10 +62,11 @@ from typing import Any
 import anyio
 import structlog
 
-from streamlet.connectors.kafka_common import KafkaError, Serializer, broker_errors, encode, require_aiokafka, servers
+from streamlet.connectors.kafka_common import Serializer, broker_errors, encode, require_aiokafka, servers
 from streamlet.connectors.kafka_staging import StagedEpochs, StagedRecord, Staging
 from streamlet.core.record import Batch, Record
 from streamlet.core.sinks import RestorePoint, Sink, SinkContext, SinkWriter
+from streamlet.errors import KafkaError
 
 log = structlog.get_logger("streamlet")
 

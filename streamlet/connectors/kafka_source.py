@@ -24,7 +24,6 @@ import structlog
 
 from streamlet.connectors.kafka_common import (
     Deserializer,
-    KafkaError,
     broker_errors,
     decode_utf8,
     partitions_of,
@@ -34,6 +33,7 @@ from streamlet.connectors.kafka_common import (
 from streamlet.core.record import Batch, Record
 from streamlet.core.sources import Source, SourceContext, SourceReader
 from streamlet.core.statistics import DeadLetter
+from streamlet.errors import KafkaError
 
 log = structlog.get_logger("streamlet")
 

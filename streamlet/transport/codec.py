@@ -24,7 +24,7 @@ import msgpack
 
 from streamlet.core.record import Batch, LoopRecord, Record, WindowRecord
 from streamlet.core.state import hashable
-from streamlet.errors import TransportError
+from streamlet.errors import FrameError
 
 MAGIC = b"SL"
 VERSION = 1
@@ -57,14 +57,6 @@ _SHAPES: dict[FrameType, tuple[int, ...] | None] = {
     FrameType.ERROR: (1,),
     FrameType.OPEN: None,
 }
-
-
-class FrameError(TransportError):
-    """A frame broke the protocol; ``reason`` says how (the connection is closed)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def frame(kind: FrameType, body: Any, flags: int = 0) -> bytes:

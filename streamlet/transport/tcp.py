@@ -27,12 +27,12 @@ import structlog
 
 from streamlet.core.channel import Inbox
 from streamlet.core.record import END_OF_STREAM, Barrier, Batch, Item
+from streamlet.errors import FrameError
 from streamlet.transport import auth
 from streamlet.transport.codec import (
     DEFAULT_MAX_FRAME,
     HEADER,
     MORE,
-    FrameError,
     FrameType,
     decode_body,
     frame,

@@ -32,13 +32,12 @@ import structlog
 
 from streamlet.core.channel import Inbox
 from streamlet.core.record import Barrier, Batch, EndOfStream, Item
-from streamlet.errors import AuthenticationError, RecordTooLarge, TransportError
+from streamlet.errors import AuthenticationError, FrameError, RecordTooLarge, TransportError
 from streamlet.transport import auth
 from streamlet.transport.codec import (
     DEFAULT_MAX_FRAME,
     HEADER,
     MORE,
-    FrameError,
     FrameType,
     data_body,
     data_frame,

@@ -8,9 +8,9 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from streamlet.backends.cluster.store import CoordinationError, NotAuthorized
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.errors import CoordinationError, NotAuthorized
 from tests.integration.conftest import TEST_SECRET
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ import pytest
 
 from streamlet.backends.cluster.child_process import stop_child
 from streamlet.backends.cluster.local_cluster import alive, stop_pid
-from streamlet.backends.cluster.store import VersionConflict
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer, find_classpath, four_letter_word
+from streamlet.errors import VersionConflict
 from tests.integration.conftest import TEST_SECRET
 from tests.support.cluster import wait_for_exit
 
@@ -134,8 +134,8 @@ async def test_ephemeral_nodes_vanish_with_their_session(zookeeper: ZooKeeperSer
 
 async def test_unreachable_zookeeper_is_a_clear_error() -> None:
     """A coordinator pointed at a port nobody serves fails with the address in the message."""
-    from streamlet.backends.cluster.store import CoordinationError
     from streamlet.backends.cluster.zookeeper import free_port
+    from streamlet.errors import CoordinationError
 
     address = f"127.0.0.1:{free_port()}"
     coordinator = ZkStore(address, "nowhere", session_timeout=1.0)

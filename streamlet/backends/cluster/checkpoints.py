@@ -38,20 +38,11 @@ from typing import Any
 import anyio
 
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.store import (
-    Check,
-    ClusterStore,
-    Create,
-    NodeExists,
-    Op,
-    SetData,
-    VersionConflict,
-    riding_out,
-)
+from streamlet.backends.cluster.store import Check, ClusterStore, Create, Op, SetData, riding_out
 from streamlet.core.checkpoint import Coordinator
 from streamlet.core.checkpoint_store import DirectoryCheckpointStore, decode
 from streamlet.core.clock import Clock
-from streamlet.errors import JobError
+from streamlet.errors import JobError, NodeExists, VersionConflict
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,8 @@ import anyio
 
 from streamlet.backends.cluster import jobs
 from streamlet.backends.cluster.lifecycle import JobState
-from streamlet.backends.cluster.store import CoordinationError
 from streamlet.backends.cluster.zk import ZkStore
-from streamlet.errors import JobError
+from streamlet.errors import CoordinationError, JobError
 
 POLL = 0.1
 

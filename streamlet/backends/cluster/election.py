@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.store import ClusterStore, NodeExists, VersionConflict
+from streamlet.backends.cluster.store import ClusterStore
+from streamlet.errors import NodeExists, VersionConflict
 
 LEADER = paths.LEADER
 EPOCH = paths.EPOCH

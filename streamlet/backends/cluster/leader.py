@@ -34,7 +34,6 @@ from typing import Any
 import anyio
 import structlog
 
-from streamlet.adaptation.dispatch import DispatchError
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import JobState, moved, state_of
@@ -42,8 +41,9 @@ from streamlet.backends.cluster.paths import Assignment, JobStateNode
 from streamlet.backends.cluster.registry import workers
 from streamlet.backends.cluster.scheduler import live, live_loads, place
 from streamlet.backends.cluster.signing import verify
-from streamlet.backends.cluster.store import ClusterStore, Create, NodeExists, Op, SetData, read_all
+from streamlet.backends.cluster.store import ClusterStore, Create, Op, SetData, read_all
 from streamlet.core.topology import Topology
+from streamlet.errors import DispatchError, NodeExists
 
 log = structlog.get_logger("streamlet")
 ROUND = 0.2  # seconds between rounds when nothing wakes the leader earlier

@@ -24,11 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from streamlet.backends.cluster.paths import JobStateNode
-from streamlet.errors import StreamletError
-
-
-class LifecycleError(StreamletError):
-    """A state change that the lifecycle does not allow."""
+from streamlet.errors import LifecycleError
 
 
 class JobState(StrEnum):

@@ -24,14 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
-from streamlet.errors import StreamletError
+from streamlet.errors import ClusterError
 
 STATE_FILE = "cluster.json"
 SECRET_ENV = "STREAMLET_SECRET"
-
-
-class ClusterError(StreamletError):
-    """A local cluster could not be started, found or stopped."""
 
 
 @dataclass

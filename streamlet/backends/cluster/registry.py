@@ -21,7 +21,8 @@ import anyio
 
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.lifecycle import WORKER_MOVES, LocalState, WorkerState
-from streamlet.backends.cluster.store import ClusterStore, CoordinationError, NodeExists
+from streamlet.backends.cluster.store import ClusterStore
+from streamlet.errors import CoordinationError, NodeExists
 
 
 def process_load() -> dict[str, Any]:

@@ -18,11 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from streamlet.backends.cluster.paths import JobSpec
-from streamlet.errors import StreamletError
-
-
-class SpecError(StreamletError):
-    """A job spec that must not run: unsigned, signed with another secret, or naming other code."""
+from streamlet.errors import SpecError
 
 
 def _message(spec: JobSpec) -> bytes:

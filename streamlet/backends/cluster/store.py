@@ -31,25 +31,9 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from streamlet.errors import StreamletError
+from streamlet.errors import CoordinationError, NodeExists, VersionConflict
 
 T = TypeVar("T")
-
-
-class CoordinationError(StreamletError):
-    """The store could not be reached, or a node was not what we expected."""
-
-
-class VersionConflict(CoordinationError):
-    """A conditional write lost to someone else's."""
-
-
-class NodeExists(CoordinationError):
-    """The node was already there."""
-
-
-class NotAuthorized(CoordinationError):
-    """The store refused a change: this client does not hold the cluster secret."""
 
 
 @dataclass(frozen=True, slots=True)

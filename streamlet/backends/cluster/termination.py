@@ -43,8 +43,9 @@ import anyio
 
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.paths import LoopAnswer, LoopQuiet, LoopRound
-from streamlet.backends.cluster.store import ClusterStore, NodeExists, riding_out
+from streamlet.backends.cluster.store import ClusterStore, riding_out
 from streamlet.core.cycles import CycleTracker, LoopCounters
+from streamlet.errors import NodeExists
 
 ROUND_PAUSE = 0.02  # seconds between rounds while a loop runs; doubles each busy round ...
 MAX_ROUND_PAUSE = 0.5  # ... up to this, so a long-running loop costs ZooKeeper two rounds a second

@@ -29,14 +29,14 @@ from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import state_of, worker_states
 from streamlet.backends.cluster.paths import instance_id
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
-from streamlet.backends.cluster.signing import SpecError, verify
-from streamlet.backends.cluster.store import ClusterStore, CoordinationError, NodeExists, write_fenced
+from streamlet.backends.cluster.signing import verify
+from streamlet.backends.cluster.store import ClusterStore, write_fenced
 from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt
 from streamlet.core.clock import SystemClock
 from streamlet.core.plan import Placement
 from streamlet.core.runtime import Job, JobResult
 from streamlet.core.topology import Topology
-from streamlet.errors import JobError, TaskError
+from streamlet.errors import CoordinationError, JobError, NodeExists, SpecError, TaskError
 from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient

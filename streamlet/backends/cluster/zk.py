@@ -34,17 +34,8 @@ from typing import Any
 import anyio
 import structlog
 
-from streamlet.backends.cluster.store import (
-    Check,
-    CoordinationError,
-    Create,
-    Delete,
-    NodeExists,
-    NotAuthorized,
-    Op,
-    SetData,
-    VersionConflict,
-)
+from streamlet.backends.cluster.store import Check, Create, Delete, Op, SetData
+from streamlet.errors import CoordinationError, NodeExists, NotAuthorized, VersionConflict
 
 log = structlog.get_logger("streamlet")
 

@@ -22,7 +22,7 @@ from types import TracebackType
 import structlog
 
 from streamlet.backends.cluster.child_process import stop_child
-from streamlet.errors import StreamletError
+from streamlet.errors import ZooKeeperError
 
 log = structlog.get_logger("streamlet")
 
@@ -32,10 +32,6 @@ INSTALL_HINT = (
     "no ZooKeeper server found: install one (Debian: 'apt-get install -y zookeeper'), "
     "set ZOOKEEPER_HOME to an unpacked ZooKeeper release, or pass --zk HOST:PORT of a running server"
 )
-
-
-class ZooKeeperError(StreamletError):
-    """A local ZooKeeper server could not be found or started."""
 
 
 def find_classpath() -> str:

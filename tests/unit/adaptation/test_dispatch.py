@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamlet.adaptation.dispatch import DispatchError, WorkerLoad, assign
+from streamlet.adaptation.dispatch import WorkerLoad, assign
+from streamlet.errors import DispatchError
 
 CHAIN = [("src", 0), ("split", 0), ("split", 1), ("count", 0), ("count", 1), ("out", 0)]
 UPSTREAM = {

@@ -11,13 +11,14 @@ import pytest
 
 import streamlet as sl
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.store import CoordinationError, MemoryClusterStore, MemoryTree
+from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
 from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt, LoopDetector, looks_quiet, quiet
 from streamlet.core.channel import Inbox
 from streamlet.core.cycles import CycleTracker, LoopCounters
 from streamlet.core.plan import Placement
 from streamlet.core.record import CYCLE_END
 from streamlet.core.runtime import Job, JobResult
+from streamlet.errors import CoordinationError
 from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
