@@ -135,7 +135,8 @@ class _Builder:
                 self.discards.append(discard)
                 routes[port].append(discard)
                 edges[port].append(None)
-        outputs = (WindowOutputs if node.window is not None else Outputs)(routes)
+        where = f"{node.describe()} instance {sender}"
+        outputs = (WindowOutputs if node.window is not None else Outputs)(routes, late=node.kind == "task", where=where)
         adders = [
             [self._adder(edge, route, outputs) for edge, route in zip(edges[port], routes[port], strict=True)]
             for port in range(port_count)

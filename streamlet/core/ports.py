@@ -7,7 +7,8 @@ from typing import Any
 
 from streamlet.core.record import Batch, Marker, Record, WindowRecord
 from streamlet.core.routing import Route
-from streamlet.errors import TopologyError
+from streamlet.core.topology_constants import LATE
+from streamlet.errors import PortError, TopologyError
 
 
 class PortDeclarer:
@@ -52,16 +53,27 @@ class Inputs:
     ``get()`` all of them concatenated in port order.
     """
 
-    __slots__ = ("_batches", "port", "window")
+    __slots__ = ("_batches", "port", "where", "window")
 
-    def __init__(self, ports: int) -> None:
+    def __init__(self, ports: int, where: str = "this task") -> None:
         self._batches: list[Batch] = [[] for _ in range(ports)]
         self.port: int | None = 0
         self.window: tuple[float, float] | None = None
+        self.where = where  # "task 'join' instance 0", for messages
+
+    def no_port(self, port: Any) -> PortError:
+        """The error for reading ``port``, which this task did not declare."""
+        count = len(self._batches)
+        return PortError(
+            f"{self.where}: inputs.get({port!r}), but it has {count} input port{'s' if count != 1 else ''} "
+            f"({', '.join(map(str, range(count)))}); declare more with ports.set_inputs(n) in declare_ports"
+        )
 
     def get(self, port: int | None = None) -> Batch:
         """Records from ``port``, or from the port(s) that woke the task."""
         if port is not None:
+            if not 0 <= port < len(self._batches):  # a negative index would quietly read another port
+                raise self.no_port(port)
             return self._batches[port]
         if self.port is not None:
             return self._batches[self.port]
@@ -92,31 +104,64 @@ class Outputs:
     of the batch being processed, so event time flows through tasks.
     """
 
-    __slots__ = ("_adders", "_ports", "iteration", "routes", "ts", "window")
+    __slots__ = ("_adders", "_numbers", "_ports", "iteration", "routes", "ts", "where", "window")
 
-    def __init__(self, routes_by_port: list[list[Route]], adders: list[Callable[[Record], None]] | None = None) -> None:
-        self._adders = adders if adders is not None else [route.add for route, *_ in routes_by_port]
-        self._ports = routes_by_port
+    def __init__(
+        self,
+        routes_by_port: list[list[Route]],
+        adders: list[Callable[[Record], None]] | None = None,
+        *,
+        late: bool = False,
+        where: str = "this task",
+    ) -> None:
+        # Ports by number: the declared ones from 0, and (with ``late``) the last one as LATE (-1). A dict
+        # rather than a list, so a port that was never declared (5, or -2) is a KeyError, never another port.
+        self._numbers = [*range(len(routes_by_port) - late), *([LATE] if late else [])]
+        self._ports = dict(zip(self._numbers, routes_by_port, strict=True))
+        self._adders: dict[int, Callable[[Record], None]] = {}
+        self.set_adders(adders if adders is not None else [routes[0].add for routes in routes_by_port])
         self.routes = [route for routes in routes_by_port for route in routes]
         self.ts: float | None = None
         self.iteration = 0
         self.window: tuple[float, float] | None = None  # set by the runtime while a window is handled
+        self.where = where  # "task 'split' instance 0", for messages
 
     def emit(self, key: Any, value: Any, port: int = 0, ts: float | None = None) -> None:
         """Send ``(key, value)`` out of output ``port``."""
-        self._adders[port](Record(key, value, self.ts if ts is None else ts))
+        try:
+            add = self._adders[port]
+        except KeyError:
+            raise self.no_port(port) from None
+        add(Record(key, value, self.ts if ts is None else ts))
 
     def emit_record(self, record: Record, port: int = 0) -> None:
         """Send an existing record unchanged (a filter passing records through)."""
-        self._adders[port](record)
+        try:
+            add = self._adders[port]
+        except KeyError:
+            raise self.no_port(port) from None
+        add(record)
 
     def set_adders(self, adders: list[Callable[[Record], None]]) -> None:
-        """Runtime: the per-port functions that take an emitted record."""
-        self._adders = adders
+        """Runtime: the per-port functions that take an emitted record, in port order."""
+        self._adders = dict(zip(self._numbers, adders, strict=True))
+
+    def no_port(self, port: Any) -> PortError:
+        """The error for emitting on ``port``, which this task did not declare."""
+        declared = [number for number in self._numbers if number != LATE]
+        late = " and LATE (-1)" if LATE in self._numbers else ""
+        return PortError(
+            f"{self.where}: emitted on output port {port!r}, but it has {len(declared)} output "
+            f"port{'s' if len(declared) != 1 else ''} ({', '.join(map(str, declared))}){late}; "
+            "declare more with ports.set_outputs(n) in declare_ports"
+        )
 
     def emit_batch(self, records: Batch, port: int = 0) -> None:
         """Send many records at once; cheaper than one ``emit`` per record."""
-        routes = self._ports[port]
+        try:
+            routes = self._ports[port]
+        except KeyError:
+            raise self.no_port(port) from None
         if len(routes) == 1 and routes[0].add is self._adders[port]:
             routes[0].add_batch(records)
             return
@@ -126,7 +171,10 @@ class Outputs:
 
     def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
         """Emit every ``(key, value)`` pair of ``pairs``."""
-        add = self._adders[port]
+        try:
+            add = self._adders[port]
+        except KeyError:
+            raise self.no_port(port) from None
         ts = self.ts
         for key, value in pairs:
             add(Record(key, value, ts))
@@ -162,7 +210,7 @@ class Outputs:
 
     def sent(self) -> int:
         """Records emitted so far (each counted once per output port)."""
-        return sum(routes[0].sent for routes in self._ports if routes)
+        return sum(routes[0].sent for routes in self._ports.values() if routes)
 
 
 class WindowOutputs(Outputs):
@@ -178,11 +226,15 @@ class WindowOutputs(Outputs):
         """Send ``(key, value)`` out of output ``port`` (a :class:`WindowRecord` inside a window)."""
         if ts is None:
             ts = self.ts
+        try:
+            add = self._adders[port]
+        except KeyError:
+            raise self.no_port(port) from None
         window = self.window
         if window is None:
-            self._adders[port](Record(key, value, ts))
+            add(Record(key, value, ts))
         else:
-            self._adders[port](WindowRecord(key, value, ts, window))
+            add(WindowRecord(key, value, ts, window))
 
     def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
         """Emit every ``(key, value)`` pair of ``pairs``."""
@@ -190,6 +242,10 @@ class WindowOutputs(Outputs):
         if window is None:
             super().emit_all(pairs, port)
             return
-        add, ts = self._adders[port], self.ts
+        try:
+            add = self._adders[port]
+        except KeyError:
+            raise self.no_port(port) from None
+        ts = self.ts
         for key, value in pairs:
             add(WindowRecord(key, value, ts, window))

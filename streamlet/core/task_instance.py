@@ -29,7 +29,7 @@ class TaskInstance(Receiver):
 
     def __init__(self, node: Node, index: int, outputs: Outputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
-        self.inputs = Inputs(node.inputs)
+        self.inputs = Inputs(node.inputs, f"task '{node.name}' instance {index}")
         self.state = KeyedState()
         self.failures = 0
         self.finished = False  # restored from a checkpoint taken after finish(): do not run it again

@@ -6,7 +6,8 @@ Backends derive the physical plan (instances and channels) from it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+import inspect
+from collections.abc import AsyncIterable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -110,6 +111,8 @@ class Topology:
     """
 
     def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise TopologyError(f"a topology needs a non-empty name, got {name!r}")
         self.name = name
         self.nodes: dict[str, Node] = {}
         self.edges: list[Edge] = []
@@ -126,6 +129,8 @@ class Topology:
         With ``window``, every task input this source feeds is windowed by it.
         """
         if not isinstance(source, Source):
+            if not isinstance(source, Iterable | AsyncIterable):
+                raise TopologyError(f"source '{name}': expected a Source or an iterable, got {source!r}")
             source = IterableSource(source)
         _check_window(f"source '{name}'", window)
         node = Node(name, "source", _parallelism(name, "source", parallelism), 0, 1, source=source, window=window)
@@ -152,7 +157,15 @@ class Topology:
         """
         make_task = _task_factory(name, task)
         ports = PortDeclarer()
-        probe = make_task()
+        try:
+            probe = make_task()
+        except TopologyError:
+            raise
+        except Exception as exc:
+            raise TopologyError(
+                f"task '{name}': making a task object failed with {type(exc).__name__}: {exc} (a class is called "
+                f"with no arguments; to pass some, give a factory: lambda: MyTask(...))"
+            ) from exc
         try:
             probe.declare_ports(ports)
         except TopologyError as exc:
@@ -296,8 +309,16 @@ def _task_factory(name: str, task: type[Task] | Callable[[], Task] | Task) -> Ca
     if isinstance(task, Task):
         prototype = task
         return lambda: copy.deepcopy(prototype)
+    if inspect.isclass(task):
+        return _class_factory(name, task)
     if not callable(task):
         raise TopologyError(f"task '{name}': expected a Task subclass or a factory, got {task!r}")
+    if _takes_arguments(task):
+        raise TopologyError(
+            f"task '{name}': add_task takes a Task subclass or a zero-argument factory, got the function "
+            f"{_label(task)}{inspect.signature(task)}; for a function of each record use "
+            f"topology.map('{name}', fn) (or filter, flat_map, key_by, reduce)"
+        )
 
     def make() -> Task:
         made = task()
@@ -306,3 +327,29 @@ def _task_factory(name: str, task: type[Task] | Callable[[], Task] | Task) -> Ca
         return made
 
     return make
+
+
+def _class_factory(name: str, task: type[Any]) -> Callable[[], Task]:
+    if not issubclass(task, Task):
+        raise TopologyError(f"task '{name}': {task.__name__} is not a subclass of streamlet.Task")
+    if inspect.isabstract(task):
+        missing = ", ".join(sorted(getattr(task, "__abstractmethods__", ())))
+        raise TopologyError(f"task '{name}': {task.__name__} does not define {missing}(self, inputs, outputs)")
+    return task
+
+
+def _takes_arguments(fn: Callable[..., Any]) -> bool:
+    """A function that cannot be called with no arguments: a per-record function, not a factory."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        return False
+    return any(
+        p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        for p in signature.parameters.values()
+    )
+
+
+def _label(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", type(fn).__name__)
+    return "lambda" if name == "<lambda>" else name
