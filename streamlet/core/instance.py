@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,9 +25,10 @@ from streamlet.core.channel import Inbox
 from streamlet.core.clock import Clock
 from streamlet.core.ports import Outputs
 from streamlet.core.record import Barrier, Batch, CycleEnd, EndOfStream, Marker
-from streamlet.core.sinks import SinkContext, SinkWriter
+from streamlet.core.sinks import SinkContext, SinkWriter, WriteFailed
 from streamlet.core.sources import SourceContext, SourceReader
 from streamlet.core.statistics import DeadLetter, InstanceCounters
+from streamlet.errors import SinkError, SourceError, StreamletError
 
 if TYPE_CHECKING:
     from streamlet.core.cycles import CycleTracker
@@ -106,6 +108,7 @@ class SourceInstance(Instance):
         self._barriers: list[int] = []
         self._read_scope: anyio.CancelScope | None = None
         self._wake = anyio.Event()  # set when a paused source has something to do
+        self._doing = "to open"  # what the reader was doing, for the message when it fails
 
     def stop(self) -> None:
         """End the source early: stop reading, then end the stream downstream."""
@@ -143,18 +146,41 @@ class SourceInstance(Instance):
 
     async def run(self) -> None:
         """Read until the source is exhausted or stopped, then send end-of-stream."""
+        try:
+            await self._read_all()
+        except StreamletError:
+            raise  # ours (a connector's, the transport's): it says what failed already
+        except Exception as exc:
+            raise self._error(exc) from exc
+        await self._mark_completed()
+        await self.outputs.end()
+
+    async def _read_all(self) -> None:
         assert self.node.source is not None
+        self._doing = "to open"
         self._reader = reader = self.node.source.open(self.context)
         try:
             if self.restore_position is not None:
+                self._doing = "to seek"
                 await reader.seek(self.restore_position)
             self._position = reader.position()
+            self._doing = "reading"
             await self._pump(reader)
             await self._inject_barriers(reader)
+            self._doing = "closing"
         finally:
             await reader.aclose()
-        await self._mark_completed()
-        await self.outputs.end()
+
+    def _error(self, exc: Exception) -> SourceError:
+        position = self._position
+        if self._reader is not None:
+            with suppress(Exception):  # the reader failed: its position may fail too, then the last one known
+                position = self._reader.position()
+        at = "" if position is None else f" at position {position!r}"
+        return SourceError(
+            f"{self.node.describe()} instance {self.index} failed {self._doing}{at}: {type(exc).__name__}: {exc}",
+            source=self.node.name, instance=self.index, position=position,
+        )  # fmt: skip
 
     async def _pump(self, reader: SourceReader) -> None:
         outputs, size = self.outputs, self.env.batch_size
@@ -324,15 +350,26 @@ class SinkInstance(Receiver):
         super().__init__(node, index, outputs, env, inbox)
         assert node.sink is not None
         context = SinkContext(node.name, index, node.parallelism, env.job_id, env.attempt)
-        self.writer: SinkWriter = node.sink.open(context)
+        with self._failing("to open"):
+            self.writer: SinkWriter = node.sink.open(context)
         self._async = inspect.iscoroutinefunction(self.writer.write)
 
     async def process(self, port: int, batch: Batch) -> None:
         """Write the batch."""
-        if self._async:
-            await self.writer.write(batch)
-        else:
-            self.writer.write(batch)
+        try:
+            if self._async:
+                await self.writer.write(batch)
+            else:
+                self.writer.write(batch)
+        except StreamletError:
+            raise  # a connector's own error says what failed already
+        except WriteFailed as failed:
+            key = failed.record.key
+            raise self._error(f"writing the record with key {key!r}", failed.__cause__, key) from failed.__cause__
+        except Exception as exc:
+            key = batch[0].key if batch else None
+            what = f"a batch of {len(batch)} records starting with key" if len(batch) > 1 else "the record with key"
+            raise self._error(f"writing {what} {key!r}", exc, key) from exc
 
     async def on_aligned(self, epoch: int) -> None:
         """Stage what was written since the last barrier under ``epoch``."""
@@ -341,13 +378,30 @@ class SinkInstance(Receiver):
 
     async def prepare_commit(self, epoch: int) -> None:
         """Let a transactional writer stage ``epoch``."""
-        await _maybe_await(self.writer.prepare_commit(epoch))
+        with self._failing(f"to stage checkpoint {epoch}"):
+            await _maybe_await(self.writer.prepare_commit(epoch))
 
     async def complete(self) -> None:
         """Close the writer, unless a checkpoint still has to commit what it holds."""
         await self._mark_completed()
         if self.env.checkpoints is None:
-            await _maybe_await(self.writer.close())
+            with self._failing("to close"):
+                await _maybe_await(self.writer.close())
+
+    @contextmanager
+    def _failing(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except StreamletError:
+            raise
+        except Exception as exc:
+            raise self._error(doing, exc) from exc
+
+    def _error(self, doing: str, exc: BaseException | None, key: object = None) -> SinkError:
+        return SinkError(
+            f"{self.node.describe()} instance {self.index} failed {doing}: {type(exc).__name__}: {exc}",
+            sink=self.node.name, instance=self.index, key=key,
+        )  # fmt: skip
 
 
 def _runs_by_iteration(batch: Batch) -> list[tuple[int, Batch]]:

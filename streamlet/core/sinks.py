@@ -149,18 +149,37 @@ class CallbackSink(Sink):
         return _CallbackWriter(self.fn)
 
 
+class WriteFailed(Exception):
+    """Raised by a writer that knows which record of a batch failed (the cause is chained); the sink's
+    instance turns it into a ``SinkError`` naming that record's key."""
+
+    def __init__(self, record: Record) -> None:
+        super().__init__(record.key)
+        self.record = record
+
+
 class _CallbackWriter(SinkWriter):
     def __init__(self, fn: Callable[[Record], Any]) -> None:
         self.fn = fn
 
     def write(self, batch: Batch) -> None:
         fn = self.fn
-        for record in batch:
-            fn(record)
+        record = None
+        try:
+            for record in batch:
+                fn(record)
+        except Exception as exc:
+            assert record is not None
+            raise WriteFailed(record) from exc
 
 
 class _AsyncCallbackWriter(_CallbackWriter):
     async def write(self, batch: Batch) -> None:  # type: ignore[override]
         fn = self.fn
-        for record in batch:
-            await fn(record)
+        record = None
+        try:
+            for record in batch:
+                await fn(record)
+        except Exception as exc:
+            assert record is not None
+            raise WriteFailed(record) from exc

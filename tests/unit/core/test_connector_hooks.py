@@ -107,8 +107,11 @@ class AsyncAbortWriter(sl.SinkWriter):
 def test_an_async_abort_is_awaited_when_the_job_fails() -> None:
     """A writer's async def abort() runs to its end when the job stops with an error."""
     sink = AsyncAbortSink()
-    with pytest.raises(RuntimeError, match=r"^disk full$"):
+    # the source's batches: one record each
+    failure = r"^sink 'out' instance 0 failed writing the record with key None: RuntimeError: disk full$"
+    with pytest.raises(sl.SinkError, match=failure) as failed:
         sl.run(one_source_topology(CountingSource(3), sink))
+    assert isinstance(failed.value.__cause__, RuntimeError)
     assert sink.aborted == 1
 
 

@@ -95,7 +95,8 @@ async def test_settle_raises_the_error_that_stopped_the_job() -> None:
     numbers = topology.add_source("in", sl.QueueSource())
     topology.add_sink("out", lambda r: 1 / 0).set_input(numbers)
     steps: list[str] = []
-    with pytest.raises(ZeroDivisionError):
+    failure = r"^sink 'out' instance 0 failed writing the record with key 'k': ZeroDivisionError"
+    with pytest.raises(sl.SinkError, match=failure):
         await send_then_settle(topology, steps)
     assert steps == ["sent"]
 

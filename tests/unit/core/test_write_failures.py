@@ -138,12 +138,19 @@ class _StagingFailsWriter(sl.SinkWriter):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"/staging/{epoch}")
 
 
+STAGING_FAILED = (
+    "sink '{}' instance 0 failed to stage checkpoint 1: OSError: [Errno 28] No space left on device: '/staging/1'"
+)
+
+
 def test_failed_staging_of_the_final_checkpoint_is_raised_as_itself(tmp_path: Path) -> None:
-    """A sink that cannot stage the final checkpoint: run() raises its OSError, not an exception group."""
+    """A sink that cannot stage the final checkpoint: run() raises a SinkError naming it, caused by the OSError
+    (not an exception group)."""
     topology = sl.Topology("wc")
     topology.add_sink("out", StagingFails()).set_input(topology.add_source("words", ["a", "b"]))
-    with pytest.raises(OSError, match=exactly("[Errno 28] No space left on device: '/staging/1'")):
+    with pytest.raises(sl.SinkError, match=exactly(STAGING_FAILED.format("out"))) as failed:
         sl.run(topology, checkpoint_dir=tmp_path)
+    assert isinstance(failed.value.__cause__, OSError)
 
 
 async def timed_checkpoint_after_a_sink_completed(directory: Path) -> None:
@@ -159,8 +166,9 @@ async def timed_checkpoint_after_a_sink_completed(directory: Path) -> None:
 
 
 async def test_failed_staging_on_a_timed_checkpoint_is_raised_as_itself(tmp_path: Path) -> None:
-    """A completed sink failing to stage a checkpoint the interval triggered: that OSError, not an exception group."""
-    with pytest.raises(OSError, match=exactly("[Errno 28] No space left on device: '/staging/1'")):
+    """A completed sink failing to stage a checkpoint the interval triggered: a SinkError caused by that OSError,
+    not an exception group."""
+    with pytest.raises(sl.SinkError, match=exactly(STAGING_FAILED.format("done"))):
         await timed_checkpoint_after_a_sink_completed(tmp_path)
 
 
