@@ -1,4 +1,4 @@
-"""The ``streamlet`` command: ``streamlet run path/to/file.py[:name]``."""
+"""The ``streamlet`` command: ``streamlet run path/to/file.py[:name]`` in-process, and the cluster commands."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import click
 import structlog
 
 from streamlet.backends.local import run as run_topology
-from streamlet.core.statistics import JobStatistics
+from streamlet.core.checkpoint_store import DirectoryCheckpointStore
+from streamlet.core.runtime import DEFAULT_BATCH_SIZE
 from streamlet.errors import StreamletError
-from streamlet.loading import load_topology
+from streamlet.loading import PARAM_RULE, load_topology
+from streamlet.run_report import DEFAULT_ROWS, SORT_CHOICES, ReportOptions, print_report, to_json
 
 
 @click.group()
@@ -30,21 +32,96 @@ def main() -> None:
     )
 
 
+DEFAULT_CHECKPOINT_INTERVAL = 1.0  # seconds; --state-dir alone should still leave something to resume from
+
+
 @main.command("run")
 @click.argument("target")
-def run_command(target: str) -> None:
-    """Run TARGET (path/to/file.py[:name]) in-process and print a summary.
+@click.option(
+    "--param", "params", multiple=True, metavar="NAME=VALUE", callback=lambda _c, _p, v: _parse_params(v),
+    help=f"pass NAME=VALUE to the function that builds the topology (repeatable). {PARAM_RULE}",
+)  # fmt: skip
+@click.option(
+    "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="keep the job's checkpoints here (one job per directory); a rerun of a job that did not finish "
+    "resumes from its latest checkpoint",
+)  # fmt: skip
+@click.option(
+    "--checkpoint-interval", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+    help=f"seconds between checkpoints (needs --state-dir; default {DEFAULT_CHECKPOINT_INTERVAL:g})",
+)  # fmt: skip
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE, show_default=True,
+    help="records per batch a source reads and a task emits",
+)  # fmt: skip
+@click.option(
+    "--rows", type=click.IntRange(min=0), default=None, metavar="N",
+    help=f"records shown per collecting sink (default {DEFAULT_ROWS}; with --json, all)",
+)  # fmt: skip
+@click.option(
+    "--sort", type=click.Choice(SORT_CHOICES), default=None,
+    help="order each sink's records by key, value or ts (-FIELD: descending; ties by key, value, ts) "
+    "before taking the first --rows (default: the order the sink received them)",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="print the same report as JSON, for scripts")
+def run_command(
+    target: str, params: dict[str, str], state_dir: Path | None, checkpoint_interval: float | None,
+    batch_size: int, rows: int | None, sort: str | None, as_json: bool,
+) -> None:  # fmt: skip
+    """Run TARGET (path/to/file.py[:NAME]) in-process and show what it produced.
 
     NAME may be a Topology object or a function returning one; without it the
     file's single module-level Topology is used, or else its function
-    ``build_topology``.
+    ``build_topology``. The report shows each CollectSink's first records,
+    then records in and out per node, the job's counters, its wall time and
+    the rate from the sources.
     """
+    if checkpoint_interval is not None and state_dir is None:
+        raise click.UsageError("--checkpoint-interval needs --state-dir (where the checkpoints go)")
     try:
-        topology = load_topology(target)
-        result = run_topology(topology)
+        topology = load_topology(target, params=params)
+        resumed_from = _resume_point(state_dir, topology.name)
+        checkpoints: dict[str, Any] = {}
+        if state_dir is not None:
+            interval = checkpoint_interval or DEFAULT_CHECKPOINT_INTERVAL
+            checkpoints = {"checkpoint_dir": state_dir, "checkpoint_interval": interval}
+        result = run_topology(topology, batch_size=batch_size, **checkpoints)
     except Exception as exc:  # noqa: BLE001 - user code too: one line and a non-zero exit, never a traceback
         _fail(exc)
-    click.echo(format_summary(result.statistics))
+    options = ReportOptions(rows, sort, resumed_from, state_dir)
+    if as_json:
+        click.echo(json.dumps(to_json(result, options), indent=2))
+    else:
+        print_report(result, options)
+
+
+def _parse_params(items: tuple[str, ...]) -> dict[str, str]:
+    """``("events=2000", ...)`` -> ``{"events": "2000"}``; the values are converted against the function later."""
+    params: dict[str, str] = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        name = name.strip()
+        if not equals or not name.isidentifier():
+            raise click.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint="'--param'")
+        if name in params:
+            raise click.BadParameter(f"{name} given twice", param_hint="'--param'")
+        params[name] = value
+    return params
+
+
+def _resume_point(state_dir: Path | None, job: str) -> int | None:
+    """The epoch a run with ``state_dir`` resumes from; refuses a directory holding another job's checkpoints."""
+    if state_dir is None:
+        return None
+    latest = DirectoryCheckpointStore(state_dir).latest()
+    if latest is None:
+        return None
+    epoch, document = latest
+    if document["job"] != job:
+        raise StreamletError(
+            f"{state_dir} holds checkpoints of job '{document['job']}', not '{job}': give each job its own --state-dir"
+        )
+    return None if document["finished"] else epoch
 
 
 DEFAULT_STATE_DIR = ".streamlet"
@@ -321,18 +398,6 @@ def _where(zk: str | None, name: str | None, state_dir: Path) -> tuple[str, str]
 def _fail(exc: BaseException) -> NoReturn:
     click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
     sys.exit(1)
-
-
-def format_summary(stats: JobStatistics) -> str:
-    """A short table: records in and out per node, and the wall time."""
-    width = max(len(name) for name in stats.nodes)
-    lines = [f"job '{stats.job}' finished in {stats.wall_time:.3f} s"]
-    lines.append(f"  {'node':<{width}}  {'kind':<6}  {'in':>10}  {'out':>10}")
-    for node in stats.nodes.values():
-        lines.append(f"  {node.name:<{width}}  {node.kind:<6}  {node.records_in:>10}  {node.records_out:>10}")
-    extras = {"dropped": stats.dropped, "dead-lettered": stats.dead_lettered, "discarded": stats.discarded}
-    lines.extend(f"  {label}: {count}" for label, count in extras.items() if count)
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
