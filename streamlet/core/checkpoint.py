@@ -37,9 +37,10 @@ import structlog
 
 from streamlet.core.checkpoint_store import CheckpointStore, encode
 from streamlet.core.clock import Clock
+from streamlet.core.encoding import encoding_error, first_unencodable
 from streamlet.core.instance import Instance, SinkInstance, SourceInstance, _maybe_await
 from streamlet.core.task_instance import TaskInstance
-from streamlet.errors import JobError
+from streamlet.errors import EncodingError, JobError
 
 log = structlog.get_logger("streamlet")
 
@@ -237,7 +238,10 @@ class Coordinator:
 
     async def _complete(self, epoch: int, finished: bool = False) -> None:
         pending = self._pending[epoch]
-        data = encode(self._document(epoch, pending, finished))  # on the loop: the state is bytes already
+        try:
+            data = encode(self._document(epoch, pending, finished))  # on the loop: the state is bytes already
+        except (TypeError, ValueError, OverflowError) as exc:  # a value in a window or a position: say whose
+            raise _unencodable(epoch, pending.snapshots) from exc
         # Not in a worker thread: while the loop keeps the GIL busy, a thread waits ~5 ms to get it back
         # after each system call (the convoy effect), which made a 2 ms save take most of a second.
         await _maybe_await(self.store.save(epoch, data))
@@ -303,3 +307,11 @@ class Coordinator:
         for instance in self.instances:
             if isinstance(instance, SinkInstance):
                 await _maybe_await(instance.writer.close())
+
+
+def _unencodable(epoch: int, snapshots: dict[tuple[str, int], Any]) -> EncodingError:
+    """The error naming the first instance whose snapshot for ``epoch`` cannot be encoded."""
+    for (node, index), snapshot in snapshots.items():
+        if first_unencodable(snapshot) is not None:
+            return encoding_error(snapshot, f"checkpoint {epoch}: the snapshot of '{node}' instance {index}")
+    return EncodingError(f"checkpoint {epoch} cannot be encoded", value_type="unknown")

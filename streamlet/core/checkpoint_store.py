@@ -104,7 +104,10 @@ class DirectoryCheckpointStore:
     def __init__(self, directory: str | os.PathLike[str], keep: int = 3) -> None:
         self.directory = Path(directory)
         self.keep = keep
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way, no permission: say which directory, at once
+            raise CheckpointError(f"cannot use {self.directory} as the checkpoint directory: {exc}") from exc
 
     def path(self, epoch: int) -> Path:
         """The file of checkpoint ``epoch``."""

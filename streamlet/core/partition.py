@@ -12,8 +12,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-import msgpack
-
+from streamlet.core.encoding import pack
 from streamlet.core.record import Record
 
 
@@ -46,7 +45,7 @@ def stable_hash(key: Any) -> int:
         >>> stable_hash(1) == stable_hash(1.0) == stable_hash(True)
         True
     """
-    return zlib.crc32(msgpack.packb(_canonical(key), use_bin_type=True))
+    return zlib.crc32(pack(_canonical(key), "SAME_KEY partitioning", "key"))
 
 
 def _canonical(key: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from streamlet.core.channel import Channel
 from streamlet.core.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, KeyPartitioner, PartitionSpec
 from streamlet.core.record import END_OF_STREAM, Batch, LoopRecord, Marker, Record
-from streamlet.errors import TopologyError
+from streamlet.errors import EncodingError, TopologyError
 
 
 class FlowCounter:
@@ -31,7 +31,7 @@ class FlowCounter:
 class Route(ABC):
     """One edge from an output port to all instances of a downstream node."""
 
-    __slots__ = ("add", "buffers", "channels", "cycle", "send_eos", "sent")
+    __slots__ = ("add", "buffers", "channels", "cycle", "label", "send_eos", "sent")
 
     #: Buffers one record: the hot path, bound by each subclass to a list append or a small closure.
     add: Callable[[Record], None]
@@ -42,6 +42,7 @@ class Route(ABC):
         self.sent = 0
         self.cycle: FlowCounter | None = None  # set when the receiver is in a cycle
         self.send_eos = True  # False on edges inside a cycle: the tracker ends them
+        self.label = "edge"  # "edge 'a' -> 'b' input port 0", for messages
 
     def add_batch(self, records: Batch) -> None:
         """Buffer many records."""
@@ -92,7 +93,10 @@ class Route(ABC):
                 return
             cycle.pending += 1
         self.sent += len(batch)
-        await channel.send(batch)
+        try:
+            await channel.send(batch)
+        except EncodingError as exc:  # a record that cannot go over TCP: name the edge as well as the channel
+            raise EncodingError(f"{self.label}: {exc}", value_type=exc.value_type) from exc.__cause__
 
 
 class RoundRobinRoute(Route):
@@ -149,7 +153,7 @@ class KeyedRoute(PartitionedRoute):
 
     __slots__ = ()
 
-    def __init__(self, channels: list[Channel]) -> None:
+    def __init__(self, channels: list[Channel], label: str = "edge") -> None:
         Route.__init__(self, channels, len(channels))
         appenders = [buffer.append for buffer in self.buffers]
         by_key = KeyPartitioner(len(channels))
@@ -161,7 +165,10 @@ class KeyedRoute(PartitionedRoute):
             except TypeError:  # unhashable key: the partitioner hashes it uncached
                 index = None
             if index is None:
-                index = by_key(record.key)
+                try:
+                    index = by_key(record.key)
+                except EncodingError as exc:  # a key msgpack cannot hash: name the edge too
+                    raise EncodingError(f"{label}: {exc}", value_type=exc.value_type) from exc
             appenders[index](record)
 
         self.add = add
@@ -202,12 +209,18 @@ class HasIteration(Protocol):
 
 def make_route(channels: list[Channel], partitioning: PartitionSpec, label: str = "edge") -> Route:
     """The route for ``partitioning`` towards ``channels`` (one per instance); ``label`` names the edge in errors."""
+    route = _make_route(channels, partitioning, label)
+    route.label = label
+    return route
+
+
+def _make_route(channels: list[Channel], partitioning: PartitionSpec, label: str = "edge") -> Route:
     if partitioning is ROUND_ROBIN or (len(channels) == 1 and partitioning is SAME_KEY):
         return RoundRobinRoute(channels)
     if partitioning is BROADCAST:
         return BroadcastRoute(channels)
     if partitioning is SAME_KEY:
-        return KeyedRoute(channels)
+        return KeyedRoute(channels, label)
     count = len(channels)
     user_fn: Any = partitioning
 

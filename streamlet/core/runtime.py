@@ -32,7 +32,8 @@ from streamlet.core.sources import END_OF_FEED
 from streamlet.core.statistics import DeadLetter, JobStatistics, NodeStatistics
 from streamlet.core.task_instance import TaskInstance
 from streamlet.core.topology import Topology
-from streamlet.errors import JobError
+from streamlet.core.validation import unconsumed_ports
+from streamlet.errors import JobError, TopologyError
 
 DEFAULT_BATCH_SIZE = 1000
 # Batches per channel: one in hand, one queued. In one event loop deeper queues buy no overlap,
@@ -97,6 +98,10 @@ class Job:
         attempt: str | None = None,
         quiescence: Quiescence | None = None,
     ) -> None:
+        if not isinstance(topology, Topology):
+            raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
+        _check_whole("batch_size", batch_size)
+        _check_whole("channel_capacity", channel_capacity)
         topology.validate()
         self.job_id = job_id or f"local.{topology.name}"
         self.attempt = new_attempt() if attempt is None else check_attempt(attempt)
@@ -128,6 +133,15 @@ class Job:
         self._went_idle: anyio.Event | None = None  # while settle() waits: set when an instance goes idle or ends
         self._began = self._ended = 0.0
         self.log = structlog.get_logger("streamlet").bind(job=topology.name)
+        if placement is None:  # on a cluster the submitting client warns, not every worker
+            self._warn_unconsumed_ports()
+
+    def _warn_unconsumed_ports(self) -> None:
+        for node, port in unconsumed_ports(self.topology):
+            self.log.warning(
+                "output port has no consumer", node=node, port=port,
+                effect="records emitted there are dropped (counted in statistics.discarded)",
+            )  # fmt: skip
 
     # -- running ------------------------------------------------------------
 
@@ -392,3 +406,8 @@ async def open_job(topology: Topology, **options: Any) -> AsyncIterator[Job]:
 async def _run_quietly(job: Job) -> None:
     # The error is kept by the job and raised from wait(), not from the task group.
     await job._run_plan()
+
+
+def _check_whole(name: str, value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise JobError(f"{name} must be a whole number >= 1, got {value!r}")

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from streamlet.core.encoding import pack
 from streamlet.core.partition import partition_of
 
 
@@ -83,8 +84,7 @@ class KeyedState:
         neither slows the event loop down with allocations nor feeds the
         garbage collector, and later updates cannot change it.
         """
-        packed: bytes = msgpack.packb(self.values, use_bin_type=True)
-        return packed
+        return pack(self.values, "keyed state")
 
     def restore(self, snapshot: bytes) -> None:
         """Replace the contents with :meth:`checkpoint`'s data."""

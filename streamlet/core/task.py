@@ -52,6 +52,20 @@ class RecordFailure(Exception):
         self.index = index
 
 
+def _raised_in(exc: BaseException, method: Callable[..., Any]) -> bool:
+    """``exc`` was raised by ``method``'s own code (unpacking a result), not inside the user's function."""
+    trace = exc.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace is not None and trace.tb_frame.f_code is method.__code__
+
+
+def _shape_error(message: str, cause: BaseException) -> TypeError:
+    error = TypeError(message)
+    error.__cause__ = cause
+    return error
+
+
 def _index_of(batch: list[Record], record: Record) -> int:
     for index, candidate in enumerate(batch):
         if candidate is record:
@@ -72,13 +86,16 @@ class MapTask(Task):
         fn, batch = self.fn, inputs.get()
         out: list[Record] = []
         append = out.append
-        record = None
+        record = result = None
         try:
             for record in batch:
-                key, value = fn(record)
+                result = fn(record)
+                key, value = result  # apart from the call, so a result that is not a pair is told from fn failing
                 append(Record(key, value, record.ts))
         except Exception as exc:
             outputs.emit_batch(out)
+            if _raised_in(exc, MapTask.execute):
+                exc = _shape_error(f"the map function must return a (key, value) pair, got {result!r}", exc)
             raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]
         outputs.emit_batch(out)
 
@@ -128,6 +145,8 @@ class FlatMapTask(Task):
                     append(Record(key, value, ts))
         except Exception as exc:
             outputs.emit_batch(out)
+            if _raised_in(exc, FlatMapTask.execute):
+                exc = _shape_error(f"the flat_map function must return an iterable of (key, value) pairs ({exc})", exc)
             raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]
         outputs.emit_batch(out)
 

@@ -15,8 +15,8 @@ from streamlet.core.state import KeyedState
 from streamlet.core.statistics import DeadLetter
 from streamlet.core.task import RecordFailure, Task
 from streamlet.core.topology_constants import LATE
-from streamlet.core.window import ClosedWindow, TimeWindow, WindowLogic
-from streamlet.errors import TaskError, TopologyError
+from streamlet.core.window import ClosedWindow, TimeWindow, WindowLogic, WindowSpec
+from streamlet.errors import EncodingError, StreamletError, TaskError, TopologyError
 
 if TYPE_CHECKING:
     from streamlet.core.topology import Node
@@ -55,7 +55,18 @@ class TaskInstance(Receiver):
 
     async def open(self) -> None:
         """Prepare the task."""
-        self.task.prepare(dict(self.node.config))
+        self._prepare()
+
+    def _prepare(self) -> None:
+        try:
+            self.task.prepare(dict(self.node.config))
+        except StreamletError:
+            raise
+        except Exception as exc:
+            raise TaskError(
+                f"task '{self.node.name}' instance {self.index} failed in prepare(config): {_describe(exc)}",
+                task=self.node.name, instance=self.index, key=None,
+            ) from exc  # fmt: skip
 
     async def run(self) -> None:
         """Run the loop of the task's input mode."""
@@ -68,7 +79,12 @@ class TaskInstance(Receiver):
     def snapshot(self) -> dict[str, Any]:
         """State, open windows and whether finish() already ran."""
         window = None if self.window is None else self.window.snapshot()
-        return {"state": self.state.checkpoint(), "window": window, "finished": self.finished}
+        try:
+            state = self.state.checkpoint()
+        except EncodingError as exc:
+            where = f"task '{self.node.name}' instance {self.index}"
+            raise EncodingError(f"{where}: {exc}", value_type=exc.value_type) from exc.__cause__
+        return {"state": state, "window": window, "finished": self.finished}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Continue from :meth:`snapshot`'s data."""
@@ -124,11 +140,18 @@ class TaskInstance(Receiver):
         assert self.window is not None
         try:
             return self.window.add(port, batch, self.env.clock.now())
-        except Exception as exc:  # a window_reduce function failed while folding
+        except Exception as exc:  # a record without a usable ts, or a window_reduce function failed folding
+            where = f"task '{self.node.name}' instance {self.index}"
+            bad = _first_bad_timestamp(batch, self.node.window)
+            if bad is not None:
+                raise TaskError(
+                    f"{where} input port {port}: the record with key {bad.key!r} has ts {bad.ts!r}; "
+                    f"{_TIMESTAMP_RULE[bad.ts is None]}",
+                    task=self.node.name, instance=self.index, key=bad.key,
+                ) from exc  # fmt: skip
             raise TaskError(
-                f"task '{self.node.name}' instance {self.index} failed folding a window: {_describe(exc)}",
-                task=self.node.name, instance=self.index, key=None,
-            ) from exc  # fmt: skip
+                f"{where} failed folding a window: {_describe(exc)}", task=self.node.name, instance=self.index, key=None
+            ) from exc
 
     def next_deadline(self) -> float | None:
         """The next time a window closes by the clock."""
@@ -259,7 +282,7 @@ class TaskInstance(Receiver):
             raise self._task_error(record, error, after=f" after {self.node.max_failures} restarts")
         self.log.warning("restarting instance", key=record.key, error=_describe(error), failures=self.failures)
         self.task = self._new_task()
-        self.task.prepare(dict(self.node.config))
+        self._prepare()
 
     def _task_error(
         self, record: Record, error: BaseException, *, what: str = "record with key", after: str = ""
@@ -351,3 +374,23 @@ def _pop_batch(inbox: Inbox, channel: int) -> Batch:
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
+
+
+_TIMESTAMP_RULE = {
+    False: "an event-time window needs ts in seconds (an int or a float)",
+    True: "this window has missing_ts='fail' (give every record a ts, or leave missing_ts='clock')",
+}
+
+
+def _first_bad_timestamp(batch: Batch, window: WindowSpec | None) -> Record | None:
+    """The first record an event-time window cannot place: ts not a number, or missing where that is refused."""
+    if not isinstance(window, TimeWindow) or window.time != "event":
+        return None
+    for record in batch:
+        ts = record.ts
+        if ts is None:
+            if window.missing_ts == "fail":
+                return record
+        elif type(ts) is bool or not isinstance(ts, int | float):
+            return record
+    return None

@@ -82,6 +82,11 @@ class NodeHandle:
         partitioning: PartitionSpec = ROUND_ROBIN,
     ) -> NodeHandle:
         """Feed input ``in_port`` of this node from ``upstream``'s ``out_port``."""
+        if not isinstance(upstream, NodeHandle | str):
+            raise TopologyError(
+                f"{self._topology.node(self.name).describe()} input port {in_port}: "
+                f"upstream must be a node handle or a node name, got {upstream!r}"
+            )
         source = upstream.name if isinstance(upstream, NodeHandle) else upstream
         if not isinstance(partitioning, Partitioning) and not callable(partitioning):
             raise TopologyError(

@@ -111,3 +111,16 @@ def _resolve_windows(topology: Topology) -> None:
 
 def _ports(count: int, what: str) -> str:
     return f"{count} {what} port" + ("" if count == 1 else "s")
+
+
+def unconsumed_ports(topology: Topology) -> list[tuple[str, int]]:
+    """``(node, port)`` of every declared output port nothing is connected to (the late port aside):
+    what is emitted there is dropped, so the job warns about them once when it starts."""
+    wired = {(edge.upstream, edge.out_port) for edge in topology.edges}
+    return [
+        (node.name, port)
+        for node in topology.nodes.values()
+        if node.kind != "sink"
+        for port in range(node.outputs)
+        if (node.name, port) not in wired
+    ]

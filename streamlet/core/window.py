@@ -22,6 +22,7 @@ from streamlet.errors import TopologyError
 __all__ = ("ClosedWindow", "CountOrTimeWindow", "CountWindow", "TimeWindow", "WindowLogic", "WindowSpec")
 
 TimeKind = Literal["processing", "event"]
+MissingTs = Literal["clock", "fail"]
 
 
 class WindowSpec(ABC):
@@ -80,6 +81,11 @@ class TimeWindow(WindowSpec):
     silently. With ``idle_timeout``, a stream that stays quiet that many
     seconds closes its open windows as if the watermark had passed them.
     ``inputs.window`` is ``(start, end)`` in seconds.
+
+    ``missing_ts`` says what an event-time window does with a record whose
+    ``ts`` is ``None``: ``"clock"`` (the default) places it at the job
+    clock's time when it arrives; ``"fail"`` stops the job with a
+    ``TaskError`` naming the task, the port and the record's key.
     """
 
     size: float
@@ -88,12 +94,15 @@ class TimeWindow(WindowSpec):
     allowed_lateness: float = 0.0
     idle_timeout: float | None = None
     on_late: Callable[[Record], Any] | None = field(default=None, compare=False)
+    missing_ts: MissingTs = "clock"
 
     def build(self) -> WindowLogic:
         """Time-window logic."""
         slide = self.size if self.slide is None else self.slide
         if self.time == "event":
-            return EventTimeLogic(self.size, slide, self.allowed_lateness, self.idle_timeout)
+            logic = EventTimeLogic(self.size, slide, self.allowed_lateness, self.idle_timeout)
+            logic.refuse_missing_ts = self.missing_ts == "fail"
+            return logic
         return ProcessingTimeLogic(self.size, slide)
 
     def validate(self, where: str) -> None:
@@ -106,6 +115,8 @@ class TimeWindow(WindowSpec):
             raise TopologyError(f"{where}: allowed_lateness must be >= 0, got {self.allowed_lateness!r}")
         if self.idle_timeout is not None:
             _positive(where, "idle_timeout", self.idle_timeout)
+        if self.missing_ts not in ("clock", "fail"):
+            raise TopologyError(f"{where}: missing_ts must be 'clock' or 'fail', got {self.missing_ts!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,8 +120,14 @@ class EventTimeLogic(TimeLogic):
         self.idle_timeout = idle_timeout
         self.watermark = -math.inf
         self.last_arrival = 0.0
+        self.refuse_missing_ts = False  # TimeWindow(missing_ts="fail"): a record without ts stops the job
+
+    def _check_timestamps(self, batch: Batch) -> None:
+        if self.refuse_missing_ts and any(record.ts is None for record in batch):
+            raise ValueError("a record has no ts")  # the task instance names it
 
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
+        self._check_timestamps(batch)
         late: Batch = []
         self.last_arrival = now
         if self.slide == self.size:

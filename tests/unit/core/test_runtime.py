@@ -180,15 +180,33 @@ def test_output_ports_route_separately_and_unconnected_port_is_counted() -> None
     assert result.statistics.nodes["split"].records_out == 12
 
 
-def test_unconnected_output_port_drops_records_without_a_warning_or_log() -> None:
-    """Records emitted on a port nothing is connected to vanish silently: no log event, no Python warning."""
+def test_unconnected_output_port_drops_records_and_warns_once_per_port() -> None:
+    """Records emitted on a port nothing is connected to are dropped and counted; the job warns once per such
+    port when it starts (a structlog warning, not a Python warning), however many records go there."""
     topology = sl.Topology("ports")
     split = topology.add_task("split", SplitEvenOdd).set_input(topology.add_source("in", list(range(6))))
     topology.add_sink("even", sl.CollectSink()).set_input(split, out_port=0)
     with structlog.testing.capture_logs() as logged, warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         result = sl.run(topology)
-    assert (result.statistics.discarded, logged, warned) == (9, [], [])
+    effect = "records emitted there are dropped (counted in statistics.discarded)"
+    assert logged == [
+        {"job": "ports", "node": "split", "port": port, "effect": effect, "event": "output port has no consumer",
+         "log_level": "warning"}
+        for port in (1, 2)
+    ]  # fmt: skip
+    assert (result.statistics.discarded, warned) == (9, [])
+
+
+def test_a_topology_with_every_port_wired_logs_nothing() -> None:
+    """The warning is only for ports left unwired (the late port of a task never counts)."""
+    topology = sl.Topology("wired")
+    split = topology.add_task("split", SplitEvenOdd).set_input(topology.add_source("in", list(range(6))))
+    for port in range(3):
+        topology.add_sink(f"out{port}", sl.CollectSink()).set_input(split, out_port=port)
+    with structlog.testing.capture_logs() as logged:
+        sl.run(topology)
+    assert logged == []
 
 
 class Totals(sl.Task):
