@@ -22,9 +22,10 @@ from typing import Any
 
 import msgpack
 
+from streamlet.core.encoding import encoding_error, first_unencodable
 from streamlet.core.record import Batch, LoopRecord, Record, WindowRecord
 from streamlet.core.state import hashable
-from streamlet.errors import FrameError
+from streamlet.errors import EncodingError, FrameError
 
 MAGIC = b"SL"
 VERSION = 1
@@ -92,8 +93,20 @@ def data_body(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
     elif WindowRecord in kinds:  # results of windows: their bounds travel too (None for other records)
         windows = [r.window for r in batch]
         body += [None, [w and w[0] for w in windows], [w and w[1] for w in windows]]
-    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    try:
+        packed: bytes = msgpack.packb(body, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise unencodable_record(channel, batch) from exc
     return packed
+
+
+def unencodable_record(channel: str, batch: Batch) -> EncodingError:
+    """The error naming the first record of ``batch`` that cannot go over ``channel``, and what in it."""
+    for record in batch:
+        for what, part in (("key", record.key), ("value", record.value), ("ts", record.ts)):
+            if first_unencodable(part) is not None:
+                return encoding_error(part, f"channel {channel}: the record with key {record.key!r}", what)
+    return EncodingError(f"channel {channel}: a batch of {len(batch)} records cannot be encoded", value_type="unknown")
 
 
 def parse_header(header: bytes, max_length: int = DEFAULT_MAX_FRAME) -> tuple[FrameType, int, int]:
