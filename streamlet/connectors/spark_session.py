@@ -9,6 +9,7 @@ thread gets there first.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import threading
@@ -28,7 +29,8 @@ EMBEDDED_CONF = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.shuffle.partitions": "4",  # aggregates are small: 200 shuffle partitions would be 200 tiny tasks
 }
-#: Added for local masters only: a driver on loopback needs no resolvable host name.
+#: Added for local masters, and for a standalone master on loopback: a driver on loopback needs no resolvable
+#: host name.
 LOCAL_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 
 _lock = threading.Lock()
@@ -72,7 +74,8 @@ def spark_session(master: str | None = None) -> Any:
 
     With no ``master`` it is the embedded ``local[*]`` session: UI off, Arrow
     on, few shuffle partitions, the driver on 127.0.0.1. A ``master`` such as
-    ``"spark://host:7077"`` connects to that cluster instead. Spark keeps one
+    ``"spark://host:7077"`` connects to that cluster instead (with the driver
+    on 127.0.0.1 too when that master is on loopback). Spark keeps one
     context per process, so the first session created wins: later calls get
     it whatever ``master`` they name.
 
@@ -98,10 +101,44 @@ def _existing(sql: ModuleType) -> Any:
         return None
 
 
+def session_conf(master: str) -> dict[str, str]:
+    """The settings streamlet gives the session it creates on ``master``.
+
+    The driver binds to 127.0.0.1 for ``local`` masters and for standalone
+    masters on loopback (``spark://127.0.0.1:7077``, ``spark://localhost:7077``).
+    Executors connect back to the driver at the address it advertises, and
+    when the host name resolves to loopback Spark advertises the first
+    non-loopback interface instead: an address a sandbox or firewall may not
+    route, and one the cluster, reached on loopback, does not need. Any other
+    master gets Spark's own choice (the driver must be reachable from
+    workers on other machines).
+    """
+    on_loopback = master.startswith("local") or _standalone_on_loopback(master)
+    return dict(EMBEDDED_CONF, **(LOCAL_CONF if on_loopback else {}))
+
+
+def _standalone_on_loopback(master: str) -> bool:
+    """Whether ``master`` is ``spark://HOST:PORT[,HOST:PORT...]`` with every HOST on loopback."""
+    if not master.startswith("spark://"):
+        return False
+    addresses = master.removeprefix("spark://").split(",")  # several for masters with standby (ZooKeeper)
+    hosts = [(address.rpartition(":")[0] if ":" in address else address).strip("[]") for address in addresses]
+    return all(_is_loopback(host) for host in hosts)
+
+
+def _is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback IP literal; other names are not resolved (no DNS lookup for a setting)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
 def _build(sql: ModuleType, master: str) -> Any:
     builder = sql.SparkSession.builder.master(master).appName("streamlet")
-    conf = dict(EMBEDDED_CONF, **(LOCAL_CONF if master.startswith("local") else {}))
-    for key, value in conf.items():
+    for key, value in session_conf(master).items():
         builder = builder.config(key, value)
     try:
         return builder.getOrCreate()

@@ -1,0 +1,278 @@
+"""A real Spark standalone cluster for tests: one master and one worker from the installed pyspark, on 127.0.0.1.
+
+``StandaloneCluster`` starts ``spark-class org.apache.spark.deploy.master.Master``
+and ``spark-class org.apache.spark.deploy.worker.Worker spark://127.0.0.1:PORT``
+(``spark-class`` execs ``java``, so each child's PID is its JVM), waits until
+the master's JSON status (``http://127.0.0.1:UIPORT/json/``) counts the worker
+alive, and stops both by PID: SIGTERM, then SIGKILL, then reaped. Everything
+they write (logs, the worker's directory with one folder per application and
+executor, Spark's scratch space) stays under one directory, and an empty
+``SPARK_CONF_DIR`` keeps any ``spark-defaults.conf`` of the machine out.
+
+Run as a script (``python -m tests.support.spark_standalone MASTER OUTPUT EVENTS``)
+it is the driver process: Spark allows one ``SparkContext`` per process and a
+test session holds a ``local[*]`` one, so the job handing its rows to the
+cluster runs apart. It prints one JSON line naming the session's master,
+application id and driver host, then stops the session so the master
+records the application as finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from streamlet.backends.cluster.child_process import stop_child
+
+JAVA_17 = Path("/usr/lib/jvm/java-17-openjdk-amd64")  # this machine's Java, when JAVA_HOME is unset
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+POLL = 0.1  # seconds between two reads of the master's status while waiting on a condition
+
+
+class StandaloneError(RuntimeError):
+    """The standalone cluster could not start, or a condition on it did not come true in time."""
+
+
+def spark_home() -> Path:
+    """The installed pyspark package directory: a Spark distribution with ``bin/spark-class`` and ``jars/``."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise StandaloneError("pyspark is not installed: pip install 'streamlet[spark]'")  # fail, never skip
+    home = Path(spec.origin).parent
+    if not (home / "bin" / "spark-class").exists():
+        raise StandaloneError(f"no bin/spark-class in the pyspark package at {home}")
+    return home
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that nothing listens on now (all probed at once: no repeats)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
+def java_home() -> str | None:
+    """``JAVA_HOME``, else this machine's Java 17 when it exists, else ``None`` (``java`` on the PATH)."""
+    return os.environ.get("JAVA_HOME") or (str(JAVA_17) if JAVA_17.exists() else None)
+
+
+@dataclass
+class StandaloneCluster:
+    """One master and one worker (``cores`` cores, ``memory`` of executor memory) on 127.0.0.1, under ``base``.
+
+    Example:
+        >>> with StandaloneCluster(Path("/tmp/spark")) as cluster:  # doctest: +SKIP
+        ...     print(cluster.master_url)
+        spark://127.0.0.1:40313
+    """
+
+    base: Path
+    cores: int = 1
+    memory: str = "1g"
+    start_timeout: float = 60.0  # a safety net: the wait ends as soon as the worker is registered
+    master_port: int = 0  # 0: a free port, chosen at construction (so are the others)
+    master_ui_port: int = 0
+    worker_port: int = 0
+    worker_ui_port: int = 0
+    master: subprocess.Popen[bytes] | None = None
+    worker: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        free = iter(free_ports(4))
+        self.master_port = self.master_port or next(free)
+        self.master_ui_port = self.master_ui_port or next(free)
+        self.worker_port = self.worker_port or next(free)
+        self.worker_ui_port = self.worker_ui_port or next(free)
+
+    @property
+    def master_url(self) -> str:
+        """``spark://127.0.0.1:PORT``, for ``SparkSink(master=...)``."""
+        return f"spark://127.0.0.1:{self.master_port}"
+
+    @property
+    def work_dir(self) -> Path:
+        """The worker's directory: ``<application id>/<executor id>/stderr`` for each executor it ran."""
+        return self.base / "work"
+
+    def environment(self) -> dict[str, str]:
+        """The environment of the master and the worker (and so of the executors the worker starts)."""
+        env = dict(os.environ)
+        for name in ("SPARK_MASTER_OPTS", "SPARK_WORKER_OPTS", "SPARK_DAEMON_JAVA_OPTS", "PYSPARK_SUBMIT_ARGS"):
+            env.pop(name, None)  # the cluster is this module's alone
+        java = java_home()
+        if java is not None:
+            env["JAVA_HOME"] = java
+        env.update(
+            SPARK_HOME=str(spark_home()),
+            SPARK_CONF_DIR=str(self.base / "conf"),  # empty: no spark-env.sh, spark-defaults.conf nor log4j2 config
+            SPARK_LOG_DIR=str(self.base / "logs"),
+            SPARK_WORKER_DIR=str(self.work_dir),
+            SPARK_LOCAL_DIRS=str(self.base / "local"),  # shuffle and block files, instead of /tmp/spark-*
+            SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_DAEMON_MEMORY="256m",  # master and worker heaps (1g by default); executors get their own
+            # A port taken between free_ports() and the JVM's bind fails the start loudly instead of moving the
+            # master to the next port, where the URL this class hands out would not reach it.
+            SPARK_DAEMON_JAVA_OPTS="-Dspark.port.maxRetries=0",
+            PYSPARK_PYTHON=sys.executable,  # executors that run Python run this interpreter
+        )
+        return env
+
+    def start(self) -> StandaloneCluster:
+        """Start the master and the worker, and wait until the master counts the worker alive."""
+        for directory in ("conf", "logs", "work", "local"):
+            (self.base / directory).mkdir(parents=True, exist_ok=True)
+        env = self.environment()
+        # Both start at once: the worker retries its registration until the master listens.
+        master = ["--port", str(self.master_port), "--webui-port", str(self.master_ui_port)]
+        worker = ["--port", str(self.worker_port), "--webui-port", str(self.worker_ui_port)]
+        worker += ["--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(self.work_dir)]
+        self.master = self._launch("master", env, MASTER_CLASS, *master)
+        self.worker = self._launch("worker", env, WORKER_CLASS, *worker, self.master_url)
+        try:
+            self.wait_for(lambda status: status.get("aliveworkers", 0) >= 1, "a registered worker", self.start_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _launch(self, name: str, env: dict[str, str], main_class: str, *options: str) -> subprocess.Popen[bytes]:
+        """``spark-class main_class --host 127.0.0.1 options...``, its output to ``logs/<name>.log``."""
+        spark_class = spark_home() / "bin" / "spark-class"
+        command = ["bash", str(spark_class), main_class, "--host", "127.0.0.1", *options]  # bash: no need for +x
+        with open(self.base / "logs" / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            return subprocess.Popen(
+                dying_with_parent(command),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a Ctrl-C at the terminal reaches the tests, not the cluster
+            )
+
+    def status(self) -> dict[str, Any]:
+        """The master's JSON status: ``aliveworkers``, ``activeapps``, ``completedapps``, ..."""
+        url = f"http://127.0.0.1:{self.master_ui_port}/json/"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            status: dict[str, Any] = json.load(response)
+            return status
+
+    def wait_for(self, condition: Callable[[dict[str, Any]], bool], what: str, timeout: float) -> dict[str, Any]:
+        """Poll the master's status until ``condition`` holds and return that status.
+
+        Raises ``StandaloneError`` (with the end of both logs) when the master or the worker exits, or when
+        ``timeout`` passes first: the deadline is a safety net, the wait itself ends on the condition.
+        """
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while True:
+            for name, process in (("master", self.master), ("worker", self.worker)):
+                if process is None or process.poll() is not None:
+                    code = None if process is None else process.returncode
+                    raise StandaloneError(f"the Spark {name} exited ({code}) waiting for {what}\n{self.logs()}")
+            try:
+                status = self.status()
+            except OSError as exc:  # the master's web UI is not listening yet
+                last = exc
+            else:
+                if condition(status):
+                    return status
+                last = None
+            if time.monotonic() > deadline:
+                raise StandaloneError(f"no {what} within {timeout} s (last error: {last})\n{self.logs()}")
+            time.sleep(POLL)
+
+    def application(self, app_id: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The master's record of application ``app_id`` once it is finished (waits until it is)."""
+
+        def finished(status: dict[str, Any]) -> bool:
+            return any(app["id"] == app_id for app in status.get("completedapps", []))
+
+        status = self.wait_for(finished, f"application {app_id} completed", timeout)
+        app: dict[str, Any] = next(app for app in status["completedapps"] if app["id"] == app_id)
+        return app
+
+    def executor_logs(self, app_id: str) -> list[Path]:
+        """The stderr of every executor the worker ran for ``app_id``."""
+        return sorted((self.work_dir / app_id).glob("*/stderr"))
+
+    def logs(self, lines: int = 30) -> str:
+        """The last ``lines`` of the master's and the worker's logs, for error messages."""
+        parts = []
+        for name in ("master", "worker"):
+            path = self.base / "logs" / f"{name}.log"
+            text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
+            parts.append(f"--- {name} log:\n" + "\n".join(text))
+        return "\n".join(parts)
+
+    def pids(self) -> list[int]:
+        """The PIDs of the master's and the worker's JVMs (``spark-class`` execs ``java``)."""
+        return [process.pid for process in (self.master, self.worker) if process is not None]
+
+    def stop(self) -> None:
+        """Stop the worker (its shutdown hook stops its executors), then the master: each by PID, reaped."""
+        for attribute in ("worker", "master"):
+            process = getattr(self, attribute)
+            setattr(self, attribute, None)
+            if process is not None:
+                stop_child(process, timeout=15.0)
+
+    def __enter__(self) -> StandaloneCluster:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def dying_with_parent(command: list[str]) -> list[str]:
+    """``command`` run so that Linux sends it SIGTERM when the test process dies (util-linux ``setpriv``).
+
+    The signal survives bash's exec of ``java``, so a test run killed without teardown takes the cluster
+    with it. Not ``preexec_fn``: that is unsafe in a process with threads, as a test session has.
+    """
+    setpriv = shutil.which("setpriv")
+    return command if setpriv is None else [setpriv, "--pdeathsig", "TERM", *command]
+
+
+def run_job(master: str, output: Path, count: int) -> dict[str, str]:
+    """The driver: ``count`` events summed per key and 5 s window into ``SparkSink(output, master=master)``.
+
+    With checkpoints every 50 ms, so several epochs are handed to the cluster one after the other.
+    Returns what the session says of itself: its master, application id and driver host.
+    """
+    import streamlet as sl
+    from tests.support import spark_job
+
+    sink = sl.SparkSink(output, master=master)
+    topology = spark_job.build(sink, spark_job.events(count))
+    sl.run(topology, checkpoint_dir=output.parent / "checkpoints", checkpoint_interval=0.05, batch_size=10)
+    spark = sink.spark()
+    context = spark.sparkContext
+    facts = {
+        "master": context.master,
+        "app_id": context.applicationId,
+        "driver_host": context.getConf().get("spark.driver.host"),
+    }
+    spark.stop()  # the application ends now, so the master lists it as finished
+    return facts
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_job(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))), flush=True)
