@@ -4,6 +4,9 @@ Orders and payments arrive on separate streams; ``MatchPayments`` pairs them
 by order id. In sync mode it runs only when both streams have delivered, so
 neither stream races ahead of the other. Its single output port feeds two
 sinks (1-to-N): every match reaches both the ledger and the audit log.
+
+    python examples/merge_ports.py
+    streamlet run examples/merge_ports.py --sort key
 """
 
 from __future__ import annotations

@@ -12,6 +12,12 @@ prints a summary per sensor.
 
     python examples/sensor_pipeline.py [--events N] [--output DIR]
 
+``streamlet run examples/sensor_pipeline.py`` runs the same stream (its
+``build_topology`` defaults to 300 000 readings and Parquet under
+``out/sensor_pipeline/windows``) and shows the window rows and the counts
+per node instead of the Spark query; ``--param events=20000`` makes it
+smaller, ``--param output=DIR`` moves the Parquet.
+
 With ``--kafka HOST:PORT`` the readings come from the Kafka topic
 ``--in-topic`` instead (JSON ``{"celsius": x}`` keyed by sensor, event time =
 the Kafka timestamp; ``--produce`` first writes the generated readings
@@ -42,6 +48,8 @@ from rich.table import Table
 
 import streamlet as sl
 
+EVENTS = 300_000
+OUTPUT = Path("out/sensor_pipeline")
 SENSORS = 8
 EVENTS_PER_SECOND = 100
 WINDOW = sl.TimeWindow(60.0, time="event", allowed_lateness=5.0)
@@ -69,20 +77,35 @@ class WindowStats(sl.Task):
         outputs.emit_all((sensor, window_stats(values)) for sensor, values in by_sensor.items())
 
 
+def spark_on_loopback() -> None:
+    """This example's choice: Spark binds to 127.0.0.1 (no resolvable host name needed), unless told otherwise."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
 def window_stats(values: list[float]) -> dict[str, Any]:
     """The row of one sensor's window."""
     return {"count": len(values), "min": min(values), "max": max(values), "mean": round(sum(values) / len(values), 2)}
 
 
 def build_topology(
-    events: Iterator[sl.Record] | sl.Source, output: Path, kafka_out: sl.Sink | None = None
+    events: int | Iterator[sl.Record] | sl.Source = EVENTS,
+    output: Path = OUTPUT / "windows",
+    kafka_out: sl.Sink | None = None,
 ) -> sl.Topology:
-    """readings -> stats per sensor and window (2 instances, by sensor) -> SparkSink(output) [and Kafka]."""
+    """readings -> stats per sensor and window (2 instances, by sensor) -> SparkSink(output) [and Kafka].
+
+    ``events`` is a number of generated readings, or the readings themselves.
+    The window rows also go to a ``CollectSink`` (a few hundred rows: one per
+    sensor and minute), which ``streamlet run`` shows.
+    """
+    spark_on_loopback()
+    readings_in = readings(events) if isinstance(events, int) else events
     topology = sl.Topology("sensor-pipeline")
-    source = topology.add_source("readings", events)
+    source = topology.add_source("readings", readings_in)
     stats = topology.add_task("window-stats", WindowStats, parallelism=2, window=WINDOW)
     stats.set_input(source, partitioning=sl.SAME_KEY)
     topology.add_sink("to-spark", sl.SparkSink(output)).set_input(stats)
+    topology.add_sink("window-rows", sl.CollectSink()).set_input(stats)
     if kafka_out is not None:
         topology.add_sink("to-kafka", kafka_out).set_input(stats)
     return topology
@@ -185,8 +208,8 @@ def run_pipeline(count: int, output: Path, console: Console, kafka: KafkaSetting
 def main(argv: list[str] | None = None) -> None:
     """Generate, window, hand to Spark, then query the Parquet and print the summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=300_000)
-    parser.add_argument("--output", type=Path, default=Path("out/sensor_pipeline"))
+    parser.add_argument("--events", type=int, default=EVENTS)
+    parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--kafka", metavar="HOST:PORT", help="read readings from Kafka and write window rows back")
     parser.add_argument("--in-topic", default="sensor-readings")
     parser.add_argument("--out-topic", default="sensor-windows")
@@ -195,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     kafka = None if args.kafka is None else KafkaSettings(args.kafka, args.in_topic, args.out_topic)
     if kafka is not None and args.produce:
         produce_readings(kafka, args.events)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # this script's choice: Spark stays on loopback
+    spark_on_loopback()
     console = Console()
     began = time.perf_counter()
     with console.status("starting Spark (local[*])"):

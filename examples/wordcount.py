@@ -1,8 +1,9 @@
 """Word count: lines -> split (parallel, ROUND_ROBIN) -> count (parallel, SAME_KEY) -> sink.
 
-Run it in-process with ``python examples/wordcount.py [PATH]`` (``make run``),
-or ``streamlet run examples/wordcount.py``. It counts the words of a bundled
-text unless given a path.
+Run it in-process with ``python examples/wordcount.py [PATH]``, or with
+``streamlet run examples/wordcount.py --sort -value`` (most frequent first;
+``--param path=PATH`` counts another file, ``--param parallelism=4`` spreads
+it wider). It counts the words of a bundled text unless given a path.
 """
 
 from __future__ import annotations

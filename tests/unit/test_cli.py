@@ -15,6 +15,8 @@ from click.testing import CliRunner, Result
 
 import streamlet as sl
 from streamlet.cli import main
+from tests.support import run_output
+from tests.support.run_output import COUNTERS_ZERO, TIMING
 
 WORDCOUNT = Path(__file__).resolve().parents[2] / "examples" / "wordcount.py"
 
@@ -83,27 +85,24 @@ def invoke(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
 
 
-TIMING = re.compile(r"finished in \d+\.\d{3} s: (\d+) records from sources, \d+ records/s")
-
-
 def section(result: Result, title: str) -> list[str]:
-    """The lines of the table titled ``title`` (header first, without the rule under it) up to its end."""
-    lines = result.stdout.splitlines()
-    start = lines.index(title) + 1
-    end = start
-    while end < len(lines) and lines[end] and not lines[end].startswith(("showing ", "late ")):
-        end += 1
-    return [line for line in lines[start:end] if set(line) != {"─"}]
+    """The lines of table ``title`` in the command's output."""
+    return run_output.section(result.stdout, title)
 
 
 def rows(result: Result, title: str) -> list[list[str]]:
-    """The cells of table ``title``'s rows (split on runs of two spaces or more), without the header."""
-    return [re.split(r"\s{2,}", line.strip()) for line in section(result, title)[1:]]
+    """The cells of table ``title``'s rows."""
+    return run_output.rows(result.stdout, title)
 
 
 def node_rows(result: Result, job: str) -> list[list[str]]:
     """The statistics table: node, kind, parallelism, in, out, dead-lettered."""
-    return rows(result, f"job '{job}'")
+    return run_output.node_rows(result.stdout, job)
+
+
+def caption(result: Result, sink: str) -> str:
+    """The line right after sink table ``sink``."""
+    return run_output.caption(result.stdout, sink)
 
 
 def test_run_wordcount_example_exits_zero() -> None:
@@ -115,7 +114,7 @@ def test_run_wordcount_example_exits_zero() -> None:
 def test_run_wordcount_ends_with_counters_then_wall_time_and_rate() -> None:
     """The last two lines: the job-wide counters, then the wall time and the rate from the sources."""
     lines = invoke("run", str(WORDCOUNT)).stdout.splitlines()
-    assert lines[-2] == "late 0, dropped 0, dead-lettered 0, discarded 0, restarts 0, checkpoints 0"
+    assert lines[-2] == COUNTERS_ZERO
     match = TIMING.fullmatch(lines[-1])
     assert match is not None, lines[-1]
     assert match[1] == str(len(WORDCOUNT.with_name("data").joinpath("river.txt").read_text().splitlines()))
@@ -384,12 +383,6 @@ topology.add_sink("odd", sl.CollectSink()).set_input(odd)
 """
 
 
-def caption(result: Result, sink: str) -> str:
-    """The line right after sink table ``sink``."""
-    lines = result.stdout.splitlines()
-    return lines[lines.index(f"sink '{sink}'") + len(section(result, f"sink '{sink}'")) + 2]
-
-
 def test_rows_shows_the_first_n_records_of_each_sink_with_a_caption(tmp_path: Path) -> None:
     """--rows 3: the first three records each sink received, and 'showing 3 of M records' under each."""
     path = write(tmp_path, "cli_twelve.py", TWELVE)
@@ -532,7 +525,7 @@ def test_plain_output_has_no_escape_codes_even_when_colour_is_forced(
     stdout = invoke("run", str(path)).stdout
     assert "\x1b" not in stdout
     assert all(line == line.rstrip() for line in stdout.splitlines())
-    assert "late 0, dropped 0, dead-lettered 0, discarded 0, restarts 0, checkpoints 0" in stdout.splitlines()
+    assert COUNTERS_ZERO in stdout.splitlines()
 
 
 RESUMABLE = '''
