@@ -51,7 +51,7 @@ DEFAULT_CHECKPOINT_INTERVAL = 1.0  # seconds; --state-dir alone should still lea
     help=f"seconds between checkpoints (needs --state-dir; default {DEFAULT_CHECKPOINT_INTERVAL:g})",
 )  # fmt: skip
 @click.option(
-    "--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE, show_default=True,
+    "--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE, show_default=True, metavar="N",
     help="records per batch a source reads and a task emits",
 )  # fmt: skip
 @click.option(
@@ -72,7 +72,7 @@ def run_command(
 
     NAME may be a Topology object or a function returning one; without it the
     file's single module-level Topology is used, or else its function
-    ``build_topology``. The report shows each CollectSink's first records,
+    build_topology. The report shows each CollectSink's first records,
     then records in and out per node, the job's counters, its wall time and
     the rate from the sources.
     """

@@ -18,7 +18,8 @@ from streamlet.cli import main
 from tests.support import run_output
 from tests.support.run_output import COUNTERS_ZERO, TIMING
 
-WORDCOUNT = Path(__file__).resolve().parents[2] / "examples" / "wordcount.py"
+ROOT = Path(__file__).resolve().parents[2]
+WORDCOUNT = ROOT / "examples" / "wordcount.py"
 
 TWO_TOPOLOGIES = """
 import streamlet as sl
@@ -705,3 +706,17 @@ def test_kill_without_the_secret_says_how_to_get_it(tmp_path: Path, monkeypatch:
         "error: StreamletError: kill needs the cluster secret: set STREAMLET_SECRET (hex) or run it with the "
         f"--state-dir that 'streamlet cluster up' wrote (looked in {tmp_path})"
     )
+
+
+def test_the_readme_shows_what_streamlet_run_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's ```console block of `streamlet run` is the command's real output, but for the timing numbers."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```console\n\$ streamlet run (?P<args>[^\n]*)\n(?P<output>.*?)```", readme, re.S)
+    assert block is not None
+    monkeypatch.chdir(ROOT)
+    shown, printed = block["output"].splitlines(), invoke("run", *block["args"].split()).stdout.splitlines()
+    assert printed[:-1] == shown[:-1]
+    shown_timing, printed_timing = TIMING.fullmatch(shown[-1]), TIMING.fullmatch(printed[-1])
+    assert shown_timing is not None
+    assert printed_timing is not None
+    assert shown_timing[1] == printed_timing[1]
