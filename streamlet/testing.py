@@ -14,6 +14,13 @@ Under pytest, the ``manual_clock`` fixture (registered by streamlet's pytest
 plugin) gives each test a fresh :class:`ManualClock` starting at 0. A test of
 a running job (``sl.start``) waits with ``await job.settle()`` until every
 record sent so far has been processed, then advances the clock: no sleeps.
+
+:class:`SimulatedCluster` runs a job on a whole cluster in this process (a
+leader, workers talking TCP on loopback, one in-memory store) and kills
+workers where a test says (:class:`KillAt`, ``kill_worker``); the
+:class:`JobOutcome` says how the job recovered and what each sink got, and
+:class:`ExactlyOnceSink` keeps exactly what the checkpoints committed. See
+``streamlet.backends.cluster.simulated``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,15 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from streamlet.backends.cluster.simulated import (
+    Attempt,
+    ExactlyOnceSink,
+    JobOutcome,
+    Kill,
+    KillAt,
+    SimulatedCluster,
+    SimulatedJob,
+)
 from streamlet.backends.local import run, start
 from streamlet.core.clock import Clock, ManualClock
 from streamlet.core.record import Record
@@ -32,7 +48,19 @@ from streamlet.core.sources import IterableSource
 from streamlet.core.topology import Topology
 from streamlet.errors import TopologyError
 
-__all__ = ("ManualClock", "arun_topology", "run_topology", "with_test_io")
+__all__ = (
+    "Attempt",
+    "ExactlyOnceSink",
+    "JobOutcome",
+    "Kill",
+    "KillAt",
+    "ManualClock",
+    "SimulatedCluster",
+    "SimulatedJob",
+    "arun_topology",
+    "run_topology",
+    "with_test_io",
+)
 
 
 def with_test_io(topology: Topology, inputs: dict[str, Iterable[Any]]) -> Topology:
