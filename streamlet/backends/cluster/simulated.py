@@ -764,6 +764,11 @@ class SimulatedJob:
         status = await cluster_jobs.job_status(self.cluster.store, self.name)
         return str(status["state"]), str(status["reason"])
 
+    async def instances(self) -> dict[str, str]:
+        """Instance -> worker in the current attempt (empty before the first): whom to kill, say."""
+        found = await self.cluster.store.get(paths.assignment(self.name))
+        return {} if found is None else dict(found[0]["instances"])
+
     async def wait_for(self, *states: str | JobState) -> tuple[str, str]:
         """Wait until the job is in one of ``states``; returns (state, reason).
 
