@@ -1,15 +1,18 @@
-"""The testing harness: run_topology, arun_topology, the manual_clock fixture and ManualClock."""
+"""The testing harness: run_topology, arun_topology, the manual_clock fixture, ManualClock, ExactlyOnceSink and the
+simulated cluster's exports (the cluster itself: tests/unit/backends/cluster/test_simulated.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import streamlet as sl
-from streamlet.testing import arun_topology, run_topology
+from streamlet import testing
+from streamlet.core.sinks import RestorePoint, SinkContext, SinkWriter
+from streamlet.testing import ExactlyOnceSink, arun_topology, run_topology
 from tests.conftest import pairs, values
 
 
@@ -165,3 +168,80 @@ async def test_sleep_wakes_only_after_the_clock_is_advanced(manual_clock: sl.Man
     manual_clock.advance(1)
     await asyncio.wait_for(sleeper, timeout=5)
     assert manual_clock.now() == 5.0
+
+
+def test_testing_exports_the_simulated_cluster() -> None:
+    """streamlet.testing names the simulated cluster, its kill points and outcome, and the exactly-once sink."""
+    names = {"Attempt", "ExactlyOnceSink", "JobOutcome", "Kill", "KillAt", "SimulatedCluster", "SimulatedJob"}
+    assert names <= set(testing.__all__)
+    assert all(hasattr(testing, name) for name in testing.__all__)
+
+
+def writer(job_id: str, attempt: str, index: int = 0) -> SinkWriter:
+    """An ExactlyOnceSink writer of instance ``index`` of sink 'out', in run ``attempt`` of ``job_id``."""
+    return ExactlyOnceSink().open(SinkContext("out", index, 2, job_id, attempt))
+
+
+@pytest.fixture
+def job_id() -> Iterator[str]:
+    """A job id whose committed output is forgotten after the test."""
+    yield "test.exactly-once"
+    ExactlyOnceSink.forget("test.exactly-once")
+
+
+def committed(job_id: str) -> list[object]:
+    """The values published for sink 'out'."""
+    return values(ExactlyOnceSink.committed(job_id).get("out", []))
+
+
+def test_exactly_once_sink_publishes_an_epoch_once_when_its_checkpoint_commits(job_id: str) -> None:
+    """Staged at prepare_commit, visible at commit (twice is once); what no barrier covered dies with abort."""
+    out = writer(job_id, "run1")
+    out.write([sl.Record("a", 1), sl.Record("b", 2)])
+    out.prepare_commit(1)
+    out.write([sl.Record("c", 3)])
+    assert committed(job_id) == []
+    out.commit(1)
+    out.commit(1)
+    assert committed(job_id) == [1, 2]
+    out.abort()
+    out.prepare_commit(2)
+    out.commit(2)
+    assert committed(job_id) == [1, 2]
+
+
+def test_exactly_once_sink_restore_publishes_what_the_checkpointing_run_staged_and_drops_the_rest(
+    job_id: str,
+) -> None:
+    """Run 1 staged epochs 1-3 and committed 1 before dying; checkpoint 2 completed. Run 2 restores from it:
+    epoch 2 is published, epoch 3 dropped (replayed), and a stale commit of run 1 publishes nothing."""
+    first = writer(job_id, "run1")
+    for epoch, value in enumerate([10, 20, 30], start=1):
+        first.write([sl.Record("k", value)])
+        first.prepare_commit(epoch)
+    first.commit(1)
+    second = writer(job_id, "run2")
+    second.restore(RestorePoint(2, "run1"))
+    assert committed(job_id) == [10, 20]
+    second.write([sl.Record("k", 31)])
+    second.prepare_commit(4)
+    second.commit(4)
+    first.commit(3)  # a zombie of run 1: its epoch 3 is gone
+    other = writer(job_id, "run2", index=1)
+    other.restore(RestorePoint(2, "run1"))  # another instance restores nothing of instance 0's
+    other.restore(None)
+    assert committed(job_id) == [10, 20, 31]
+
+
+def test_exactly_once_sink_without_checkpoints_publishes_when_the_input_ends() -> None:
+    """In-process, no checkpoints: everything at close; a second run of the same job replaces the first."""
+    topology = sl.Topology("once")
+    numbers = topology.add_source("numbers", range(5))
+    topology.add_sink("out", ExactlyOnceSink()).set_input(numbers)
+    try:
+        sl.run(topology)
+        sl.run(topology)
+        assert committed("local.once") == [0, 1, 2, 3, 4]
+    finally:
+        ExactlyOnceSink.forget("local.once")
+    assert ExactlyOnceSink.committed("local.once") == {}
