@@ -492,6 +492,11 @@ class SimulatedCluster:
         for worker in self._workers.values():
             worker.alive = False
             worker.scope.cancel()  # its sockets close as its task ends
+        if error is not None and not self._group.cancel_scope.cancel_called:
+            # the test's own error (an assertion): raised as itself, not inside the task group's exception group
+            self._group.cancel_scope.cancel()
+            await stack.__aexit__(None, None, None)
+            return False
         self._group.cancel_scope.cancel()  # the leader; the group's exit waits for every task
         return await stack.__aexit__(kind, error, trace)
 

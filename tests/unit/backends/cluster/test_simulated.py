@@ -20,6 +20,7 @@ import pytest
 
 import streamlet as sl
 from streamlet.backends.cluster import paths, simulated_targets
+from streamlet.backends.cluster.leader import Leader
 from streamlet.testing import ExactlyOnceSink, JobOutcome, Kill, KillAt, SimulatedCluster
 
 WORDS = [f"w{index % 37}" for index in range(20_000)]
@@ -270,6 +271,32 @@ async def test_bad_kill_points_and_unknown_workers_are_refused() -> None:
             await cluster.kill_worker("worker-7")
     with pytest.raises(sl.JobError, match=r"^the simulated cluster is not running"):
         await cluster.add_worker()
+
+
+async def test_the_tests_own_error_comes_out_as_itself_and_the_clusters_errors_are_not_swallowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An assertion inside the block is raised as is (not in an exception group); an error in the cluster's
+    own code (here a leader round) fails the block instead of leaving it waiting."""
+
+    async def failing_test() -> None:
+        async with SimulatedCluster(workers=1) as cluster:
+            await cluster.submit(small)
+            raise AssertionError("the test's own")
+
+    async def broken_round(self: Leader) -> list[str]:
+        raise RuntimeError("a bug in a leader round")
+
+    async def run_small() -> None:
+        async with SimulatedCluster(workers=1) as cluster:
+            await (await cluster.submit(small)).outcome()
+
+    with pytest.raises(AssertionError, match=r"^the test's own$"):
+        await failing_test()
+    monkeypatch.setattr(Leader, "round", broken_round)
+    with pytest.raises(ExceptionGroup) as failed:
+        await run_small()
+    assert [repr(error) for error in failed.value.exceptions] == ["RuntimeError('a bug in a leader round')"]
 
 
 def sockets() -> set[str]:
