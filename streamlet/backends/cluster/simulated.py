@@ -540,11 +540,15 @@ class SimulatedCluster:
     ) -> str:
         """Start a worker (registered and heartbeating when this returns); returns its id.
 
-        The default id is ``worker-<n>``, ``n`` counting every worker started so far. The id of a killed worker
-        may be used again: a restarted worker.
+        The default id is ``worker-<n>``, the first ``n`` not taken from the number of workers started so far
+        on. The id of a killed worker may be used again: a restarted worker.
         """
         group = self._require_group()
-        worker_id = worker_id or f"worker-{len(self._workers)}"
+        if worker_id is None:
+            number = len(self._workers)
+            while f"worker-{number}" in self._workers:
+                number += 1
+            worker_id = f"worker-{number}"
         known = self._workers.get(worker_id)
         if known is not None:
             if known.alive:

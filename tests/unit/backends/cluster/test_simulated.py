@@ -205,6 +205,9 @@ async def test_a_worker_killed_by_the_test_while_the_job_is_held(gate: asyncio.E
         await job.wait_for("RUNNING")
         gate.set()
         outcome = await job.outcome()
+        assert await cluster.add_worker(holder) == holder  # restarted under its old id
+        assert sorted(cluster.workers) == ["worker-0", "worker-1"]
+        assert await cluster.add_worker() == "worker-2"
     assert outcome.kills == [Kill(holder, "kill_worker()", None, {"held": 1})]
     assert (outcome.state, outcome.attempt, outcome.restored_from) == ("FINISHED", 2, None)
     assert sorted(record.value for record in outcome.committed["out"]) == list(range(100))
