@@ -25,7 +25,7 @@ import uvloop
 
 import streamlet as sl
 from benchmarks.common import latency_ms, report
-from streamlet.core.channel import Inbox
+from streamlet.core.runtime.channel import Inbox
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 

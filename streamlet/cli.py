@@ -14,8 +14,8 @@ import click
 import structlog
 
 from streamlet.backends.local import run as run_topology
-from streamlet.core.checkpoint_store import DirectoryCheckpointStore
-from streamlet.core.runtime import DEFAULT_BATCH_SIZE
+from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE
+from streamlet.core.state.store import DirectoryCheckpointStore
 from streamlet.errors import StreamletError
 from streamlet.loading import PARAM_RULE, load_topology
 from streamlet.run_report import DEFAULT_ROWS, SORT_CHOICES, ReportOptions, print_report, to_json

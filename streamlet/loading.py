@@ -23,7 +23,7 @@ from pathlib import Path, PurePath
 from types import ModuleType
 from typing import Any
 
-from streamlet.core.topology import Topology
+from streamlet.core.model.topology import Topology
 from streamlet.errors import StreamletError
 
 PARAM_RULE = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamlet.core.clock import ManualClock
+from streamlet.core.runtime.clock import ManualClock
 
 
 @pytest.fixture

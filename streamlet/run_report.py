@@ -18,9 +18,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from streamlet.core.record import Record
-from streamlet.core.runtime import JobResult
-from streamlet.core.statistics import JobStatistics, NodeStatistics
+from streamlet.core.model.record import Record
+from streamlet.core.runtime.job import JobResult
+from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
 
 DEFAULT_ROWS = 10
 PLAIN_WIDTH = 120  # columns when stdout is not a terminal: wide enough for a window row's dict value

@@ -40,12 +40,12 @@ from streamlet.backends.cluster.simulated import (
     SimulatedJob,
 )
 from streamlet.backends.local import run, start
-from streamlet.core.clock import Clock, ManualClock
-from streamlet.core.record import Record
-from streamlet.core.runtime import JobResult
-from streamlet.core.sinks import CollectSink
-from streamlet.core.sources import IterableSource
-from streamlet.core.topology import Topology
+from streamlet.core.model.record import Record
+from streamlet.core.model.sinks import CollectSink
+from streamlet.core.model.sources import IterableSource
+from streamlet.core.model.topology import Topology
+from streamlet.core.runtime.clock import Clock, ManualClock
+from streamlet.core.runtime.job import JobResult
 from streamlet.errors import TopologyError
 
 __all__ = (

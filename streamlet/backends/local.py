@@ -11,11 +11,11 @@ from typing import Any
 
 import anyio
 
-from streamlet.core.channel import ChannelFactory
-from streamlet.core.checkpoint_store import CheckpointStore, DirectoryCheckpointStore
-from streamlet.core.clock import Clock
-from streamlet.core.runtime import DEFAULT_BATCH_SIZE, DEFAULT_CHANNEL_CAPACITY, Job, JobResult, open_job
-from streamlet.core.topology import Topology
+from streamlet.core.model.topology import Topology
+from streamlet.core.runtime.channel import ChannelFactory
+from streamlet.core.runtime.clock import Clock
+from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE, DEFAULT_CHANNEL_CAPACITY, Job, JobResult, open_job
+from streamlet.core.state.store import CheckpointStore, DirectoryCheckpointStore
 from streamlet.errors import JobError
 from streamlet.transport.local import LocalChannel
 
@@ -65,7 +65,7 @@ def job_options(
     checkpoint_interval: float | None,
     checkpoint_store: CheckpointStore | None,
 ) -> dict[str, Any]:
-    """Keyword arguments for :class:`~streamlet.core.runtime.Job`."""
+    """Keyword arguments for :class:`~streamlet.core.runtime.job.Job`."""
     if checkpoint_dir is not None:
         if checkpoint_store is not None:
             raise JobError("pass checkpoint_dir or checkpoint_store, not both")

@@ -31,10 +31,10 @@ from typing import IO, Any
 
 import anyio
 
-from streamlet.core.durable import fsync_directory, seal
-from streamlet.core.record import Batch, Record
-from streamlet.core.sinks import RestorePoint, Sink, SinkContext, SinkWriter
-from streamlet.core.sources import Source, SourceContext, SourceReader
+from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
+from streamlet.core.model.sources import Source, SourceContext, SourceReader
+from streamlet.core.state.durable import fsync_directory, seal
 
 STAGING = ".staging"
 

@@ -64,8 +64,8 @@ import structlog
 
 from streamlet.connectors.kafka_common import Serializer, broker_errors, encode, require_aiokafka, servers
 from streamlet.connectors.kafka_staging import StagedEpochs, StagedRecord, Staging
-from streamlet.core.record import Batch, Record
-from streamlet.core.sinks import RestorePoint, Sink, SinkContext, SinkWriter
+from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.errors import KafkaError
 
 log = structlog.get_logger("streamlet")

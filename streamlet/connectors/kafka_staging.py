@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import msgpack
 
-from streamlet.core.durable import fsync_directory, seal
+from streamlet.core.state.durable import fsync_directory, seal
 
 StagedRecord = list[Any]  # [key bytes | None, value bytes | None, timestamp ms | None, [[name, bytes], ...]]
 INPROGRESS = "inprogress"

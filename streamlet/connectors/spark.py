@@ -73,8 +73,8 @@ import anyio
 
 from streamlet.connectors.spark_rows import read_chunks, remove, seal, to_arrow, with_epoch, write_chunk
 from streamlet.connectors.spark_session import spark_session
-from streamlet.core.record import Batch, Record
-from streamlet.core.sinks import RestorePoint, Sink, SinkContext, SinkWriter
+from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.errors import ConnectorError
 
 STAGING = "_staging"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from streamlet.connectors.spark_session import import_pyarrow
-from streamlet.core.durable import fsync_directory
-from streamlet.core.record import Batch
+from streamlet.core.model.record import Batch
+from streamlet.core.state.durable import fsync_directory
 from streamlet.errors import ConnectorError
 
 RESERVED = ("key", "ts", "epoch", "window_start", "window_end")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from streamlet.core.channel import Inbox
-from streamlet.core.record import Item
+from streamlet.core.model.record import Item
+from streamlet.core.runtime.channel import Inbox
 
 
 class LocalChannel:
-    """A :class:`~streamlet.core.channel.Channel` to an instance in this process.
+    """A :class:`~streamlet.core.runtime.channel.Channel` to an instance in this process.
 
     No copy and no serialisation: the receiver gets the very list that was
     sent, so batches are read-only once sent.

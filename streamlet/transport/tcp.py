@@ -25,8 +25,8 @@ from typing import Any
 
 import structlog
 
-from streamlet.core.channel import Inbox
-from streamlet.core.record import END_OF_STREAM, Barrier, Batch, Item
+from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item
+from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import FrameError
 from streamlet.transport import auth
 from streamlet.transport.codec import (

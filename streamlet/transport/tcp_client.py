@@ -30,8 +30,8 @@ import anyio
 import anyio.abc
 import structlog
 
-from streamlet.core.channel import Inbox
-from streamlet.core.record import Barrier, Batch, EndOfStream, Item
+from streamlet.core.model.record import Barrier, Batch, EndOfStream, Item
+from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import AuthenticationError, FrameError, RecordTooLarge, TransportError
 from streamlet.transport import auth
 from streamlet.transport.codec import (
@@ -60,7 +60,7 @@ class ClientStatistics:
 
 
 class TcpChannel:
-    """A :class:`~streamlet.core.channel.Channel` to an instance in another process.
+    """A :class:`~streamlet.core.runtime.channel.Channel` to an instance in another process.
 
     One task sends on a channel (the sending instance): the pieces of a split
     batch are numbered before the first is sent.

@@ -28,7 +28,7 @@ import anyio
 import pytest
 
 import streamlet as sl
-from streamlet.core.clock import SystemClock
+from streamlet.core.runtime.clock import SystemClock
 from tests.support.kafka_io import Message, commit, committed, consume, produce
 from tests.support.kafka_mock import MockBroker
 

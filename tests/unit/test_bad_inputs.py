@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import streamlet as sl
-from streamlet.core.record import Record
+from streamlet.core.model.record import Record
 from streamlet.transport import codec
 
 ENCODABLE = "(use None, bool, int (64-bit), float, str, bytes, list, tuple and dict)"

@@ -10,7 +10,7 @@ import streamlet
 from streamlet import errors
 
 # Control flow inside the runtime, never raised to a user: a shortcut task marks which record of a batch failed.
-INTERNAL = {"streamlet.core.task.RecordFailure", "streamlet.core.sinks.WriteFailed"}
+INTERNAL = {"streamlet.core.model.task.RecordFailure", "streamlet.core.model.sinks.WriteFailed"}
 
 
 def exception_classes() -> dict[str, type[BaseException]]:

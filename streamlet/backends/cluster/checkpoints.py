@@ -39,9 +39,9 @@ import anyio
 
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.store import Check, ClusterStore, Create, Op, SetData, riding_out
-from streamlet.core.checkpoint import Coordinator
-from streamlet.core.checkpoint_store import DirectoryCheckpointStore, decode
-from streamlet.core.clock import Clock
+from streamlet.core.runtime.clock import Clock
+from streamlet.core.state.checkpoints import Coordinator
+from streamlet.core.state.store import DirectoryCheckpointStore, decode
 from streamlet.errors import JobError, NodeExists, VersionConflict
 
 
@@ -67,7 +67,7 @@ def part_store(directory: Path, job: str, attempt: int, worker: str) -> Director
 
 
 class ZkAgreement:
-    """The checkpoint :class:`~streamlet.core.checkpoint.Agreement` of one worker's part of an attempt."""
+    """The checkpoint :class:`~streamlet.core.state.checkpoints.Agreement` of one worker's part of an attempt."""
 
     def __init__(
         self, zk: ClusterStore, info: AttemptInfo, directory: Path, interval: float | None, clock: Clock

@@ -20,8 +20,8 @@ from streamlet.backends.cluster.lifecycle import JobState, state_of, submitted
 from streamlet.backends.cluster.paths import JobSpec
 from streamlet.backends.cluster.signing import sign
 from streamlet.backends.cluster.store import ClusterStore, Create, read_all
-from streamlet.core.cycles import refuse_checkpoints_with_cycles
-from streamlet.core.topology import Topology
+from streamlet.core.model.topology import Topology
+from streamlet.core.runtime.cycles import refuse_checkpoints_with_cycles
 from streamlet.errors import JobError, NodeExists
 from streamlet.loading import load_topology
 

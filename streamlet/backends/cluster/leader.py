@@ -42,7 +42,7 @@ from streamlet.backends.cluster.registry import workers
 from streamlet.backends.cluster.scheduler import live, live_loads, place
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, Create, Op, SetData, read_all
-from streamlet.core.topology import Topology
+from streamlet.core.model.topology import Topology
 from streamlet.errors import DispatchError, NodeExists
 
 log = structlog.get_logger("streamlet")

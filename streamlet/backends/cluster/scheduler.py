@@ -13,7 +13,7 @@ from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.lifecycle import state_of
 from streamlet.backends.cluster.registry import WorkerView, workers
 from streamlet.backends.cluster.store import ClusterStore
-from streamlet.core.topology import Topology
+from streamlet.core.model.topology import Topology
 from streamlet.errors import DispatchError
 
 STALE_AFTER = 5.0  # seconds without a heartbeat before the leader counts a worker as lost

@@ -44,7 +44,7 @@ import anyio
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.paths import LoopAnswer, LoopQuiet, LoopRound
 from streamlet.backends.cluster.store import ClusterStore, riding_out
-from streamlet.core.cycles import CycleTracker, LoopCounters
+from streamlet.core.runtime.cycles import CycleTracker, LoopCounters
 from streamlet.errors import NodeExists
 
 ROUND_PAUSE = 0.02  # seconds between rounds while a loop runs; doubles each busy round ...

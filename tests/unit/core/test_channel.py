@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import streamlet as sl
-from streamlet.core.channel import Inbox
-from streamlet.core.record import END_OF_STREAM, Item
+from streamlet.core.model.record import END_OF_STREAM, Item
+from streamlet.core.runtime.channel import Inbox
 
 
 def batch(value: int) -> list[sl.Record]:

@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import streamlet as sl
-from streamlet.core.checkpoint_store import decode, encode
+from streamlet.core.state.store import decode, encode
 
 HEADER = 20  # magic (8), crc32 (4), body length (8)
 DOCUMENT: dict[str, Any] = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import streamlet as sl
-from streamlet.core.channel import Inbox
-from streamlet.core.cycles import CycleTracker, LoopCounters
-from streamlet.core.record import CYCLE_END
+from streamlet.core.model.record import CYCLE_END
+from streamlet.core.runtime.channel import Inbox
+from streamlet.core.runtime.cycles import CycleTracker, LoopCounters
 from tests.conftest import pairs
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamlet.core.graph import back_edges, cycle_through, strongly_connected
+from streamlet.core.model.graph import back_edges, cycle_through, strongly_connected
 
 DAG = {"s": ["a", "b"], "a": ["c"], "b": ["c"], "c": []}
 SELF_LOOP = {"s": ["a"], "a": ["a", "b"], "b": []}

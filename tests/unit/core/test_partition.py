@@ -15,7 +15,7 @@ import msgpack
 import pytest
 
 import streamlet as sl
-from streamlet.core.partition import KeyPartitioner, partition_of
+from streamlet.core.model.partition import KeyPartitioner, partition_of
 from tests.conftest import values
 
 KEYS: list[Any] = ["user42", b"user42", 42, ("a", 1)]
@@ -23,7 +23,7 @@ KNOWN_HASHES = [1962550847, 905165963, 163128923, 3847662356]
 
 HASHES_SCRIPT = """
 import json
-from streamlet.core.partition import partition_of, stable_hash
+from streamlet.core.model.partition import partition_of, stable_hash
 keys = ["user42", b"user42", 42, ("a", 1)]
 print(json.dumps([hash("user42"), [[stable_hash(k), partition_of(k, 7)] for k in keys]]))
 """

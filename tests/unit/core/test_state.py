@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 import streamlet as sl
-from streamlet.core.partition import partition_of
+from streamlet.core.model.partition import partition_of
 from tests.conftest import pairs
 
 SNAPSHOT_KEYS: list[Any] = ["a", "b", 7, -3, 2.5, b"raw", ("user", 1), ("nested", ("x", 2)), None]

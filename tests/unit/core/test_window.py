@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 import streamlet as sl
-from streamlet.core.window import ClosedWindow, WindowLogic
+from streamlet.core.windows.spec import ClosedWindow, WindowLogic
 from tests.conftest import values
 
 

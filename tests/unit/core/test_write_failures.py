@@ -14,8 +14,8 @@ import pytest
 from structlog.testing import capture_logs
 
 import streamlet as sl
-from streamlet.core.checkpoint_store import encode
-from streamlet.core.durable import seal
+from streamlet.core.state.durable import seal
+from streamlet.core.state.store import encode
 from streamlet.errors import CheckpointError
 
 DOCUMENT: dict[str, Any] = {"epoch": 1, "job": "wc", "finished": False, "sources": {}, "tasks": {}}

@@ -168,7 +168,7 @@ def test_data_columns_refuse_unhashable_keys_and_odd_event_times() -> None:
 
 def test_data_carries_loop_iterations_when_there_are_any() -> None:
     """Records from inside a cycle keep their iteration count across the wire."""
-    from streamlet.core.record import LoopRecord
+    from streamlet.core.model.record import LoopRecord
 
     batch: list[sl.Record] = [LoopRecord("k", 1, 2.0, 3), LoopRecord("j", 2, None, 1)]
     decoded = decode_body(FrameType.DATA, data_frame("c", 0, 1, batch)[HEADER.size :])

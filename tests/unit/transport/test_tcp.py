@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import streamlet as sl
-from streamlet.core.channel import Inbox
-from streamlet.core.record import END_OF_STREAM, Barrier, Item
+from streamlet.core.model.record import END_OF_STREAM, Barrier, Item
+from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import RecordTooLarge, TransportError
 from streamlet.transport import auth
 from streamlet.transport.codec import (

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamlet.core import graph
-from streamlet.core.topology_constants import LATE
+from streamlet.core.model import graph
+from streamlet.core.model.constants import LATE
 from streamlet.errors import TopologyError
 
 if TYPE_CHECKING:
-    from streamlet.core.topology import Topology
+    from streamlet.core.model.topology import Topology
 
 
 def validate(topology: Topology) -> None:

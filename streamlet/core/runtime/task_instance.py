@@ -7,19 +7,19 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from streamlet.core.channel import Inbox
-from streamlet.core.instance import Environment, Receiver, _maybe_await
-from streamlet.core.ports import Inputs, Outputs
-from streamlet.core.record import Barrier, Batch, Record, WindowRecord
-from streamlet.core.state import KeyedState
-from streamlet.core.statistics import DeadLetter
-from streamlet.core.task import RecordFailure, Task
-from streamlet.core.topology_constants import LATE
-from streamlet.core.window import ClosedWindow, TimeWindow, WindowLogic, WindowSpec
+from streamlet.core.model.constants import LATE
+from streamlet.core.model.record import Barrier, Batch, Record, WindowRecord
+from streamlet.core.model.task import RecordFailure, Task
+from streamlet.core.runtime.channel import Inbox
+from streamlet.core.runtime.instances import Environment, Receiver, _maybe_await
+from streamlet.core.runtime.ports import Inputs, Outputs
+from streamlet.core.runtime.statistics import DeadLetter
+from streamlet.core.state.keyed import KeyedState
+from streamlet.core.windows.spec import ClosedWindow, TimeWindow, WindowLogic, WindowSpec
 from streamlet.errors import EncodingError, StreamletError, TaskError, TopologyError
 
 if TYPE_CHECKING:
-    from streamlet.core.topology import Node
+    from streamlet.core.model.topology import Node
 
 LATE_PORT = LATE  # the late side output: the last output port of every task
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from streamlet.core.record import Batch, Record
-from streamlet.core.state import hashable
+from streamlet.core.model.record import Batch, Record
+from streamlet.core.state.keyed import hashable
 
 #: How ``window_reduce`` combines values per key: a built-in name or ``fn(acc, value) -> acc``.
 FoldHow: TypeAlias = "str | Callable[[Any, Any], Any]"

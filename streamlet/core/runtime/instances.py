@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import structlog
 
-from streamlet.core.channel import Inbox
-from streamlet.core.clock import Clock
-from streamlet.core.ports import Outputs
-from streamlet.core.record import Barrier, Batch, CycleEnd, EndOfStream, Marker
-from streamlet.core.sinks import SinkContext, SinkWriter, WriteFailed
-from streamlet.core.sources import SourceContext, SourceReader
-from streamlet.core.statistics import DeadLetter, InstanceCounters
+from streamlet.core.model.record import Barrier, Batch, CycleEnd, EndOfStream, Marker
+from streamlet.core.model.sinks import SinkContext, SinkWriter, WriteFailed
+from streamlet.core.model.sources import SourceContext, SourceReader
+from streamlet.core.runtime.channel import Inbox
+from streamlet.core.runtime.clock import Clock
+from streamlet.core.runtime.ports import Outputs
+from streamlet.core.runtime.statistics import DeadLetter, InstanceCounters
 from streamlet.errors import SinkError, SourceError, StreamletError
 
 if TYPE_CHECKING:
-    from streamlet.core.cycles import CycleTracker
-    from streamlet.core.topology import Node
+    from streamlet.core.model.topology import Node
+    from streamlet.core.runtime.cycles import CycleTracker
 
 
 class CheckpointAcks(Protocol):

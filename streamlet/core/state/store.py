@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import msgpack
 import structlog
 
-from streamlet.core.durable import reason, write_file
+from streamlet.core.state.durable import reason, write_file
 from streamlet.errors import CheckpointError
 
 _MAGIC = b"STLTCKP1"

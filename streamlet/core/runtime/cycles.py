@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from streamlet.core.channel import Inbox
-from streamlet.core.record import CYCLE_END
-from streamlet.core.routing import FlowCounter
+from streamlet.core.model.record import CYCLE_END
+from streamlet.core.runtime.channel import Inbox
+from streamlet.core.runtime.routing import FlowCounter
 from streamlet.errors import TopologyError
 
 if TYPE_CHECKING:
-    from streamlet.core.topology import Topology
+    from streamlet.core.model.topology import Topology
 
 
 @dataclass(frozen=True, slots=True)

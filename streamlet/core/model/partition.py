@@ -12,8 +12,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-from streamlet.core.encoding import pack
-from streamlet.core.record import Record
+from streamlet.core.model.encoding import pack
+from streamlet.core.model.record import Record
 
 
 class Partitioning(enum.Enum):

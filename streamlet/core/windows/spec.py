@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from streamlet.core.record import Record
-from streamlet.core.window_base import ClosedWindow, WindowLogic
-from streamlet.core.window_logic import CountLogic, CountOrTimeLogic, EventTimeLogic, ProcessingTimeLogic
+from streamlet.core.model.record import Record
+from streamlet.core.windows.fold import ClosedWindow, WindowLogic
+from streamlet.core.windows.logic import CountLogic, CountOrTimeLogic, EventTimeLogic, ProcessingTimeLogic
 from streamlet.errors import TopologyError
 
 __all__ = ("ClosedWindow", "CountOrTimeWindow", "CountWindow", "TimeWindow", "WindowLogic", "WindowSpec")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from streamlet.core.record import Batch
-from streamlet.core.window_base import ClosedWindow, WindowLogic, window_data, window_from
+from streamlet.core.model.record import Batch
+from streamlet.core.windows.fold import ClosedWindow, WindowLogic, window_data, window_from
 
 
 class CountLogic(WindowLogic):

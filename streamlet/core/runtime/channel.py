@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from streamlet.core.record import Item
+from streamlet.core.model.record import Item
 
 UNBOUNDED = 1 << 62
 

@@ -3,7 +3,7 @@
 The coordinator asks every source instance to inject ``Barrier(epoch)``;
 each instance reports its snapshot when the barrier has arrived on all its
 open channels; when every instance has reported, the checkpoint is complete:
-it is saved to the :class:`~streamlet.core.checkpoint_store.CheckpointStore`
+it is saved to the :class:`~streamlet.core.state.store.CheckpointStore`
 and only then are the sinks told to ``commit(epoch)`` and the sources'
 readers ``checkpoint_complete(epoch, position)``. Instances that have
 already completed report their final snapshot at once (a completed sink
@@ -35,11 +35,11 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
-from streamlet.core.checkpoint_store import CheckpointStore, encode
-from streamlet.core.clock import Clock
-from streamlet.core.encoding import encoding_error, first_unencodable
-from streamlet.core.instance import Instance, SinkInstance, SourceInstance, _maybe_await
-from streamlet.core.task_instance import TaskInstance
+from streamlet.core.model.encoding import encoding_error, first_unencodable
+from streamlet.core.runtime.clock import Clock
+from streamlet.core.runtime.instances import Instance, SinkInstance, SourceInstance, _maybe_await
+from streamlet.core.runtime.task_instance import TaskInstance
+from streamlet.core.state.store import CheckpointStore, encode
 from streamlet.errors import EncodingError, JobError
 
 log = structlog.get_logger("streamlet")

@@ -9,16 +9,16 @@ from typing import Any
 
 import anyio.abc
 
-from streamlet.core import graph
-from streamlet.core.channel import Channel, ChannelFactory, Inbox
-from streamlet.core.cycles import CycleTracker, Quiescence
-from streamlet.core.instance import Environment, Instance, Receiver, SinkInstance, SourceInstance
-from streamlet.core.ports import Outputs, WindowOutputs
-from streamlet.core.record import Record
-from streamlet.core.routing import DiscardRoute, Route, in_loop_adder, make_route
-from streamlet.core.sources import QueueSource, SourceContext
-from streamlet.core.task_instance import TaskInstance
-from streamlet.core.topology import Edge, Node, Topology
+from streamlet.core.model import graph
+from streamlet.core.model.record import Record
+from streamlet.core.model.sources import QueueSource, SourceContext
+from streamlet.core.model.topology import Edge, Node, Topology
+from streamlet.core.runtime.channel import Channel, ChannelFactory, Inbox
+from streamlet.core.runtime.cycles import CycleTracker, Quiescence
+from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
+from streamlet.core.runtime.ports import Outputs, WindowOutputs
+from streamlet.core.runtime.routing import DiscardRoute, Route, in_loop_adder, make_route
+from streamlet.core.runtime.task_instance import TaskInstance
 
 
 @dataclass

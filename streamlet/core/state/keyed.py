@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import msgpack
 
-from streamlet.core.encoding import pack
-from streamlet.core.partition import partition_of
+from streamlet.core.model.encoding import pack
+from streamlet.core.model.partition import partition_of
 
 
 class StateStore(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamlet.core.record import Record
+from streamlet.core.model.record import Record
 
 
 @dataclass(frozen=True, slots=True)

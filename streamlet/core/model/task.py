@@ -6,10 +6,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
-from streamlet.core.ports import Inputs, Outputs, PortDeclarer
-from streamlet.core.record import Record
-from streamlet.core.state import KeyedState
-from streamlet.core.window_base import FoldHow
+from streamlet.core.model.record import Record
+from streamlet.core.runtime.ports import Inputs, Outputs, PortDeclarer
+from streamlet.core.state.keyed import KeyedState
+from streamlet.core.windows.fold import FoldHow
 
 
 class Task(ABC):

@@ -11,9 +11,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from streamlet.core.channel import Channel
-from streamlet.core.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, KeyPartitioner, PartitionSpec
-from streamlet.core.record import END_OF_STREAM, Batch, LoopRecord, Marker, Record
+from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, KeyPartitioner, PartitionSpec
+from streamlet.core.model.record import END_OF_STREAM, Batch, LoopRecord, Marker, Record
+from streamlet.core.runtime.channel import Channel
 from streamlet.errors import EncodingError, TopologyError
 
 

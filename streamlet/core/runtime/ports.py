@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from streamlet.core.record import Batch, Marker, Record, WindowRecord
-from streamlet.core.routing import Route
-from streamlet.core.topology_constants import LATE
+from streamlet.core.model.constants import LATE
+from streamlet.core.model.record import Batch, Marker, Record, WindowRecord
+from streamlet.core.runtime.routing import Route
 from streamlet.errors import PortError, TopologyError
 
 

@@ -11,16 +11,16 @@ from collections.abc import AsyncIterable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from streamlet.core import graph
-from streamlet.core.partition import ROUND_ROBIN, Partitioning, PartitionSpec
-from streamlet.core.ports import PortDeclarer
-from streamlet.core.record import Record
-from streamlet.core.sinks import CallbackSink, Sink
-from streamlet.core.sources import IterableSource, Source
-from streamlet.core.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task, WindowReduceTask
-from streamlet.core.topology_constants import LATE
-from streamlet.core.window import WindowSpec
-from streamlet.core.window_base import BUILT_IN_FOLDS, FoldHow
+from streamlet.core.model import graph
+from streamlet.core.model.constants import LATE
+from streamlet.core.model.partition import ROUND_ROBIN, Partitioning, PartitionSpec
+from streamlet.core.model.record import Record
+from streamlet.core.model.sinks import CallbackSink, Sink
+from streamlet.core.model.sources import IterableSource, Source
+from streamlet.core.model.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task, WindowReduceTask
+from streamlet.core.runtime.ports import PortDeclarer
+from streamlet.core.windows.fold import BUILT_IN_FOLDS, FoldHow
+from streamlet.core.windows.spec import WindowSpec
 from streamlet.errors import TopologyError
 
 NodeKind = Literal["source", "task", "sink"]
@@ -291,7 +291,7 @@ class Topology:
 
     def validate(self) -> None:
         """Raise ``TopologyError`` naming the node and port of the first problem."""
-        from streamlet.core.validation import validate
+        from streamlet.core.model.validation import validate
 
         validate(self)
 

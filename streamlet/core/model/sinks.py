@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streamlet.core.record import Batch, Record
+from streamlet.core.model.record import Batch, Record
 from streamlet.errors import JobError
 
 _ATTEMPT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

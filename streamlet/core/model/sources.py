@@ -16,9 +16,9 @@ from typing import Any
 
 import anyio.abc
 
-from streamlet.core.clock import Clock
-from streamlet.core.record import Batch, Record
-from streamlet.core.statistics import DeadLetter
+from streamlet.core.model.record import Batch, Record
+from streamlet.core.runtime.clock import Clock
+from streamlet.core.runtime.statistics import DeadLetter
 from streamlet.errors import JobError, TopologyError
 
 

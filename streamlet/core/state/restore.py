@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamlet.core.instance import Instance, SinkInstance, SourceInstance, _maybe_await
-from streamlet.core.sinks import RestorePoint
-from streamlet.core.state import KeyedState
-from streamlet.core.task_instance import TaskInstance
+from streamlet.core.model.sinks import RestorePoint
+from streamlet.core.runtime.instances import Instance, SinkInstance, SourceInstance, _maybe_await
+from streamlet.core.runtime.task_instance import TaskInstance
+from streamlet.core.state.keyed import KeyedState
 from streamlet.errors import JobError
 
 

@@ -1,0 +1,1 @@
+"""Window logic (count, processing time, event time, hybrid) and folding, behind the specs in ``model``."""
