@@ -13,20 +13,21 @@ from streamlet.backends.local import run, start
 from streamlet.connectors.files import FileSink, FileSource, read_file_sink
 from streamlet.connectors.kafka import KafkaError, KafkaSink, KafkaSource
 from streamlet.connectors.spark import SparkSink
+from streamlet.core.model.clock import Clock
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partitioning, stable_hash
-from streamlet.core.model.record import Record, WindowRecord
+from streamlet.core.model.record import DeadLetter, Record, WindowRecord
 from streamlet.core.model.sinks import CallbackSink, CollectSink, RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.core.model.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
 from streamlet.core.model.task import Task
 from streamlet.core.model.topology import NodeHandle, Topology
-from streamlet.core.runtime.clock import Clock, ManualClock, SystemClock
+from streamlet.core.model.windows import CountOrTimeWindow, CountWindow, TimeWindow, WindowSpec
+from streamlet.core.runtime.clock import ManualClock, SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.ports import Inputs, Outputs, PortDeclarer
-from streamlet.core.runtime.statistics import DeadLetter, JobStatistics, NodeStatistics
+from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
 from streamlet.core.state.keyed import KeyedState, StateStore
 from streamlet.core.state.store import CheckpointStore, DirectoryCheckpointStore, InMemoryCheckpointStore
-from streamlet.core.windows.spec import CountOrTimeWindow, CountWindow, TimeWindow, WindowSpec
 from streamlet.errors import (
     CheckpointError,
     ConnectorError,

@@ -40,11 +40,12 @@ from streamlet.backends.cluster.simulated import (
     SimulatedJob,
 )
 from streamlet.backends.local import run, start
+from streamlet.core.model.clock import Clock
 from streamlet.core.model.record import Record
 from streamlet.core.model.sinks import CollectSink
 from streamlet.core.model.sources import IterableSource
 from streamlet.core.model.topology import Topology
-from streamlet.core.runtime.clock import Clock, ManualClock
+from streamlet.core.runtime.clock import ManualClock
 from streamlet.core.runtime.job import JobResult
 from streamlet.errors import TopologyError
 

@@ -30,9 +30,8 @@ from streamlet.connectors.kafka_common import (
     require_aiokafka,
     servers,
 )
-from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.record import Batch, DeadLetter, Record
 from streamlet.core.model.sources import Source, SourceContext, SourceReader
-from streamlet.core.runtime.statistics import DeadLetter
 from streamlet.errors import KafkaError
 
 log = structlog.get_logger("streamlet")

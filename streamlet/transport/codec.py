@@ -22,9 +22,8 @@ from typing import Any
 
 import msgpack
 
-from streamlet.core.model.encoding import encoding_error, first_unencodable
+from streamlet.core.model.encoding import encoding_error, first_unencodable, hashable
 from streamlet.core.model.record import Batch, LoopRecord, Record, WindowRecord
-from streamlet.core.state.keyed import hashable
 from streamlet.errors import EncodingError, FrameError
 
 MAGIC = b"SL"

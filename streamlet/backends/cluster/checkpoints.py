@@ -39,7 +39,7 @@ import anyio
 
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.store import Check, ClusterStore, Create, Op, SetData, riding_out
-from streamlet.core.runtime.clock import Clock
+from streamlet.core.model.clock import Clock
 from streamlet.core.state.checkpoints import Coordinator
 from streamlet.core.state.store import DirectoryCheckpointStore, decode
 from streamlet.errors import JobError, NodeExists, VersionConflict

@@ -57,3 +57,10 @@ def pack(value: Any, where: str, what: str = "value") -> bytes:
     except (TypeError, ValueError, OverflowError) as exc:
         raise encoding_error(value, where, what) from exc
     return packed
+
+
+def hashable(key: Any) -> Any:
+    """msgpack gives tuples back as lists; keys must be hashable again."""
+    if isinstance(key, list):
+        return tuple(hashable(item) for item in key)
+    return key

@@ -7,7 +7,7 @@ is delivered after every batch sent before it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 
@@ -137,3 +137,14 @@ END_OF_STREAM: Final = EndOfStream()
 CYCLE_END: Final = CycleEnd()
 
 Item: TypeAlias = "Batch | Marker"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record a task with ``on_error="skip"`` could not process, and why."""
+
+    task: str
+    instance: int
+    record: Record
+    error: str
+    exception: BaseException = field(repr=False, compare=False)

@@ -16,9 +16,8 @@ from typing import Any
 
 import anyio.abc
 
-from streamlet.core.model.record import Batch, Record
-from streamlet.core.runtime.clock import Clock
-from streamlet.core.runtime.statistics import DeadLetter
+from streamlet.core.model.clock import Clock
+from streamlet.core.model.record import Batch, DeadLetter, Record
 from streamlet.errors import JobError, TopologyError
 
 

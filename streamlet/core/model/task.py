@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from streamlet.core.model.record import Record
+from streamlet.core.model.windows import FoldHow
 from streamlet.core.runtime.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.state.keyed import KeyedState
-from streamlet.core.windows.fold import FoldHow
 
 
 class Task(ABC):

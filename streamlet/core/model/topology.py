@@ -18,9 +18,8 @@ from streamlet.core.model.record import Record
 from streamlet.core.model.sinks import CallbackSink, Sink
 from streamlet.core.model.sources import IterableSource, Source
 from streamlet.core.model.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task, WindowReduceTask
+from streamlet.core.model.windows import BUILT_IN_FOLDS, FoldHow, WindowSpec
 from streamlet.core.runtime.ports import PortDeclarer
-from streamlet.core.windows.fold import BUILT_IN_FOLDS, FoldHow
-from streamlet.core.windows.spec import WindowSpec
 from streamlet.errors import TopologyError
 
 NodeKind = Literal["source", "task", "sink"]

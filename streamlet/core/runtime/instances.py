@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 import structlog
 
-from streamlet.core.model.record import Barrier, Batch, CycleEnd, EndOfStream, Marker
+from streamlet.core.model.clock import Clock
+from streamlet.core.model.record import Barrier, Batch, CycleEnd, DeadLetter, EndOfStream, Marker
 from streamlet.core.model.sinks import SinkContext, SinkWriter, WriteFailed
 from streamlet.core.model.sources import SourceContext, SourceReader
 from streamlet.core.runtime.channel import Inbox
-from streamlet.core.runtime.clock import Clock
 from streamlet.core.runtime.ports import Outputs
-from streamlet.core.runtime.statistics import DeadLetter, InstanceCounters
+from streamlet.core.runtime.statistics import InstanceCounters
 from streamlet.errors import SinkError, SourceError, StreamletError
 
 if TYPE_CHECKING:

@@ -18,17 +18,18 @@ import anyio
 import anyio.abc
 import structlog
 
-from streamlet.core.model.record import Record
+from streamlet.core.model.clock import Clock
+from streamlet.core.model.record import DeadLetter, Record
 from streamlet.core.model.sinks import check_attempt
 from streamlet.core.model.sources import END_OF_FEED
 from streamlet.core.model.topology import Topology
 from streamlet.core.model.validation import unconsumed_ports
 from streamlet.core.runtime.channel import ChannelFactory
-from streamlet.core.runtime.clock import Clock, SystemClock
+from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
 from streamlet.core.runtime.instances import Environment, Receiver, SinkInstance, SourceInstance, _maybe_await
 from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan
-from streamlet.core.runtime.statistics import DeadLetter, JobStatistics, NodeStatistics
+from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
 from streamlet.core.runtime.task_instance import TaskInstance
 from streamlet.core.state.checkpoints import Coordinator
 from streamlet.core.state.restore import restore

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from streamlet.core.model.record import Record
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +42,6 @@ class JobStatistics:
     last_checkpoint: Any
     wall_time: float
     running: bool
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A record a task with ``on_error="skip"`` could not process, and why."""
-
-    task: str
-    instance: int
-    record: Record
-    error: str
-    exception: BaseException = field(repr=False, compare=False)
 
 
 class InstanceCounters:

@@ -8,14 +8,15 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamlet.core.model.constants import LATE
-from streamlet.core.model.record import Barrier, Batch, Record, WindowRecord
+from streamlet.core.model.record import Barrier, Batch, DeadLetter, Record, WindowRecord
 from streamlet.core.model.task import RecordFailure, Task
+from streamlet.core.model.windows import TimeWindow, WindowSpec
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.instances import Environment, Receiver, _maybe_await
 from streamlet.core.runtime.ports import Inputs, Outputs
-from streamlet.core.runtime.statistics import DeadLetter
 from streamlet.core.state.keyed import KeyedState
-from streamlet.core.windows.spec import ClosedWindow, TimeWindow, WindowLogic, WindowSpec
+from streamlet.core.windows.build import logic_for
+from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.errors import EncodingError, StreamletError, TaskError, TopologyError
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class TaskInstance(Receiver):
         self.window: WindowLogic | None = None
         self.windowed_ports: frozenset[int] = frozenset()
         if node.window is not None:
-            self.window = node.window.build()
+            self.window = logic_for(node.window)
             self.window.fold = getattr(self.task, "window_fold", None)
             self.windowed_ports = frozenset(node.windowed_ports)
         self._window_ts_is_end = isinstance(node.window, TimeWindow)

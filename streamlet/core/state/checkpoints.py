@@ -35,8 +35,8 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
+from streamlet.core.model.clock import Clock
 from streamlet.core.model.encoding import encoding_error, first_unencodable
-from streamlet.core.runtime.clock import Clock
 from streamlet.core.runtime.instances import Instance, SinkInstance, SourceInstance, _maybe_await
 from streamlet.core.runtime.task_instance import TaskInstance
 from streamlet.core.state.store import CheckpointStore, encode

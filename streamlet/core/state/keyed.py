@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from streamlet.core.model.encoding import pack
+from streamlet.core.model.encoding import hashable, pack
 from streamlet.core.model.partition import partition_of
 
 
@@ -113,10 +113,3 @@ def _unpack(snapshot: bytes) -> dict[Any, Any]:
         snapshot, raw=False, strict_map_key=False, object_pairs_hook=lambda pairs: {hashable(k): v for k, v in pairs}
     )
     return values
-
-
-def hashable(key: Any) -> Any:
-    """msgpack gives tuples back as lists; keys must be hashable again."""
-    if isinstance(key, list):
-        return tuple(hashable(item) for item in key)
-    return key

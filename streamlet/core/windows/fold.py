@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any
 
+from streamlet.core.model.encoding import hashable
 from streamlet.core.model.record import Batch, Record
-from streamlet.core.state.keyed import hashable
+from streamlet.core.model.windows import FoldHow
 
-#: How ``window_reduce`` combines values per key: a built-in name or ``fn(acc, value) -> acc``.
-FoldHow: TypeAlias = "str | Callable[[Any, Any], Any]"
-BUILT_IN_FOLDS = ("sum", "count", "min", "max")
 _MISSING: Any = object()
 
 

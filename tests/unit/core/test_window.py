@@ -9,7 +9,8 @@ import msgpack
 import pytest
 
 import streamlet as sl
-from streamlet.core.windows.spec import ClosedWindow, WindowLogic
+from streamlet.core.windows.build import logic_for
+from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from tests.conftest import values
 
 
@@ -36,13 +37,13 @@ def add(logic: WindowLogic, batch: list[sl.Record], now: float = 0.0) -> tuple[l
 
 def test_tumbling_count_windows_cut_every_size_records() -> None:
     """CountWindow(3) over 8 records: windows [0,3) and [3,6) close as they fill; nothing is late."""
-    logic = sl.CountWindow(3).build()
+    logic = logic_for(sl.CountWindow(3))
     assert add(logic, numbers(*range(8))) == ([(0, 3, [0, 1, 2]), (3, 6, [3, 4, 5])], [])
 
 
 def test_partial_count_window_ends_at_the_last_index() -> None:
     """close_all gives the partial window with end = records seen."""
-    logic = sl.CountWindow(3).build()
+    logic = logic_for(sl.CountWindow(3))
     add(logic, numbers(*range(8)))
     assert spans(logic.close_all()) == [(6, 8, [6, 7])]
     assert spans(logic.close_all()) == []
@@ -50,21 +51,21 @@ def test_partial_count_window_ends_at_the_last_index() -> None:
 
 def test_count_window_boundaries_do_not_depend_on_batches() -> None:
     """Batches of 2 close the same windows, each as soon as its last record arrives."""
-    logic = sl.CountWindow(3).build()
+    logic = logic_for(sl.CountWindow(3))
     results = [add(logic, numbers(first, first + 1))[0] for first in range(0, 8, 2)]
     assert results == [[], [(0, 3, [0, 1, 2])], [(3, 6, [3, 4, 5])], []]
 
 
 def test_sliding_count_windows_overlap() -> None:
     """CountWindow(4, slide=2) over 7 records: [0,4), [2,6) full, then partial [4,7) and [6,7)."""
-    logic = sl.CountWindow(4, slide=2).build()
+    logic = logic_for(sl.CountWindow(4, slide=2))
     assert add(logic, numbers(*range(7))) == ([(0, 4, [0, 1, 2, 3]), (2, 6, [2, 3, 4, 5])], [])
     assert spans(logic.close_all()) == [(4, 7, [4, 5, 6]), (6, 7, [6])]
 
 
 def test_window_keeps_records_per_port_and_lists_them_in_port_order() -> None:
     """A window's records are kept per input port; all_records() is port 0's then port 1's."""
-    logic = sl.CountWindow(3).build()
+    logic = logic_for(sl.CountWindow(3))
     logic.add(1, numbers(10), 0.0)
     [window], _ = logic.add(0, numbers(1, 2), 0.0)
     assert window.records == {1: numbers(10), 0: numbers(1, 2)}
@@ -73,7 +74,7 @@ def test_window_keeps_records_per_port_and_lists_them_in_port_order() -> None:
 
 def test_processing_time_window_assigned_by_now_and_closed_when_now_passes_its_end() -> None:
     """TimeWindow(10): records go to the window holding ``now``; it closes once now >= its end."""
-    logic = sl.TimeWindow(10).build()
+    logic = logic_for(sl.TimeWindow(10))
     assert add(logic, numbers(1), now=1.0) == ([], [])
     assert add(logic, numbers(2), now=9.5) == ([], [])
     assert add(logic, numbers(3), now=10.0) == ([(0, 10, [1, 2])], [])
@@ -85,7 +86,7 @@ def test_processing_time_window_assigned_by_now_and_closed_when_now_passes_its_e
 
 def test_sliding_processing_time_window_puts_a_batch_in_every_window_holding_now() -> None:
     """TimeWindow(10, slide=5): a batch at now=7 is in [0,10) and [5,15)."""
-    logic = sl.TimeWindow(10, slide=5).build()
+    logic = logic_for(sl.TimeWindow(10, slide=5))
     add(logic, numbers(1), now=7.0)
     assert add(logic, numbers(2), now=12.0) == ([(0, 10, [1])], [])
     assert spans(logic.on_time(15.0)) == [(5, 15, [1, 2])]
@@ -94,14 +95,14 @@ def test_sliding_processing_time_window_puts_a_batch_in_every_window_holding_now
 
 def test_event_time_window_closes_when_the_watermark_reaches_its_end() -> None:
     """Event time: the window [0,10) closes when a record with ts 10 arrives, not before."""
-    logic = sl.TimeWindow(10, time="event").build()
+    logic = logic_for(sl.TimeWindow(10, time="event"))
     assert add(logic, at(1, 5, 9.5), now=100.0) == ([], [])
     assert add(logic, at(10), now=100.0) == ([(0, 10, [1, 5, 9.5])], [])
 
 
 def test_event_time_record_behind_the_watermark_is_late_and_counted() -> None:
     """A record for a window the watermark passed is returned as late; out-of-order records still count."""
-    logic = sl.TimeWindow(10, time="event").build()
+    logic = logic_for(sl.TimeWindow(10, time="event"))
     add(logic, at(1, 12))
     assert add(logic, at(3, 11, 9.99)) == ([], [3, 9.99])
     assert logic.late == 2
@@ -110,7 +111,7 @@ def test_event_time_record_behind_the_watermark_is_late_and_counted() -> None:
 
 def test_allowed_lateness_holds_the_watermark_back() -> None:
     """allowed_lateness=5: watermark = max ts - 5, so ts 8 after ts 12 is on time, ts 9 after ts 15 is late."""
-    logic = sl.TimeWindow(10, time="event", allowed_lateness=5).build()
+    logic = logic_for(sl.TimeWindow(10, time="event", allowed_lateness=5))
     assert add(logic, at(1, 12, 8)) == ([], [])
     assert add(logic, at(15, 9)) == ([(0, 10, [1, 8])], [9])
     assert logic.late == 1
@@ -118,14 +119,14 @@ def test_allowed_lateness_holds_the_watermark_back() -> None:
 
 def test_sliding_event_window_holds_a_record_in_every_window_containing_it() -> None:
     """TimeWindow(10, slide=5, event): ts 7 is in [0,10) and [5,15); ts 12 in [5,15) and [10,20)."""
-    logic = sl.TimeWindow(10, slide=5, time="event").build()
+    logic = logic_for(sl.TimeWindow(10, slide=5, time="event"))
     assert add(logic, at(7, 12)) == ([(0, 10, [7])], [])
     assert spans(logic.close_all()) == [(5, 15, [7, 12]), (10, 20, [12])]
 
 
 def test_sliding_event_record_is_late_only_when_all_its_windows_closed() -> None:
     """ts 8 after the watermark passed 10 still joins [5,15); ts 4 (windows [-5,5), [0,10)) is late."""
-    logic = sl.TimeWindow(10, slide=5, time="event").build()
+    logic = logic_for(sl.TimeWindow(10, slide=5, time="event"))
     add(logic, at(7, 12))
     assert add(logic, at(8, 4)) == ([], [4])
     assert logic.late == 1
@@ -134,14 +135,14 @@ def test_sliding_event_record_is_late_only_when_all_its_windows_closed() -> None
 
 def test_record_without_event_time_uses_now() -> None:
     """An event-time window places a record with ts None at ``now``."""
-    logic = sl.TimeWindow(10, time="event").build()
+    logic = logic_for(sl.TimeWindow(10, time="event"))
     add(logic, numbers(1), now=13.0)
     assert add(logic, at(20)) == ([(10, 20, [1])], [])
 
 
 def test_event_time_window_has_no_clock_deadline_without_idle_timeout() -> None:
     """Event-time windows close by watermark only: next_deadline is None, on_time closes nothing."""
-    logic = sl.TimeWindow(10, time="event").build()
+    logic = logic_for(sl.TimeWindow(10, time="event"))
     add(logic, at(3), now=100.0)
     assert logic.next_deadline() is None
     assert spans(logic.on_time(10_000.0)) == []
@@ -149,7 +150,7 @@ def test_event_time_window_has_no_clock_deadline_without_idle_timeout() -> None:
 
 def test_idle_timeout_closes_open_windows() -> None:
     """idle_timeout=5: no record for 5 s after the last arrival closes every open window."""
-    logic = sl.TimeWindow(10, time="event", allowed_lateness=10, idle_timeout=5).build()
+    logic = logic_for(sl.TimeWindow(10, time="event", allowed_lateness=10, idle_timeout=5))
     add(logic, at(3, 14), now=100.0)
     assert logic.next_deadline() == 105.0
     assert spans(logic.on_time(104.9)) == []
@@ -159,7 +160,7 @@ def test_idle_timeout_closes_open_windows() -> None:
 
 def test_records_for_windows_closed_by_idle_timeout_are_late() -> None:
     """After an idle close the watermark stands at the closed windows' end."""
-    logic = sl.TimeWindow(10, time="event", idle_timeout=5).build()
+    logic = logic_for(sl.TimeWindow(10, time="event", idle_timeout=5))
     add(logic, at(3), now=100.0)
     logic.on_time(105.0)
     assert add(logic, at(9, 10), now=106.0) == ([], [9])
@@ -167,7 +168,7 @@ def test_records_for_windows_closed_by_idle_timeout_are_late() -> None:
 
 def test_count_or_time_window_closes_at_count() -> None:
     """CountOrTimeWindow(3, 5): the third record closes the window; (start, end) = (opened, closed)."""
-    logic = sl.CountOrTimeWindow(3, 5).build()
+    logic = logic_for(sl.CountOrTimeWindow(3, 5))
     assert add(logic, numbers(1, 2), now=1.0) == ([], [])
     assert add(logic, numbers(3, 4), now=2.0) == ([(1.0, 2.0, [1, 2, 3])], [])
     assert logic.next_deadline() == 7.0
@@ -175,7 +176,7 @@ def test_count_or_time_window_closes_at_count() -> None:
 
 def test_count_or_time_window_closes_seconds_after_it_opened() -> None:
     """With fewer than count records the window closes at opened + seconds."""
-    logic = sl.CountOrTimeWindow(3, 5).build()
+    logic = logic_for(sl.CountOrTimeWindow(3, 5))
     add(logic, numbers(1), now=1.0)
     assert logic.next_deadline() == 6.0
     assert spans(logic.on_time(5.9)) == []
@@ -185,7 +186,7 @@ def test_count_or_time_window_closes_seconds_after_it_opened() -> None:
 
 def test_count_or_time_window_overdue_closes_before_the_next_batch_opens_a_new_one() -> None:
     """A batch arriving after the deadline first closes the old window, then opens one at now."""
-    logic = sl.CountOrTimeWindow(3, 5).build()
+    logic = logic_for(sl.CountOrTimeWindow(3, 5))
     add(logic, numbers(1), now=1.0)
     assert add(logic, numbers(2), now=8.0) == ([(1.0, 6.0, [1])], [])
     assert spans(logic.close_all()) == [(8.0, 13.0, [2])]
@@ -193,7 +194,7 @@ def test_count_or_time_window_overdue_closes_before_the_next_batch_opens_a_new_o
 
 def test_count_or_time_window_splits_a_large_batch() -> None:
     """A batch of 7 with count 3 closes two full windows and leaves one record open."""
-    logic = sl.CountOrTimeWindow(3, 5).build()
+    logic = logic_for(sl.CountOrTimeWindow(3, 5))
     assert add(logic, numbers(*range(7)), now=2.0) == ([(2.0, 2.0, [0, 1, 2]), (2.0, 2.0, [3, 4, 5])], [])
     assert spans(logic.close_all()) == [(2.0, 7.0, [6])]
 
@@ -236,12 +237,12 @@ def finish(logic: WindowLogic) -> list[Any]:
 @pytest.mark.parametrize("spec", SPECS, ids=repr)
 def test_snapshot_restore_continues_identically(spec: sl.WindowSpec, through_msgpack: bool) -> None:
     """A logic restored from a mid-stream snapshot produces exactly what the original does."""
-    original = spec.build()
+    original = logic_for(spec)
     drive(original, STEPS[:3])
     snapshot = original.snapshot()
     if through_msgpack:
         snapshot = msgpack.unpackb(msgpack.packb(snapshot), strict_map_key=False)
-    restored = spec.build()
+    restored = logic_for(spec)
     restored.restore(snapshot)
     expected = [*drive(original, STEPS[3:]), *finish(original)]
     assert [*drive(restored, STEPS[3:]), *finish(restored)] == expected
@@ -249,9 +250,9 @@ def test_snapshot_restore_continues_identically(spec: sl.WindowSpec, through_msg
 
 def test_snapshot_through_msgpack_keeps_tuple_keys() -> None:
     """A record with a tuple key in an open window still has a tuple key after a msgpack round trip."""
-    logic = sl.CountWindow(3).build()
+    logic = logic_for(sl.CountWindow(3))
     logic.add(0, [sl.Record(("user", 1), "v")], 0.0)
-    restored = sl.CountWindow(3).build()
+    restored = logic_for(sl.CountWindow(3))
     restored.restore(msgpack.unpackb(msgpack.packb(logic.snapshot()), strict_map_key=False))
     assert [record.key for record in restored.close_all()[0].all_records()] == [("user", 1)]
 
@@ -259,9 +260,9 @@ def test_snapshot_through_msgpack_keeps_tuple_keys() -> None:
 def test_restore_keeps_the_idle_deadline() -> None:
     """A restored event-time window with idle_timeout keeps the deadline of the original."""
     spec = sl.TimeWindow(10, time="event", idle_timeout=5)
-    logic = spec.build()
+    logic = logic_for(spec)
     add(logic, at(3), now=100.0)
-    restored = spec.build()
+    restored = logic_for(spec)
     restored.restore(logic.snapshot())
     assert restored.next_deadline() == logic.next_deadline() == 105.0
 
@@ -308,6 +309,6 @@ class Collect(sl.Task):
 
 def test_processing_time_record_between_hopping_windows_is_late() -> None:
     """TimeWindow(10, slide=30): at now 15 no window is open, so the batch is late and counted."""
-    logic = sl.TimeWindow(10, slide=30).build()
+    logic = logic_for(sl.TimeWindow(10, slide=30))
     assert add(logic, numbers(1, 2), now=15.0) == ([], [1, 2])
     assert logic.late == 2

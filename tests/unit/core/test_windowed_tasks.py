@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import streamlet as sl
-from streamlet.core.runtime.clock import Timer
+from streamlet.core.model.clock import Timer
 from tests.conftest import pairs, values
 
 

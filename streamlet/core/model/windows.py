@@ -1,36 +1,35 @@
 """Windows: count, time (processing or event) and count-or-time.
 
-A window *spec* (``CountWindow(1000)``) is configuration; ``spec.build()``
-makes the per-instance *logic* (``window_logic.py``) that assigns records to
-windows and says which have closed. Logic objects know nothing of the
+A window *spec* (``CountWindow(1000)``) is plain configuration;
+``core.windows.build.logic_for(spec)`` makes the per-instance *logic*
+(``core/windows/logic.py``) that assigns records to windows and says which
+have closed. Logic objects know nothing of the
 runtime: they take batches and the current time and return closed windows,
 so they are tested directly, and their ``snapshot()`` goes into checkpoints.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from streamlet.core.model.record import Record
-from streamlet.core.windows.fold import ClosedWindow, WindowLogic
-from streamlet.core.windows.logic import CountLogic, CountOrTimeLogic, EventTimeLogic, ProcessingTimeLogic
 from streamlet.errors import TopologyError
 
-__all__ = ("ClosedWindow", "CountOrTimeWindow", "CountWindow", "TimeWindow", "WindowLogic", "WindowSpec")
+__all__ = ("BUILT_IN_FOLDS", "CountOrTimeWindow", "CountWindow", "FoldHow", "TimeWindow", "WindowSpec")
+
+#: How ``window_reduce`` combines values per key: a built-in name or ``fn(acc, value) -> acc``.
+FoldHow: TypeAlias = "str | Callable[[Any, Any], Any]"
+BUILT_IN_FOLDS = ("sum", "count", "min", "max")
 
 TimeKind = Literal["processing", "event"]
 MissingTs = Literal["clock", "fail"]
 
 
-class WindowSpec(ABC):
-    """Configuration of a window; ``build()`` makes one logic object per instance."""
-
-    @abstractmethod
-    def build(self) -> WindowLogic:
-        """Fresh per-instance window logic."""
+class WindowSpec(ABC):  # noqa: B024 - a base for isinstance checks and validate(), no abstract method
+    """Configuration of a window: plain data; ``core.windows.build.logic_for`` makes its logic per instance."""
 
     def validate(self, where: str) -> None:
         """Raise ``TopologyError`` (naming ``where``) for impossible sizes."""
@@ -55,10 +54,6 @@ class CountWindow(WindowSpec):
 
     size: int
     slide: int | None = None
-
-    def build(self) -> WindowLogic:
-        """Count-window logic."""
-        return CountLogic(self.size, (self.size if self.slide is None else self.slide))
 
     def validate(self, where: str) -> None:
         """Sizes are whole numbers > 0."""
@@ -96,15 +91,6 @@ class TimeWindow(WindowSpec):
     on_late: Callable[[Record], Any] | None = field(default=None, compare=False)
     missing_ts: MissingTs = "clock"
 
-    def build(self) -> WindowLogic:
-        """Time-window logic."""
-        slide = self.size if self.slide is None else self.slide
-        if self.time == "event":
-            logic = EventTimeLogic(self.size, slide, self.allowed_lateness, self.idle_timeout)
-            logic.refuse_missing_ts = self.missing_ts == "fail"
-            return logic
-        return ProcessingTimeLogic(self.size, slide)
-
     def validate(self, where: str) -> None:
         """Positive sizes, a known time kind, non-negative lateness."""
         _positive(where, "size", self.size)
@@ -128,10 +114,6 @@ class CountOrTimeWindow(WindowSpec):
 
     count: int
     seconds: float
-
-    def build(self) -> WindowLogic:
-        """Count-or-time logic."""
-        return CountOrTimeLogic(self.count, self.seconds)
 
     def validate(self, where: str) -> None:
         """A whole count > 0 and seconds > 0."""
