@@ -16,17 +16,18 @@ from streamlet.connectors.spark import SparkSink
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partitioning, stable_hash
+from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.record import DeadLetter, Record, WindowRecord
 from streamlet.core.model.sinks import CallbackSink, CollectSink, RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.core.model.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
+from streamlet.core.model.state import StateStore
 from streamlet.core.model.task import Task
 from streamlet.core.model.topology import NodeHandle, Topology
 from streamlet.core.model.windows import CountOrTimeWindow, CountWindow, TimeWindow, WindowSpec
 from streamlet.core.runtime.clock import ManualClock, SystemClock
 from streamlet.core.runtime.job import Job, JobResult
-from streamlet.core.runtime.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
-from streamlet.core.state.keyed import KeyedState, StateStore
+from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.store import CheckpointStore, DirectoryCheckpointStore, InMemoryCheckpointStore
 from streamlet.errors import (
     CheckpointError,

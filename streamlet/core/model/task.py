@@ -6,10 +6,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
+from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.record import Record
+from streamlet.core.model.state import StateStore
 from streamlet.core.model.windows import FoldHow
-from streamlet.core.runtime.ports import Inputs, Outputs, PortDeclarer
-from streamlet.core.state.keyed import KeyedState
 
 
 class Task(ABC):
@@ -28,7 +28,7 @@ class Task(ABC):
     #: Set by function shortcuts that report the failing record themselves.
     isolates_records: ClassVar[bool] = False
     #: This instance's keyed state; the runtime sets it before ``prepare``.
-    state: KeyedState
+    state: StateStore
 
     def declare_ports(self, ports: PortDeclarer) -> None:
         """Declare input/output port counts and the input mode (default 1, 1, async)."""

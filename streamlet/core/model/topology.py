@@ -14,12 +14,12 @@ from typing import Any, Literal
 from streamlet.core.model import graph
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.partition import ROUND_ROBIN, Partitioning, PartitionSpec
+from streamlet.core.model.ports import PortDeclarer
 from streamlet.core.model.record import Record
 from streamlet.core.model.sinks import CallbackSink, Sink
 from streamlet.core.model.sources import IterableSource, Source
 from streamlet.core.model.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task, WindowReduceTask
 from streamlet.core.model.windows import BUILT_IN_FOLDS, FoldHow, WindowSpec
-from streamlet.core.runtime.ports import PortDeclarer
 from streamlet.errors import TopologyError
 
 NodeKind = Literal["source", "task", "sink"]

@@ -26,7 +26,7 @@ from streamlet.core.model.record import Barrier, Batch, CycleEnd, DeadLetter, En
 from streamlet.core.model.sinks import SinkContext, SinkWriter, WriteFailed
 from streamlet.core.model.sources import SourceContext, SourceReader
 from streamlet.core.runtime.channel import Inbox
-from streamlet.core.runtime.ports import Outputs
+from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.runtime.statistics import InstanceCounters
 from streamlet.errors import SinkError, SourceError, StreamletError
 
@@ -63,7 +63,7 @@ class Environment:
 class Instance(ABC):
     """What every instance has: its node, index, counters and outputs."""
 
-    def __init__(self, node: Node, index: int, outputs: Outputs, env: Environment) -> None:
+    def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment) -> None:
         self.node = node
         self.index = index
         self.outputs = outputs
@@ -97,7 +97,9 @@ class Instance(ABC):
 class SourceInstance(Instance):
     """Reads batches from a ``SourceReader`` and emits them downstream."""
 
-    def __init__(self, node: Node, index: int, outputs: Outputs, env: Environment, context: SourceContext) -> None:
+    def __init__(
+        self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, context: SourceContext
+    ) -> None:
         super().__init__(node, index, outputs, env)
         self.context = context
         self.restore_position: Any = None
@@ -219,7 +221,7 @@ class SourceInstance(Instance):
 class Receiver(Instance):
     """An instance with an inbox: counts open channels per port until all have ended."""
 
-    def __init__(self, node: Node, index: int, outputs: Outputs, env: Environment, inbox: Inbox) -> None:
+    def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env)
         self.inbox = inbox
         self.channel_open = [True] * inbox.channel_count
@@ -346,7 +348,7 @@ class Receiver(Instance):
 class SinkInstance(Receiver):
     """Hands every batch to a ``SinkWriter``."""
 
-    def __init__(self, node: Node, index: int, outputs: Outputs, env: Environment, inbox: Inbox) -> None:
+    def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
         assert node.sink is not None
         context = SinkContext(node.name, index, node.parallelism, env.job_id, env.attempt)

@@ -16,7 +16,7 @@ from streamlet.core.model.topology import Edge, Node, Topology
 from streamlet.core.runtime.channel import Channel, ChannelFactory, Inbox
 from streamlet.core.runtime.cycles import CycleTracker, Quiescence
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
-from streamlet.core.runtime.ports import Outputs, WindowOutputs
+from streamlet.core.runtime.outputs import RoutedOutputs, WindowOutputs
 from streamlet.core.runtime.routing import DiscardRoute, Route, in_loop_adder, make_route
 from streamlet.core.runtime.task_instance import TaskInstance
 
@@ -120,7 +120,7 @@ class _Builder:
             inbox = self.inboxes[edge.downstream][receiver]
             self.placement.expose(self.channel_name(edge_index, sender, receiver), inbox, channel)
 
-    def make_outputs(self, node: Node, sender: int) -> Outputs:
+    def make_outputs(self, node: Node, sender: int) -> RoutedOutputs:
         port_count = node.outputs + (1 if node.kind == "task" else 0)  # tasks: + the late side output
         routes: list[list[Route]] = [[] for _ in range(port_count)]
         edges: list[list[Edge | None]] = [[] for _ in range(port_count)]
@@ -136,7 +136,9 @@ class _Builder:
                 routes[port].append(discard)
                 edges[port].append(None)
         where = f"{node.describe()} instance {sender}"
-        outputs = (WindowOutputs if node.window is not None else Outputs)(routes, late=node.kind == "task", where=where)
+        outputs = (WindowOutputs if node.window is not None else RoutedOutputs)(
+            routes, late=node.kind == "task", where=where
+        )
         adders = [
             [self._adder(edge, route, outputs) for edge, route in zip(edges[port], routes[port], strict=True)]
             for port in range(port_count)
@@ -144,7 +146,7 @@ class _Builder:
         outputs.set_adders([_fan_out(port_adders) for port_adders in adders])
         return outputs
 
-    def _adder(self, edge: Edge | None, route: Route, sender: Outputs) -> Callable[[Record], None]:
+    def _adder(self, edge: Edge | None, route: Route, sender: RoutedOutputs) -> Callable[[Record], None]:
         if edge is None or not self.in_loop(edge):
             return route.add
         tracker = self.tracker_of[edge.downstream]

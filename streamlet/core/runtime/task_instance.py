@@ -8,12 +8,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamlet.core.model.constants import LATE
+from streamlet.core.model.ports import Inputs
 from streamlet.core.model.record import Barrier, Batch, DeadLetter, Record, WindowRecord
 from streamlet.core.model.task import RecordFailure, Task
 from streamlet.core.model.windows import TimeWindow, WindowSpec
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.instances import Environment, Receiver, _maybe_await
-from streamlet.core.runtime.ports import Inputs, Outputs
+from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.state.keyed import KeyedState
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
@@ -28,7 +29,7 @@ LATE_PORT = LATE  # the late side output: the last output port of every task
 class TaskInstance(Receiver):
     """Runs a user ``Task`` under its error policy (fail, skip or restart)."""
 
-    def __init__(self, node: Node, index: int, outputs: Outputs, env: Environment, inbox: Inbox) -> None:
+    def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
         self.inputs = Inputs(node.inputs, f"task '{node.name}' instance {index}")
         self.state = KeyedState()
@@ -48,7 +49,7 @@ class TaskInstance(Receiver):
         assert self.node.make_task is not None
         task = self.node.make_task()
         task.state = self.state
-        self._execute: Callable[[Inputs, Outputs], Any] = task.execute
+        self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
         self._async = inspect.iscoroutinefunction(task.execute)
         return task
 

@@ -5,42 +5,19 @@ restarted under ``on_error="restart"`` gets its state back, checkpoints
 snapshot it, and a restore with a different parallelism splits it by key
 with the same rule as ``SAME_KEY`` routing.
 
-The ``StateStore`` seam is what the runtime needs of a store:
-``checkpoint()``, ``restore(snapshot)``, ``partition(snapshot, n)`` and
-``merge(parts)``; :class:`KeyedState` is the in-memory implementation.
+The ``StateStore`` seam (``core.model.state``) is what tasks and the
+runtime need of a store; :class:`KeyedState` is the in-memory implementation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import msgpack
 
 from streamlet.core.model.encoding import hashable, pack
 from streamlet.core.model.partition import partition_of
-
-
-class StateStore(Protocol):
-    """The seam between tasks' keyed state and checkpoints."""
-
-    def checkpoint(self) -> Any:
-        """A consistent, msgpack-able snapshot."""
-        ...
-
-    def restore(self, snapshot: Any) -> None:
-        """Replace the contents with a snapshot."""
-        ...
-
-    @staticmethod
-    def partition(snapshot: Any, parts: int) -> list[Any]:
-        """Split a snapshot by key into ``parts``."""
-        ...
-
-    @staticmethod
-    def merge(parts: list[Any]) -> Any:
-        """Join several snapshots into one."""
-        ...
 
 
 class KeyedState:

@@ -1,4 +1,4 @@
-"""What a task sees of its ports: the declarer, its inputs and its outputs."""
+"""The runtime's side of a task's outputs: per-port routes to the downstream channels."""
 
 from __future__ import annotations
 
@@ -8,95 +8,10 @@ from typing import Any
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.record import Batch, Marker, Record, WindowRecord
 from streamlet.core.runtime.routing import Route
-from streamlet.errors import PortError, TopologyError
+from streamlet.errors import PortError
 
 
-class PortDeclarer:
-    """Passed to ``Task.declare_ports``: how many ports, and the input mode.
-
-    Defaults: one input, one output, async mode (execute runs when any
-    input has data).
-    """
-
-    __slots__ = ("inputs", "outputs", "sync")
-
-    def __init__(self) -> None:
-        self.inputs = 1
-        self.outputs = 1
-        self.sync = False
-
-    def set_inputs(self, count: int) -> None:
-        """Declare ``count`` input ports (numbered from 0)."""
-        self.inputs = _at_least_one(count, "input")
-
-    def set_outputs(self, count: int) -> None:
-        """Declare ``count`` output ports (numbered from 0)."""
-        self.outputs = _at_least_one(count, "output")
-
-    def sync_inputs(self, flag: bool = True) -> None:
-        """Sync mode: execute runs only when every open input port has data."""
-        self.sync = bool(flag)
-
-
-def _at_least_one(count: int, what: str) -> int:
-    if not isinstance(count, int) or count < 1:
-        raise TopologyError(f"a task needs at least one {what} port, got {count!r}")
-    return count
-
-
-class Inputs:
-    """The batches that woke a task.
-
-    In async mode one port woke it: ``inputs.port`` says which and ``get()``
-    returns its batch. In sync mode every open port delivered a batch:
-    ``get(i)`` returns port ``i``'s (empty for a port that has ended) and
-    ``get()`` all of them concatenated in port order.
-    """
-
-    __slots__ = ("_batches", "port", "where", "window")
-
-    def __init__(self, ports: int, where: str = "this task") -> None:
-        self._batches: list[Batch] = [[] for _ in range(ports)]
-        self.port: int | None = 0
-        self.window: tuple[float, float] | None = None
-        self.where = where  # "task 'join' instance 0", for messages
-
-    def no_port(self, port: Any) -> PortError:
-        """The error for reading ``port``, which this task did not declare."""
-        count = len(self._batches)
-        return PortError(
-            f"{self.where}: inputs.get({port!r}), but it has {count} input port{'s' if count != 1 else ''} "
-            f"({', '.join(map(str, range(count)))}); declare more with ports.set_inputs(n) in declare_ports"
-        )
-
-    def get(self, port: int | None = None) -> Batch:
-        """Records from ``port``, or from the port(s) that woke the task."""
-        if port is not None:
-            if not 0 <= port < len(self._batches):  # a negative index would quietly read another port
-                raise self.no_port(port)
-            return self._batches[port]
-        if self.port is not None:
-            return self._batches[self.port]
-        return [record for batch in self._batches for record in batch]
-
-    def set_one(self, port: int, batch: Batch) -> None:
-        """Runtime: async mode, ``port`` woke the task with ``batch``."""
-        batches = self._batches
-        batches[self.port or 0] = []
-        batches[port] = batch
-        self.port = port
-
-    def set_all(self, batches: list[Batch]) -> None:
-        """Runtime: sync mode, one batch per port (empty for ended ports)."""
-        self._batches = batches
-        self.port = None
-
-    def count(self) -> int:
-        """Records in this wake-up."""
-        return sum(len(batch) for batch in self._batches)
-
-
-class Outputs:
+class RoutedOutputs:
     """Where a task emits records: ``emit(key, value, port=0, ts=None)``.
 
     Emitting only buffers; the runtime sends whole batches after ``execute``
@@ -213,7 +128,7 @@ class Outputs:
         return sum(routes[0].sent for routes in self._ports.values() if routes)
 
 
-class WindowOutputs(Outputs):
+class WindowOutputs(RoutedOutputs):
     """The outputs of a windowed task: records emitted while a window is handled carry its bounds.
 
     A subclass rather than a check in :meth:`Outputs.emit`, so tasks without

@@ -1,0 +1,51 @@
+"""The keyed-state seam: what a task (``self.state``) and the checkpoints need of a store.
+
+:class:`~streamlet.core.state.keyed.KeyedState` is the in-memory implementation the runtime gives every
+task instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+
+class StateStore(Protocol):
+    """A task instance's keyed values, and their snapshots for checkpoints."""
+
+    #: The key -> value dict itself, for tight loops.
+    values: dict[Any, Any]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value stored for ``key``, or ``default``."""
+        ...
+
+    def put(self, key: Any, value: Any) -> None:
+        """Store ``value`` for ``key``."""
+        ...
+
+    def delete(self, key: Any) -> None:
+        """Forget ``key``; no error when it is absent."""
+        ...
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """This instance's ``(key, value)`` pairs."""
+        ...
+
+    def checkpoint(self) -> Any:
+        """A consistent, msgpack-able snapshot."""
+        ...
+
+    def restore(self, snapshot: Any) -> None:
+        """Replace the contents with a snapshot."""
+        ...
+
+    @staticmethod
+    def partition(snapshot: Any, parts: int) -> list[Any]:
+        """Split a snapshot by key into ``parts``."""
+        ...
+
+    @staticmethod
+    def merge(parts: list[Any]) -> Any:
+        """Join several snapshots into one."""
+        ...
