@@ -22,12 +22,14 @@ import anyio
 import structlog
 
 from streamlet.core.model.clock import Clock
+from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.record import Barrier, Batch, CycleEnd, DeadLetter, EndOfStream, Marker
-from streamlet.core.model.sinks import SinkContext, SinkWriter, WriteFailed
+from streamlet.core.model.sinks import RestorePoint, SinkContext, SinkWriter, WriteFailed
 from streamlet.core.model.sources import SourceContext, SourceReader
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.runtime.statistics import InstanceCounters
+from streamlet.core.state.participant import Section
 from streamlet.errors import SinkError, SourceError, StreamletError
 
 if TYPE_CHECKING:
@@ -83,6 +85,35 @@ class Instance(ABC):
     def final_snapshot(self) -> Any:
         """This instance's checkpoint data once it has completed."""
         return None
+
+    # -- what checkpoints need (``core.state.participant``): nothing, unless a kind says otherwise --------
+
+    #: Where this instance's snapshot goes in a checkpoint document (``None``: nowhere).
+    section: Section | None = None
+
+    def request_barrier(self, epoch: int) -> None:
+        """Only a source injects barriers; the others receive them."""
+
+    def pause(self) -> None:
+        """Only a source reads: nothing to pause."""
+
+    async def prepare_commit(self, epoch: int) -> None:
+        """Only a sink stages output."""
+
+    async def publish(self, epoch: int) -> None:
+        """Only a sink publishes output."""
+
+    async def acknowledge(self, epoch: int, snapshot: Any) -> None:
+        """Only a source's reader hears of completed checkpoints."""
+
+    async def close_output(self) -> None:
+        """Only a sink has a writer to close."""
+
+    async def restore_output(self, point: RestorePoint | None) -> None:
+        """Only a sink restores its output."""
+
+    def restore(self, snapshot: Any) -> None:
+        """An instance without a section keeps nothing to restore."""
 
     def _ack(self, epoch: int, snapshot: Any) -> None:
         if self.env.checkpoints is not None:
@@ -141,10 +172,16 @@ class SourceInstance(Instance):
         """The reader's position when the source ended."""
         return self._position
 
-    async def checkpoint_complete(self, epoch: int, position: Any) -> None:
-        """Checkpoint ``epoch`` is saved with ``position`` for this instance: tell the reader."""
+    section: Section | None = "sources"
+
+    async def acknowledge(self, epoch: int, snapshot: Any) -> None:
+        """Checkpoint ``epoch`` is saved with ``snapshot`` (this instance's position): tell the reader."""
         if self._reader is not None:
-            await _maybe_await(self._reader.checkpoint_complete(epoch, position))
+            await maybe_await(self._reader.checkpoint_complete(epoch, snapshot))
+
+    def restore(self, snapshot: Any) -> None:
+        """Start reading at the position ``snapshot`` (seeked when the reader opens)."""
+        self.restore_position = snapshot
 
     async def run(self) -> None:
         """Read until the source is exhausted or stopped, then send end-of-stream."""
@@ -381,14 +418,26 @@ class SinkInstance(Receiver):
     async def prepare_commit(self, epoch: int) -> None:
         """Let a transactional writer stage ``epoch``."""
         with self._failing(f"to stage checkpoint {epoch}"):
-            await _maybe_await(self.writer.prepare_commit(epoch))
+            await maybe_await(self.writer.prepare_commit(epoch))
 
     async def complete(self) -> None:
         """Close the writer, unless a checkpoint still has to commit what it holds."""
         await self._mark_completed()
         if self.env.checkpoints is None:
-            with self._failing("to close"):
-                await _maybe_await(self.writer.close())
+            await self.close_output()
+
+    async def publish(self, epoch: int) -> None:
+        """Checkpoint ``epoch`` is complete: the writer publishes what it staged under it."""
+        await maybe_await(self.writer.commit(epoch))
+
+    async def close_output(self) -> None:
+        """Close the writer."""
+        with self._failing("to close"):
+            await maybe_await(self.writer.close())
+
+    async def restore_output(self, point: RestorePoint | None) -> None:
+        """Tell the writer which checkpoint the job resumes from (``None``: a fresh start)."""
+        await maybe_await(self.writer.restore(point))
 
     @contextmanager
     def _failing(self, doing: str) -> Iterator[None]:
@@ -414,9 +463,3 @@ def _runs_by_iteration(batch: Batch) -> list[tuple[int, Batch]]:
         else:
             runs.append((record.iteration, [record]))
     return runs
-
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value

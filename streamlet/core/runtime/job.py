@@ -19,6 +19,7 @@ import anyio.abc
 import structlog
 
 from streamlet.core.model.clock import Clock
+from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.record import DeadLetter, Record
 from streamlet.core.model.sinks import check_attempt
 from streamlet.core.model.sources import END_OF_FEED
@@ -27,7 +28,7 @@ from streamlet.core.model.validation import unconsumed_ports
 from streamlet.core.runtime.channel import ChannelFactory
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
-from streamlet.core.runtime.instances import Environment, Receiver, SinkInstance, SourceInstance, _maybe_await
+from streamlet.core.runtime.instances import Environment, Receiver, SinkInstance, SourceInstance
 from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan
 from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
 from streamlet.core.runtime.task_instance import TaskInstance
@@ -219,7 +220,7 @@ class Job:
 
     async def _abort_sink(self, instance: SinkInstance) -> None:
         try:
-            await _maybe_await(instance.writer.abort())
+            await maybe_await(instance.writer.abort())
         except Exception as exc:  # noqa: BLE001 - logged: it must not hide why the job stopped, nor skip other sinks
             self.log.warning("sink abort failed", sink=instance.node.name, instance=instance.index, error=repr(exc))
 

@@ -8,14 +8,16 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamlet.core.model.constants import LATE
+from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.ports import Inputs
 from streamlet.core.model.record import Barrier, Batch, DeadLetter, Record, WindowRecord
 from streamlet.core.model.task import RecordFailure, Task
 from streamlet.core.model.windows import TimeWindow, WindowSpec
 from streamlet.core.runtime.channel import Inbox
-from streamlet.core.runtime.instances import Environment, Receiver, _maybe_await
+from streamlet.core.runtime.instances import Environment, Receiver
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.state.keyed import KeyedState
+from streamlet.core.state.participant import Section
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.errors import EncodingError, StreamletError, TaskError, TopologyError
@@ -78,6 +80,8 @@ class TaskInstance(Receiver):
         else:
             await super().run()
 
+    section: Section | None = "tasks"
+
     def snapshot(self) -> dict[str, Any]:
         """State, open windows and whether finish() already ran."""
         window = None if self.window is None else self.window.snapshot()
@@ -113,7 +117,7 @@ class TaskInstance(Receiver):
                     await self._run_window(window)
             self.outputs.ts = None
             try:
-                await _maybe_await(self.task.finish(self.outputs))
+                await maybe_await(self.task.finish(self.outputs))
             except Exception as exc:
                 raise TaskError(
                     f"task '{self.node.name}' instance {self.index} failed in finish(): {_describe(exc)}",

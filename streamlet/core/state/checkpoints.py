@@ -28,7 +28,7 @@ A checkpoint document::
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,8 +37,8 @@ import structlog
 
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.encoding import encoding_error, first_unencodable
-from streamlet.core.runtime.instances import Instance, SinkInstance, SourceInstance, _maybe_await
-from streamlet.core.runtime.task_instance import TaskInstance
+from streamlet.core.model.hooks import maybe_await
+from streamlet.core.state.participant import Participant
 from streamlet.core.state.store import CheckpointStore, encode
 from streamlet.errors import EncodingError, JobError
 
@@ -95,7 +95,7 @@ class Coordinator:
         self.clock = clock
         self.interval = interval
         self.agreement = agreement
-        self.instances: list[Instance] = []
+        self.instances: Sequence[Participant] = []
         self.next_epoch = 1
         self.published = 0  # the newest epoch complete everywhere (with an agreement)
         self.attempt = "0"  # the run whose instances are attached (set by attach)
@@ -108,7 +108,7 @@ class Coordinator:
         self._ready = anyio.create_memory_object_stream[int](100)
         self.failure: Exception | None = None  # what stopped run(): a save, a commit or a sink's staging failed
 
-    def attach(self, instances: list[Instance], last_epoch: int | None, attempt: str) -> None:
+    def attach(self, instances: Sequence[Participant], last_epoch: int | None, attempt: str) -> None:
         """The instances of run ``attempt`` of the job; epochs continue after ``last_epoch``."""
         self.instances = instances
         self.next_epoch = (last_epoch or 0) + 1
@@ -152,8 +152,7 @@ class Coordinator:
             self._finishing = epoch
         if pause:
             for instance in self.instances:
-                if isinstance(instance, SourceInstance):
-                    instance.pause()
+                instance.pause()
         await self._begin(epoch)
 
     async def _begin(self, epoch: int) -> None:
@@ -163,22 +162,21 @@ class Coordinator:
         for instance in self.instances:
             if instance.completed:
                 await self.report_completed(instance, epoch)
-            elif isinstance(instance, SourceInstance):
+            else:
                 instance.request_barrier(epoch)
 
-    async def report_completed(self, instance: Instance, epoch: int | None = None) -> None:
+    async def report_completed(self, instance: Participant, epoch: int | None = None) -> None:
         """``instance`` has completed: answer ``epoch`` (or every pending one) with its final snapshot."""
         epochs = [epoch] if epoch is not None else sorted(self._pending)
         for pending_epoch in epochs:
             pending = self._pending.get(pending_epoch)
             if pending is None or (instance.node.name, instance.index) in pending.snapshots:
                 continue
-            if isinstance(instance, SinkInstance):
-                await instance.prepare_commit(pending_epoch)
+            await instance.prepare_commit(pending_epoch)  # a completed sink stages what it still holds
             self.ack(pending_epoch, instance.node.name, instance.index, instance.final_snapshot())
 
     def ack(self, epoch: int, node: str, index: int, snapshot: Any) -> None:
-        """Instance ``(node, index)`` has its snapshot for ``epoch``."""
+        """Participant ``(node, index)`` has its snapshot for ``epoch``."""
         pending = self._pending_for(epoch)
         if pending is None:
             return
@@ -244,7 +242,7 @@ class Coordinator:
             raise _unencodable(epoch, pending.snapshots) from exc
         # Not in a worker thread: while the loop keeps the GIL busy, a thread waits ~5 ms to get it back
         # after each system call (the convoy effect), which made a 2 ms save take most of a second.
-        await _maybe_await(self.store.save(epoch, data))
+        await maybe_await(self.store.save(epoch, data))
         if self.agreement is not None:
             self._saved[epoch] = len(data)  # committed when the agreement says every process has its part
             await self.agreement.saved(epoch, len(data), finished)
@@ -263,11 +261,9 @@ class Coordinator:
         """Checkpoint ``epoch`` is complete: the sinks publish its output, then the sources hear of it."""
         pending = self._pending[epoch]
         for instance in self.instances:
-            if isinstance(instance, SinkInstance):
-                await _maybe_await(instance.writer.commit(epoch))
+            await instance.publish(epoch)
         for instance in self.instances:  # after the sinks: a source acknowledges input whose output is out
-            if isinstance(instance, SourceInstance):
-                await instance.checkpoint_complete(epoch, pending.snapshots[instance.node.name, instance.index])
+            await instance.acknowledge(epoch, pending.snapshots[instance.node.name, instance.index])
 
     def _completed(self, epoch: int, size: int) -> None:
         pending = self._pending.pop(epoch)
@@ -276,20 +272,15 @@ class Coordinator:
         pending.done.set()
 
     def _document(self, epoch: int, pending: _Pending, finished: bool) -> dict[str, Any]:
-        sources: dict[str, list[Any]] = {}
-        tasks: dict[str, list[Any]] = {}
+        sections: dict[str, dict[str, list[Any]]] = {"sources": {}, "tasks": {}}
         for instance in self.instances:
+            if instance.section is None:
+                continue
             snapshot = pending.snapshots[instance.node.name, instance.index]
             if self.agreement is not None:  # a part holds some instances of a node: say which
                 snapshot = [instance.index, snapshot]
-            if isinstance(instance, SourceInstance):
-                sources.setdefault(instance.node.name, []).append(snapshot)
-            elif isinstance(instance, TaskInstance):
-                tasks.setdefault(instance.node.name, []).append(snapshot)
-        return {
-            "epoch": epoch, "job": self.job, "finished": finished, "attempt": self.attempt,
-            "sources": sources, "tasks": tasks,
-        }  # fmt: skip
+            sections[instance.section].setdefault(instance.node.name, []).append(snapshot)
+        return {"epoch": epoch, "job": self.job, "finished": finished, "attempt": self.attempt, **sections}
 
     async def finish(self) -> None:
         """The job ended normally: a final checkpoint commits what sinks still hold, then they close."""
@@ -305,8 +296,7 @@ class Coordinator:
 
     async def _close_sinks(self) -> None:
         for instance in self.instances:
-            if isinstance(instance, SinkInstance):
-                await _maybe_await(instance.writer.close())
+            await instance.close_output()
 
 
 def _unencodable(epoch: int, snapshots: dict[tuple[str, int], Any]) -> EncodingError:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from streamlet.core.model.sinks import RestorePoint
-from streamlet.core.runtime.instances import Instance, SinkInstance, SourceInstance, _maybe_await
-from streamlet.core.runtime.task_instance import TaskInstance
 from streamlet.core.state.keyed import KeyedState
+from streamlet.core.state.participant import Participant
 from streamlet.errors import JobError
 
 
-async def restore(instances: dict[str, list[Instance]], document: dict[str, Any] | None) -> None:
+async def restore(instances: Mapping[str, Sequence[Participant]], document: dict[str, Any] | None) -> None:
     """Restore sources' positions, tasks' state and windows, and sinks' staged output.
 
     Sinks are told the checkpoint's epoch and the attempt that took it
@@ -26,19 +26,20 @@ async def restore(instances: dict[str, list[Instance]], document: dict[str, Any]
     point = None if document is None else RestorePoint(document["epoch"], document.get("attempt"))
     for group in instances.values():
         for instance in group:
-            if isinstance(instance, SinkInstance):
-                await _maybe_await(instance.writer.restore(point))
+            await instance.restore_output(point)
     if document is None or document["finished"]:
         return
     for name, group in instances.items():
-        kind = group[0].node.kind
-        if kind == "source":
-            _restore_sources(name, group, _entries(document, "sources", name, group))
-        elif kind == "task":
-            _restore_tasks(name, group, _entries(document, "tasks", name, group, exact=False))
+        section = group[0].section
+        if section == "sources":
+            _restore_each(group, _entries(document, section, name, group))
+        elif section == "tasks":
+            _restore_each(group, _resplit(name, group, _entries(document, section, name, group, exact=False)))
 
 
-def _entries(document: dict[str, Any], section: str, name: str, group: list[Instance], exact: bool = True) -> list[Any]:
+def _entries(
+    document: dict[str, Any], section: str, name: str, group: Sequence[Participant], exact: bool = True
+) -> list[Any]:
     entries = document[section].get(name)
     if entries is None:
         raise JobError(f"checkpoint {document['epoch']} of job '{document['job']}' has nothing for '{name}'")
@@ -51,21 +52,19 @@ def _entries(document: dict[str, Any], section: str, name: str, group: list[Inst
     return list(entries)
 
 
-def _restore_sources(name: str, group: list[Instance], positions: list[Any]) -> None:
+def _restore_each(group: Sequence[Participant], entries: list[Any]) -> None:
     for instance in group:
-        assert isinstance(instance, SourceInstance)
-        instance.restore_position = positions[instance.index]
+        instance.restore(entries[instance.index])
 
 
-def _restore_tasks(name: str, group: list[Instance], snapshots: list[Any]) -> None:
+def _resplit(name: str, group: Sequence[Participant], snapshots: list[Any]) -> list[Any]:
+    """Tasks' snapshots for the parallelism the job runs with now: keyed state is re-split by key."""
     parallelism = group[0].node.parallelism
-    if len(snapshots) != parallelism:
-        if any(snapshot["window"] is not None for snapshot in snapshots):
-            raise JobError(f"windowed task '{name}' cannot change parallelism ({len(snapshots)} -> {parallelism})")
-        merged = KeyedState.merge([snapshot["state"] for snapshot in snapshots])
-        finished = all(snapshot["finished"] for snapshot in snapshots)
-        parts = KeyedState.partition(merged, parallelism)
-        snapshots = [{"state": part, "window": None, "finished": finished} for part in parts]
-    for instance in group:
-        assert isinstance(instance, TaskInstance)
-        instance.restore(snapshots[instance.index])
+    if len(snapshots) == parallelism:
+        return snapshots
+    if any(snapshot["window"] is not None for snapshot in snapshots):
+        raise JobError(f"windowed task '{name}' cannot change parallelism ({len(snapshots)} -> {parallelism})")
+    merged = KeyedState.merge([snapshot["state"] for snapshot in snapshots])
+    finished = all(snapshot["finished"] for snapshot in snapshots)
+    parts = KeyedState.partition(merged, parallelism)
+    return [{"state": part, "window": None, "finished": finished} for part in parts]
