@@ -19,6 +19,7 @@ from streamlet.core.model.record import Record
 from streamlet.core.model.sinks import CallbackSink, Sink
 from streamlet.core.model.sources import IterableSource, Source
 from streamlet.core.model.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task, WindowReduceTask
+from streamlet.core.model.validation import validate
 from streamlet.core.model.windows import BUILT_IN_FOLDS, FoldHow, WindowSpec
 from streamlet.errors import TopologyError
 
@@ -288,11 +289,10 @@ class Topology:
             ],
         }  # fmt: skip
 
-    def validate(self) -> None:
-        """Raise ``TopologyError`` naming the node and port of the first problem."""
-        from streamlet.core.model.validation import validate
-
-        validate(self)
+    def validate(self) -> Topology:
+        """A resolved copy of this topology (every task with the window it runs with), or a
+        ``TopologyError`` naming the node and port of the first problem. This topology is left as it is."""
+        return validate(self)
 
 
 def _check_window(where: str, window: WindowSpec | None) -> None:

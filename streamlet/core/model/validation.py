@@ -1,28 +1,60 @@
-"""Checks that a topology can run; every message names the node and the port."""
+"""Checks that a topology can run; every message names the node and the port.
+
+:func:`validate` never changes the topology it is given: it returns a
+*resolved* copy, in which every task carries the window it runs with (its
+own, or that of the windowed sources feeding it) and which of its ports are
+windowed. It reads the topology through the :class:`TopologyData` protocol,
+so it imports nothing of ``topology.py`` (which imports it).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import copy
+import dataclasses
+from typing import Any, Protocol, TypeVar
 
 from streamlet.core.model import graph
 from streamlet.core.model.constants import LATE
 from streamlet.errors import TopologyError
 
-if TYPE_CHECKING:
-    from streamlet.core.model.topology import Topology
+
+class TopologyData(Protocol):
+    """What validation reads of a topology."""
+
+    name: str
+    nodes: dict[str, Any]
+    edges: list[Any]
+
+    def successors(self) -> dict[str, list[str]]:
+        """Downstream node names of every node."""
+        ...
+
+    def back_edges(self) -> set[tuple[str, str]]:
+        """``(upstream, downstream)`` pairs that close a cycle."""
+        ...
+
+    def loop_limit(self, head: str) -> int | None:
+        """Iteration limit of the loop whose back edge enters ``head``."""
+        ...
 
 
-def validate(topology: Topology) -> None:
-    """Raise ``TopologyError`` for the first problem found."""
+T = TypeVar("T", bound=TopologyData)
+
+
+def validate(topology: T) -> T:
+    """A resolved copy of ``topology``, or a ``TopologyError`` for the first problem found."""
     if not any(node.kind == "source" for node in topology.nodes.values()):
         raise TopologyError(f"topology '{topology.name}' has no source")
     _check_edges(topology)
     _check_inputs_connected(topology)
     _check_cycles(topology)
-    _resolve_windows(topology)
+    resolved = copy.copy(topology)
+    resolved.nodes = {**topology.nodes, **_resolved_windows(topology)}
+    resolved.edges = list(topology.edges)
+    return resolved
 
 
-def _check_edges(topology: Topology) -> None:
+def _check_edges(topology: TopologyData) -> None:
     for edge in topology.edges:
         downstream = topology.nodes[edge.downstream]
         upstream = topology.nodes.get(edge.upstream)
@@ -50,7 +82,7 @@ def _check_edges(topology: Topology) -> None:
             )
 
 
-def _check_inputs_connected(topology: Topology) -> None:
+def _check_inputs_connected(topology: TopologyData) -> None:
     connected = {(edge.downstream, edge.in_port) for edge in topology.edges}
     for node in topology.nodes.values():
         for port in range(node.inputs):
@@ -60,7 +92,7 @@ def _check_inputs_connected(topology: Topology) -> None:
                 )
 
 
-def _check_cycles(topology: Topology) -> None:
+def _check_cycles(topology: TopologyData) -> None:
     successors = topology.successors()
     for upstream, head in sorted(topology.back_edges()):
         if topology.loop_limit(head) is None:
@@ -71,8 +103,9 @@ def _check_cycles(topology: Topology) -> None:
             )
 
 
-def _resolve_windows(topology: Topology) -> None:
-    """Give every task the window of its own, or of the windowed sources that feed it."""
+def _resolved_windows(topology: TopologyData) -> dict[str, Any]:
+    """Windowed tasks, resolved: each with the window of its own, or of the windowed sources feeding it."""
+    resolved: dict[str, Any] = {}
     for node in topology.nodes.values():
         feeding = [e for e in topology.edges if e.downstream == node.name]
         windowed = [(e, topology.nodes[e.upstream]) for e in feeding if topology.nodes[e.upstream].kind == "source"]
@@ -97,7 +130,7 @@ def _resolve_windows(topology: Topology) -> None:
                     f"{node.describe()} input port {edge.in_port} is fed by windowed {source.describe()}, "
                     "but the task has a window of its own"
                 )
-            node.windowed_ports = tuple(range(node.inputs))
+            resolved[node.name] = dataclasses.replace(node, windowed_ports=tuple(range(node.inputs)))
             continue
         specs = {source.window for _, source in windowed}
         if len(specs) > 1:
@@ -105,15 +138,16 @@ def _resolve_windows(topology: Topology) -> None:
                 f"{node.describe()} is fed by sources with different windows: {sorted(map(repr, specs))}"
             )
         if specs:
-            node.window = specs.pop()
-            node.windowed_ports = tuple(sorted({edge.in_port for edge, _ in windowed}))
+            ports = tuple(sorted({edge.in_port for edge, _ in windowed}))
+            resolved[node.name] = dataclasses.replace(node, window=specs.pop(), windowed_ports=ports)
+    return resolved
 
 
 def _ports(count: int, what: str) -> str:
     return f"{count} {what} port" + ("" if count == 1 else "s")
 
 
-def unconsumed_ports(topology: Topology) -> list[tuple[str, int]]:
+def unconsumed_ports(topology: TopologyData) -> list[tuple[str, int]]:
     """``(node, port)`` of every declared output port nothing is connected to (the late port aside):
     what is emitted there is dropped, so the job warns about them once when it starts."""
     wired = {(edge.upstream, edge.out_port) for edge in topology.edges}

@@ -104,7 +104,7 @@ class Job:
             raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
         _check_whole("batch_size", batch_size)
         _check_whole("channel_capacity", channel_capacity)
-        topology.validate()
+        topology = topology.validate()  # a resolved copy: the caller's topology stays as it was
         self.job_id = job_id or f"local.{topology.name}"
         self.attempt = new_attempt() if attempt is None else check_attempt(attempt)
         self._placement = placement

@@ -274,3 +274,19 @@ def test_back_edges_of_two_node_loop() -> None:
     """In src -> a -> b -> a the edge b -> a closes the loop."""
     topology, _, _ = loop()
     assert topology.back_edges() == {("b", "a")}
+
+
+def test_validate_returns_a_resolved_copy_and_leaves_the_topology_alone() -> None:
+    """A windowed source's window reaches the task it feeds in the copy validate() returns, not in the original."""
+    window = sl.CountWindow(2)
+    topology = sl.Topology("t")
+    source = topology.add_source("s", [("a", 1), ("a", 2)], window=window)
+    summed = topology.window_reduce("sum", "sum", window=sl.CountWindow(5)).set_input(topology.add_source("t", [1]))
+    passed = topology.map("pass", lambda r: (r.key, r.value)).set_input(source)
+    topology.add_sink("o", sl.CollectSink()).set_input(passed)
+    topology.add_sink("o2", sl.CollectSink()).set_input(summed)
+    resolved = topology.validate()
+    assert resolved is not topology and resolved.nodes is not topology.nodes
+    assert (resolved.node("pass").window, resolved.node("pass").windowed_ports) == (window, (0,))
+    assert (topology.node("pass").window, topology.node("pass").windowed_ports) == (None, ())
+    assert resolved.validate().node("pass").windowed_ports == (0,)  # validating a resolved copy changes nothing

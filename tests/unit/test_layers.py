@@ -1,0 +1,74 @@
+"""The package shows the architecture: core's layers point one way, and core needs nothing outside it.
+
+Read from the source (every ``import``/``from`` statement, at module level or inside functions and
+``TYPE_CHECKING`` blocks), so a lazy import cannot hide a dependency that points the wrong way.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import streamlet
+
+PACKAGE = Path(streamlet.__file__).parent
+CORE_LAYERS = ("model", "windows", "state", "runtime")  # each may import only those before it
+OUTSIDE_CORE = ("transport", "backends", "adaptation", "connectors", "cli", "testing", "loading", "run_report")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every streamlet module ``path`` imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("streamlet"):
+            found.add(node.module)
+            found.update(
+                f"{node.module}.{alias.name}" for alias in node.names
+            )  # "from streamlet.core.model import graph"
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("streamlet"))
+    return found
+
+
+def core_modules() -> dict[str, Path]:
+    return {
+        ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts): path
+        for path in sorted((PACKAGE / "core").rglob("*.py"))
+    }
+
+
+def test_core_imports_nothing_from_transport_backends_adaptation_or_connectors() -> None:
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, path in core_modules().items()
+        for target in imported_modules(path)
+        if target.split(".")[1] in OUTSIDE_CORE
+    )
+    assert wrong == []
+
+
+def test_core_layers_point_one_way() -> None:
+    """model <- windows <- state <- runtime: a layer imports only the layers before it."""
+    wrong = []
+    for module, path in core_modules().items():
+        parts = module.split(".")
+        if len(parts) < 4:  # streamlet.core.__init__ and the layers' own __init__ have no code
+            continue
+        layer = CORE_LAYERS.index(parts[2])
+        for target in imported_modules(path):
+            target_parts = target.split(".")
+            inside_core = target_parts[:2] == ["streamlet", "core"] and len(target_parts) > 2
+            if inside_core and CORE_LAYERS.index(target_parts[2]) > layer:
+                wrong.append(f"{module} -> {target}")
+    assert sorted(wrong) == []
+
+
+def test_validation_does_not_import_the_topology() -> None:
+    """topology.py imports validation; validation reads a topology through a protocol, so there is no cycle."""
+    validation = PACKAGE / "core" / "model" / "validation.py"
+    assert not any("topology" in target for target in imported_modules(validation))
+
+
+def test_every_core_module_sits_in_a_layer() -> None:
+    loose = sorted(m for m in core_modules() if len(m.split(".")) == 3 and not m.endswith("__init__"))
+    assert loose == []
