@@ -286,7 +286,8 @@ def test_validate_returns_a_resolved_copy_and_leaves_the_topology_alone() -> Non
     topology.add_sink("o", sl.CollectSink()).set_input(passed)
     topology.add_sink("o2", sl.CollectSink()).set_input(summed)
     resolved = topology.validate()
-    assert resolved is not topology and resolved.nodes is not topology.nodes
+    assert resolved is not topology
+    assert resolved.nodes is not topology.nodes
     assert (resolved.node("pass").window, resolved.node("pass").windowed_ports) == (window, (0,))
     assert (topology.node("pass").window, topology.node("pass").windowed_ports) == (None, ())
     assert resolved.validate().node("pass").windowed_ports == (0,)  # validating a resolved copy changes nothing
