@@ -13,11 +13,10 @@ import anyio
 
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.topology import Topology
-from streamlet.core.runtime.channel import ChannelFactory
+from streamlet.core.runtime.channel import ChannelFactory, LocalChannel
 from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE, DEFAULT_CHANNEL_CAPACITY, Job, JobResult, open_job
 from streamlet.core.state.store import CheckpointStore, DirectoryCheckpointStore
 from streamlet.errors import JobError
-from streamlet.transport.local import LocalChannel
 
 
 def run(

@@ -1,9 +1,9 @@
-"""Moving batches between instances: in memory (``local``) or over TCP (``tcp``, ``tcp_client``).
+"""Moving batches between processes: over TCP (``tcp``, ``tcp_client``), framed by ``codec``.
 
-The runtime only sees the ``Channel`` seam (``core/channel.py``): an
+The runtime only sees the ``Channel`` seam (``core/runtime/channel.py``): an
 ordered, bounded, backpressured pipe of batches and control markers into
-one input channel of one instance. ``LocalChannel`` hands the batch object
-itself to an inbox in the same process. ``TcpChannel`` carries it to a
+one input channel of one instance. Inside one process the core's own
+``LocalChannel`` hands the batch object itself to an inbox. ``TcpChannel`` carries it to a
 ``DataServer`` in another process, which puts the decoded batch into the
 receiving inbox. Either way, the receiving task gets ``Record`` objects.
 

@@ -33,11 +33,11 @@ from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, write_fenced
 from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt
 from streamlet.core.model.topology import Topology
+from streamlet.core.runtime.channel import LocalChannel
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.plan import Placement
 from streamlet.errors import CoordinationError, JobError, NodeExists, SpecError, TaskError
-from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 

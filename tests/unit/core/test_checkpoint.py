@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import streamlet as sl
-from streamlet.transport.local import LocalChannel
+from streamlet.core.runtime.channel import LocalChannel
 from tests.conftest import self_loop
 from tests.support import exactly_once
 from tests.support.exactly_once import Bomb, expected_output

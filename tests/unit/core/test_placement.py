@@ -9,9 +9,9 @@ import pytest
 
 import streamlet as sl
 from examples.wordcount import build_topology, word_counts
+from streamlet.core.runtime.channel import LocalChannel
 from streamlet.core.runtime.job import Job
 from streamlet.core.runtime.plan import Placement
-from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 from tests.conftest import self_loop

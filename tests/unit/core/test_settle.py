@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import streamlet as sl
+from streamlet.core.runtime.channel import LocalChannel
 from streamlet.core.runtime.plan import Placement
-from streamlet.transport.local import LocalChannel
 from tests.conftest import pairs
 from tests.unit.core.test_cycles import Halve
 

@@ -14,12 +14,11 @@ from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
 from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt, LoopDetector, looks_quiet, quiet
 from streamlet.core.model.record import CYCLE_END
-from streamlet.core.runtime.channel import Inbox
+from streamlet.core.runtime.channel import Inbox, LocalChannel
 from streamlet.core.runtime.cycles import CycleTracker, LoopCounters
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.plan import Placement
 from streamlet.errors import CoordinationError
-from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 from tests.conftest import pairs

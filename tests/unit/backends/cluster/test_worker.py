@@ -12,9 +12,9 @@ from streamlet.backends.cluster.client import collected
 from streamlet.backends.cluster.registry import WorkerRegistration
 from streamlet.backends.cluster.store import MemoryClusterStore
 from streamlet.backends.cluster.worker import WorkerJobs
+from streamlet.core.runtime.channel import LocalChannel
 from streamlet.core.runtime.job import Job
 from streamlet.loading import load_topology
-from streamlet.transport.local import LocalChannel
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 from tests.support.loop_jobs import HALVING
