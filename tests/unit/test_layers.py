@@ -72,3 +72,19 @@ def test_validation_does_not_import_the_topology() -> None:
 def test_every_core_module_sits_in_a_layer() -> None:
     loose = sorted(m for m in core_modules() if len(m.split(".")) == 3 and not m.endswith("__init__"))
     assert loose == []
+
+
+def test_every_seam_is_in_streamlet_abc_and_is_the_class_the_code_uses() -> None:
+    """streamlet.abc re-exports each seam: the very object its layer defines, not a copy."""
+    import streamlet.abc as seams
+    from streamlet.backends.cluster.store import ClusterStore
+    from streamlet.core.model.clock import Clock
+    from streamlet.core.runtime.channel import Channel
+    from streamlet.core.state.store import CheckpointStore
+
+    expected = {"Channel", "Clock", "Source", "Sink", "StateStore", "CheckpointStore", "ClusterStore", "Task"}
+    assert expected <= set(seams.__all__)
+    assert (seams.Channel, seams.Clock, seams.CheckpointStore, seams.ClusterStore) == (
+        Channel, Clock, CheckpointStore, ClusterStore,
+    )  # fmt: skip
+    assert (seams.Source, seams.Sink, seams.Task) == (streamlet.Source, streamlet.Sink, streamlet.Task)
