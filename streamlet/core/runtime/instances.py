@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 class CheckpointAcks(Protocol):
-    """Where instances report their part of a checkpoint (see ``checkpoint.Coordinator``)."""
+    """Where instances report their part of a checkpoint (see ``core.state.checkpoints.Coordinator``)."""
 
     def ack(self, epoch: int, node: str, index: int, snapshot: Any) -> None:
         """Instance ``(node, index)`` has taken its snapshot for ``epoch``."""

@@ -81,7 +81,7 @@ class Job:
 
     A job split between processes (``placement``) runs loops only with a
     ``quiescence``, which decides when each loop is quiet in every process
-    (see ``cycles``); in one process the loops end by themselves.
+    (see ``core.runtime.cycles``); in one process the loops end by themselves.
     """
 
     def __init__(
