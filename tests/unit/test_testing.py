@@ -11,7 +11,7 @@ import pytest
 
 import streamlet as sl
 from streamlet import testing
-from streamlet.core.sinks import RestorePoint, SinkContext, SinkWriter
+from streamlet.core.model.sinks import RestorePoint, SinkContext, SinkWriter
 from streamlet.testing import ExactlyOnceSink, arun_topology, run_topology
 from tests.conftest import pairs, values
 

@@ -95,12 +95,12 @@ from streamlet.backends.cluster.lifecycle import JobState
 from streamlet.backends.cluster.registry import WorkerRegistration
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree, read_all
 from streamlet.backends.cluster.worker import WorkerJobs
-from streamlet.core.instance import Instance
-from streamlet.core.record import Batch, Record
-from streamlet.core.runtime import Job
-from streamlet.core.sinks import RestorePoint, Sink, SinkContext, SinkWriter
-from streamlet.core.statistics import InstanceCounters
-from streamlet.core.topology import Topology
+from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
+from streamlet.core.model.topology import Topology
+from streamlet.core.runtime.instances import Instance
+from streamlet.core.runtime.job import Job
+from streamlet.core.runtime.statistics import InstanceCounters
 from streamlet.errors import CoordinationError, JobError
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
