@@ -102,6 +102,7 @@ class Coordinator:
         self.completed = 0
         self.last: CheckpointInfo | None = None
         self._pending: dict[int, _Pending] = {}
+        self._reporting = anyio.Lock()  # completed instances answer one epoch at a time, in order
         self._saved: dict[int, int] = {}  # epoch -> size of the part saved, awaiting commit_through
         self._finishing: int | None = None
         self._closed = False
@@ -166,14 +167,21 @@ class Coordinator:
                 instance.request_barrier(epoch)
 
     async def report_completed(self, instance: Participant, epoch: int | None = None) -> None:
-        """``instance`` has completed: answer ``epoch`` (or every pending one) with its final snapshot."""
-        epochs = [epoch] if epoch is not None else sorted(self._pending)
-        for pending_epoch in epochs:
-            pending = self._pending.get(pending_epoch)
-            if pending is None or (instance.node.name, instance.index) in pending.snapshots:
-                continue
-            await instance.prepare_commit(pending_epoch)  # a completed sink stages what it still holds
-            self.ack(pending_epoch, instance.node.name, instance.index, instance.final_snapshot())
+        """``instance`` has completed: answer every pending epoch up to ``epoch`` (or all of them), oldest
+        first, with its final snapshot.
+
+        The instance itself calls this when it completes, and a checkpoint beginning meanwhile calls it
+        too: one lock, and epochs always in order, so a sink stages each epoch once and never a later
+        epoch before an earlier one (whose restore would then drop what the later one holds).
+        """
+        async with self._reporting:
+            epochs = sorted(e for e in self._pending if epoch is None or e <= epoch)
+            for pending_epoch in epochs:
+                pending = self._pending.get(pending_epoch)
+                if pending is None or (instance.node.name, instance.index) in pending.snapshots:
+                    continue
+                await instance.prepare_commit(pending_epoch)  # a completed sink stages what it still holds
+                self.ack(pending_epoch, instance.node.name, instance.index, instance.final_snapshot())
 
     def ack(self, epoch: int, node: str, index: int, snapshot: Any) -> None:
         """Participant ``(node, index)`` has its snapshot for ``epoch``."""
