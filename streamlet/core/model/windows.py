@@ -10,15 +10,17 @@ so they are tested directly, and their ``snapshot()`` goes into checkpoints.
 
 from __future__ import annotations
 
+import math
 from abc import ABC
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Literal, TypeAlias
 
 from streamlet.core.model.record import Record
 from streamlet.errors import TopologyError
 
-__all__ = ("BUILT_IN_FOLDS", "CountOrTimeWindow", "CountWindow", "FoldHow", "TimeWindow", "WindowSpec")
+__all__ = ("BUILT_IN_FOLDS", "CountOrTimeWindow", "CountWindow", "FoldHow", "Ticks", "TimeWindow", "WindowSpec")
 
 #: How ``window_reduce`` combines values per key: a built-in name or ``fn(acc, value) -> acc``.
 FoldHow: TypeAlias = "str | Callable[[Any, Any], Any]"
@@ -38,6 +40,37 @@ class WindowSpec(ABC):  # noqa: B024 - a base for isinstance checks and validate
 def _positive(where: str, name: str, value: float) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
         raise TopologyError(f"{where}: window {name} must be > 0, got {value!r}")
+
+
+class Ticks:
+    """Seconds <-> whole ticks of ``unit`` seconds. A timestamp becomes its nearest tick; a tick back in
+    seconds is the float nearest to its exact value (``Ticks(0.001).seconds(300) == 0.3``).
+
+    Example:
+        >>> ticks = Ticks(0.001)
+        >>> ticks.of(0.35), ticks.seconds(400), ticks.whole(0.1), ticks.whole(0.0015)
+        (350, 0.4, 100, None)
+    """
+
+    __slots__ = ("per_second", "unit")
+
+    def __init__(self, unit: float) -> None:
+        # 0.001 is not exact in binary: the nearest fraction with a small denominator is the unit meant
+        self.unit = Fraction(unit).limit_denominator(10**9)
+        self.per_second = float(1 / self.unit)
+
+    def of(self, seconds: float) -> int:
+        """The tick nearest to ``seconds``."""
+        return round(seconds * self.per_second)
+
+    def seconds(self, tick: int) -> float:
+        """Tick ``tick`` in seconds (correctly rounded: exact ticks print as the user wrote them)."""
+        return float(tick * self.unit)
+
+    def whole(self, seconds: float) -> int | None:
+        """``seconds`` as a whole number of ticks, or ``None`` when it is not one."""
+        tick = self.of(seconds)
+        return tick if math.isclose(tick, seconds * self.per_second, rel_tol=1e-9, abs_tol=1e-6) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +114,15 @@ class TimeWindow(WindowSpec):
     ``ts`` is ``None``: ``"clock"`` (the default) places it at the job
     clock's time when it arrives; ``"fail"`` stops the job with a
     ``TaskError`` naming the task, the port and the record's key.
+
+    Time is counted in whole ticks of ``time_unit`` seconds (default 1 ms),
+    because floats cannot hold 0.1 exactly: a timestamp becomes its nearest
+    tick, window bounds are integer tick arithmetic (tumbling and sliding
+    alike), and ``size``, ``slide`` and ``allowed_lateness`` must be whole
+    numbers of ticks. So 0.3 and 0.35 fall in ``(0.3, 0.4)`` and 0.5 in
+    ``(0.5, 0.6)`` with ``TimeWindow(0.1)``. A window's results are stamped
+    with its last tick (its end minus one tick): fed into a longer window
+    they land in the window that holds the whole of theirs.
     """
 
     size: float
@@ -90,11 +132,19 @@ class TimeWindow(WindowSpec):
     idle_timeout: float | None = None
     on_late: Callable[[Record], Any] | None = field(default=None, compare=False)
     missing_ts: MissingTs = "clock"
+    time_unit: float = 0.001
 
     def validate(self, where: str) -> None:
-        """Positive sizes, a known time kind, non-negative lateness."""
+        """Positive sizes that are whole numbers of ticks, a known time kind, non-negative lateness."""
+        _positive(where, "time_unit", self.time_unit)
         _positive(where, "size", self.size)
         _positive(where, "slide", (self.size if self.slide is None else self.slide))
+        ticks = Ticks(self.time_unit)
+        for name, value in (("size", self.size), ("slide", self.slide), ("allowed_lateness", self.allowed_lateness)):
+            if isinstance(value, int | float) and value >= 0 and ticks.whole(value) is None:
+                raise TopologyError(
+                    f"{where}: window {name} {value!r} is not a whole number of ticks of time_unit {self.time_unit!r} s"
+                )
         if self.time not in ("processing", "event"):
             raise TopologyError(f"{where}: window time must be 'processing' or 'event', got {self.time!r}")
         if self.allowed_lateness < 0:

@@ -44,7 +44,6 @@ class TaskInstance(Receiver):
             self.window = logic_for(node.window)
             self.window.fold = getattr(self.task, "window_fold", None)
             self.windowed_ports = frozenset(node.windowed_ports)
-        self._window_ts_is_end = isinstance(node.window, TimeWindow)
         self._channels_of = [[c for c, p in enumerate(inbox.ports) if p == port] for port in range(node.inputs)]
 
     def _new_task(self) -> Task:
@@ -182,12 +181,14 @@ class TaskInstance(Receiver):
 
     async def _run_window(self, window: ClosedWindow) -> None:
         self.inputs.window = self.outputs.window = bounds = (window.start, window.end)
+        assert self.window is not None
+        stamp = self.window.result_ts(window)  # a time window's last tick; else the last record's time
         if window.folded is not None:
-            ts = window.end if self._window_ts_is_end else window.last_ts
+            ts = window.last_ts if stamp is None else stamp
             window.records = {0: [WindowRecord(key, value, ts, bounds) for key, value in window.folded.items()]}
         records = window.all_records()
-        if self._window_ts_is_end:
-            self.outputs.ts = window.end
+        if stamp is not None:
+            self.outputs.ts = stamp
         elif records:
             self.outputs.ts = records[-1].ts
         batches = [window.records.get(port, []) for port in range(self.node.inputs)]

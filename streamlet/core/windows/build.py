@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamlet.core.model.windows import CountOrTimeWindow, CountWindow, TimeWindow, WindowSpec
+from streamlet.core.model.windows import CountOrTimeWindow, CountWindow, Ticks, TimeWindow, WindowSpec
 from streamlet.core.windows.fold import WindowLogic
 from streamlet.core.windows.logic import CountLogic, CountOrTimeLogic, EventTimeLogic, ProcessingTimeLogic
 
@@ -18,11 +18,12 @@ def logic_for(spec: WindowSpec) -> WindowLogic:
         return CountLogic(spec.size, spec.size if spec.slide is None else spec.slide)
     if isinstance(spec, TimeWindow):
         slide = spec.size if spec.slide is None else spec.slide
+        ticks = Ticks(spec.time_unit)
         if spec.time == "event":
-            logic = EventTimeLogic(spec.size, slide, spec.allowed_lateness, spec.idle_timeout)
+            logic = EventTimeLogic(spec.size, slide, spec.allowed_lateness, spec.idle_timeout, ticks)
             logic.refuse_missing_ts = spec.missing_ts == "fail"
             return logic
-        return ProcessingTimeLogic(spec.size, slide)
+        return ProcessingTimeLogic(spec.size, slide, ticks)
     if isinstance(spec, CountOrTimeWindow):
         return CountOrTimeLogic(spec.count, spec.seconds)
     raise TypeError(f"no window logic for {type(spec).__name__}")

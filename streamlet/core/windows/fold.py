@@ -92,6 +92,10 @@ class WindowLogic(ABC):
         """When :meth:`on_time` next has something to close, if ever."""
         return None
 
+    def result_ts(self, window: ClosedWindow) -> float | None:
+        """The event time of what ``window`` emits; ``None``: that of its last record."""
+        return None
+
     @abstractmethod
     def close_all(self) -> list[ClosedWindow]:
         """End of stream: every open window, in order."""

@@ -1,4 +1,4 @@
-"""The per-instance logic of each window kind (built by the specs in ``window.py``)."""
+"""The per-instance logic of each window kind (made for a spec by ``build.logic_for``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from streamlet.core.model.record import Batch
+from streamlet.core.model.windows import Ticks
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic, window_data, window_from
 
 
@@ -54,31 +55,39 @@ class CountLogic(WindowLogic):
 
 
 class TimeLogic(WindowLogic):
-    """Windows keyed by start time; subclasses decide which time and when they close."""
+    """Windows keyed by their start tick; subclasses decide which time and when they close.
 
-    def __init__(self, size: float, slide: float) -> None:
+    All arithmetic is on whole ticks (``Ticks``): one code path for tumbling and sliding windows, and
+    bounds that hold every record assigned to them.
+    """
+
+    def __init__(self, size: float, slide: float, ticks: Ticks | None = None) -> None:
+        self.ticks = ticks = ticks or Ticks(0.001)
         self.size, self.slide = size, slide
-        self.windows: dict[float, ClosedWindow] = {}
+        self.size_ticks, self.slide_ticks = ticks.of(size), ticks.of(slide)
+        self.windows: dict[int, ClosedWindow] = {}
 
-    def starts(self, ts: float) -> list[float]:
-        """Starts of every window that contains ``ts``."""
-        start = math.floor(ts / self.slide) * self.slide
+    def starts(self, tick: int) -> list[int]:
+        """Start ticks of every window that contains ``tick``, latest first."""
+        start = tick - tick % self.slide_ticks
         starts = []
-        while start + self.size > ts:
+        while start + self.size_ticks > tick:
             starts.append(start)
-            start -= self.slide
+            start -= self.slide_ticks
         return starts
 
-    def window(self, start: float) -> ClosedWindow:
-        """The open window starting at ``start`` (opened now if need be)."""
+    def window(self, start: int) -> ClosedWindow:
+        """The open window starting at tick ``start`` (opened now if need be)."""
         window = self.windows.get(start)
         if window is None:
-            window = self.windows[start] = ClosedWindow(start, start + self.size, {})
+            seconds = self.ticks.seconds
+            window = self.windows[start] = ClosedWindow(seconds(start), seconds(start + self.size_ticks), {})
         return window
 
-    def close_until(self, time: float) -> list[ClosedWindow]:
-        """Windows whose end is at or before ``time``, oldest first."""
-        due = sorted(start for start, window in self.windows.items() if window.end <= time)
+    def close_until(self, tick: float) -> list[ClosedWindow]:
+        """Windows whose end is at or before ``tick``, oldest first."""
+        size = self.size_ticks
+        due = sorted(start for start in self.windows if start + size <= tick)
         return [self.windows.pop(start) for start in due]
 
     def close_all(self) -> list[ClosedWindow]:
@@ -87,19 +96,24 @@ class TimeLogic(WindowLogic):
     def next_deadline(self) -> float | None:
         return min((w.end for w in self.windows.values()), default=None)
 
+    def result_ts(self, window: ClosedWindow) -> float | None:
+        """A window's results carry its last tick, so a longer window downstream holds all of them."""
+        return self.ticks.seconds(self.ticks.of(window.end) - 1)
+
     def snapshot(self) -> Any:
         return {"windows": [window_data(w) for w in self.windows.values()]}
 
     def restore(self, snapshot: Any) -> None:
-        self.windows = {w.start: w for w in map(window_from, snapshot["windows"])}
+        self.windows = {self.ticks.of(w.start): w for w in map(window_from, snapshot["windows"])}
 
 
 class ProcessingTimeLogic(TimeLogic):
     """Records go to the windows open by the clock when they arrive."""
 
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
-        closed = self.close_until(now)
-        starts = self.starts(now)
+        tick = self.ticks.of(now)
+        closed = self.close_until(tick)
+        starts = self.starts(tick)
         if not starts:  # hopping windows with gaps: no window is open now
             self.late += len(batch)
             return closed, batch
@@ -108,17 +122,20 @@ class ProcessingTimeLogic(TimeLogic):
         return closed, []
 
     def on_time(self, now: float) -> list[ClosedWindow]:
-        return self.close_until(now)
+        return self.close_until(self.ticks.of(now))
 
 
 class EventTimeLogic(TimeLogic):
-    """Records go to the windows of their event time; the watermark closes windows."""
+    """Records go to the windows of their event time; the watermark (in ticks) closes windows."""
 
-    def __init__(self, size: float, slide: float, lateness: float, idle_timeout: float | None) -> None:
-        super().__init__(size, slide)
+    def __init__(
+        self, size: float, slide: float, lateness: float, idle_timeout: float | None, ticks: Ticks | None = None
+    ) -> None:
+        super().__init__(size, slide, ticks)
         self.lateness = lateness
+        self.lateness_ticks = self.ticks.of(lateness)
         self.idle_timeout = idle_timeout
-        self.watermark = -math.inf
+        self.watermark: float = -math.inf  # a tick, or -inf before the first record
         self.last_arrival = 0.0
         self.refuse_missing_ts = False  # TimeWindow(missing_ts="fail"): a record without ts stops the job
 
@@ -127,56 +144,54 @@ class EventTimeLogic(TimeLogic):
             raise ValueError("a record has no ts")  # the task instance names it
 
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
+        # The hot path: records are cut into runs that fall in the same windows (streams are mostly in
+        # order), and each run is collected or folded at once. Tumbling and sliding windows share it.
         self._check_timestamps(batch)
         late: Batch = []
         self.last_arrival = now
-        if self.slide == self.size:
-            self._add_tumbling(port, batch, now, late)
-        else:
-            for record in batch:
-                ts = now if record.ts is None else record.ts
-                starts = [s for s in self.starts(ts) if s + self.size > self.watermark]
-                if not starts:
-                    late.append(record)
-                for start in starts:
-                    self.collect(self.window(start), port, [record])
-                if ts - self.lateness > self.watermark:
-                    self.watermark = ts - self.lateness
-        self.late += len(late)
-        return self.close_until(self.watermark), late
-
-    def _add_tumbling(self, port: int, batch: Batch, now: float, late: Batch) -> None:
-        # The hot path: records are cut into runs that fall in the same window (streams are
-        # mostly in order), and each run is collected or folded at once.
-        size, lateness = self.size, self.lateness
-        watermark = self.watermark
+        per_second, size, slide = self.ticks.per_second, self.size_ticks, self.slide_ticks
+        lateness, watermark = self.lateness_ticks, self.watermark
         highest = watermark + lateness
+        now_tick = round(now * per_second)
         run: Batch = []
-        run_start = math.nan
+        run_starts: list[int] = []
+        run_key = -1  # the tick the run's windows were computed for, by slide
         for record in batch:
             ts = record.ts
-            if ts is None:
-                ts = now
-            start = ts - ts % size
-            if start + size <= watermark:
+            tick = now_tick if ts is None else round(ts * per_second)
+            if tick - tick % slide != run_key:  # another slide: other windows
+                if run:
+                    self._collect_run(port, run, run_starts)
+                run_key = tick - tick % slide
+                run, run_starts = [], self.starts(tick)
+            starts = run_starts
+            if not starts or starts[0] + size <= watermark:  # every window of this record has closed
                 late.append(record)
                 continue
-            if start != run_start:
+            if starts[-1] + size <= watermark:  # some of its windows have closed: those are skipped
                 if run:
-                    self.collect(self.window(run_start), port, run)
-                run, run_start = [], start
-            run.append(record)
-            if ts > highest:
-                highest = ts
+                    self._collect_run(port, run, run_starts)
+                self._collect_run(port, [record], [s for s in starts if s + size > watermark])
+                run = []
+            else:
+                run.append(record)
+            if tick > highest:
+                highest = tick
                 watermark = highest - lateness
         if run:
-            self.collect(self.window(run_start), port, run)
+            self._collect_run(port, run, run_starts)
         self.watermark = watermark
+        self.late += len(late)
+        return self.close_until(watermark), late
+
+    def _collect_run(self, port: int, run: Batch, starts: list[int]) -> None:
+        for start in starts:
+            self.collect(self.window(start), port, run)
 
     def on_time(self, now: float) -> list[ClosedWindow]:
         if self.idle_timeout is not None and self.windows and now >= self.last_arrival + self.idle_timeout:
             closed = self.close_all()
-            self.watermark = max(self.watermark, max(w.end for w in closed))
+            self.watermark = max(self.watermark, max(self.ticks.of(w.end) for w in closed))
             return closed
         return []
 

@@ -49,7 +49,7 @@ async def test_settle_then_advance_then_settle_shows_a_time_window_result(manual
         await job.settle()
         manual_clock.advance(60)
         await job.settle()
-        assert [(r.key, r.value, r.window, r.ts) for r in seen] == [("user42", 2, (120.0, 180.0), 180.0)]
+        assert [(r.key, r.value, r.window, r.ts) for r in seen] == [("user42", 2, (120.0, 180.0), 179.999)]
 
 
 async def test_settle_does_not_close_open_windows(manual_clock: sl.ManualClock) -> None:

@@ -71,13 +71,13 @@ def event_topology(late: list[sl.Record]) -> sl.Topology:
 
 
 def test_event_time_window_contents_and_timestamps() -> None:
-    """Out-of-order records land in the windows of their ts; each output's ts is its window's end."""
+    """Out-of-order records land in the windows of their ts; each output's ts is its window's last tick."""
     result = sl.run(event_topology([]))
     assert result.sink("out") == [
-        sl.Record((0, 10), [1, 7, 3], 10),
-        sl.Record((10, 20), [12, 18], 20),
-        sl.Record((20, 30), [25], 30),
-        sl.Record((30, 40), [31], 40),
+        sl.Record((0, 10), [1, 7, 3], 9.999),
+        sl.Record((10, 20), [12, 18], 19.999),
+        sl.Record((20, 30), [25], 29.999),
+        sl.Record((30, 40), [31], 39.999),
     ]
 
 
@@ -141,7 +141,7 @@ async def test_processing_time_window_closes_when_the_manual_clock_passes_its_en
         assert emitted == []
         manual_clock.advance(10)
         await asyncio.wait_for(arrived.wait(), timeout=10)
-        assert emitted == [sl.Record((0, 10), ["a", "b", "c"], 10)]
+        assert emitted == [sl.Record((0, 10), ["a", "b", "c"], 9.999)]
 
 
 async def test_count_or_time_window_closes_by_time_on_the_manual_clock(
