@@ -52,7 +52,7 @@ def _canonical(key: Any) -> Any:
     kind = type(key)
     if kind is bool:
         return int(key)
-    if kind is float and key.is_integer():
+    if kind is float and key.is_integer() and -(2**63) <= key < 2**64:  # 1e20 has no int twin that encodes
         return int(key)
     if kind is tuple or kind is list:
         return [_canonical(item) for item in key]

@@ -221,3 +221,12 @@ def test_round_robin_spreads_whole_batches() -> None:
     sl.run(topology, batch_size=10)
     got = {index: [[r.value for r in batch] for batch in batches] for index, batches in sink.batches.items()}
     assert got == {i: [list(range(start, start + 10)) for start in range(10 * i, 90, 30)] for i in range(3)}
+
+
+@pytest.mark.parametrize(
+    ("key", "hashed_as"),
+    [(1e20, 1e20), (-1e300, -1e300), (2.0**64, 2.0**64), (("k", 1e20), ["k", 1e20]), (2.0**63, 2**63)],
+)
+def test_stable_hash_of_a_whole_float_beyond_64_bits_is_its_float_encoding(key: Any, hashed_as: Any) -> None:
+    """A whole float too big for a 64-bit int hashes as the float it is (it used to fail: the int does not encode)."""
+    assert sl.stable_hash(key) == zlib.crc32(msgpack.packb(hashed_as, use_bin_type=True))
