@@ -14,9 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import msgpack
-
-from streamlet.core.model.encoding import hashable, pack
+from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.partition import partition_of
 
 
@@ -40,7 +38,7 @@ class KeyedState:
         return self.values.get(key, default)
 
     def put(self, key: Any, value: Any) -> None:
-        """Store ``value`` for ``key`` (msgpack-able values only)."""
+        """Store ``value`` for ``key`` (encodable values only; a restore gives them back with the same types)."""
         self.values[key] = value
 
     def delete(self, key: Any) -> None:
@@ -55,13 +53,14 @@ class KeyedState:
         return len(self.values)
 
     def checkpoint(self) -> bytes:
-        """A consistent snapshot: the key/value map as msgpack bytes.
+        """A consistent snapshot: the key/value map as bytes (:func:`~streamlet.core.model.encoding.packb`).
 
         Packed at once in C: one object however many keys, so a snapshot
         neither slows the event loop down with allocations nor feeds the
-        garbage collector, and later updates cannot change it.
+        garbage collector, and later updates cannot change it. Only state
+        holding tuples is packed again with its tuples encoded in Python.
         """
-        return pack(self.values, "keyed state")
+        return pack_exact(self.values, "keyed state")
 
     def restore(self, snapshot: bytes) -> None:
         """Replace the contents with :meth:`checkpoint`'s data."""
@@ -73,7 +72,7 @@ class KeyedState:
         split: list[dict[Any, Any]] = [{} for _ in range(parts)]
         for key, value in _unpack(snapshot).items():
             split[partition_of(key, parts)][key] = value
-        return [msgpack.packb(part, use_bin_type=True) for part in split]
+        return [pack_exact(part, "keyed state") for part in split]
 
     @staticmethod
     def merge(parts: list[bytes]) -> bytes:
@@ -81,12 +80,12 @@ class KeyedState:
         merged: dict[Any, Any] = {}
         for part in parts:
             merged.update(_unpack(part))
-        packed: bytes = msgpack.packb(merged, use_bin_type=True)
-        return packed
+        return pack_exact(merged, "keyed state")
 
 
 def _unpack(snapshot: bytes) -> dict[Any, Any]:
-    values: dict[Any, Any] = msgpack.unpackb(
-        snapshot, raw=False, strict_map_key=False, object_pairs_hook=lambda pairs: {hashable(k): v for k, v in pairs}
-    )
+    """A snapshot's map: keys and values with the types they were put with (tuple keys are tuples again)."""
+    values = unpackb(snapshot)
+    if type(values) is not dict:
+        raise ValueError(f"a keyed state snapshot is a map, not {type(values).__name__}")
     return values
