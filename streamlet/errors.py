@@ -93,7 +93,8 @@ class JobError(StreamletError):
 
 
 class CheckpointError(StreamletError):
-    """A checkpoint could not be saved (a full disk, say); the message names epoch, path and the OS error."""
+    """A checkpoint could not be saved (a full disk, say: the message names epoch, path and the OS error),
+    or is of a format this streamlet does not read (the message names the file and the format version)."""
 
 
 class ConnectorError(StreamletError):

@@ -104,7 +104,7 @@ class ZkAgreement:
 
         def read_parts() -> list[dict[str, Any]]:
             stores = [part_store(self.directory, self.job, attempt, worker) for worker in done["workers"]]
-            return [decode(store.path(epoch).read_bytes()) for store in stores]
+            return [decode(store.path(epoch).read_bytes(), str(store.path(epoch))) for store in stores]
 
         try:
             parts = await anyio.to_thread.run_sync(read_parts)

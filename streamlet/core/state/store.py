@@ -1,11 +1,26 @@
 """Where checkpoints are kept: the ``CheckpointStore`` seam and two stores.
 
-A checkpoint is one msgpack document (never pickle). The directory store
-writes it to a temporary file, fsyncs, renames it into place and fsyncs the
-directory, and frames it with a length and a CRC-32 so that a torn or
+A checkpoint is one msgpack document (never pickle), encoded with
+:func:`~streamlet.core.model.encoding.packb` so that every value comes back
+with its types (tuples stay tuples). The directory store writes it to a
+temporary file, fsyncs, renames it into place and fsyncs the directory, and
+frames it with a format version, a length and a CRC-32 so that a torn or
 corrupted file is detected and skipped in favour of the previous checkpoint.
 A write that fails (a full disk, say) leaves no temporary file and raises
 :class:`~streamlet.errors.CheckpointError` naming the epoch and the file.
+
+The frame::
+
+    magic "STLTCKPT" (8) | format version (2) | CRC-32 of version and body (4) | body length (8) | body
+
+Format versions: 2 is this one. 1 (magic ``STLTCKP1``, no version field,
+written by streamlet before values round-tripped exactly) stored tuples as
+lists, and nothing in it says which lists were tuples: reading it would
+restore state whose types changed. So an intact checkpoint of format 1, or
+of a version this code does not know, is refused with a ``CheckpointError``
+naming the file and the version (not skipped: resuming from an older
+checkpoint, or afresh, would silently redo or lose work). A torn or corrupt
+file of any version is skipped, as it always was.
 """
 
 from __future__ import annotations
@@ -13,17 +28,25 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgpack
 import structlog
 
+from streamlet.core.model.encoding import packb, unpackb
 from streamlet.core.state.durable import reason, write_file
 from streamlet.errors import CheckpointError
 
-_MAGIC = b"STLTCKP1"
-_HEADER = struct.Struct(">8sIQ")  # magic, crc32 of the body, body length
+FORMAT_VERSION = 2
+"""The checkpoint format :func:`encode` writes and :func:`decode` reads (see the module docstring)."""
+
+_MAGIC = b"STLTCKPT"
+_HEADER = struct.Struct(">8sHIQ")  # magic, format version, crc32 of version and body, body length
+_VERSION = struct.Struct(">H")
+_LEGACY_MAGIC = b"STLTCKP1"  # format 1
+_LEGACY_HEADER = struct.Struct(">8sIQ")  # magic, crc32 of the body, body length
 _PREFIX = "checkpoint-"
 
 log = structlog.get_logger("streamlet")
@@ -43,7 +66,8 @@ class CheckpointStore(Protocol):
         ...
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest checkpoint that reads back intact, or ``None``."""
+        """The newest checkpoint that reads back intact, or ``None``; one of a format this
+        streamlet does not read raises :class:`~streamlet.errors.CheckpointError`."""
         ...
 
     def epochs(self) -> list[int]:
@@ -52,27 +76,61 @@ class CheckpointStore(Protocol):
 
 
 def encode(snapshot: dict[str, Any]) -> bytes:
-    """A snapshot as framed msgpack bytes."""
-    body: bytes = msgpack.packb(snapshot, use_bin_type=True)
-    return _HEADER.pack(_MAGIC, zlib.crc32(body), len(body)) + body
+    """A snapshot as framed bytes of format :data:`FORMAT_VERSION`.
+
+    Raises ``TypeError``, ``ValueError`` or ``OverflowError`` for a value
+    that cannot be encoded (the coordinator says whose it is).
+    """
+    body = packb(snapshot)
+    version = _VERSION.pack(FORMAT_VERSION)
+    return _HEADER.pack(_MAGIC, FORMAT_VERSION, zlib.crc32(body, zlib.crc32(version)), len(body)) + body
 
 
-def decode(data: bytes) -> dict[str, Any]:
-    """Framed bytes back to a snapshot; ``ValueError`` when torn or corrupt."""
+def decode(data: bytes, source: str = "checkpoint") -> dict[str, Any]:
+    """Framed bytes back to a snapshot.
+
+    ``ValueError`` when torn or corrupt (a store skips the file); a
+    :class:`~streamlet.errors.CheckpointError` naming ``source`` (the file)
+    when the frame is intact but of another format version.
+    """
+    if data[: len(_LEGACY_MAGIC)] == _LEGACY_MAGIC:
+        _check_legacy(data)
+        raise CheckpointError(
+            f"{source} is a checkpoint of format version 1, from a streamlet that stored tuples as lists; "
+            f"this streamlet reads format version {FORMAT_VERSION} only and will not guess which lists were tuples: "
+            "finish the job with the streamlet that wrote it, or move the checkpoint directory away to start afresh"
+        )
     if len(data) < _HEADER.size:
         raise ValueError(f"truncated header ({len(data)} bytes)")
-    magic, crc, length = _HEADER.unpack_from(data)
+    magic, version, crc, length = _HEADER.unpack_from(data)
     body = data[_HEADER.size :]
     if magic != _MAGIC:
         raise ValueError("not a streamlet checkpoint")
     if len(body) != length:
         raise ValueError(f"torn: {len(body)} of {length} bytes")
-    if zlib.crc32(body) != crc:
+    if zlib.crc32(body, zlib.crc32(_VERSION.pack(version))) != crc:
         raise ValueError("checksum mismatch")
-    snapshot = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
+    if version != FORMAT_VERSION:  # intact (the CRC covers the version), so written that way on purpose
+        raise CheckpointError(
+            f"{source} is a checkpoint of format version {version}; "
+            f"this streamlet reads format version {FORMAT_VERSION} only"
+        )
+    snapshot = unpackb(body)
     if not isinstance(snapshot, dict):
         raise ValueError("not a checkpoint document")
     return snapshot
+
+
+def _check_legacy(data: bytes) -> None:
+    """A format 1 frame that is torn or corrupt is skipped like any other (``ValueError``); else return."""
+    if len(data) < _LEGACY_HEADER.size:
+        raise ValueError(f"truncated header ({len(data)} bytes)")
+    _magic, crc, length = _LEGACY_HEADER.unpack_from(data)
+    body = data[_LEGACY_HEADER.size :]
+    if len(body) != length:
+        raise ValueError(f"torn: {len(body)} of {length} bytes")
+    if zlib.crc32(body) != crc:
+        raise ValueError("checksum mismatch")
 
 
 class InMemoryCheckpointStore:
@@ -87,7 +145,7 @@ class InMemoryCheckpointStore:
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
         """The newest intact checkpoint."""
-        return _newest_intact(self.epochs(), lambda epoch: self._data[epoch])
+        return _newest_intact(self.epochs(), lambda epoch: self._data[epoch], lambda epoch: f"checkpoint {epoch}")
 
     def epochs(self) -> list[int]:
         """Stored epochs, oldest first."""
@@ -128,8 +186,12 @@ class DirectoryCheckpointStore:
             os.unlink(self.path(old))
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest checkpoint file that reads back intact."""
-        return _newest_intact(self.epochs(), lambda epoch: self.path(epoch).read_bytes())
+        """The newest checkpoint file that reads back intact.
+
+        Raises :class:`~streamlet.errors.CheckpointError` when that file is of
+        another format version (see the module docstring).
+        """
+        return _newest_intact(self.epochs(), lambda epoch: self.path(epoch).read_bytes(), lambda e: str(self.path(e)))
 
     def epochs(self) -> list[int]:
         """Epochs with a file, oldest first."""
@@ -141,10 +203,13 @@ class DirectoryCheckpointStore:
         return sorted(found)
 
 
-def _newest_intact(epochs: list[int], read: Any) -> tuple[int, dict[str, Any]] | None:
+def _newest_intact(
+    epochs: list[int], read: Callable[[int], bytes], name: Callable[[int], str]
+) -> tuple[int, dict[str, Any]] | None:
+    """Newest first: torn or corrupt checkpoints are skipped; one of another format version raises."""
     for epoch in reversed(epochs):
         try:
-            return epoch, decode(read(epoch))
+            return epoch, decode(read(epoch), name(epoch))
         except (OSError, ValueError, msgpack.UnpackException) as exc:
             log.warning("skipping unreadable checkpoint", epoch=epoch, reason=str(exc))
     return None

@@ -1,4 +1,4 @@
-"""Checkpoint framing (encode/decode) and the in-memory and directory stores."""
+"""Checkpoint framing (encode/decode, format versions) and the in-memory and directory stores."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import pytest
 from structlog.testing import capture_logs
 
 import streamlet as sl
-from streamlet.core.state.store import decode, encode
+from streamlet.core.model.encoding import packb
+from streamlet.core.state.store import FORMAT_VERSION, decode, encode
 
-HEADER = 20  # magic (8), crc32 (4), body length (8)
+HEADER = 22  # magic (8), format version (2), crc32 (4), body length (8)
 DOCUMENT: dict[str, Any] = {
     "epoch": 3,
     "job": "counts",
@@ -36,21 +37,54 @@ def invalid(message: str) -> pytest.RaisesExc[ValueError]:
     return pytest.raises(ValueError, match=f"^{re.escape(message)}$")
 
 
+def framed(body: bytes, version: int = 2) -> bytes:
+    """``body`` in a frame of format ``version`` (2 and later), with a correct CRC."""
+    crc = zlib.crc32(body, zlib.crc32(struct.pack(">H", version)))
+    return struct.pack(">8sHIQ", b"STLTCKPT", version, crc, len(body)) + body
+
+
+def legacy(document: dict[str, Any]) -> bytes:
+    """``document`` as format 1 wrote it: magic STLTCKP1, no version field, plain msgpack (tuples as arrays)."""
+    body = msgpack.packb(document, use_bin_type=True)
+    return struct.pack(">8sIQ", b"STLTCKP1", zlib.crc32(body), len(body)) + body
+
+
 def test_encode_decode_round_trip() -> None:
     """decode(encode(d)) == d, bytes and nested lists included."""
     assert decode(encode(DOCUMENT)) == DOCUMENT
 
 
 def test_encoding_is_a_framed_msgpack_body() -> None:
-    """The frame is magic, CRC-32 and length of the msgpack body, then the body."""
+    """The frame is magic, format version 2, CRC-32 of version and body, body length, then the body.
+
+    A document without tuples is plain msgpack.
+    """
     data = encode(DOCUMENT)
     body = msgpack.packb(DOCUMENT, use_bin_type=True)
-    assert data == struct.pack(">8sIQ", b"STLTCKP1", zlib.crc32(body), len(body)) + body
+    crc = zlib.crc32(b"\x00\x02" + body)
+    assert FORMAT_VERSION == 2
+    assert data == struct.pack(">8sHIQ", b"STLTCKPT", 2, crc, len(body)) + body
+
+
+def test_a_document_with_tuples_round_trips_with_its_types() -> None:
+    """Tuples stay tuples (nested, and as keys), lists stay lists, int-keyed dicts keep their keys."""
+    document = {**DOCUMENT, "window": [("k", (1, 2.5)), [("a",)], {(1, "x"): {3: (None, b"z")}}]}
+    decoded = decode(encode(document))
+    assert decoded == document
+    assert decoded["window"][0] == ("k", (1, 2.5))
+    assert type(decoded["window"][0]) is tuple
+    assert type(decoded["window"][0][1]) is tuple
+    assert type(decoded["window"][1]) is list
+    assert type(decoded["window"][1][0]) is tuple
+    assert list(decoded["window"][2]) == [(1, "x")]
+    assert decoded["window"][2][1, "x"] == {3: (None, b"z")}
+    assert type(decoded["window"][2][1, "x"][3]) is tuple
+    assert encode(document)[HEADER:] == packb(document)
 
 
 def test_decode_rejects_a_truncated_header() -> None:
     """Fewer bytes than a header: the message gives the length."""
-    with invalid("truncated header (19 bytes)"):
+    with invalid("truncated header (21 bytes)"):
         decode(encode(DOCUMENT)[: HEADER - 1])
 
 
@@ -78,9 +112,50 @@ def test_decode_rejects_a_flipped_byte() -> None:
 
 def test_decode_rejects_a_body_that_is_not_a_document() -> None:
     """An intact frame around a msgpack list is not a checkpoint document."""
-    body = msgpack.packb([1, 2])
     with invalid("not a checkpoint document"):
-        decode(struct.pack(">8sIQ", b"STLTCKP1", zlib.crc32(body), len(body)) + body)
+        decode(framed(msgpack.packb([1, 2])))
+
+
+def test_decode_rejects_a_flipped_version_as_corrupt() -> None:
+    """The CRC covers the version: a flipped bit there is a checksum mismatch (skipped), not another format."""
+    data = bytearray(encode(DOCUMENT))
+    data[9] ^= 0x01  # the low byte of the version: 2 -> 3
+    with invalid("checksum mismatch"):
+        decode(bytes(data))
+
+
+def test_decode_rejects_an_unknown_extension_type() -> None:
+    """An intact frame whose body holds an extension type other than a tuple is refused, never returned."""
+    with invalid("msgpack extension type 9 is not allowed"):
+        decode(framed(msgpack.packb({"epoch": msgpack.ExtType(9, b"")})))
+
+
+def test_decode_refuses_an_intact_format_1_checkpoint_naming_file_and_version() -> None:
+    """Format 1 (tuples stored as lists) is not guessed at: a CheckpointError names the source and the version."""
+    with pytest.raises(sl.CheckpointError) as caught:
+        decode(legacy(DOCUMENT), "ckpt/checkpoint-0000000003.msgpack")
+    assert str(caught.value) == (
+        "ckpt/checkpoint-0000000003.msgpack is a checkpoint of format version 1, from a streamlet that stored "
+        "tuples as lists; this streamlet reads format version 2 only and will not guess which lists were tuples: "
+        "finish the job with the streamlet that wrote it, or move the checkpoint directory away to start afresh"
+    )
+
+
+def test_decode_refuses_an_intact_checkpoint_of_a_newer_format() -> None:
+    """An intact frame of format 3 is refused with the version, not read as if it were 2."""
+    with pytest.raises(sl.CheckpointError) as caught:
+        decode(framed(packb(DOCUMENT), version=3), "checkpoint-0000000004.msgpack")
+    assert str(caught.value) == (
+        "checkpoint-0000000004.msgpack is a checkpoint of format version 3; this streamlet reads format version 2 only"
+    )
+
+
+def test_decode_treats_a_torn_format_1_checkpoint_as_torn() -> None:
+    """A format 1 file cut short is corrupt like any other (skipped by the stores), not a format error."""
+    data = legacy(DOCUMENT)
+    length = len(data) - 20
+    with invalid(f"torn: {length - 1} of {length} bytes"):
+        decode(data[:-1])
 
 
 def test_in_memory_store_returns_the_newest_checkpoint() -> None:
@@ -167,6 +242,25 @@ def test_directory_store_ignores_unrelated_files(tmp_path: Path) -> None:
     store = sl.DirectoryCheckpointStore(tmp_path)
     store.save(3, encode(document(3)))
     assert (store.epochs(), store.latest()) == ([3], (3, document(3)))
+
+
+def test_directory_store_refuses_a_format_1_checkpoint_naming_the_file(tmp_path: Path) -> None:
+    """latest() raises for an intact format 1 newest file rather than skip it (that would redo or lose work)."""
+    store = sl.DirectoryCheckpointStore(tmp_path)
+    store.save(1, encode(document(1)))
+    store.path(2).write_bytes(legacy(document(2)))
+    with pytest.raises(
+        sl.CheckpointError, match=f"^{re.escape(str(store.path(2)))} is a checkpoint of format version 1,"
+    ):
+        store.latest()
+
+
+def test_directory_store_skips_a_torn_format_1_file(tmp_path: Path) -> None:
+    """A format 1 file that is torn is skipped like any torn file, for the intact checkpoint before it."""
+    store = sl.DirectoryCheckpointStore(tmp_path)
+    store.save(1, encode(document(1)))
+    store.path(2).write_bytes(legacy(document(2))[:-5])
+    assert store.latest() == (1, document(1))
 
 
 def test_directory_store_without_checkpoints_has_none(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Values round-trip exactly: the encoding (core/model/encoding.py) and keyed state.
+"""Values round-trip exactly: the encoding (core/model/encoding.py), keyed state and checkpoint documents.
 
 Property-based over nested values of every allowed type; ``same_shape`` checks
 types at every level, not only equality.
@@ -27,6 +27,7 @@ from streamlet.core.model.encoding import (
     unpackb,
 )
 from streamlet.core.state.keyed import KeyedState
+from streamlet.core.state.store import decode, encode
 from tests.support.exact_values import KEYS, PLAIN_VALUES, VALUES, same_shape
 
 
@@ -165,3 +166,26 @@ def test_keyed_state_split_and_merged_keeps_types(values: dict[Any, Any], parts:
         (found,) = [candidate for candidate in merged.values if candidate == key]
         assert same_shape(found, key)
         assert same_shape(merged.values[key], value)
+
+
+# -- (b) checkpoint documents ---------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(VALUES, st.lists(st.tuples(KEYS, VALUES), max_size=4))
+def test_checkpoint_documents_round_trip_exactly(window: Any, buffered: list[tuple[Any, Any]]) -> None:
+    """decode(encode(document)) keeps the types of window snapshots and buffered records' keys and values."""
+    state = KeyedState({key: value for key, value in buffered}).checkpoint()
+    document = {
+        "epoch": 4,
+        "job": "exact",
+        "finished": False,
+        "attempt": "a1",
+        "sources": {"in": [17]},
+        "tasks": {"t": [{"state": state, "window": window, "finished": False}], "w": [[0, buffered]]},
+    }
+    decoded = decode(encode(document))
+    assert same_shape(decoded, document)
+    restored = KeyedState()
+    restored.restore(decoded["tasks"]["t"][0]["state"])
+    assert same_shape(restored.values, {key: value for key, value in buffered})
