@@ -17,12 +17,17 @@ A connection carries frames. Every frame is a 9-byte header and a msgpack body::
     | "SL"  | 1 byte  | 1 B  | 1 B   | 4 B, big-endian  | length bytes     |
     +-------+---------+------+-------+------------------+------------------+
 
-Version is 1. One flag exists, ``MORE`` (1) on DATA: the batch goes on in
+Version is 2 (bodies keep tuples as tuples; version 1 sent them as arrays).
+One flag exists, ``MORE`` (1) on DATA: the batch goes on in
 the channel's next DATA frame; other frames have flags 0. The receiver
 checks magic, version, type and length (at most 16 MiB by default, 1 KiB
-before authentication) before it reads the body. It unpacks with ``strict_map_key`` and refuses msgpack
-extension types, and it never unpickles. Any violation makes it send
-``ERROR`` and close that connection, and counts it; the server goes on
+before authentication) before it reads the body. Bodies are the encoding of
+checkpoints and keyed state (``core/model/encoding.py``): msgpack, with a
+tuple as extension type 1 whose payload is its items as an array. Map keys
+may be any hashable type that encoding writes (ints, floats, tuples too, not
+only strings). The receiver refuses every other extension type and tuples
+nested more than 32 deep, and it never unpickles. Any violation makes it
+send ``ERROR`` and close that connection, and counts it; the server goes on
 serving its other connections.
 
 Frame types and bodies:
@@ -72,8 +77,8 @@ OPEN 8   ``[channel, ...]`` / ``[[channel, last_seq, credit], ...]`` sender -> r
   ``RecordTooLarge``; sender and receiver must use the same ``max_frame``.
 * **Columns.** DATA carries a batch as three arrays (keys, values, event
   times), which packs and unpacks about twice as fast as an array per
-  record. msgpack has one array type: tuple keys come back as tuples (they
-  must stay hashable), and arrays inside values come back as lists. Two
+  record. Keys and values arrive with the types they were sent with: tuples
+  as tuples (also nested, and as dict keys), lists as lists. Two
   optional tails: records inside a cycle add an array of iteration counts;
   window results add ``None`` and two arrays of window starts and ends
   (``None`` for records of the batch that have no window).

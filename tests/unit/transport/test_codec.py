@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streamlet as sl
+from streamlet.core.model.encoding import TUPLE_EXT
 from streamlet.transport.codec import (
     DEFAULT_MAX_FRAME,
     HEADER,
@@ -17,12 +18,14 @@ from streamlet.transport.codec import (
     VERSION,
     FrameError,
     FrameType,
+    data_body,
     data_frame,
     decode_body,
     frame,
     parse_header,
     records_from,
 )
+from tests.support.exact_values import KEYS, VALUES, same_shape
 
 
 def decode(data: bytes) -> tuple[FrameType, int, list[Any]]:
@@ -51,6 +54,59 @@ def test_data_frame_round_trips_records() -> None:
     assert records == batch
     assert [type(record.key) for record in records] == [str, tuple, tuple, type(None)]
     assert records[2].key == ("outer", ("inner", 1))
+
+
+def test_data_frame_values_keep_their_types() -> None:
+    """Tuple values (nested too), lists, dicts with int, float, tuple, None and bool keys, and list keys arrive
+    as they were sent."""
+    batch = [
+        sl.Record("pair", (1, 2), 1.0),
+        sl.Record(("k", 1), [(1, "a"), [2, (3.5, b"x")]], None),
+        sl.Record(3, {1: "one", 2.5: (None,), ("a", 1): {None: True, False: [()]}}, 2.0),
+        sl.Record([1, 2], {"list": [1], "tuple": (1,)}, None),
+    ]
+    _kind, _flags, body = decode(data_frame("c", 0, 1, batch))
+    records = records_from(*body[3:])
+    assert records == batch
+    for got, sent in zip(records, batch, strict=True):
+        assert same_shape(got.key, sent.key)
+        assert same_shape(got.value, sent.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(KEYS, VALUES, st.none() | st.floats(allow_nan=False)), max_size=5))
+def test_data_body_round_trips_keys_and_values_exactly(rows: list[tuple[Any, Any, float | None]]) -> None:
+    """data_body, decode_body and records_from give back every key and value with its types at every level."""
+    batch = [sl.Record(key, value, ts) for key, value, ts in rows]
+    decoded = decode_body(FrameType.DATA, data_body("job/t.0", 2, 9, batch))
+    assert decoded[:3] == ["job/t.0", 2, 9]
+    records = records_from(*decoded[3:])
+    assert [type(record) for record in records] == [sl.Record] * len(batch)
+    for got, sent in zip(records, batch, strict=True):
+        assert same_shape(got.key, sent.key)
+        assert same_shape(got.value, sent.value)
+        assert same_shape(got.ts, sent.ts)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{1: "a"}, {2.5: "v"}, {-7: {None: b"x"}}, {True: 1, b"k": 2}, {(1, "t"): 3}],
+    ids=["int", "float", "nested-int-and-none", "bool-and-bytes", "tuple"],
+)
+def test_decode_body_accepts_hashable_map_keys_of_every_encodable_type(value: dict[Any, Any]) -> None:
+    """Not only str keys: ints, floats, None, bool, bytes and tuples as map keys come through unchanged."""
+    decoded = decode_body(FrameType.DATA, data_body("c", 0, 1, [sl.Record("k", value, None)]))
+    assert same_shape(decoded[4], [value])
+
+
+def test_tuples_nested_too_deep_are_refused_without_crashing() -> None:
+    """Crafted tuples nested 3000 deep in a few kB (each level a nested decode in C) are a FrameError."""
+    crafted = msgpack.packb([])
+    for _ in range(3000):
+        crafted = msgpack.packb([msgpack.ExtType(TUPLE_EXT, crafted)])
+    body = msgpack.packb(["c", 0, 1, ["k"], [msgpack.ExtType(TUPLE_EXT, crafted)], [None]])
+    with pytest.raises(FrameError, match=r"^tuples nest more than 32 deep$"):
+        decode_body(FrameType.DATA, body)
 
 
 def test_data_carries_window_bounds_when_there_are_any() -> None:
@@ -110,7 +166,8 @@ def test_length_equal_to_the_maximum_is_accepted() -> None:
         (b"SL\x01", DEFAULT_MAX_FRAME, r"truncated header \(3 of 9 bytes\)"),
         (header() + b"x", DEFAULT_MAX_FRAME, r"truncated header \(10 of 9 bytes\)"),
         (header(magic=b"XY"), DEFAULT_MAX_FRAME, r"bad magic b'XY'"),
-        (header(version=2), DEFAULT_MAX_FRAME, r"unsupported protocol version 2"),
+        (header(version=1), DEFAULT_MAX_FRAME, r"unsupported protocol version 1"),
+        (header(version=3), DEFAULT_MAX_FRAME, r"unsupported protocol version 3"),
         (header(kind=0), DEFAULT_MAX_FRAME, r"unknown frame type 0"),
         (header(kind=99), DEFAULT_MAX_FRAME, r"unknown frame type 99"),
         (header(length=1025), 1024, r"frame of 1025 bytes exceeds the maximum of 1024"),
@@ -120,10 +177,21 @@ def test_length_equal_to_the_maximum_is_accepted() -> None:
             r"frame of 16777217 bytes exceeds the maximum of 16777216",
         ),
     ],
-    ids=["short", "long", "magic", "version", "type-0", "type-99", "over-custom-max", "over-default-max"],
+    ids=[
+        "short",
+        "long",
+        "magic",
+        "version-1",
+        "version-3",
+        "type-0",
+        "type-99",
+        "over-custom-max",
+        "over-default-max",
+    ],
 )
 def test_parse_header_rejects(data: bytes, max_length: int, message: str) -> None:
-    """A header that is truncated, foreign, too new, of unknown type or too long raises FrameError."""
+    """A header that is truncated, foreign, of another version (1 sent tuples as lists), of unknown type
+    or too long raises FrameError."""
     with pytest.raises(FrameError, match=rf"^{message}$") as caught:
         parse_header(data, max_length)
     assert caught.value.reason == str(caught.value)
@@ -137,14 +205,33 @@ def test_parse_header_rejects(data: bytes, max_length: int, message: str) -> Non
         (b"\x90\x01", r"undecodable DATA body: ExtraData"),
         (b"", r"undecodable DATA body: ValueError"),
         (msgpack.packb(msgpack.ExtType(5, b"x")), r"msgpack extension type 5 is not allowed"),
-        (msgpack.packb(["c", 0, 1, [["k", msgpack.ExtType(1, b"")]]]), r"msgpack extension type 1 is not allowed"),
-        (msgpack.packb({1: "a"}), r"undecodable DATA body: ValueError"),
-        (msgpack.packb(["c", 0, 1, [["k", {2.5: "v"}, None]]]), r"undecodable DATA body: ValueError"),
+        (msgpack.packb(["c", 0, 1, [["k", msgpack.ExtType(7, b"")]]]), r"msgpack extension type 7 is not allowed"),
+        (
+            msgpack.packb([msgpack.ExtType(1, msgpack.packb(msgpack.ExtType(2, b"")))]),
+            r"msgpack extension type 2 is not allowed",
+        ),
+        (msgpack.packb([msgpack.ExtType(1, msgpack.packb(3))]), r"malformed tuple \(extension type 1\)"),
+        (msgpack.packb([msgpack.ExtType(1, b"")]), r"undecodable DATA body: ValueError"),
+        (msgpack.packb([msgpack.ExtType(1, b"\x91\x01\x02")]), r"undecodable DATA body: ExtraData"),
+        (b"\x81\x91\x01\x02", r"undecodable DATA body: TypeError"),
     ],
-    ids=["format", "truncated", "extra", "empty", "ext", "nested-ext", "int-map-key", "float-map-key"],
+    ids=[
+        "format",
+        "truncated",
+        "extra",
+        "empty",
+        "ext",
+        "nested-ext",
+        "ext-in-tuple",
+        "tuple-of-int",
+        "tuple-empty",
+        "tuple-extra",
+        "array-map-key",
+    ],
 )
 def test_decode_body_rejects_bad_msgpack(body: bytes, message: str) -> None:
-    """Garbage, truncated or trailing bytes, extension types and non-str map keys raise FrameError."""
+    """Garbage, truncated or trailing bytes, extension types other than a tuple, malformed tuples and
+    arrays as map keys raise FrameError."""
     with pytest.raises(FrameError, match=rf"^{message}$"):
         decode_body(FrameType.DATA, body)
 
