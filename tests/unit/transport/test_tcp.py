@@ -30,6 +30,7 @@ from streamlet.transport.codec import (
 )
 from streamlet.transport.tcp import DataServer, read_frame
 from streamlet.transport.tcp_client import TcpChannel, TcpClient
+from tests.support.exact_values import same_shape
 from tests.unit.transport.proxy import CuttingProxy
 
 SECRET = b"cluster secret"
@@ -121,6 +122,23 @@ async def test_channel_delivers_batches_and_markers_in_order() -> None:
         assert [await pipe.take() for _ in range(5)] == [*items, END_OF_STREAM]
         stats = server.statistics()
         assert (stats.connections, stats.frames, stats.duplicates, stats.bad_frames) == (1, 6, 0, 0)
+
+
+async def test_values_cross_with_their_types() -> None:
+    """A tuple value, an int-keyed dict value, a tuple key and a list key arrive identical, types and all."""
+    sent = [
+        sl.Record(("user", 7), (1, (2.5, "x")), 1.0),
+        sl.Record(3, {1: "one", 2: (None, b"b"), -5: {(1, 2): [()]}}, None),
+        sl.Record([1, (2,)], [(3, 4), [5]], 2.5),
+    ]
+    async with DataServer(SECRET) as server, opened(server) as pipe:
+        await pipe.sender.send(sent)
+        received = await pipe.take()
+    assert received == sent
+    assert isinstance(received, list)
+    assert [type(record) for record in received] == [sl.Record, sl.Record, sl.Record]
+    for got, want in zip(received, sent, strict=True):
+        assert same_shape((got.key, got.value, got.ts), (want.key, want.value, want.ts))
 
 
 async def test_wrong_secret_fails_the_send() -> None:
