@@ -135,7 +135,8 @@ class EventTimeLogic(TimeLogic):
         self.lateness = lateness
         self.lateness_ticks = self.ticks.of(lateness)
         self.idle_timeout = idle_timeout
-        self.watermark: float = -math.inf  # a tick, or -inf before the first record
+        # the highest record's time in ticks (+ half a tick: see add) minus the lateness, -inf at first
+        self.watermark: float = -math.inf
         self.last_arrival = 0.0
         self.refuse_missing_ts = False  # TimeWindow(missing_ts="fail"): a record without ts stops the job
 
@@ -152,31 +153,37 @@ class EventTimeLogic(TimeLogic):
         per_second, size, slide = self.ticks.per_second, self.size_ticks, self.slide_ticks
         lateness, watermark = self.lateness_ticks, self.watermark
         highest = watermark + lateness
-        now_tick = round(now * per_second)
+        # A record's time in ticks, plus half a tick: ``u``. Its nearest tick is floor(u), and because window
+        # bounds are whole ticks, u's slide and its comparisons with bounds are those of that nearest tick:
+        # exact, without paying for a floor or a round per record.
+        now_u = now * per_second + 0.5
         run: Batch = []
         run_starts: list[int] = []
-        run_key = -1  # the tick the run's windows were computed for, by slide
+        run_key = math.nan  # the slide the run's records fall in: they share its windows
+        first_end = last_end = math.inf  # ends of the run's latest and earliest windows
         for record in batch:
             ts = record.ts
-            tick = now_tick if ts is None else round(ts * per_second)
-            if tick - tick % slide != run_key:  # another slide: other windows
+            u = now_u if ts is None else ts * per_second + 0.5
+            key = u - u % slide
+            if key != run_key:  # another slide: other windows
                 if run:
                     self._collect_run(port, run, run_starts)
-                run_key = tick - tick % slide
-                run, run_starts = [], self.starts(tick)
-            starts = run_starts
-            if not starts or starts[0] + size <= watermark:  # every window of this record has closed
+                    run = []
+                run_key, run_starts = key, self.starts(math.floor(u))
+                first_end = run_starts[0] + size if run_starts else -math.inf
+                last_end = run_starts[-1] + size if run_starts else -math.inf
+            if first_end <= watermark:  # every window of this record has closed
                 late.append(record)
                 continue
-            if starts[-1] + size <= watermark:  # some of its windows have closed: those are skipped
+            if last_end <= watermark:  # some of its windows have closed: only the open ones take it
                 if run:
                     self._collect_run(port, run, run_starts)
-                self._collect_run(port, [record], [s for s in starts if s + size > watermark])
-                run = []
+                    run = []
+                self._collect_run(port, [record], [s for s in run_starts if s + size > watermark])
             else:
                 run.append(record)
-            if tick > highest:
-                highest = tick
+            if u > highest:
+                highest = u
                 watermark = highest - lateness
         if run:
             self._collect_run(port, run, run_starts)
