@@ -61,6 +61,13 @@ class RoutedOutputs:
         """Runtime: the per-port functions that take an emitted record, in port order."""
         self._adders = dict(zip(self._numbers, adders, strict=True))
 
+    def _adder(self, port: int) -> Callable[[Record], None]:
+        """The function taking records emitted on ``port`` (per call, not per record: emit inlines it)."""
+        try:
+            return self._adders[port]
+        except KeyError:
+            raise self.no_port(port) from None
+
     def no_port(self, port: Any) -> PortError:
         """The error for emitting on ``port``, which this task did not declare."""
         declared = [number for number in self._numbers if number != LATE]
@@ -86,11 +93,7 @@ class RoutedOutputs:
 
     def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
         """Emit every ``(key, value)`` pair of ``pairs``."""
-        try:
-            add = self._adders[port]
-        except KeyError:
-            raise self.no_port(port) from None
-        ts = self.ts
+        add, ts = self._adder(port), self.ts
         for key, value in pairs:
             add(Record(key, value, ts))
 
@@ -157,10 +160,6 @@ class WindowOutputs(RoutedOutputs):
         if window is None:
             super().emit_all(pairs, port)
             return
-        try:
-            add = self._adders[port]
-        except KeyError:
-            raise self.no_port(port) from None
-        ts = self.ts
+        add, ts = self._adder(port), self.ts
         for key, value in pairs:
             add(WindowRecord(key, value, ts, window))
