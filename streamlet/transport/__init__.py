@@ -23,10 +23,11 @@ the channel's next DATA frame; other frames have flags 0. The receiver
 checks magic, version, type and length (at most 16 MiB by default, 1 KiB
 before authentication) before it reads the body. Bodies are the encoding of
 checkpoints and keyed state (``core/model/encoding.py``): msgpack, with a
-tuple as extension type 1 whose payload is its items as an array. Map keys
-may be any hashable type that encoding writes (ints, floats, tuples too, not
-only strings). The receiver refuses every other extension type and tuples
-nested more than 32 deep, and it never unpickles. Any violation makes it
+tuple as an array whose first item is the tuple marker, extension type 1
+with an empty payload (``(1, "a")`` is ``[ExtType(1, b""), 1, "a"]``). Map
+keys may be any hashable type that encoding writes (ints, floats, tuples
+too, not only strings). The receiver refuses every other extension type and
+a marker anywhere but first in an array, and it never unpickles. Any violation makes it
 send ``ERROR`` and close that connection, and counts it; the server goes on
 serving its other connections.
 

@@ -6,25 +6,35 @@ types it had (never pickle):
 
 * ``None``, ``bool``, ``int`` (64-bit), ``float``, ``str``, ``bytes``,
   ``list`` and ``dict`` are msgpack's own types;
-* a ``tuple`` is the extension type :data:`TUPLE_EXT`, its payload the
-  items as a msgpack array encoded the same way, so tuples stay tuples also
-  nested, inside lists and as (parts of) dict keys;
+* a ``tuple`` is an array whose first item is the *tuple marker*, extension
+  type :data:`TUPLE_EXT` with an empty payload, followed by the tuple's
+  items: ``(1, "a")`` is ``[ExtType(1, b""), 1, "a"]``. So tuples stay
+  tuples also nested, inside lists and as (parts of) dict keys;
 * a dict key may be any of these that is hashable (``int``, ``float``,
   ``tuple``, ``str``, ``bytes``, ``None``, ``bool``);
 * subclasses are encoded as their base type (an ``IntEnum`` as an ``int``,
   a ``namedtuple`` as a tuple, a ``defaultdict`` as a dict), ``bytearray``
   and ``memoryview`` as ``bytes``, as msgpack always did.
 
-Decoding refuses an extension type other than :data:`TUPLE_EXT` with
-:class:`ExtensionError`.
+Decoding refuses, with :class:`ExtensionError`, every other extension type
+and a tuple marker anywhere but first in an array.
+
+Why a marker and not an extension whose payload is the packed items: that
+payload would be packed and unpacked by a nested msgpack call per tuple,
+which costs 2-4 times as much here, and each nested decode holds a ~40 KB
+context on the C stack, so a crafted frame of tuples nested a few thousand
+deep would crash the process. With the marker a tuple is an ordinary array
+to msgpack, under its own nesting limit.
 
 Speed: msgpack hands a tuple to Python (its ``default``) only under
-``strict_types``, and doing that for every tuple costs a few microseconds
-each. So :func:`packb` first packs in C with a ``default`` that stops at the
-first tuple: a value without tuples (the common case) is packed once, at
-msgpack's own speed, into the same bytes plain msgpack gives. Only a value
-that holds a tuple is packed again, with each tuple encoded in Python
-(about 1 µs per tuple here).
+``strict_types``; doing that for every value would cost microseconds per
+record. So :func:`packb` first packs in C with a ``default`` that stops at
+the first tuple: a value without tuples (the common case) is packed once,
+at msgpack's own speed, into the same bytes plain msgpack gives. Only a
+value that holds a tuple is packed again, each tuple turned into its
+marked list in Python (~0.3 µs a tuple here). Decoding likewise: a first
+pass stops at the first tuple marker, and only data holding tuples is
+decoded again with a hook on every array (~0.4 µs a tuple).
 
 A value of another type fails deep inside the packer with "can not
 serialize 'X' object"; :func:`encoding_error` finds that value again (on the
@@ -33,7 +43,6 @@ failure path only, so the happy path pays nothing) and says where it sits.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import msgpack
@@ -42,41 +51,24 @@ from streamlet.errors import EncodingError
 
 ENCODABLE = "None, bool, int (64-bit), float, str, bytes, list, tuple and dict"
 
-MAX_TUPLE_DEPTH = 32
-"""How deep tuples may nest inside tuples (through any containers).
-
-Each level is a nested decode in msgpack's C code with a ~40 KB context on
-the C stack: unbounded, a crafted frame of a few kilobytes would overflow the
-stack and crash the process. Encoding refuses what decoding would.
-"""
-
 _SCALARS = (type(None), bool, float, str, bytes, bytearray)
 
 
-def first_unencodable(value: Any, path: str = "", tuples: int = 0) -> tuple[str, Any] | None:
-    """``(path, value)`` of the first part of ``value`` that cannot be encoded, or ``None`` when it all can.
-
-    ``tuples`` is how many tuples ``value`` sits in (see :data:`MAX_TUPLE_DEPTH`).
-    """
+def first_unencodable(value: Any, path: str = "") -> tuple[str, Any] | None:
+    """``(path, value)`` of the first part of ``value`` msgpack cannot encode, or ``None`` when it all can."""
     if isinstance(value, _SCALARS):
         return None
     if isinstance(value, int):
         return None if -(2**63) <= value < 2**64 else (path, value)
     if isinstance(value, list | tuple):
-        if isinstance(value, tuple):
-            tuples += 1
-            if tuples > MAX_TUPLE_DEPTH:
-                return path, value
         for index, item in enumerate(value):
-            found = first_unencodable(item, f"{path}[{index}]", tuples)
+            found = first_unencodable(item, f"{path}[{index}]")
             if found is not None:
                 return found
         return None
     if isinstance(value, dict):
         for key, item in value.items():
-            found = first_unencodable(key, f"{path} key {key!r}", tuples) or first_unencodable(
-                item, f"{path}[{key!r}]", tuples
-            )
+            found = first_unencodable(key, f"{path} key {key!r}") or first_unencodable(item, f"{path}[{key!r}]")
             if found is not None:
                 return found
         return None
@@ -89,12 +81,7 @@ def encoding_error(value: Any, where: str, what: str = "value") -> EncodingError
     path, bad = found if found is not None else ("", value)
     at = f" at {path.strip()}" if path else ""
     kind = type(bad).__name__
-    if isinstance(bad, int):
-        detail = f"the int {bad} does not fit in 64 bits"
-    elif isinstance(bad, tuple):
-        detail = f"tuples nest more than {MAX_TUPLE_DEPTH} deep"
-    else:
-        detail = f"{kind} is not encodable"
+    detail = f"the int {bad} does not fit in 64 bits" if isinstance(bad, int) else f"{kind} is not encodable"
     return EncodingError(f"{where}: the {what}{at} cannot be encoded: {detail} (use {ENCODABLE})", value_type=kind)
 
 
@@ -114,15 +101,17 @@ def pack(value: Any, where: str, what: str = "value") -> bytes:
 # -- exact round trips -----------------------------------------------------------
 
 TUPLE_EXT = 1
-"""The msgpack extension type code of a tuple; its payload is the tuple's items as an array."""
+"""The msgpack extension type code of the tuple marker (its payload is empty)."""
+
+_MARKER = msgpack.ExtType(TUPLE_EXT, b"")
 
 
 class ExtensionError(ValueError):
-    """Encoded data holds a msgpack extension type that is not :data:`TUPLE_EXT`, or a malformed tuple."""
+    """Encoded data holds a msgpack extension type that is not the tuple marker, or a marker out of place."""
 
 
 class _TupleFound(Exception):
-    """Raised by the first packing attempt at the first tuple: pack again, the exact way."""
+    """Raised by a first pass at the first tuple (or tuple marker): do it again, the exact way."""
 
 
 def _base_type(value: Any) -> Any:
@@ -148,34 +137,11 @@ def _stop_at_tuples(value: Any) -> Any:
     return _base_type(value)
 
 
-class _TuplePacker:
-    """A ``default`` that encodes tuples as :data:`TUPLE_EXT`, for one :func:`packb` call.
-
-    A tuple's payload is packed by a packer of its nesting depth: a packer
-    is busy while its ``default`` runs, so a nested tuple needs another one,
-    and reusing them per depth saves making a packer per tuple (a third of
-    the cost). One instance per call, so threads never share one.
-    """
-
-    __slots__ = ("depth", "packers")
-
-    def __init__(self) -> None:
-        self.packers: list[msgpack.Packer] = []
-        self.depth = 0
-
-    def default(self, value: Any) -> Any:
-        if not isinstance(value, tuple):
-            return _base_type(value)
-        depth = self.depth
-        if depth == MAX_TUPLE_DEPTH:
-            raise ValueError(f"tuples nest more than {MAX_TUPLE_DEPTH} deep")
-        if depth == len(self.packers):
-            self.packers.append(msgpack.Packer(use_bin_type=True, strict_types=True, default=self.default))
-        self.depth = depth + 1
-        try:
-            return msgpack.ExtType(TUPLE_EXT, self.packers[depth].pack(list(value)))
-        finally:
-            self.depth = depth
+def _marked(value: Any) -> Any:
+    """``default`` of the second pass: a tuple as its marked list (msgpack then packs its items itself)."""
+    if isinstance(value, tuple):
+        return [_MARKER, *value]
+    return _base_type(value)
 
 
 def packb(value: Any) -> bytes:
@@ -191,7 +157,7 @@ def packb(value: Any) -> bytes:
         pass
     else:
         return fast
-    exact: bytes = msgpack.packb(value, use_bin_type=True, strict_types=True, default=_TuplePacker().default)
+    exact: bytes = msgpack.packb(value, use_bin_type=True, strict_types=True, default=_marked)
     return exact
 
 
@@ -203,37 +169,68 @@ def pack_exact(value: Any, where: str, what: str = "value") -> bytes:
         raise encoding_error(value, where, what) from exc
 
 
-_nesting = threading.local()  # how many tuples this thread is decoding inside each other
+def _unknown(code: int, data: bytes) -> ExtensionError:
+    if code == TUPLE_EXT:
+        return ExtensionError(f"malformed tuple marker (extension type {TUPLE_EXT} with {len(data)} bytes)")
+    return ExtensionError(f"msgpack extension type {code} is not allowed")
 
 
-def _ext_hook(code: int, data: bytes) -> tuple[Any, ...]:
-    if code != TUPLE_EXT:
-        raise ExtensionError(f"msgpack extension type {code} is not allowed")
-    depth: int = getattr(_nesting, "depth", 0)
-    if depth == MAX_TUPLE_DEPTH:
-        raise ExtensionError(f"tuples nest more than {MAX_TUPLE_DEPTH} deep")
-    _nesting.depth = depth + 1
-    try:
-        items = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, ext_hook=_ext_hook)
-    finally:
-        _nesting.depth = depth
-    if type(items) is not list:
-        raise ExtensionError(f"malformed tuple (extension type {TUPLE_EXT})")
-    return tuple(items)
+def _first_pass_ext(code: int, data: bytes) -> Any:
+    if code == TUPLE_EXT and not data:
+        raise _TupleFound
+    raise _unknown(code, data)
+
+
+class _TupleReader:
+    """Hooks of the second pass: markers become a sentinel, arrays that start with it tuples.
+
+    Counting both tells a marker that sat anywhere but first in an array
+    (which no tuple consumed) from a well-formed one.
+    """
+
+    __slots__ = ("markers", "tuples")
+
+    _SENTINEL: Any = object()
+
+    def __init__(self) -> None:
+        self.markers = 0
+        self.tuples = 0
+
+    def ext(self, code: int, data: bytes) -> Any:
+        if code == TUPLE_EXT and not data:
+            self.markers += 1
+            return self._SENTINEL
+        raise _unknown(code, data)
+
+    def array(self, items: list[Any]) -> Any:
+        if items and items[0] is self._SENTINEL:
+            self.tuples += 1
+            return tuple(items[1:])
+        return items
 
 
 def unpackb(data: bytes) -> Any:
     """Bytes from :func:`packb` back to the value, types and all.
 
-    Map keys may be any hashable type :func:`packb` writes (an array as a
-    key is refused: msgpack makes it a list, which is not hashable). Sizes
-    are bounded by the data's length, as msgpack does by default, and tuples
-    nest at most :data:`MAX_TUPLE_DEPTH` deep. Raises :class:`ExtensionError`
-    for an extension type other than a tuple, for tuples nested deeper and
+    Map keys may be any hashable type :func:`packb` writes (an array that
+    is no tuple as a key is refused: it is a list, which is not hashable).
+    Sizes and nesting are bounded as msgpack bounds them by default (by the
+    data's length, 1024 levels). Raises :class:`ExtensionError` for an
+    extension type other than the tuple marker or a marker out of place, and
     msgpack's errors (``ValueError`` and its subclasses, ``TypeError``) for
     malformed data; nothing is ever unpickled.
     """
-    return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, ext_hook=_ext_hook)
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True, ext_hook=_first_pass_ext)
+    except _TupleFound:
+        pass
+    reader = _TupleReader()
+    value = msgpack.unpackb(
+        data, raw=False, strict_map_key=False, use_list=True, ext_hook=reader.ext, list_hook=reader.array
+    )
+    if reader.markers != reader.tuples:
+        raise ExtensionError(f"a tuple marker (extension type {TUPLE_EXT}) that does not start an array")
+    return value
 
 
 def hashable(key: Any) -> Any:

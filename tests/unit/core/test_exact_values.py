@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import enum
 import math
-import threading
 from typing import Any
 
 import msgpack
@@ -19,7 +18,6 @@ from hypothesis import strategies as st
 
 import streamlet as sl
 from streamlet.core.model.encoding import (
-    MAX_TUPLE_DEPTH,
     TUPLE_EXT,
     ExtensionError,
     pack_exact,
@@ -58,12 +56,12 @@ def test_a_value_without_tuples_is_plain_msgpack(value: Any) -> None:
     assert packb(value) == msgpack.packb(value, use_bin_type=True)
 
 
-def test_a_tuple_is_extension_type_1_around_its_items() -> None:
-    """The wire form of a tuple: ExtType(1, items as an array), nested the same way."""
-    inner = msgpack.ExtType(TUPLE_EXT, msgpack.packb([2, "b"]))
-    outer = msgpack.ExtType(TUPLE_EXT, msgpack.packb([1, inner]))
+def test_a_tuple_is_an_array_that_starts_with_the_marker() -> None:
+    """The wire form of a tuple: [ExtType(1, b""), *items], nested the same way, as a dict key too."""
+    marker = msgpack.ExtType(TUPLE_EXT, b"")
     assert TUPLE_EXT == 1
-    assert packb({"k": (1, (2, "b"))}) == msgpack.packb({"k": outer})
+    assert packb({"k": (1, (2, "b")), "e": ()}) == msgpack.packb({"k": [marker, 1, [marker, 2, "b"]], "e": [marker]})
+    assert packb({(1, None): [()]}) == msgpack.packb({(marker, 1, None): [[marker]]})
 
 
 def test_tuples_as_dict_keys_and_inside_keys_come_back_hashable() -> None:
@@ -86,31 +84,19 @@ def test_subclasses_come_back_as_their_base_types() -> None:
     assert same_shape(unpackb(packb(value)), [1, (1, 2), {"a": 1}, b"ab", b"cd"])
 
 
-def test_tuples_nest_up_to_the_limit() -> None:
-    """MAX_TUPLE_DEPTH tuples inside each other round-trip, also decoded in another thread."""
+def test_tuples_nest_as_deep_as_msgpack_allows_lists() -> None:
+    """A tuple is one array level, like a list: 200 levels round-trip; past msgpack's own limits it refuses
+    (a ValueError to encode, a StackError for crafted bytes 3000 deep), without crashing."""
     deep: Any = ()
-    for _ in range(MAX_TUPLE_DEPTH - 1):
-        deep = ([deep],)
-    data = packb(deep)
-    assert same_shape(unpackb(data), deep)
-    decoded: list[Any] = []
-    worker = threading.Thread(target=lambda: decoded.append(unpackb(data)))
-    worker.start()
-    worker.join()
-    assert same_shape(decoded[0], deep)
-
-
-def test_tuples_nested_deeper_are_refused_both_ways() -> None:
-    """One level more is an EncodingError naming where, and crafted bytes nesting 3000 deep do not crash."""
-    deep: Any = ()
-    for _ in range(MAX_TUPLE_DEPTH):
-        deep = (deep,)
-    with pytest.raises(sl.EncodingError, match=r"cannot be encoded: tuples nest more than 32 deep \(use "):
-        pack_exact({"k": deep}, "keyed state")
-    crafted = msgpack.packb([])
+    for level in range(199):
+        deep = (deep,) if level % 2 else [deep]
+    assert same_shape(unpackb(packb(deep)), deep)
     for _ in range(3000):
-        crafted = msgpack.packb([msgpack.ExtType(TUPLE_EXT, crafted)])
-    with pytest.raises(ExtensionError, match=r"^tuples nest more than 32 deep$"):
+        deep = (deep,)
+    with pytest.raises(ValueError, match=r"^recursion limit exceeded"):
+        packb(deep)
+    crafted = b"\x92\xc7\x00\x01" * 3000 + b"\xc0"  # [marker, [marker, ... None]]: tuples 3000 deep
+    with pytest.raises(msgpack.StackError):
         unpackb(crafted)
 
 
@@ -119,12 +105,44 @@ def test_tuples_nested_deeper_are_refused_both_ways() -> None:
     [
         (msgpack.packb(msgpack.ExtType(5, b"x")), "msgpack extension type 5 is not allowed"),
         (b"\x81\xa1a\x91\xd4\xfd\x00", "msgpack extension type -3 is not allowed"),  # {"a": [ext -3]}
-        (msgpack.packb(msgpack.ExtType(TUPLE_EXT, msgpack.packb({"a": 1}))), "malformed tuple (extension type 1)"),
+        (
+            msgpack.packb([msgpack.ExtType(TUPLE_EXT, b"x"), 1]),
+            "malformed tuple marker (extension type 1 with 1 bytes)",
+        ),
+        (
+            msgpack.packb(msgpack.ExtType(TUPLE_EXT, b"")),
+            "a tuple marker (extension type 1) that does not start an array",
+        ),
+        (
+            msgpack.packb([1, msgpack.ExtType(TUPLE_EXT, b"")]),
+            "a tuple marker (extension type 1) that does not start an array",
+        ),
+        (
+            msgpack.packb({"k": msgpack.ExtType(TUPLE_EXT, b"")}),
+            "a tuple marker (extension type 1) that does not start an array",
+        ),
+        (
+            msgpack.packb([[msgpack.ExtType(TUPLE_EXT, b""), msgpack.ExtType(TUPLE_EXT, b"")]]),
+            "a tuple marker (extension type 1) that does not start an array",
+        ),
+        (
+            msgpack.packb([msgpack.ExtType(TUPLE_EXT, b""), msgpack.ExtType(3, b"")]),
+            "msgpack extension type 3 is not allowed",
+        ),
     ],
-    ids=["top", "nested", "tuple-of-a-map"],
+    ids=[
+        "top",
+        "nested",
+        "marker-with-payload",
+        "marker-alone",
+        "marker-second",
+        "marker-as-value",
+        "two-markers",
+        "tuple-then-ext",
+    ],
 )
 def test_unknown_extension_types_are_refused(data: bytes, message: str) -> None:
-    """Decoding never returns an ExtType: another code, or a tuple whose payload is not an array, raises."""
+    """Decoding never returns an ExtType or the marker: another code, or a marker out of place, raises."""
     with pytest.raises(ExtensionError) as caught:
         unpackb(data)
     assert str(caught.value) == message
