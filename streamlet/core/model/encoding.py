@@ -116,12 +116,13 @@ class _TupleFound(Exception):
 
 def _base_type(value: Any) -> Any:
     """A subclass instance as its base type (msgpack's ``strict_types`` hands them to ``default``)."""
+    # The base type's own method copies the data, as msgpack packs it; int(value) would call an override.
     if isinstance(value, int):  # bool cannot be subclassed: msgpack packs every bool itself
-        return int(value)
+        return int.__int__(value)
     if isinstance(value, float):
-        return float(value)
+        return float.__float__(value)
     if isinstance(value, str):
-        return str(value)
+        return str.__str__(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, dict):

@@ -74,14 +74,19 @@ def test_tuples_as_dict_keys_and_inside_keys_come_back_hashable() -> None:
 
 
 def test_subclasses_come_back_as_their_base_types() -> None:
-    """As plain msgpack always did: IntEnum -> int, namedtuple -> tuple, defaultdict -> dict, bytearray -> bytes."""
+    """As plain msgpack always did: IntEnum -> int, namedtuple -> tuple, defaultdict -> dict, bytearray -> bytes,
+    a str subclass -> its characters (not what its __str__ says)."""
 
     class Color(enum.IntEnum):
         RED = 1
 
+    class Shown(str):
+        def __str__(self) -> str:
+            return "not the data"
+
     point = collections.namedtuple("point", "x y")
     value = [Color.RED, point(1, 2), collections.defaultdict(int, a=1), bytearray(b"ab"), memoryview(b"cd")]
-    assert same_shape(unpackb(packb(value)), [1, (1, 2), {"a": 1}, b"ab", b"cd"])
+    assert same_shape(unpackb(packb([*value, Shown("data")])), [1, (1, 2), {"a": 1}, b"ab", b"cd", "data"])
 
 
 def test_tuples_nest_as_deep_as_msgpack_allows_lists() -> None:
