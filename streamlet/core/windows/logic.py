@@ -159,13 +159,16 @@ class EventTimeLogic(TimeLogic):
         now_u = now * per_second + 0.5
         run: Batch = []
         run_starts: list[int] = []
-        run_key = math.nan  # the slide the run's records fall in: they share its windows
+        # Records in one slide share their windows when the size is a whole number of slides; otherwise
+        # only records of one tick do: runs are cut by that span.
+        span = slide if size % slide == 0 else 1
+        run_key = math.nan  # the span the run's records fall in: they share its windows
         first_end = last_end = math.inf  # ends of the run's latest and earliest windows
         for record in batch:
             ts = record.ts
             u = now_u if ts is None else ts * per_second + 0.5
-            key = u - u % slide
-            if key != run_key:  # another slide: other windows
+            key = u - u % span
+            if key != run_key:  # another span: other windows
                 if run:
                     self._collect_run(port, run, run_starts)
                     run = []

@@ -44,6 +44,16 @@ def test_sliding_windows_use_the_same_bounds_as_tumbling_ones() -> None:
     ]
 
 
+def test_a_size_that_is_not_a_whole_number_of_slides_puts_each_record_in_its_own_windows() -> None:
+    """Size 5 ms, slide 2 ms: 0 ms is in (-4, 1), (-2, 3) and (0, 5); 1 ms only in the last two."""
+    window = sl.TimeWindow(0.005, slide=0.002, time="event")
+    assert windows_of([0.0, 0.001], window) == [
+        ((-0.004, 0.001), [0.0]),
+        ((-0.002, 0.003), [0.0, 0.001]),
+        ((0.0, 0.005), [0.0, 0.001]),
+    ]
+
+
 def test_processing_time_bounds_are_exact_too() -> None:
     """Under a manual clock at 0.35, a 0.1 s processing-time window is (0.3, 0.4)."""
     topology = sl.Topology("processing")
@@ -100,10 +110,10 @@ def test_ticks_round_trip_the_bounds_users_write() -> None:
     assert [ticks.seconds(ticks.of(x)) for x in (0.1, 0.3, 0.35, 1e6 + 0.001)] == [0.1, 0.3, 0.35, 1e6 + 0.001]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     size_ms=st.integers(min_value=1, max_value=500),
-    slide_divisor=st.sampled_from([1, 2, 5]),
+    slide_divisor=st.sampled_from([1, 2, 3, 5]),
     stamps_ms=st.lists(st.integers(min_value=0, max_value=5_000), min_size=1, max_size=40),
 )
 def test_every_record_lies_inside_the_bounds_reported_for_its_window(
