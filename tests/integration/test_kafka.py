@@ -283,9 +283,9 @@ def test_readme_kafka_example_counts_clicks_per_page_and_minute(kafka_broker: Mo
     exec(compile(code, "README.md", "exec"), {"__name__": "readme_kafka"})
     written = anyio.run(consume, kafka_broker.bootstrap, "clicks-per-page")
     assert sorted((m.key, m.value, m.timestamp_ms) for m in written) == [
-        (b"cart", b"1", (minute + 60) * 1000),
-        (b"home", b"1", (minute + 120) * 1000),
-        (b"home", b"2", (minute + 60) * 1000),
+        (b"cart", b"1", (minute + 60) * 1000 - 1),  # each count carries its minute's last millisecond
+        (b"home", b"1", (minute + 120) * 1000 - 1),
+        (b"home", b"2", (minute + 60) * 1000 - 1),
     ]
 
 

@@ -34,9 +34,10 @@ def expected_windows(count: int) -> dict[tuple[float, str], list[float]]:
 
 
 def expected_rows(windows: dict[tuple[float, str], list[float]]) -> list[list[str]]:
-    """The window rows sink's table sorted by ts (the window's end), then sensor."""
+    """The window rows sink's table sorted by ts (the window's last millisecond), then sensor."""
+    last_ms = {start: (round(start * 1000) + 60_000 - 1) / 1000 for start, _ in windows}
     return [
-        [sensor, repr(sensor_pipeline.window_stats(values)), repr(start + 60.0), f"[{start!r}, {start + 60.0!r})"]
+        [sensor, repr(sensor_pipeline.window_stats(values)), repr(last_ms[start]), f"[{start!r}, {start + 60.0!r})"]
         for (start, sensor), values in sorted(windows.items())
     ]
 

@@ -9,8 +9,15 @@ import pkgutil
 import streamlet
 from streamlet import errors
 
-# Control flow inside the runtime, never raised to a user: a shortcut task marks which record of a batch failed.
-INTERNAL = {"streamlet.core.model.task.RecordFailure", "streamlet.core.model.sinks.WriteFailed"}
+# Never raised to a user: control flow inside the runtime (a shortcut task or a callback sink marks the record
+# that failed; the encoder stops at the first tuple), or a decoding refusal that the boundary meeting it turns
+# into a FrameError (TCP) or a skipped, corrupt checkpoint file.
+INTERNAL = {
+    "streamlet.core.model.task.RecordFailure",
+    "streamlet.core.model.sinks.WriteFailed",
+    "streamlet.core.model.encoding._TupleFound",
+    "streamlet.core.model.encoding.ExtensionError",
+}
 
 
 def exception_classes() -> dict[str, type[BaseException]]:
