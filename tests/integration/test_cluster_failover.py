@@ -232,7 +232,7 @@ import streamlet as sl
 class Logged(sl.Task):
     async def execute(self, inputs, outputs):
         batch = inputs.get()
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # pacing, not waiting: the job is still reading when the worker gets SIGTERM
         with open(f"{LOG}.{os.getpid()}", "a", encoding="utf-8") as log:  # every record processed, per process
             log.write("".join(f"{r.value}\\n" for r in batch))
         outputs.emit_batch([sl.Record(None, int(r.value), r.ts) for r in batch])

@@ -3,10 +3,12 @@
 ``StandaloneCluster`` starts ``spark-class org.apache.spark.deploy.master.Master``
 and ``spark-class org.apache.spark.deploy.worker.Worker spark://127.0.0.1:PORT``
 (``spark-class`` execs ``java``, so each child's PID is its JVM), waits until
-the master's JSON status (``http://127.0.0.1:UIPORT/json/``) counts the worker
-alive, and stops both by PID: SIGTERM, then SIGKILL, then reaped. Everything
-they write (logs, the worker's directory with one folder per application and
-executor, Spark's scratch space) stays under one directory, and an empty
+the master logs the worker's registration (a thread copies each child's output
+to its log file and wakes the waiters on every line: no polling), checks the
+master's JSON status (``http://127.0.0.1:UIPORT/json/``) once, and stops both
+by PID: SIGTERM, then SIGKILL, then reaped. Everything they write (logs, the
+worker's directory with one folder per application and executor, Spark's
+scratch space) stays under one directory, and an empty
 ``SPARK_CONF_DIR`` keeps any ``spark-defaults.conf`` of the machine out.
 
 Run as a script (``python -m tests.support.spark_standalone MASTER OUTPUT EVENTS``)
@@ -23,28 +25,71 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
-import time
+import threading
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 from streamlet.backends.cluster.child_process import stop_child
 
 JAVA_17 = Path("/usr/lib/jvm/java-17-openjdk-amd64")  # this machine's Java, when JAVA_HOME is unset
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-POLL = 0.1  # seconds between two reads of the master's status while waiting on a condition
 
 
 class StandaloneError(RuntimeError):
     """The standalone cluster could not start, or a condition on it did not come true in time."""
+
+
+class LogFollower:
+    """Copies a child's output, line by line, to its log file, and wakes :meth:`wait_for` on every line."""
+
+    def __init__(self, stream: IO[bytes], path: Path) -> None:
+        self._lines: list[str] = []
+        self._ended = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._copy, args=(stream, path), daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream: IO[bytes], path: Path) -> None:
+        with stream, open(path, "ab") as log:
+            for line in iter(stream.readline, b""):  # blocks until the child writes: the event we wait on
+                log.write(line)
+                log.flush()
+                with self._changed:
+                    self._lines.append(line.decode(errors="replace"))
+                    self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def wait_for(self, pattern: re.Pattern[str], timeout: float) -> str | None:
+        """The first line matching ``pattern`` (waiting for it), or ``None`` when the output ends or the
+        ``timeout`` (a safety net) passes first."""
+        checked = 0
+
+        def seen() -> bool:
+            nonlocal checked
+            while checked < len(self._lines):
+                if pattern.search(self._lines[checked]):
+                    return True
+                checked += 1
+            return self._ended
+
+        with self._changed:
+            self._changed.wait_for(seen, timeout)
+            return self._lines[checked] if checked < len(self._lines) else None
+
+    def join(self) -> None:
+        """Wait until the copy has read the child's last line (call once the child has exited)."""
+        self._thread.join(timeout=10)
 
 
 def spark_home() -> Path:
@@ -92,6 +137,7 @@ class StandaloneCluster:
     worker_ui_port: int = 0
     master: subprocess.Popen[bytes] | None = None
     worker: subprocess.Popen[bytes] | None = None
+    followers: dict[str, LogFollower] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         free = iter(free_ports(4))
@@ -145,7 +191,10 @@ class StandaloneCluster:
         self.master = self._launch("master", env, MASTER_CLASS, *master)
         self.worker = self._launch("worker", env, WORKER_CLASS, *worker, self.master_url)
         try:
-            self.wait_for(lambda status: status.get("aliveworkers", 0) >= 1, "a registered worker", self.start_timeout)
+            registered = re.compile(rf"Registering worker 127\.0\.0\.1:{self.worker_port}\b")
+            self.wait_for_log(registered, "a registered worker", self.start_timeout)
+            if self.status().get("aliveworkers", 0) < 1:
+                raise StandaloneError(f"the master logged the worker's registration but lists none\n{self.logs()}")
         except BaseException:
             self.stop()
             raise
@@ -155,15 +204,17 @@ class StandaloneCluster:
         """``spark-class main_class --host 127.0.0.1 options...``, its output to ``logs/<name>.log``."""
         spark_class = spark_home() / "bin" / "spark-class"
         command = ["bash", str(spark_class), main_class, "--host", "127.0.0.1", *options]  # bash: no need for +x
-        with open(self.base / "logs" / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
-            return subprocess.Popen(
-                dying_with_parent(command),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # a Ctrl-C at the terminal reaches the tests, not the cluster
-            )
+        process = subprocess.Popen(
+            dying_with_parent(command),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a Ctrl-C at the terminal reaches the tests, not the cluster
+        )
+        assert process.stdout is not None
+        self.followers[name] = LogFollower(process.stdout, self.base / "logs" / f"{name}.log")
+        return process
 
     def status(self) -> dict[str, Any]:
         """The master's JSON status: ``aliveworkers``, ``activeapps``, ``completedapps``, ..."""
@@ -172,39 +223,30 @@ class StandaloneCluster:
             status: dict[str, Any] = json.load(response)
             return status
 
-    def wait_for(self, condition: Callable[[dict[str, Any]], bool], what: str, timeout: float) -> dict[str, Any]:
-        """Poll the master's status until ``condition`` holds and return that status.
+    def wait_for_log(self, pattern: re.Pattern[str], what: str, timeout: float) -> str:
+        """Wait until the master logs a line matching ``pattern`` and return it.
 
-        Raises ``StandaloneError`` (with the end of both logs) when the master or the worker exits, or when
-        ``timeout`` passes first: the deadline is a safety net, the wait itself ends on the condition.
+        Raises ``StandaloneError`` (with the end of both logs) when the master's output ends first, or when
+        ``timeout`` passes: the deadline is a safety net, the wait itself ends on the line.
         """
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while True:
-            for name, process in (("master", self.master), ("worker", self.worker)):
-                if process is None or process.poll() is not None:
-                    code = None if process is None else process.returncode
-                    raise StandaloneError(f"the Spark {name} exited ({code}) waiting for {what}\n{self.logs()}")
-            try:
-                status = self.status()
-            except OSError as exc:  # the master's web UI is not listening yet
-                last = exc
-            else:
-                if condition(status):
-                    return status
-                last = None
-            if time.monotonic() > deadline:
-                raise StandaloneError(f"no {what} within {timeout} s (last error: {last})\n{self.logs()}")
-            time.sleep(POLL)
+        line = self.followers["master"].wait_for(pattern, timeout)
+        if line is None:
+            exited = [
+                name for name, p in (("master", self.master), ("worker", self.worker)) if p and p.poll() is not None
+            ]
+            reason = f"the Spark {' and '.join(exited)} exited" if exited else f"nothing within {timeout} s"
+            raise StandaloneError(f"{reason} waiting for {what}\n{self.logs()}")
+        return line
 
     def application(self, app_id: str, timeout: float = 30.0) -> dict[str, Any]:
         """The master's record of application ``app_id`` once it is finished (waits until it is)."""
 
-        def finished(status: dict[str, Any]) -> bool:
-            return any(app["id"] == app_id for app in status.get("completedapps", []))
-
-        status = self.wait_for(finished, f"application {app_id} completed", timeout)
-        app: dict[str, Any] = next(app for app in status["completedapps"] if app["id"] == app_id)
+        self.wait_for_log(re.compile(rf"Removing app {re.escape(app_id)}\b"), f"application {app_id} removed", timeout)
+        # the master handles one message at a time: the status request comes after the removal it logged
+        apps = [app for app in self.status().get("completedapps", []) if app["id"] == app_id]
+        if not apps:
+            raise StandaloneError(f"application {app_id} was removed but is not listed as completed\n{self.logs()}")
+        app: dict[str, Any] = apps[0]
         return app
 
     def executor_logs(self, app_id: str) -> list[Path]:
@@ -231,6 +273,9 @@ class StandaloneCluster:
             setattr(self, attribute, None)
             if process is not None:
                 stop_child(process, timeout=15.0)
+                follower = self.followers.pop(attribute, None)
+                if follower is not None:
+                    follower.join()
 
     def __enter__(self) -> StandaloneCluster:
         return self.start()
