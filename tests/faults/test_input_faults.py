@@ -31,7 +31,16 @@ from streamlet.loading import load_topology
 from streamlet.transport import auth
 from streamlet.transport.codec import HEADER, MAGIC, VERSION, FrameType, decode_body, frame, parse_header
 from tests.faults.conftest import start_cluster, stop_cluster
-from tests.support.faults import GatedJob, LocalCluster, ZkWatch, expected_totals, read_rss, totals, watching
+from tests.support.faults import (
+    COUNT_TASK,
+    GatedJob,
+    LocalCluster,
+    ZkWatch,
+    expected_totals,
+    read_rss,
+    totals,
+    watching,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -291,7 +300,8 @@ def test_a_loop_with_checkpoints_is_refused_at_submit_and_nothing_is_written(
 
 # -- row 10: a slow sink behind a fast source ----------------------------------------------------------------
 
-BACKPRESSURE = """
+BACKPRESSURE = (
+    """
 import asyncio
 import streamlet as sl
 
@@ -307,14 +317,9 @@ class Slow(sl.Task):
         await asyncio.sleep(0.1)  # 1000 records per 0.1 s: the source could go much faster
         outputs.emit_batch([sl.Record(r.key, 1, r.ts) for r in inputs.get()])
 
-class Count(sl.Task):
-    def execute(self, inputs, outputs):
-        for r in inputs.get():
-            self.state.put(r.key, self.state.get(r.key, 0) + r.value)
-
-    def finish(self, outputs):
-        outputs.emit_all(self.state.items())
-
+"""
+    + COUNT_TASK
+    + """
 def build_topology():
     topology = sl.Topology("backpressure")
     source = topology.add_source("readings", readings())
@@ -323,6 +328,7 @@ def build_topology():
     topology.add_sink("totals", sl.CollectSink()).set_input(count)
     return topology
 """
+)
 RECORDS, RECORD_BYTES = 50_000, 2_008
 RSS_GROWTH_BOUND = 16 * 2**20
 

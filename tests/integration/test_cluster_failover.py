@@ -19,11 +19,13 @@ import streamlet as sl
 from streamlet.backends.cluster.local_cluster import alive
 from streamlet.backends.cluster.zk import ZkStore
 from tests.support.cluster import running_cluster, streamlet, wait_for_exit, wait_for_node, wait_for_state
+from tests.support.faults import COUNT_TASK
 
 pytestmark = pytest.mark.integration
 STREAMLET = [sys.executable, "-m", "streamlet.cli"]
 
-SLOW_COUNT = """
+SLOW_COUNT = (
+    """
 import asyncio
 import streamlet as sl
 
@@ -34,14 +36,9 @@ class Slow(sl.Task):
         await asyncio.sleep(0.1)
         outputs.emit_batch([sl.Record(r.value, 1, r.ts) for r in inputs.get()])
 
-class Count(sl.Task):
-    def execute(self, inputs, outputs):
-        for r in inputs.get():
-            self.state.put(r.key, self.state.get(r.key, 0) + r.value)
-
-    def finish(self, outputs):
-        outputs.emit_all(self.state.items())
-
+"""
+    + COUNT_TASK
+    + """
 def build_topology():
     topology = sl.Topology("slow-count")
     source = topology.add_source("words", WORDS)
@@ -50,6 +47,7 @@ def build_topology():
     topology.add_sink("totals", sl.CollectSink()).set_input(count)
     return topology
 """
+)
 
 
 @pytest.fixture

@@ -33,12 +33,24 @@ from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
 from tests.support.cluster import wait_for_exit
 
+# The keyed count every job text here ends with: totals per key, emitted once the input has ended.
+COUNT_TASK = """
+class Count(sl.Task):
+    def execute(self, inputs, outputs):
+        for r in inputs.get():
+            self.state.put(r.key, self.state.get(r.key, 0) + r.value)
+
+    def finish(self, outputs):
+        outputs.emit_all(self.state.items())
+"""
+
 # A keyed count whose middle task holds, after 30 000 of its 40 000 words, until the test releases it: a test
 # acts on the cluster while the job is provably mid-run, then lets it end. The hold waits on an event, not a
 # poll: the task opens the FIFO WAKE for reading *before* it looks for the file RELEASE, then waits until
 # WAKE is readable; release() creates RELEASE, then writes to WAKE when a reader is there. So a release
 # either comes before the look (RELEASE is seen) or after the reader opened (WAKE wakes it).
-GATED_COUNT = """
+GATED_COUNT = (
+    """
 import asyncio
 import os
 import pathlib
@@ -76,14 +88,9 @@ class Gate(sl.Task):
         outputs.emit_batch([sl.Record(r.value, 1, r.ts) for r in batch])
 
 
-class Count(sl.Task):
-    def execute(self, inputs, outputs):
-        for r in inputs.get():
-            self.state.put(r.key, self.state.get(r.key, 0) + r.value)
-
-    def finish(self, outputs):
-        outputs.emit_all(self.state.items())
-
+"""
+    + COUNT_TASK
+    + """
 
 def build_topology():
     topology = sl.Topology("gated-count")
@@ -93,6 +100,7 @@ def build_topology():
     topology.add_sink("totals", sl.CollectSink()).set_input(count)
     return topology
 """
+)
 
 WORDS = [f"w{(i * 7919) % 97}" for i in range(40_000)]
 
