@@ -17,13 +17,14 @@ from streamlet.core.model.clock import Clock
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partitioning, stable_hash
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
-from streamlet.core.model.record import DeadLetter, Record, WindowRecord
+from streamlet.core.model.record import DeadLetter, FiredWindowRecord, Record, WindowRecord
 from streamlet.core.model.sinks import CallbackSink, CollectSink, RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.core.model.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
 from streamlet.core.model.state import StateStore
 from streamlet.core.model.task import Task
 from streamlet.core.model.topology import NodeHandle, Topology
-from streamlet.core.model.windows import CountOrTimeWindow, CountWindow, TimeWindow, WindowSpec
+from streamlet.core.model.watermarks import Watermarks
+from streamlet.core.model.windows import CountOrTimeWindow, CountWindow, SessionWindow, TimeWindow, WindowSpec
 from streamlet.core.runtime.clock import ManualClock, SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
@@ -82,6 +83,7 @@ __all__ = (
     "QueueSource",
     "Record",
     "RestorePoint",
+    "SessionWindow",
     "Sink",
     "SinkContext",
     "SinkError",
@@ -101,6 +103,8 @@ __all__ = (
     "TopologyError",
     "TransportError",
     "WindowRecord",
+    "Watermarks",
+    "FiredWindowRecord",
     "WindowSpec",
     "read_file_sink",
     "run",

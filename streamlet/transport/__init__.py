@@ -45,6 +45,7 @@ BARRIER 5 ``[channel, epoch, seq, barrier_epoch]``                sender -> rece
 EOS 6    ``[channel, epoch, seq]``: nothing more on ``channel``   sender -> receiver
 ERROR 7  ``[reason]``, then the connection closes                 either way
 OPEN 8   ``[channel, ...]`` / ``[[channel, last_seq, credit], ...]`` sender -> receiver -> sender
+WATERMARK 9 ``[channel, epoch, seq, ts, idle]``                   sender -> receiver
 ======== ======================================================= =========================
 
 * **Authentication.** Mutual HMAC-SHA256 over nonces with the shared
@@ -56,7 +57,7 @@ OPEN 8   ``[channel, ...]`` / ``[[channel, last_seq, credit], ...]`` sender -> r
   processes carries all their channels. ``OPEN`` attaches channels to the
   connection; the reply gives, per channel, the last sequence number
   delivered and the sender's credit.
-* **Flow control.** Credit is counted in items (a DATA, BARRIER or EOS frame
+* **Flow control.** Credit is counted in items (a DATA, BARRIER, WATERMARK or EOS frame
   each). A sender never has more unconfirmed items than its credit, which
   starts at the receiving inbox channel's capacity. The receiver grants one
   item of credit each time the receiving instance takes one out of the inbox,

@@ -38,7 +38,7 @@ from typing import Any
 import msgpack
 
 from streamlet.core.model.encoding import ExtensionError, encoding_error, first_unencodable, packb, unpackb
-from streamlet.core.model.record import Batch, LoopRecord, Record, WindowRecord
+from streamlet.core.model.record import Batch, FiredWindowRecord, LoopRecord, Record, WindowRecord
 from streamlet.errors import EncodingError, FrameError
 
 MAGIC = b"SL"
@@ -52,25 +52,27 @@ class FrameType(enum.IntEnum):
     """What a frame carries."""
 
     HELLO = 1  # handshake: challenge, response, confirmation
-    DATA = 2  # [channel, epoch, seq, keys, values, timestamps(, iterations | None(, starts, ends))]: a batch
+    DATA = 2  # [channel, epoch, seq, keys, values, timestamps(, iterations | None(, starts, ends(, firings)))]
     ACK = 3  # [[channel, seq], ...]: everything up to seq arrived
     CREDIT = 4  # [[channel, items], ...]: the receiver has room for that many more items
     BARRIER = 5  # [channel, epoch, seq, barrier epoch]
     EOS = 6  # [channel, epoch, seq]: the sender will send nothing more
     ERROR = 7  # [reason]: sent before closing a connection
     OPEN = 8  # [channel, ...]: the sender (re)attaches channels after connecting
+    WATERMARK = 9  # [channel, epoch, seq, ts, idle]: event time on the channel has reached ts
 
 
 # The lengths a body may have once decoded (None: any)
 _SHAPES: dict[FrameType, tuple[int, ...] | None] = {
     FrameType.HELLO: None,
-    FrameType.DATA: (6, 7, 9),
+    FrameType.DATA: (6, 7, 9, 10),
     FrameType.ACK: None,
     FrameType.CREDIT: None,
     FrameType.BARRIER: (4,),
     FrameType.EOS: (3,),
     FrameType.ERROR: (1,),
     FrameType.OPEN: None,
+    FrameType.WATERMARK: (5,),
 }
 
 
@@ -105,9 +107,11 @@ def data_body(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
     kinds = set(map(type, batch))
     if LoopRecord in kinds:  # inside a cycle: the loop counts travel too
         body.append([r.iteration for r in batch])
-    elif WindowRecord in kinds:  # results of windows: their bounds travel too (None for other records)
-        windows = [r.window for r in batch]
+    elif WindowRecord in kinds or FiredWindowRecord in kinds:  # results of windows: their bounds travel too
+        windows = [r.window for r in batch]  # (None for other records)
         body += [None, [w and w[0] for w in windows], [w and w[1] for w in windows]]
+        if FiredWindowRecord in kinds:  # early or late firings: which (None for on-time results)
+            body.append([r.firing if type(r) is FiredWindowRecord else None for r in batch])
     try:
         return packb(body)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -185,20 +189,36 @@ def records_from(keys: Any, values: Any, stamps: Any, iterations: Any = None, *w
     return list(map(LoopRecord, keys, values, stamps, iterations))
 
 
-def _window_records(keys: list[Any], values: list[Any], stamps: list[Any], starts: Any, ends: Any) -> Batch:
+def _is_firing(value: Any) -> bool:
+    return value is None or (type(value) is str and value in ("early", "late"))
+
+
+def _window_records(
+    keys: list[Any], values: list[Any], stamps: list[Any], starts: Any, ends: Any, firings: Any = None
+) -> Batch:
     """Window records where a record has bounds (both or neither), plain records elsewhere."""
     if not (type(starts) is list and type(ends) is list and len(starts) == len(ends) == len(keys)):
         raise FrameError("malformed DATA window bounds")
     if not set(map(type, starts)) | set(map(type, ends)) <= _TS_TYPES:
         raise FrameError("DATA window bounds of a type that is not allowed")
+    if firings is None:
+        firings = [None] * len(keys)
+    elif type(firings) is not list or len(firings) != len(keys) or not all(_is_firing(f) for f in firings):
+        raise FrameError("malformed DATA window firings")
     records: Batch = []
     bounds: dict[tuple[float, float], tuple[float, float]] = {}  # one tuple per window, as the sender had
-    for key, value, ts, start, end in zip(keys, values, stamps, starts, ends, strict=True):
+    for key, value, ts, start, end, firing in zip(keys, values, stamps, starts, ends, firings, strict=True):
         if start is None and end is None:
+            if firing is not None:
+                raise FrameError("DATA window firing without window bounds")
             records.append(Record(key, value, ts))
         elif start is None or end is None:
             raise FrameError("DATA window bounds with one end missing")
         else:
             window = bounds.setdefault((start, end), (start, end))
-            records.append(WindowRecord(key, value, ts, window))
+            records.append(
+                WindowRecord(key, value, ts, window)
+                if firing is None
+                else FiredWindowRecord(key, value, ts, window, firing)
+            )
     return records

@@ -25,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item
+from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import FrameError
 from streamlet.transport import auth
@@ -180,7 +180,8 @@ class DataServer:
         return replies
 
     def deliver(self, connection: _Connection, kind: FrameType, body: list[Any], flags: int = 0) -> None:
-        """One DATA, BARRIER or EOS frame: drop it if seen, else into the inbox (a batch once its last piece is in)."""
+        """One DATA, BARRIER, WATERMARK or EOS frame: drop it if seen, else into the inbox (a batch once its
+        last piece is in)."""
         channel_id, seq = body[0], body[2]
         inlet = self._inlets.get(channel_id) if isinstance(channel_id, str) else None
         if inlet is None or inlet.link is not connection:
@@ -214,6 +215,11 @@ def _item(kind: FrameType, body: list[Any]) -> Item:
         if not isinstance(body[3], int):
             raise FrameError("malformed BARRIER body")
         return Barrier(body[3])
+    if kind is FrameType.WATERMARK:
+        ts, idle = body[3], body[4]
+        if type(idle) is not bool or isinstance(ts, bool) or not isinstance(ts, int | float) or ts != ts:
+            raise FrameError("malformed WATERMARK body")
+        return Watermark(float(ts), idle)
     return END_OF_STREAM
 
 
@@ -270,7 +276,7 @@ class _Connection:
         return True
 
     def _handle(self, kind: FrameType, flags: int, body: list[Any]) -> None:
-        if kind in (FrameType.DATA, FrameType.BARRIER, FrameType.EOS):
+        if kind in (FrameType.DATA, FrameType.BARRIER, FrameType.EOS, FrameType.WATERMARK):
             self.server.deliver(self, kind, body, flags)
         elif kind is FrameType.OPEN:
             self._write(frame(FrameType.OPEN, self.server.open(self, body)))

@@ -30,7 +30,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from streamlet.core.model.record import Barrier, Batch, EndOfStream, Item
+from streamlet.core.model.record import Barrier, Batch, EndOfStream, Item, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import AuthenticationError, FrameError, RecordTooLarge, TransportError
 from streamlet.transport import auth
@@ -157,6 +157,8 @@ class TcpChannel:
             return frame(FrameType.BARRIER, [self.channel_id, self.epoch, seq, item.epoch])
         if isinstance(item, EndOfStream):
             return frame(FrameType.EOS, [self.channel_id, self.epoch, seq])
+        if isinstance(item, Watermark):
+            return frame(FrameType.WATERMARK, [self.channel_id, self.epoch, seq, item.ts, item.idle])
         raise TransportError(f"channel {self.channel_id!r} cannot send {item!r} over TCP")
 
     # -- driven by the link ---------------------------------------------------------

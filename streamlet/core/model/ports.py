@@ -54,12 +54,14 @@ class Inputs:
     ``get()`` all of them concatenated in port order.
     """
 
-    __slots__ = ("_batches", "port", "where", "window")
+    __slots__ = ("_batches", "firing", "port", "where", "window")
 
     def __init__(self, ports: int, where: str = "this task") -> None:
         self._batches: list[Batch] = [[] for _ in range(ports)]
         self.port: int | None = 0
         self.window: tuple[float, float] | None = None
+        #: While a window is handled: ``"early"``, ``"on_time"`` or ``"late"`` (see ``TimeWindow``).
+        self.firing: str | None = None
         self.where = where  # "task 'join' instance 0", for messages
 
     def no_port(self, port: Any) -> PortError:
@@ -83,7 +85,10 @@ class Inputs:
     def set_one(self, port: int, batch: Batch) -> None:
         """Runtime: async mode, ``port`` woke the task with ``batch``."""
         batches = self._batches
-        batches[self.port or 0] = []
+        if self.port is None:  # after a sync wake-up every port held a batch: none of them is current now
+            batches = self._batches = [[] for _ in batches]
+        else:
+            batches[self.port] = []
         batches[port] = batch
         self.port = port
 

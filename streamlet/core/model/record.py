@@ -31,6 +31,8 @@ class Record:
     iteration: int = 0
     #: ``(start, end)`` of the window that produced the record, if any (see :class:`WindowRecord`).
     window: tuple[float, float] | None = None
+    #: Which firing of its window produced the record: ``"early"``, ``"on_time"``, ``"late"`` (``None``: none).
+    firing: str | None = None
 
     def __init__(self, key: Any, value: Any, ts: float | None = None) -> None:
         self.key = key
@@ -93,11 +95,32 @@ class WindowRecord(Record):
 
     __slots__ = ("window",)
 
+    firing: str | None = "on_time"
+
     def __init__(self, key: Any, value: Any, ts: float | None, window: tuple[float, float]) -> None:
         self.key = key
         self.value = value
         self.ts = ts
         self.window = window
+
+
+class FiredWindowRecord(WindowRecord):
+    """A result of an early or late firing of its window (``firing`` says which); on-time results are
+    plain :class:`WindowRecord` objects, so the common case stays one slot smaller.
+
+    Example:
+        >>> FiredWindowRecord("s1", 3, 59.999, (0.0, 60.0), firing="late").firing
+        'late'
+    """
+
+    __slots__ = ("firing",)
+
+    def __init__(self, key: Any, value: Any, ts: float | None, window: tuple[float, float], firing: str) -> None:
+        self.key = key
+        self.value = value
+        self.ts = ts
+        self.window = window
+        self.firing = firing
 
 
 Batch: TypeAlias = list[Record]
@@ -128,9 +151,14 @@ class Barrier(Marker):
 
 @dataclass(frozen=True, slots=True)
 class Watermark(Marker):
-    """No record with an event time below ``ts`` will follow on this channel."""
+    """No record with an event time below ``ts`` will follow on this channel.
+
+    With ``idle``, the sender has nothing to send for now and holds no
+    receiver's watermark back until its next watermark (``ts`` is then unused).
+    """
 
     ts: float
+    idle: bool = False
 
 
 END_OF_STREAM: Final = EndOfStream()

@@ -60,6 +60,15 @@ class SourceReader(ABC):
     async def aclose(self) -> None:
         """Release what the reader holds."""
 
+    def event_time_progress(self) -> float | None:
+        """The event time every part of this reader has reached, if it tracks one (``None``: it does not).
+
+        A reader of several partitions returns the minimum over them of the
+        largest event time read from each, so one slow partition holds the
+        watermark back; the source subtracts its out-of-orderness bound.
+        """
+        return None
+
 
 class Source(ABC):
     """Base class of sources: configuration that opens one reader per instance."""

@@ -20,6 +20,7 @@ from streamlet.core.model.sinks import CallbackSink, Sink
 from streamlet.core.model.sources import IterableSource, Source
 from streamlet.core.model.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task, WindowReduceTask
 from streamlet.core.model.validation import validate
+from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.model.windows import BUILT_IN_FOLDS, FoldHow, WindowSpec
 from streamlet.errors import TopologyError
 
@@ -59,6 +60,7 @@ class Node:
     labels: tuple[str, ...] = ()  # a cluster runs this node's instances only on workers with all these labels
     window: WindowSpec | None = None  # a task's own window, or a source's window for its consumers
     windowed_ports: tuple[int, ...] = ()  # set by validation: the task's input ports that are windowed
+    watermarks: Watermarks | None = None  # a source's watermark strategy (None: the default, if event time is used)
 
     def describe(self) -> str:
         """``task 'count'`` style label used in messages."""
@@ -127,18 +129,32 @@ class Topology:
     # -- building ---------------------------------------------------------
 
     def add_source(
-        self, name: str, source: Source | Iterable[Any], parallelism: int = 1, window: WindowSpec | None = None
+        self,
+        name: str,
+        source: Source | Iterable[Any],
+        parallelism: int = 1,
+        window: WindowSpec | None = None,
+        watermarks: Watermarks | None = None,
     ) -> NodeHandle:
         """Add a source; a plain iterable is wrapped in an ``IterableSource``.
 
         With ``window``, every task input this source feeds is windowed by it.
+        ``watermarks`` says how its instances track event time (``Watermarks()``,
+        out-of-orderness 0, when the job uses event time and it is not given).
         """
         if not isinstance(source, Source):
             if not isinstance(source, Iterable | AsyncIterable):
                 raise TopologyError(f"source '{name}': expected a Source or an iterable, got {source!r}")
             source = IterableSource(source)
         _check_window(f"source '{name}'", window)
-        node = Node(name, "source", _parallelism(name, "source", parallelism), 0, 1, source=source, window=window)
+        if watermarks is not None:
+            if not isinstance(watermarks, Watermarks):
+                raise TopologyError(f"source '{name}': watermarks must be a Watermarks, got {watermarks!r}")
+            watermarks.validate(f"source '{name}'")
+        node = Node(
+            name, "source", _parallelism(name, "source", parallelism), 0, 1,
+            source=source, window=window, watermarks=watermarks,
+        )  # fmt: skip
         return self._add(node)
 
     def add_task(
@@ -269,6 +285,10 @@ class Topology:
         sources = [name for name, node in self.nodes.items() if node.kind == "source"]
         return graph.back_edges(sources, self.successors())
 
+    def uses_event_time(self) -> bool:
+        """Whether watermarks must flow: some window runs on event time, or a source declares watermarks."""
+        return any(node.watermarks is not None or _on_event_time(node) for node in self.nodes.values())
+
     def loop_limit(self, head: str) -> int | None:
         """Iteration limit of the loop whose back edge enters ``head``."""
         return self.loop_limits.get(head, self.max_iterations)
@@ -295,11 +315,14 @@ class Topology:
         return validate(self)
 
 
+_WINDOW_KINDS = "a CountWindow, TimeWindow, SessionWindow or CountOrTimeWindow"
+
+
 def _check_window(where: str, window: WindowSpec | None) -> None:
     if window is None:
         return
     if not isinstance(window, WindowSpec):
-        raise TopologyError(f"{where}: window must be a CountWindow, TimeWindow or CountOrTimeWindow, got {window!r}")
+        raise TopologyError(f"{where}: window must be {_WINDOW_KINDS}, got {window!r}")
     window.validate(where)
 
 
@@ -357,3 +380,8 @@ def _takes_arguments(fn: Callable[..., Any]) -> bool:
 def _label(fn: Callable[..., Any]) -> str:
     name = getattr(fn, "__name__", type(fn).__name__)
     return "lambda" if name == "<lambda>" else name
+
+
+def _on_event_time(node: Node) -> bool:
+    """The node's window follows event time."""
+    return getattr(node.window, "time", None) == "event"

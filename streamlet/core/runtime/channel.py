@@ -44,7 +44,16 @@ class Inbox:
     the backpressure that reaches back to the sources.
     """
 
-    __slots__ = ("_capacities", "_capacity", "_on_pop", "_queues", "_reader", "_space_waiters", "ports")
+    __slots__ = (
+        "_capacities",
+        "_capacity",
+        "_on_pop",
+        "_queues",
+        "_reader",
+        "_space_waiters",
+        "loop_channels",
+        "ports",
+    )
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
@@ -54,6 +63,7 @@ class Inbox:
         self._reader: asyncio.Future[None] | None = None
         self._on_pop: list[Callable[[], None] | None] = []
         self.ports: list[int] = []  # the input port of each channel
+        self.loop_channels: set[int] = set()  # channels from inside a loop the receiver is in: no watermarks
 
     def add_channel(self, port: int, *, unbounded: bool = False) -> int:
         """A new channel into ``port``; returns its index (what senders put to)."""

@@ -12,6 +12,7 @@ latency on a quiet stream.
 from __future__ import annotations
 
 import inspect
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -23,12 +24,14 @@ import structlog
 
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.hooks import maybe_await
-from streamlet.core.model.record import Barrier, Batch, CycleEnd, DeadLetter, EndOfStream, Marker
+from streamlet.core.model.record import Barrier, Batch, CycleEnd, DeadLetter, EndOfStream, Marker, Watermark
 from streamlet.core.model.sinks import RestorePoint, SinkContext, SinkWriter, WriteFailed
 from streamlet.core.model.sources import SourceContext, SourceReader
+from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.runtime.statistics import InstanceCounters
+from streamlet.core.runtime.watermarks import InputWatermarks, WatermarkGenerator
 from streamlet.core.state.participant import Section
 from streamlet.errors import SinkError, SourceError, StreamletError
 
@@ -60,6 +63,7 @@ class Environment:
     job_id: str = "local"  # the job, the same in every run (see ``SinkContext``)
     attempt: str = "0"  # this run of the job
     on_idle: Callable[[], None] | None = None  # set while ``Job.settle`` waits: an instance went idle
+    event_time: bool = False  # watermarks flow: the job has event-time windows or sources that declare them
 
 
 class Instance(ABC):
@@ -142,6 +146,9 @@ class SourceInstance(Instance):
         self._read_scope: anyio.CancelScope | None = None
         self._wake = anyio.Event()  # set when a paused source has something to do
         self._doing = "to open"  # what the reader was doing, for the message when it fails
+        self.watermarks: WatermarkGenerator | None = None  # made with the reader, when the job uses event time
+        self._idle = False  # told downstream that it reads nothing (Watermarks(idle_after=...))
+        self._idle_due = False  # the idle timer fired while the read waited
 
     def stop(self) -> None:
         """End the source early: stop reading, then end the stream downstream."""
@@ -204,6 +211,8 @@ class SourceInstance(Instance):
                 await reader.seek(self.restore_position)
             self._position = reader.position()
             self._doing = "reading"
+            if self.env.event_time:
+                self.watermarks = WatermarkGenerator(self.node.watermarks or Watermarks(), reader)
             await self._pump(reader)
             await self._inject_barriers(reader)
             self._doing = "closing"
@@ -223,6 +232,8 @@ class SourceInstance(Instance):
 
     async def _pump(self, reader: SourceReader) -> None:
         outputs, size = self.outputs, self.env.batch_size
+        idle_after = None if self.watermarks is None else (self.node.watermarks or Watermarks()).idle_after
+        last_data = self.env.clock.now()
         while not self._stopping:
             if self._paused:
                 await self._inject_barriers(reader)
@@ -233,18 +244,49 @@ class SourceInstance(Instance):
             on_idle = self.env.on_idle
             if on_idle is not None:
                 on_idle()  # ``settle`` looks once this task waits (here: in read, when nothing is ready)
-            with anyio.CancelScope() as scope:  # only the read is cancellable: sends are never cut
-                self._read_scope = scope
-                batch = await reader.read(size)
+            timer = None
+            if idle_after is not None and not self._idle:  # quiet that long since the last batch: idle
+                timer = self.env.clock.call_at(last_data + idle_after, self._idle_timer_fired)
+            try:
+                with anyio.CancelScope() as scope:  # only the read is cancellable: sends are never cut
+                    self._read_scope = scope
+                    batch = await reader.read(size)
+            finally:
+                if timer is not None:
+                    timer.cancel()
             self._read_scope = None
             if batch:
                 self.counters.records_in += len(batch)
                 outputs.emit_batch(batch)
                 await outputs.flush()
+                if self.watermarks is not None:
+                    last_data = self.env.clock.now()
+                    await self._send_watermark(batch)
             elif batch is None and not scope.cancelled_caught:
                 return
+            elif self._idle_due:
+                self._idle_due, self._idle = False, True
+                await outputs.forward_watermark(Watermark(-math.inf, idle=True))
             if self._barriers:
                 await self._inject_barriers(reader)
+
+    def _idle_timer_fired(self) -> None:
+        self._idle_due = True
+        self._interrupt_read()
+
+    async def _send_watermark(self, batch: Batch) -> None:
+        """After a batch: the watermark if it rose (or to say this instance reads again after being idle)."""
+        generator = self.watermarks
+        assert generator is not None
+        regressions = generator.regressions
+        watermark = generator.after_batch(batch)
+        if generator.regressions and not regressions:
+            self.log.warning("watermark went back: ignored", watermark=generator.current)
+        if watermark is None and self._idle:
+            watermark = generator.current
+        if watermark is not None:
+            self._idle = False
+            await self.outputs.forward_watermark(Watermark(watermark))
 
     async def _inject_barriers(self, reader: SourceReader) -> None:
         self._position = reader.position()
@@ -267,6 +309,8 @@ class Receiver(Instance):
         self.blocked = [False] * inbox.channel_count
         self.aligning: int | None = None
         self.cycle: CycleTracker | None = None
+        self.watermarks = InputWatermarks(inbox.channel_count, inbox.loop_channels)
+        self._told_idle = False  # forwarded that every input is idle
 
     # -- the loop -------------------------------------------------------------
 
@@ -276,6 +320,7 @@ class Receiver(Instance):
         inbox, outputs, blocked = self.inbox, self.outputs, self.blocked
         channels, ports = inbox.channel_count, inbox.ports
         counters, size, cycle = self.counters, self.env.batch_size, self.cycle
+        watermarks = self.watermarks
         start = 0
         while self.open_ports:
             channel = -1
@@ -291,6 +336,8 @@ class Receiver(Instance):
             item = inbox.pop(channel)
             if type(item) is list:
                 counters.records_in += len(item)
+                if watermarks.any_idle:  # an idle sender speaks again: it holds the watermark back from now on
+                    watermarks.activate(channel)
                 if cycle is None:
                     await self.process(ports[channel], item)
                     await outputs.flush(size)
@@ -329,14 +376,39 @@ class Receiver(Instance):
 
     async def on_marker(self, channel: int, marker: Marker) -> None:
         """End-of-stream and a loop's end close the channel; a barrier blocks it until aligned."""
+        if isinstance(marker, Watermark):
+            await self._on_watermark_marker(channel, marker)
+            return
         if isinstance(marker, EndOfStream | CycleEnd):
             if isinstance(marker, EndOfStream) and self.cycle is not None:
                 self.cycle.external_ended()
             self._close_channel(channel)
+            if self.env.event_time:
+                risen = self.watermarks.close(channel)
+                if risen is not None:
+                    await self.on_watermark(risen)
         elif isinstance(marker, Barrier):
             self.blocked[channel] = True
             self.aligning = marker.epoch
         await self._check_alignment()
+
+    async def _on_watermark_marker(self, channel: int, marker: Watermark) -> None:
+        watermarks = self.watermarks
+        risen = watermarks.update(channel, marker.ts, marker.idle)
+        if risen is not None:
+            self._told_idle = False
+            await self.on_watermark(risen)
+        elif watermarks.all_idle():
+            if not self._told_idle:
+                self._told_idle = True
+                await self.outputs.forward_watermark(Watermark(-math.inf, idle=True))
+        elif self._told_idle:  # an input speaks again: so does this instance, even if its watermark stayed
+            self._told_idle = False
+            await self.outputs.forward_watermark(Watermark(watermarks.current))
+
+    async def on_watermark(self, watermark: float) -> None:
+        """The input's watermark rose to ``watermark``: pass it on after what was emitted before it."""
+        await self.outputs.forward_watermark(Watermark(watermark))
 
     def _close_channel(self, channel: int) -> None:
         self.channel_open[channel] = False
@@ -409,6 +481,9 @@ class SinkInstance(Receiver):
             key = batch[0].key if batch else None
             what = f"a batch of {len(batch)} records starting with key" if len(batch) > 1 else "the record with key"
             raise self._error(f"writing {what} {key!r}", exc, key) from exc
+
+    async def on_watermark(self, watermark: float) -> None:
+        """A sink has nobody to pass watermarks to."""
 
     async def on_aligned(self, epoch: int) -> None:
         """Stage what was written since the last barrier under ``epoch``."""

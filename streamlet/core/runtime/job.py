@@ -117,6 +117,7 @@ class Job:
         self._channel_factory = channel_factory
         self._channel_capacity = channel_capacity
         self._env = Environment(batch_size, self.clock, job_id=self.job_id, attempt=self.attempt)
+        self._env.event_time = topology.uses_event_time()
         self._coordinator: Coordinator | None = None
         if checkpoint_store is not None or coordinator is not None:
             refuse_checkpoints_with_cycles(topology)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamlet.core.model.constants import LATE
-from streamlet.core.model.record import Batch, Marker, Record, WindowRecord
+from streamlet.core.model.record import Batch, FiredWindowRecord, Marker, Record, Watermark, WindowRecord
 from streamlet.core.runtime.routing import Route
 from streamlet.errors import PortError
 
@@ -19,7 +19,7 @@ class RoutedOutputs:
     of the batch being processed, so event time flows through tasks.
     """
 
-    __slots__ = ("_adders", "_numbers", "_ports", "iteration", "routes", "ts", "where", "window")
+    __slots__ = ("_adders", "_numbers", "_ports", "firing", "iteration", "routes", "ts", "where", "window")
 
     def __init__(
         self,
@@ -39,6 +39,7 @@ class RoutedOutputs:
         self.ts: float | None = None
         self.iteration = 0
         self.window: tuple[float, float] | None = None  # set by the runtime while a window is handled
+        self.firing: str | None = None  # and which firing of it this is
         self.where = where  # "task 'split' instance 0", for messages
 
     def emit(self, key: Any, value: Any, port: int = 0, ts: float | None = None) -> None:
@@ -121,6 +122,13 @@ class RoutedOutputs:
         for route in self.routes:
             await route.broadcast(marker)
 
+    async def forward_watermark(self, marker: Watermark) -> None:
+        """Send everything buffered, then ``marker`` on every edge that carries watermarks (not inside loops)."""
+        for route in self.routes:
+            if route.send_watermarks:
+                await route.flush()
+                await route.broadcast(marker)
+
     async def end(self) -> None:
         """Flush everything and send end-of-stream downstream."""
         for route in self.routes:
@@ -151,8 +159,10 @@ class WindowOutputs(RoutedOutputs):
         window = self.window
         if window is None:
             add(Record(key, value, ts))
-        else:
+        elif self.firing == "on_time":
             add(WindowRecord(key, value, ts, window))
+        else:
+            add(FiredWindowRecord(key, value, ts, window, self.firing or "on_time"))
 
     def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
         """Emit every ``(key, value)`` pair of ``pairs``."""
@@ -160,6 +170,7 @@ class WindowOutputs(RoutedOutputs):
         if window is None:
             super().emit_all(pairs, port)
             return
-        add, ts = self._adder(port), self.ts
+        add, ts, firing = self._adder(port), self.ts, self.firing
         for key, value in pairs:
-            add(WindowRecord(key, value, ts, window))
+            add(WindowRecord(key, value, ts, window) if firing == "on_time" else
+                FiredWindowRecord(key, value, ts, window, firing or "on_time"))  # fmt: skip

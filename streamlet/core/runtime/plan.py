@@ -105,6 +105,8 @@ class _Builder:
                     channel = inbox.add_channel(edge.in_port, unbounded=back_edge)
                     self.channel_ids[edge_index, sender, receiver] = channel
                     self._expose_if_remote(edge_index, edge, sender, receiver, channel)
+                    if self.in_loop(edge):
+                        inbox.loop_channels.add(channel)
                     if tracker is None or not counted:
                         continue
                     if self.in_loop(edge):
@@ -167,7 +169,7 @@ class _Builder:
         tracker = self.tracker_of.get(edge.downstream)
         if tracker is not None:
             route.cycle = tracker.flow
-            route.send_eos = not self.in_loop(edge)
+            route.send_eos = route.send_watermarks = not self.in_loop(edge)
         return route
 
 

@@ -31,7 +31,7 @@ class FlowCounter:
 class Route(ABC):
     """One edge from an output port to all instances of a downstream node."""
 
-    __slots__ = ("add", "buffers", "channels", "cycle", "label", "send_eos", "sent")
+    __slots__ = ("add", "buffers", "channels", "cycle", "label", "send_eos", "send_watermarks", "sent")
 
     #: Buffers one record: the hot path, bound by each subclass to a list append or a small closure.
     add: Callable[[Record], None]
@@ -42,6 +42,7 @@ class Route(ABC):
         self.sent = 0
         self.cycle: FlowCounter | None = None  # set when the receiver is in a cycle
         self.send_eos = True  # False on edges inside a cycle: the tracker ends them
+        self.send_watermarks = True  # False on edges inside a cycle: a loop cannot hold its own head back
         self.label = "edge"  # "edge 'a' -> 'b' input port 0", for messages
 
     def add_batch(self, records: Batch) -> None:

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.ports import Inputs
-from streamlet.core.model.record import Barrier, Batch, DeadLetter, Record, WindowRecord
+from streamlet.core.model.record import Barrier, Batch, DeadLetter, FiredWindowRecord, Record, WindowRecord
 from streamlet.core.model.task import RecordFailure, Task
-from streamlet.core.model.windows import TimeWindow, WindowSpec
+from streamlet.core.model.windows import WindowSpec
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.instances import Environment, Receiver
 from streamlet.core.runtime.outputs import RoutedOutputs
@@ -179,25 +179,36 @@ class TaskInstance(Receiver):
             for record in late:
                 on_late(record)
 
+    async def on_watermark(self, watermark: float) -> None:
+        """Fire the windows the watermark closed, then pass it on after their results."""
+        if self.window is not None:
+            for window in self.window.advance(watermark):
+                await self._run_window(window)
+        await super().on_watermark(watermark)
+
     async def _run_window(self, window: ClosedWindow) -> None:
         self.inputs.window = self.outputs.window = bounds = (window.start, window.end)
+        self.inputs.firing = self.outputs.firing = firing = window.firing
         assert self.window is not None
         stamp = self.window.result_ts(window)  # a time window's last tick; else the last record's time
-        if window.folded is not None:
+        by_port = window.records
+        if window.folded is not None:  # a new dict: a window kept for late firings still folds into its own
             ts = window.last_ts if stamp is None else stamp
-            window.records = {0: [WindowRecord(key, value, ts, bounds) for key, value in window.folded.items()]}
-        records = window.all_records()
+            make = WindowRecord if firing == "on_time" else partial(FiredWindowRecord, firing=firing)
+            by_port = {0: [make(key, value, ts, bounds) for key, value in window.folded.items()]}
+        records = [record for port in sorted(by_port) for record in by_port[port]]
         if stamp is not None:
             self.outputs.ts = stamp
         elif records:
             self.outputs.ts = records[-1].ts
-        batches = [window.records.get(port, []) for port in range(self.node.inputs)]
-        if len(window.records) == 1 and not self.node.sync:
-            [port] = window.records
+        batches = [by_port.get(port, []) for port in range(self.node.inputs)]
+        if len(by_port) == 1 and not self.node.sync:
+            [port] = by_port
             await self._execute_unit(records, lambda: self.inputs.set_one(port, records), "a window starting with key")
         else:
             await self._execute_unit(records, lambda: self.inputs.set_all(batches), "a window starting with key")
         self.inputs.window = self.outputs.window = None
+        self.inputs.firing = self.outputs.firing = None
 
     async def _call(self) -> None:
         if self._async:
@@ -313,6 +324,10 @@ class TaskInstance(Receiver):
                 await self.idle()
                 continue
             batches = [[] if channel is None else _pop_batch(self.inbox, channel) for channel in picks]
+            if self.watermarks.any_idle:  # an idle sender speaks again: it holds the watermark back from now on
+                for channel in picks:
+                    if channel is not None:
+                        self.watermarks.activate(channel)
             records = [record for batch in batches for record in batch]
             self.counters.records_in += len(records)
             self.outputs.ts = records[-1].ts
@@ -391,12 +406,13 @@ _TIMESTAMP_RULE = {
 
 def _first_bad_timestamp(batch: Batch, window: WindowSpec | None) -> Record | None:
     """The first record an event-time window cannot place: ts not a number, or missing where that is refused."""
-    if not isinstance(window, TimeWindow) or window.time != "event":
+    if getattr(window, "time", None) != "event":  # an event-time TimeWindow or SessionWindow
         return None
+    missing_ts = getattr(window, "missing_ts", "clock")
     for record in batch:
         ts = record.ts
         if ts is None:
-            if window.missing_ts == "fail":
+            if missing_ts == "fail":
                 return record
         elif type(ts) is bool or not isinstance(ts, int | float):
             return record

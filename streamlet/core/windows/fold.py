@@ -22,6 +22,9 @@ class ClosedWindow:
     records: dict[int, Batch]
     folded: dict[Any, Any] | None = field(default=None)
     last_ts: float | None = None  # event time of the last record folded in
+    #: Why it is handed to the task now: ``"on_time"`` (its end passed), ``"early"`` (a trigger fired before
+    #: that) or ``"late"`` (a record came within ``allowed_lateness`` after it fired). Set by the logic.
+    firing: str = "on_time"
 
     def all_records(self) -> Batch:
         """Records of every port, in port order."""
@@ -84,8 +87,15 @@ class WindowLogic(ABC):
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
         """Assign ``batch``; return the windows that closed and the records that came too late."""
 
+    def advance(self, watermark: float) -> list[ClosedWindow]:
+        """The input's watermark reached ``watermark`` (seconds): the event-time windows it closes, oldest first.
+
+        Processing-time and count windows ignore it.
+        """
+        return []
+
     def on_time(self, now: float) -> list[ClosedWindow]:
-        """Windows closed by time alone (no record arrived)."""
+        """Windows closed (or fired early) by the clock alone (no record arrived)."""
         return []
 
     def next_deadline(self) -> float | None:

@@ -58,18 +58,26 @@ class TimeLogic(WindowLogic):
     """Windows keyed by their start tick; subclasses decide which time and when they close.
 
     All arithmetic is on whole ticks (``Ticks``): one code path for tumbling and sliding windows, and
-    bounds that hold every record assigned to them.
+    bounds that hold every record assigned to them. Windows start at ``offset + k * slide``.
+    With ``early`` (seconds), open windows that took records since their last firing fire early every
+    ``early`` seconds of the clock (Flink's continuous trigger), marked ``"early"``.
     """
 
-    def __init__(self, size: float, slide: float, ticks: Ticks | None = None) -> None:
+    def __init__(
+        self, size: float, slide: float, ticks: Ticks | None = None, offset: float = 0.0, early: float | None = None
+    ) -> None:
         self.ticks = ticks = ticks or Ticks(0.001)
         self.size, self.slide = size, slide
         self.size_ticks, self.slide_ticks = ticks.of(size), ticks.of(slide)
+        self.offset_ticks = ticks.of(offset) % self.slide_ticks
         self.windows: dict[int, ClosedWindow] = {}
+        self.early = early
+        self.next_early: float | None = None  # clock time of the next early firing, while a window is dirty
+        self.dirty: set[int] = set()  # starts of open windows that took records since they last fired
 
     def starts(self, tick: int) -> list[int]:
         """Start ticks of every window that contains ``tick``, latest first."""
-        start = tick - tick % self.slide_ticks
+        start = tick - (tick - self.offset_ticks) % self.slide_ticks
         starts = []
         while start + self.size_ticks > tick:
             starts.append(start)
@@ -88,23 +96,45 @@ class TimeLogic(WindowLogic):
         """Windows whose end is at or before ``tick``, oldest first."""
         size = self.size_ticks
         due = sorted(start for start in self.windows if start + size <= tick)
-        return [self.windows.pop(start) for start in due]
+        for start in due:
+            self.dirty.discard(start)
+        return [_firing(self.windows.pop(start), "on_time") for start in due]
 
     def close_all(self) -> list[ClosedWindow]:
         return self.close_until(math.inf)
 
     def next_deadline(self) -> float | None:
-        return min((w.end for w in self.windows.values()), default=None)
+        return _earliest(self.next_early, min((w.end for w in self.windows.values()), default=None))
 
     def result_ts(self, window: ClosedWindow) -> float | None:
         """A window's results carry its last tick, so a longer window downstream holds all of them."""
         return self.ticks.seconds(self.ticks.of(window.end) - 1)
 
+    def collect_run(self, port: int, run: Batch, starts: list[int], now: float) -> None:
+        """Put ``run`` into the open windows starting at ``starts`` (noting them for early firings)."""
+        for start in starts:
+            self.collect(self.window(start), port, run)
+        if self.early is not None and run:
+            self.dirty.update(starts)
+            if self.next_early is None:
+                self.next_early = now + self.early
+
+    def fire_early(self, now: float) -> list[ClosedWindow]:
+        """The dirty open windows, marked ``"early"``, when an early firing is due at ``now``."""
+        if self.next_early is None or now < self.next_early:
+            return []
+        assert self.early is not None
+        fired = [_firing(self.windows[start], "early") for start in sorted(self.dirty) if start in self.windows]
+        self.dirty.clear()
+        self.next_early = None
+        return fired
+
     def snapshot(self) -> Any:
-        return {"windows": [window_data(w) for w in self.windows.values()]}
+        return {"windows": [window_data(w) for w in self.windows.values()], "dirty": sorted(self.dirty)}
 
     def restore(self, snapshot: Any) -> None:
         self.windows = {self.ticks.of(w.start): w for w in map(window_from, snapshot["windows"])}
+        self.dirty = set(snapshot.get("dirty", ()))
 
 
 class ProcessingTimeLogic(TimeLogic):
@@ -114,29 +144,42 @@ class ProcessingTimeLogic(TimeLogic):
         tick = self.ticks.of(now)
         closed = self.close_until(tick)
         starts = self.starts(tick)
-        if not starts:  # hopping windows with gaps: no window is open now
+        if not starts:  # cannot happen since slide <= size is enforced; kept so nothing is ever lost silently
             self.late += len(batch)
             return closed, batch
-        for start in starts:
-            self.collect(self.window(start), port, batch)
-        return closed, []
+        self.collect_run(port, batch, starts, now)
+        return closed + self.fire_early(now), []
 
     def on_time(self, now: float) -> list[ClosedWindow]:
-        return self.close_until(self.ticks.of(now))
+        return self.close_until(self.ticks.of(now)) + self.fire_early(now)
 
 
 class EventTimeLogic(TimeLogic):
-    """Records go to the windows of their event time; the watermark (in ticks) closes windows."""
+    """Records go to the windows of their event time; the input's watermark closes windows.
+
+    The watermark comes from the sources (``advance``), never from the records seen here, so which
+    records are late does not depend on the parallelism. A window fires (``"on_time"``) when the
+    watermark reaches its end. With ``allowed_lateness`` it is kept that much longer: a record for it
+    fires it again (``"late"``, with everything it holds). Records for windows past that are late: they
+    go to the late port.
+    """
 
     def __init__(
-        self, size: float, slide: float, lateness: float, idle_timeout: float | None, ticks: Ticks | None = None
+        self,
+        size: float,
+        slide: float,
+        lateness: float,
+        idle_timeout: float | None,
+        ticks: Ticks | None = None,
+        offset: float = 0.0,
+        early: float | None = None,
     ) -> None:
-        super().__init__(size, slide, ticks)
+        super().__init__(size, slide, ticks, offset, early)
         self.lateness = lateness
         self.lateness_ticks = self.ticks.of(lateness)
         self.idle_timeout = idle_timeout
-        # the highest record's time in ticks (+ half a tick: see add) minus the lateness, -inf at first
-        self.watermark: float = -math.inf
+        self.watermark: float = -math.inf  # in ticks: windows ending at or before it have fired
+        self.fired: dict[int, ClosedWindow] = {}  # fired windows kept for allowed_lateness, by start
         self.last_arrival = 0.0
         self.refuse_missing_ts = False  # TimeWindow(missing_ts="fail"): a record without ts stops the job
 
@@ -146,72 +189,102 @@ class EventTimeLogic(TimeLogic):
 
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
         # The hot path: records are cut into runs that fall in the same windows (streams are mostly in
-        # order), and each run is collected or folded at once. Tumbling and sliding windows share it.
+        # order), and each run is placed at once. Tumbling and sliding windows share it.
         self._check_timestamps(batch)
         late: Batch = []
+        refired: dict[int, ClosedWindow] = {}
         self.last_arrival = now
         per_second, size, slide = self.ticks.per_second, self.size_ticks, self.slide_ticks
-        lateness, watermark = self.lateness_ticks, self.watermark
-        highest = watermark + lateness
-        # A record's time in ticks, plus half a tick: ``u``. Its nearest tick is floor(u), and because window
-        # bounds are whole ticks, u's slide and its comparisons with bounds are those of that nearest tick:
-        # exact, without paying for a floor or a round per record.
-        now_u = now * per_second + 0.5
+        watermark, kept = self.watermark, self.watermark - self.lateness_ticks
+        # A record's time in ticks from the offset, plus half a tick: ``u``. Its nearest tick is floor(u), and
+        # because window bounds are whole ticks, u's slide and its comparisons with bounds are those of that
+        # nearest tick: exact, without paying for a floor or a round per record.
+        shift = 0.5 - self.offset_ticks
+        now_u = now * per_second + shift
         run: Batch = []
         run_starts: list[int] = []
         # Records in one slide share their windows when the size is a whole number of slides; otherwise
         # only records of one tick do: runs are cut by that span.
         span = slide if size % slide == 0 else 1
         run_key = math.nan  # the span the run's records fall in: they share its windows
-        first_end = last_end = math.inf  # ends of the run's latest and earliest windows
+        run_late = run_mixed = False
         for record in batch:
             ts = record.ts
-            u = now_u if ts is None else ts * per_second + 0.5
+            u = now_u if ts is None else ts * per_second + shift
             key = u - u % span
             if key != run_key:  # another span: other windows
                 if run:
-                    self._collect_run(port, run, run_starts)
+                    self._place(port, run, run_starts, run_mixed, refired, now)
                     run = []
-                run_key, run_starts = key, self.starts(math.floor(u))
-                first_end = run_starts[0] + size if run_starts else -math.inf
-                last_end = run_starts[-1] + size if run_starts else -math.inf
-            if first_end <= watermark:  # every window of this record has closed
+                run_key = key
+                run_starts = self.starts(math.floor(u) + self.offset_ticks)
+                first_end = run_starts[0] + size  # the latest window's end
+                run_late = first_end <= kept  # every window of this record is past its lateness
+                run_mixed = run_starts[-1] + size <= watermark  # some of its windows have fired
+            if run_late:
                 late.append(record)
-                continue
-            if last_end <= watermark:  # some of its windows have closed: only the open ones take it
-                if run:
-                    self._collect_run(port, run, run_starts)
-                    run = []
-                self._collect_run(port, [record], [s for s in run_starts if s + size > watermark])
             else:
                 run.append(record)
-            if u > highest:
-                highest = u
-                watermark = highest - lateness
         if run:
-            self._collect_run(port, run, run_starts)
-        self.watermark = watermark
+            self._place(port, run, run_starts, run_mixed, refired, now)
         self.late += len(late)
-        return self.close_until(watermark), late
+        return [_firing(refired[start], "late") for start in sorted(refired)] + self.fire_early(now), late
 
-    def _collect_run(self, port: int, run: Batch, starts: list[int]) -> None:
+    def _place(
+        self, port: int, run: Batch, starts: list[int], mixed: bool, refired: dict[int, ClosedWindow], now: float
+    ) -> None:
+        if not mixed:
+            self.collect_run(port, run, starts, now)
+            return
+        size, watermark, kept = self.size_ticks, self.watermark, self.watermark - self.lateness_ticks
+        self.collect_run(port, run, [s for s in starts if s + size > watermark], now)
         for start in starts:
-            self.collect(self.window(start), port, run)
+            if kept < start + size <= watermark:  # fired, still within allowed lateness: fire it again
+                window = self.fired.get(start)
+                if window is None:
+                    window = self.fired[start] = self._new_window(start)
+                self.collect(window, port, run)
+                refired[start] = window
+
+    def _new_window(self, start: int) -> ClosedWindow:
+        seconds = self.ticks.seconds
+        return ClosedWindow(seconds(start), seconds(start + self.size_ticks), {})
+
+    def advance(self, watermark: float) -> list[ClosedWindow]:
+        tick = self.ticks.of(watermark)
+        if tick <= self.watermark:
+            return []
+        self.watermark = tick
+        return self._fire_until(tick)
+
+    def _fire_until(self, tick: float) -> list[ClosedWindow]:
+        fired = self.close_until(tick)
+        if self.lateness_ticks:
+            for window in fired:
+                self.fired[self.ticks.of(window.start)] = window
+            kept = self.watermark - self.lateness_ticks
+            for start in [s for s in self.fired if s + self.size_ticks <= kept]:
+                del self.fired[start]
+        return fired
 
     def on_time(self, now: float) -> list[ClosedWindow]:
         if self.idle_timeout is not None and self.windows and now >= self.last_arrival + self.idle_timeout:
-            closed = self.close_all()
-            self.watermark = max(self.watermark, max(self.ticks.of(w.end) for w in closed))
-            return closed
-        return []
+            end = max(self.ticks.of(w.end) for w in self.windows.values())
+            self.watermark = max(self.watermark, end)
+            return self._fire_until(end)
+        return self.fire_early(now)
 
     def next_deadline(self) -> float | None:
-        if self.idle_timeout is None or not self.windows:
-            return None
-        return self.last_arrival + self.idle_timeout
+        idle = None if self.idle_timeout is None or not self.windows else self.last_arrival + self.idle_timeout
+        return _earliest(idle, self.next_early)
 
     def snapshot(self) -> Any:
-        extra = {"watermark": self.watermark, "late": self.late, "last_arrival": self.last_arrival}
+        extra = {
+            "watermark": self.watermark,
+            "late": self.late,
+            "last_arrival": self.last_arrival,
+            "fired": [window_data(w) for w in self.fired.values()],
+        }
         return {**super().snapshot(), **extra}
 
     def restore(self, snapshot: Any) -> None:
@@ -219,6 +292,16 @@ class EventTimeLogic(TimeLogic):
         self.watermark = snapshot["watermark"]
         self.late = snapshot["late"]
         self.last_arrival = snapshot["last_arrival"]
+        self.fired = {self.ticks.of(w.start): w for w in map(window_from, snapshot["fired"])}
+
+
+def _firing(window: ClosedWindow, firing: str) -> ClosedWindow:
+    window.firing = firing
+    return window
+
+
+def _earliest(*times: float | None) -> float | None:
+    return min((t for t in times if t is not None), default=None)
 
 
 class CountOrTimeLogic(WindowLogic):

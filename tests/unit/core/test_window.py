@@ -94,33 +94,65 @@ def test_sliding_processing_time_window_puts_a_batch_in_every_window_holding_now
 
 
 def test_event_time_window_closes_when_the_watermark_reaches_its_end() -> None:
-    """Event time: the window [0,10) closes when a record with ts 10 arrives, not before."""
+    """Event time: the window [0,10) fires when the input's watermark reaches 10, not before (records alone
+    never move it: the watermark comes from the sources)."""
     logic = logic_for(sl.TimeWindow(10, time="event"))
-    assert add(logic, at(1, 5, 9.5), now=100.0) == ([], [])
-    assert add(logic, at(10), now=100.0) == ([(0, 10, [1, 5, 9.5])], [])
+    assert add(logic, at(1, 5, 9.5, 12), now=100.0) == ([], [])
+    assert spans(logic.advance(9.999)) == []
+    assert spans(logic.advance(10)) == [(0, 10, [1, 5, 9.5])]
+    assert spans(logic.advance(10)) == []  # the same watermark again fires nothing
 
 
 def test_event_time_record_behind_the_watermark_is_late_and_counted() -> None:
     """A record for a window the watermark passed is returned as late; out-of-order records still count."""
     logic = logic_for(sl.TimeWindow(10, time="event"))
     add(logic, at(1, 12))
+    logic.advance(12)
     assert add(logic, at(3, 11, 9.99)) == ([], [3, 9.99])
     assert logic.late == 2
     assert spans(logic.close_all()) == [(10, 20, [12, 11])]
 
 
-def test_allowed_lateness_holds_the_watermark_back() -> None:
-    """allowed_lateness=5: watermark = max ts - 5, so ts 8 after ts 12 is on time, ts 9 after ts 15 is late."""
+def test_a_watermark_never_goes_back() -> None:
+    """advance() with a lower watermark than before changes nothing: [0,10) stays fired, 5 stays late."""
+    logic = logic_for(sl.TimeWindow(10, time="event"))
+    add(logic, at(1))
+    assert spans(logic.advance(15)) == [(0, 10, [1])]
+    assert spans(logic.advance(3)) == []
+    assert add(logic, at(5)) == ([], [5])
+
+
+def test_allowed_lateness_fires_a_window_again_for_each_late_record() -> None:
+    """allowed_lateness=5: [0,10) fires on time at watermark 10, again (late, with all it holds) for ts 8 at
+    watermark 12, and is forgotten at 15, after which ts 9 is late."""
     logic = logic_for(sl.TimeWindow(10, time="event", allowed_lateness=5))
-    assert add(logic, at(1, 12, 8)) == ([], [])
-    assert add(logic, at(15, 9)) == ([(0, 10, [1, 8])], [9])
+    add(logic, at(1, 12))
+    [on_time] = logic.advance(12)
+    assert (spans([on_time]), on_time.firing) == ([(0, 10, [1])], "on_time")
+    fired, late = logic.add(0, at(8), 0.0)
+    assert ([(w.start, w.end, [r.ts for r in w.all_records()], w.firing) for w in fired], late) == (
+        [(0, 10, [1, 8], "late")],
+        [],
+    )
+    assert spans(logic.advance(15)) == []
+    assert add(logic, at(9)) == ([], [9])
     assert logic.late == 1
+
+
+def test_a_late_record_for_a_window_that_never_opened_fires_it_alone() -> None:
+    """Within allowed_lateness, a late record whose window had no records fires it with just itself."""
+    logic = logic_for(sl.TimeWindow(10, time="event", allowed_lateness=20))
+    add(logic, at(25))
+    logic.advance(25)
+    fired, late = logic.add(0, at(7), 0.0)
+    assert ([(w.start, w.end, w.firing) for w in fired], late) == ([(0, 10, "late")], [])
 
 
 def test_sliding_event_window_holds_a_record_in_every_window_containing_it() -> None:
     """TimeWindow(10, slide=5, event): ts 7 is in [0,10) and [5,15); ts 12 in [5,15) and [10,20)."""
     logic = logic_for(sl.TimeWindow(10, slide=5, time="event"))
-    assert add(logic, at(7, 12)) == ([(0, 10, [7])], [])
+    add(logic, at(7, 12))
+    assert spans(logic.advance(12)) == [(0, 10, [7])]
     assert spans(logic.close_all()) == [(5, 15, [7, 12]), (10, 20, [12])]
 
 
@@ -128,16 +160,40 @@ def test_sliding_event_record_is_late_only_when_all_its_windows_closed() -> None
     """ts 8 after the watermark passed 10 still joins [5,15); ts 4 (windows [-5,5), [0,10)) is late."""
     logic = logic_for(sl.TimeWindow(10, slide=5, time="event"))
     add(logic, at(7, 12))
+    logic.advance(12)
     assert add(logic, at(8, 4)) == ([], [4])
     assert logic.late == 1
-    assert add(logic, at(16)) == ([(5, 15, [7, 12, 8])], [])
+    assert spans(logic.advance(16)) == [(5, 15, [7, 12, 8])]
 
 
 def test_record_without_event_time_uses_now() -> None:
     """An event-time window places a record with ts None at ``now``."""
     logic = logic_for(sl.TimeWindow(10, time="event"))
     add(logic, numbers(1), now=13.0)
-    assert add(logic, at(20)) == ([(10, 20, [1])], [])
+    assert spans(logic.advance(20)) == [(10, 20, [1])]
+
+
+def test_offset_moves_every_window_start() -> None:
+    """TimeWindow(10, offset=3): windows are [-7,3), [3,13), [13,23): 2 and 3 fall apart, 12 joins 3."""
+    logic = logic_for(sl.TimeWindow(10, time="event", offset=3))
+    add(logic, at(2, 3, 12, 13))
+    assert spans(logic.close_all()) == [(-7, 3, [2]), (3, 13, [3, 12]), (13, 23, [13])]
+
+
+def test_early_firing_fires_open_windows_that_took_records_by_the_clock() -> None:
+    """early_firing=2: [0,10) fires early at now 102 with what it holds, not again until it takes more,
+    then on time at the watermark."""
+    logic = logic_for(sl.TimeWindow(10, time="event", early_firing=2))
+    add(logic, at(1), now=100.0)
+    assert logic.next_deadline() == 102.0
+    assert spans(logic.on_time(101.9)) == []
+    [early] = logic.on_time(102.0)
+    assert (spans([early]), early.firing) == ([(0, 10, [1])], "early")
+    assert logic.next_deadline() is None  # nothing new since: no early firing due
+    add(logic, at(4), now=103.0)
+    assert [w.firing for w in logic.on_time(105.0)] == ["early"]
+    [on_time] = logic.advance(10)
+    assert (spans([on_time]), on_time.firing) == ([(0, 10, [1, 4])], "on_time")
 
 
 def test_event_time_window_has_no_clock_deadline_without_idle_timeout() -> None:
@@ -150,7 +206,7 @@ def test_event_time_window_has_no_clock_deadline_without_idle_timeout() -> None:
 
 def test_idle_timeout_closes_open_windows() -> None:
     """idle_timeout=5: no record for 5 s after the last arrival closes every open window."""
-    logic = logic_for(sl.TimeWindow(10, time="event", allowed_lateness=10, idle_timeout=5))
+    logic = logic_for(sl.TimeWindow(10, time="event", idle_timeout=5))
     add(logic, at(3, 14), now=100.0)
     assert logic.next_deadline() == 105.0
     assert spans(logic.on_time(104.9)) == []
@@ -282,9 +338,24 @@ def rejects(message: str) -> pytest.RaisesExc[sl.TopologyError]:
         (sl.TimeWindow(5, time="wall"), "window time must be 'processing' or 'event', got 'wall'"),  # type: ignore[arg-type]
         (sl.TimeWindow(5, allowed_lateness=-1), "allowed_lateness must be >= 0, got -1"),
         (sl.TimeWindow(5, idle_timeout=0), "window idle_timeout must be > 0, got 0"),
+        (sl.TimeWindow(5, time="event", early_firing=0), "window early_firing must be > 0, got 0"),
+        (sl.TimeWindow(5, allowed_lateness=1), "allowed_lateness applies to event time only (time='event')"),
+        (sl.TimeWindow(10, offset=10), "window offset must be >= 0 and below the slide 10, got 10"),
+        (sl.TimeWindow(10, slide=5, offset=-1), "window offset must be >= 0 and below the slide 5, got -1"),
+        (sl.TimeWindow(10, offset=0.0005), "window offset 0.0005 is not a whole number of ticks of time_unit 0.001 s"),
+        (
+            sl.TimeWindow(10, slide=30),
+            "window slide 30 is larger than its size 10: records between two windows would belong to none "
+            "(sample or filter before a tumbling window instead)",
+        ),
+        (
+            sl.CountWindow(2, slide=3),
+            "window slide 3 is larger than its size 2: records between two windows would belong to none "
+            "(sample or filter before a tumbling window instead)",
+        ),
         (sl.CountOrTimeWindow(3.0, 1), "window count must be a whole number of records, got 3.0"),  # type: ignore[arg-type]
         (sl.CountOrTimeWindow(3, 0), "window seconds must be > 0, got 0"),
-        ("tumbling", "window must be a CountWindow, TimeWindow or CountOrTimeWindow, got 'tumbling'"),
+        ("tumbling", "window must be a CountWindow, TimeWindow, SessionWindow or CountOrTimeWindow, got 'tumbling'"),
     ],
 )
 def test_impossible_window_spec_is_rejected(window: Any, message: str) -> None:
@@ -305,10 +376,3 @@ class Collect(sl.Task):
 
     def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
         outputs.emit(inputs.window, values(inputs.get()))
-
-
-def test_processing_time_record_between_hopping_windows_is_late() -> None:
-    """TimeWindow(10, slide=30): at now 15 no window is open, so the batch is late and counted."""
-    logic = logic_for(sl.TimeWindow(10, slide=30))
-    assert add(logic, numbers(1, 2), now=15.0) == ([], [1, 2])
-    assert logic.late == 2

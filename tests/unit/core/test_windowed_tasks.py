@@ -71,8 +71,11 @@ def event_topology(late: list[sl.Record]) -> sl.Topology:
 
 
 def test_event_time_window_contents_and_timestamps() -> None:
-    """Out-of-order records land in the windows of their ts; each output's ts is its window's last tick."""
-    result = sl.run(event_topology([]))
+    """Out-of-order records land in the windows of their ts; each output's ts is its window's last tick.
+
+    Batches of one record: the source's watermark follows every record (bound 0), so 4, 11 and 9 are late.
+    """
+    result = sl.run(event_topology([]), batch_size=1)
     assert result.sink("out") == [
         sl.Record((0, 10), [1, 7, 3], 9.999),
         sl.Record((10, 20), [12, 18], 19.999),
@@ -84,7 +87,7 @@ def test_event_time_window_contents_and_timestamps() -> None:
 def test_late_records_reach_the_late_port_on_late_and_statistics() -> None:
     """Records behind the watermark go to the LATE sink and on_late, and are counted in statistics.late."""
     late: list[sl.Record] = []
-    result = sl.run(event_topology(late))
+    result = sl.run(event_topology(late), batch_size=1)
     assert result.sink("late") == at(4, 11, 9)
     assert late == at(4, 11, 9)
     assert result.statistics.late == 3
@@ -247,7 +250,7 @@ def test_late_port_comes_after_the_declared_output_ports() -> None:
     node = topology.add_task("w", CollectAndCount, window=sl.TimeWindow(10, time="event")).set_input(source)
     for name, port in (("values", 0), ("counts", 1), ("late", sl.LATE)):
         topology.add_sink(name, sl.CollectSink()).set_input(node, out_port=port)
-    result = sl.run(topology)
+    result = sl.run(topology, batch_size=1)
     assert (pairs(result.sink("values")), pairs(result.sink("counts")), result.sink("late")) == (
         [((0, 10), [1]), ((10, 20), [12])],
         [((0, 10), 1), ((10, 20), 1)],
@@ -269,7 +272,7 @@ def test_late_port_of_a_source_is_rejected() -> None:
 def test_unconnected_late_port_drops_late_records_counting_them_as_late_and_discarded() -> None:
     """With nothing on the LATE port, late records still reach on_late, then are dropped and counted twice."""
     late: list[sl.Record] = []
-    result = sl.run(windowed_task(OUT_OF_ORDER, sl.TimeWindow(10, time="event", on_late=late.append)))
+    result = sl.run(windowed_task(OUT_OF_ORDER, sl.TimeWindow(10, time="event", on_late=late.append)), batch_size=1)
     assert (late, result.statistics.late, result.statistics.discarded) == (at(4, 11, 9), 3, 3)
 
 
@@ -320,9 +323,10 @@ def test_event_time_window_places_a_record_without_ts_at_the_job_clock_time() ->
     assert pairs(sl.run(topology, clock=sl.ManualClock(start=1000.0)).sink("out")) == [((960, 1020), [None])]
 
 
-def test_a_record_without_ts_moves_the_watermark_to_the_clock_time() -> None:
-    """After a ts-less record at clock 1000, a record with event time 30 is late."""
+def test_a_record_without_ts_does_not_move_the_watermark() -> None:
+    """Only the sources' watermarks move event time: after a ts-less record placed at clock 1000, a record
+    with event time 30 (one batch later) is still on time."""
     topology = windowed_task([sl.Record("k", "no ts"), *at(30)], sl.TimeWindow(60, time="event"))
     topology.add_sink("late", sl.CollectSink()).set_input("w", out_port=sl.LATE)
-    result = sl.run(topology, clock=sl.ManualClock(start=1000.0))
-    assert (pairs(result.sink("out")), result.sink("late")) == ([((960, 1020), ["no ts"])], at(30))
+    result = sl.run(topology, clock=sl.ManualClock(start=1000.0), batch_size=1)
+    assert (pairs(result.sink("out")), result.sink("late")) == ([((0, 60), [30]), ((960, 1020), ["no ts"])], [])
