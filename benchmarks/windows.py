@@ -1,14 +1,18 @@
-"""Keyed sums per window: a tumbling count window and an event-time tumbling window.
+"""Keyed sums per window: a tumbling count window, an event-time tumbling window and event-time sessions.
 
 Over the same 1 M pre-built records (10 k keys, event times 1 ms apart with
 up to 50 ms of disorder), source -> windowed keyed sum -> sink, against a
 hand-written asyncio pipeline doing the same with the same record objects:
-three stages, bounded queues, batches of 1000, incremental per-window dicts.
+three stages, bounded queues, batches of 1000, incremental per-window dicts
+(for sessions: one open session per key and a heap of their ends). The
+event-time jobs get their watermarks from the source (the newest event time
+minus 100 ms after every batch), as the baselines compute theirs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import random
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +26,7 @@ BATCH = 1000
 COUNT = 1000
 SECONDS = 1.0
 LATENESS = 0.1
+GAP = 5.0  # session gap: a key's records are ~10 s apart on average, so sessions both merge and split
 
 
 def make_records(count: int, keys: int = 10_000, seed: int = 11) -> list[tuple[str, int, float]]:
@@ -75,6 +80,39 @@ async def _event_windows(inbox: asyncio.Queue[Any], out: asyncio.Queue[Any]) -> 
     await out.put(None)
 
 
+async def _session_windows(inbox: asyncio.Queue[Any], out: asyncio.Queue[Any]) -> None:
+    sessions: dict[str, list[float]] = {}  # key -> [start, end, total]; end = last ts + gap
+    ends: list[tuple[float, str]] = []  # heap of (end, key), stale entries skipped
+    watermark = float("-inf")
+    while (batch := await inbox.get()) is not None:
+        for record in batch:
+            key, ts = record.key, record.ts
+            session = sessions.get(key)
+            if session is not None and session[0] - GAP <= ts < session[1]:  # joins (or stretches) it
+                session[0] = min(session[0], ts)
+                if ts + GAP > session[1]:
+                    session[1] = ts + GAP
+                    heapq.heappush(ends, (session[1], key))
+                session[2] += record.value
+                continue
+            if session is not None:  # disorder is below the gap: an older session of this key has ended
+                await out.put([SlotRecord(key, session[2], session[1])])
+            sessions[key] = [ts, ts + GAP, record.value]
+            heapq.heappush(ends, (ts + GAP, key))
+            if ts - LATENESS > watermark:
+                watermark = ts - LATENESS
+        done = []
+        while ends and ends[0][0] <= watermark:
+            end, key = heapq.heappop(ends)
+            session = sessions.get(key)
+            if session is not None and session[1] == end:
+                done.append(SlotRecord(key, sessions.pop(key)[2], end))
+        if done:
+            await out.put(done)
+    await out.put([SlotRecord(key, total, end) for key, (_start, end, total) in sessions.items()])
+    await out.put(None)
+
+
 async def _collect(inbox: asyncio.Queue[Any]) -> int:
     total = 0
     while (batch := await inbox.get()) is not None:
@@ -118,7 +156,7 @@ class _TotalWriter(sl.SinkWriter):
 def run_streamlet(records: list[sl.Record], window: sl.WindowSpec) -> int:
     """The streamlet job (``window_reduce`` with the built-in sum); returns the sum of all window sums."""
     topology = sl.Topology("windows-bench")
-    source = topology.add_source("records", records)
+    source = topology.add_source("records", records, watermarks=sl.Watermarks(out_of_orderness=LATENESS))
     summed = topology.window_reduce("sum", "sum", window=window).set_input(source)
     total = Total()
     topology.add_sink("total", total).set_input(summed)
@@ -133,12 +171,15 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     raw = make_records(records)
     ours = [sl.Record(key, value, ts) for key, value, ts in raw]
     theirs = [SlotRecord(key, value, ts) for key, value, ts in raw]
-    event_window = sl.TimeWindow(SECONDS, time="event", allowed_lateness=LATENESS)
+    event_window = sl.TimeWindow(SECONDS, time="event")
+    session_window = sl.SessionWindow(GAP, time="event")
     timings = alternating(
         repeats,
         {
             "event": lambda: run_streamlet(ours, event_window),
             "event_base": lambda: run_baseline(theirs, _event_windows),
+            "session": lambda: run_streamlet(ours, session_window),
+            "session_base": lambda: run_baseline(theirs, _session_windows),
             "count": lambda: run_streamlet(ours, sl.CountWindow(COUNT)),
             "count_base": lambda: run_baseline(theirs, _count_windows),
         },
@@ -154,6 +195,9 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         count_window_records_per_s=round(rates["count"]),
         count_window_baseline_records_per_s=round(rates["count_base"]),
         count_window_ratio=round(rates["count"] / rates["count_base"], 3),
+        session_window_records_per_s=round(rates["session"]),
+        session_window_baseline_records_per_s=round(rates["session_base"]),
+        session_window_ratio=round(rates["session"] / rates["session_base"], 3),
         records=records,
         repeats=repeats,
     )

@@ -52,7 +52,8 @@ EVENTS = 300_000
 OUTPUT = Path("out/sensor_pipeline")
 SENSORS = 8
 EVENTS_PER_SECOND = 100
-WINDOW = sl.TimeWindow(60.0, time="event", allowed_lateness=5.0)
+WINDOW = sl.TimeWindow(60.0, time="event")
+WATERMARKS = sl.Watermarks(out_of_orderness=5.0)  # readings arrive up to 5 s out of order
 ALERT_ABOVE = 35.0  # a window whose hottest reading passes this counts as an alert
 
 
@@ -101,7 +102,7 @@ def build_topology(
     spark_on_loopback()
     readings_in = readings(events) if isinstance(events, int) else events
     topology = sl.Topology("sensor-pipeline")
-    source = topology.add_source("readings", readings_in)
+    source = topology.add_source("readings", readings_in, watermarks=WATERMARKS)
     stats = topology.add_task("window-stats", WindowStats, parallelism=2, window=WINDOW)
     stats.set_input(source, partitioning=sl.SAME_KEY)
     topology.add_sink("to-spark", sl.SparkSink(output)).set_input(stats)

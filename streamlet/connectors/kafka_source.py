@@ -16,6 +16,7 @@ move while the job runs. The group (``group_id``) only stores offsets:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -129,6 +130,7 @@ class _KafkaReader(SourceReader):
         self.seek_to: dict[Partition, int] = {}
         self.ends: dict[Any, int] = {}  # with stop_at_end: TopicPartition -> end offset seen at start
         self.done: set[Any] = set()
+        self.newest: dict[Any, float] = {}  # TopicPartition -> largest event time read from it
 
     # -- starting -----------------------------------------------------------------
 
@@ -183,11 +185,14 @@ class _KafkaReader(SourceReader):
         append = records.append
         for partition, messages in fetched.items():
             end = self.ends.get(partition)
+            top = -math.inf  # the largest Kafka timestamp read from this partition now
             for message in messages:
                 if end is not None and message.offset >= end:
                     break  # past the end seen at start: stop_at_end leaves it unread
                 self.next_offsets[partition] = message.offset + 1
                 ts = message.timestamp / 1000 if message.timestamp is not None and message.timestamp >= 0 else None
+                if ts is not None and ts > top:
+                    top = ts
                 try:
                     key = None if message.key is None else key_of(message.key)
                     value = None if message.value is None else value_of(message.value)
@@ -197,9 +202,18 @@ class _KafkaReader(SourceReader):
                 if headers:
                     value = {"value": value, "headers": [(name, data) for name, data in message.headers]}
                 append(Record(key, value, clock.now() if ts is None else ts))
+            if top > self.newest.get(partition, -math.inf):
+                self.newest[partition] = top
         if self.ends:
             self._reached_ends(fetched)
         return records
+
+    def event_time_progress(self) -> float | None:
+        """The minimum over this instance's partitions of the largest event time read from each, so one
+        partition that lags holds the watermark back. Partitions that have sent nothing yet, or have reached
+        their end (``stop_at_end``), do not hold it back."""
+        reading = [ts for partition, ts in self.newest.items() if partition not in self.done]
+        return min(reading, default=None)
 
     def _reached_ends(self, fetched: dict[Any, list[Any]]) -> None:
         for partition in fetched:

@@ -14,6 +14,7 @@ import pytest
 import streamlet as sl
 from examples.wordcount import build_topology, word_counts
 from streamlet.backends.cluster.zk import ZkStore
+from tests.support import event_time_job
 from tests.support.cluster import running_cluster, streamlet, wait_for_state
 
 pytestmark = pytest.mark.integration
@@ -359,3 +360,22 @@ def test_a_job_no_worker_can_take_stalls_and_submit_says_so_at_its_timeout(clust
     )
     assert streamlet("kill", "tpu", cwd=cluster).returncode == 0
     assert wait_for_state(cluster, "tpu", {"KILLED"})["reason"] == "killed by streamlet kill"
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3])
+def test_an_event_time_job_on_the_cluster_gives_the_in_process_output(
+    cluster: Path, tmp_path: Path, parallelism: int
+) -> None:
+    """tests/support/event_time_job.py on two workers at parallelism 1, 2 and 3: the 3 s sums and the late
+    records equal the in-process run's at parallelism 1 (watermarks cross TCP as their own frames)."""
+    results = tmp_path / "results.json"
+    target = str(ROOT / "tests" / "support" / "event_time_job.py")
+    options = ("-p", f"per-second={parallelism}", "-p", f"per-3s={parallelism}")
+    run = streamlet("submit", target, "--job", f"event-{parallelism}", *options, "--results", str(results), cwd=cluster)
+    assert run.returncode == 0, run.stderr
+    expected = sl.run(event_time_job.build_topology(1))
+    collected = json.loads(results.read_text())
+    for sink in ("sums", "late"):
+        rows = sorted((r.key, r.value, r.ts) for r in expected.sink(sink))
+        assert sorted(tuple(row) for row in collected[sink]) == rows
+    assert len(collected["late"]) == 10

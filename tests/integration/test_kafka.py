@@ -91,6 +91,30 @@ async def test_partitions_are_assigned_by_position_in_the_sorted_list(
     assert await read_instance(source, 1, 2) == ["a1"]
 
 
+async def test_event_time_progress_is_the_slowest_partitions_newest_timestamp(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str]
+) -> None:
+    """Partition 0 is 10 s ahead of partition 1: the reader's event-time progress (what the source's
+    watermark follows) is partition 1's newest timestamp, not the newest read overall."""
+    topic = new_topic(2)
+    ahead = [Message(None, f"a{i}".encode(), 0, T0 + 10_000 + i) for i in range(3)]
+    behind = [Message(None, f"b{i}".encode(), 1, T0 + i) for i in range(3)]
+    await produce(kafka_broker.bootstrap, topic, ahead + behind)
+    source = sl.KafkaSource(topic, kafka_broker.bootstrap, None)  # no stop_at_end: both partitions stay open
+    async with anyio.create_task_group() as group:
+        reader = source.open(sl.SourceContext("in", 0, 1, SystemClock(), group))
+        try:
+            assert reader.event_time_progress() is None  # nothing read yet: nothing to say
+            read = 0
+            while read < 6:
+                batch = await reader.read(100)
+                assert batch is not None
+                read += len(batch)
+            assert reader.event_time_progress() == (T0 + 2) / 1000
+        finally:
+            await reader.aclose()
+
+
 def test_source_gives_headers_with_the_value(kafka_broker: MockBroker, new_topic: Callable[[int], str]) -> None:
     """with_headers=True: the value is {"value": ..., "headers": [(name, bytes), ...]} in Kafka's order."""
     topic = new_topic(1)

@@ -58,8 +58,8 @@ def test_dict_values_become_columns(spark: Any, tmp_path: Path) -> None:
     """A windowed task emitting dicts: one column per field, with the window's bounds."""
     records = events(500)
     topology = sl.Topology("stats")
-    source = topology.add_source("events", records)
-    stats = topology.add_task("stats", Stats, window=sl.TimeWindow(5.0, time="event", allowed_lateness=0.1))
+    source = topology.add_source("events", records, watermarks=sl.Watermarks(out_of_orderness=0.1))
+    stats = topology.add_task("stats", Stats, window=sl.TimeWindow(5.0, time="event"))
     topology.add_sink("to-spark", sl.SparkSink(tmp_path)).set_input(stats.set_input(source))
     sl.run(topology)
 

@@ -95,10 +95,12 @@ def written(output: Path) -> bool:
 def build(sink: sl.Sink, records: list[sl.Record] | None = None, how: Any = "sum", sinks: int = 1) -> sl.Topology:
     """events -> throttle -> bomb -> window_reduce(how) per key over 5 s event-time windows -> ``sinks`` x sink."""
     topology = sl.Topology("spark-sums")
-    source = topology.add_source("events", events() if records is None else records)
+    source = topology.add_source(
+        "events", events() if records is None else records, watermarks=sl.Watermarks(out_of_orderness=0.1)
+    )
     throttle = topology.add_task("throttle", Throttle).set_input(source)
     bomb = topology.add_task("bomb", Bomb).set_input(throttle)
-    window = sl.TimeWindow(WINDOW, time="event", allowed_lateness=0.1)
+    window = sl.TimeWindow(WINDOW, time="event")
     sums = topology.window_reduce("sums", how, window=window).set_input(bomb, partitioning=sl.SAME_KEY)
     topology.add_sink("to-spark", sink, parallelism=sinks).set_input(sums, partitioning=sl.SAME_KEY)
     return topology

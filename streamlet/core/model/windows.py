@@ -69,12 +69,14 @@ class Ticks:
         (350, 0.4, 100, None)
     """
 
-    __slots__ = ("per_second", "unit")
+    __slots__ = ("_divisor", "per_second", "unit")
 
     def __init__(self, unit: float) -> None:
         # 0.001 is not exact in binary: the nearest fraction with a small denominator is the unit meant
         self.unit = Fraction(unit).limit_denominator(10**9)
         self.per_second = float(1 / self.unit)
+        # a unit of 1/n s: tick / n is one correctly rounded float division, ~40x cheaper than a Fraction
+        self._divisor = self.unit.denominator if self.unit.numerator == 1 else 0
 
     def of(self, seconds: float) -> int:
         """The tick nearest to ``seconds``."""
@@ -82,6 +84,8 @@ class Ticks:
 
     def seconds(self, tick: int) -> float:
         """Tick ``tick`` in seconds (correctly rounded: exact ticks print as the user wrote them)."""
+        if self._divisor:
+            return tick / self._divisor
         return float(tick * self.unit)
 
     def whole(self, seconds: float) -> int | None:

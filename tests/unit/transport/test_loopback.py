@@ -13,6 +13,7 @@ from streamlet.transport.codec import DEFAULT_MAX_FRAME
 from streamlet.transport.tcp import ServerStatistics
 from streamlet.transport.tcp_client import open_loopback_transport
 from tests.conftest import pairs
+from tests.support import event_time_job
 from tests.unit.core.test_cycles import halving_loop
 
 
@@ -104,3 +105,46 @@ async def test_record_over_the_frame_limit_fails_the_job() -> None:
     topology.add_sink("out", sl.CollectSink()).set_input(source)
     with pytest.raises(RecordTooLarge, match=r"^channel 'c1' cannot send the record with key 'huge': alone it needs"):
         await over_tcp(topology, max_frame=4096)
+
+
+def rows(records: list[sl.Record]) -> list[tuple[object, object, object, object]]:
+    """Records as sortable rows: key, value, ts and window bounds."""
+    return sorted((r.key, r.value, r.ts, r.window) for r in records)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3])
+async def test_an_event_time_job_gives_the_same_output_at_any_parallelism_in_memory_and_over_tcp(
+    parallelism: int,
+) -> None:
+    """Cascaded event-time sums with late records: the sums and the late records are those of parallelism 1
+    in memory, at parallelism 1, 2 and 3, in memory and with every channel (and watermark) over TCP."""
+    reference = await in_memory(event_time_job.build_topology(1))
+    late = rows(reference.sink("late"))
+    assert len(late) == 10  # the job has late records, and they are the same everywhere below
+    memory = await in_memory(event_time_job.build_topology(parallelism))
+    tcp, stats = await over_tcp(event_time_job.build_topology(parallelism))
+    for result in (memory, tcp):
+        assert (rows(result.sink("sums")), rows(result.sink("late"))) == (rows(reference.sink("sums")), late)
+    assert stats.bad_frames == 0
+
+
+async def test_late_firings_keep_their_mark_over_tcp() -> None:
+    """allowed_lateness: the late firing of a window crosses TCP as a FiredWindowRecord marked 'late'."""
+    topology = sl.Topology("late-firings")
+    records = [sl.Record("k", 1, 1.0), sl.Record("k", 1, 12.0), sl.Record("k", 5, 8.0)]
+    source = topology.add_source("in", records)
+    window = sl.TimeWindow(10, time="event", allowed_lateness=10)
+    sums = topology.window_reduce("sums", "sum", window=window).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(sums)
+    async with (
+        asyncio.timeout(5),
+        open_loopback_transport() as transport,
+        sl.start(topology, channel_factory=transport.channel_factory, batch_size=1) as job,
+    ):
+        result = await job.wait()
+    fired = [(r.key, r.value, r.window, r.firing, type(r).__name__) for r in result.sink("out")]
+    assert fired == [
+        ("k", 1, (0.0, 10.0), "on_time", "WindowRecord"),
+        ("k", 6, (0.0, 10.0), "late", "FiredWindowRecord"),
+        ("k", 1, (10.0, 20.0), "on_time", "WindowRecord"),
+    ]
