@@ -22,6 +22,7 @@ from streamlet.core.model.sinks import CallbackSink, CollectSink, RestorePoint, 
 from streamlet.core.model.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
 from streamlet.core.model.state import StateStore
 from streamlet.core.model.task import Task
+from streamlet.core.model.timers import Timers
 from streamlet.core.model.topology import NodeHandle, Topology
 from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.model.windows import CountOrTimeWindow, CountWindow, SessionWindow, TimeWindow, WindowSpec
@@ -99,6 +100,7 @@ __all__ = (
     "Task",
     "TaskError",
     "TimeWindow",
+    "Timers",
     "Topology",
     "TopologyError",
     "TransportError",

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 class StateStore(Protocol):
     """A task instance's keyed values, and their snapshots for checkpoints."""
 
-    #: The key -> value dict itself, for tight loops.
+    #: The key -> value dict itself, for tight loops. Not timed under ``state_ttl``: a store whose ``ttl`` is
+    #: set (see ``ReduceTask``) is read and written through get/put.
     values: dict[Any, Any]
 
     def get(self, key: Any, default: Any = None) -> Any:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.record import Record
 from streamlet.core.model.state import StateStore
+from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import FoldHow
 
 
@@ -16,7 +17,7 @@ class Task(ABC):
     """User logic for one node; the runtime creates one object per instance.
 
     Override :meth:`execute` (plain or ``async def``); optionally
-    :meth:`declare_ports`, :meth:`prepare` and :meth:`finish`.
+    :meth:`declare_ports`, :meth:`prepare`, :meth:`on_timer` and :meth:`finish`.
 
     Example:
         >>> class Upper(Task):
@@ -29,6 +30,8 @@ class Task(ABC):
     isolates_records: ClassVar[bool] = False
     #: This instance's keyed state; the runtime sets it before ``prepare``.
     state: StateStore
+    #: This instance's per-key timers (they call :meth:`on_timer`); the runtime sets them before ``prepare``.
+    timers: Timers
 
     def declare_ports(self, ports: PortDeclarer) -> None:
         """Declare input/output port counts and the input mode (default 1, 1, async)."""
@@ -39,6 +42,21 @@ class Task(ABC):
     @abstractmethod
     def execute(self, inputs: Inputs, outputs: Outputs) -> Any:
         """Process the batch(es) in ``inputs``; emit results to ``outputs``."""
+
+    def on_timer(self, key: Any, when: float, time: TimeDomain, outputs: Outputs) -> Any:
+        """A timer set with ``self.timers.at(key, when, time)`` is due (plain or ``async def``).
+
+        Event-time timers (``time == "event"``) fire once the instance's
+        watermark reaches ``when``, before the watermark goes downstream;
+        processing-time ones once the job clock reaches ``when``. Records
+        emitted without ``ts`` get ``ts=when`` (processing time: the clock's
+        time). It may set and cancel timers (see :meth:`Timers.due
+        <streamlet.core.model.timers.Timers.due>` for those already due);
+        errors follow the task's ``on_error`` policy. When the input ends,
+        every pending event-time timer fires before :meth:`finish` (up to the
+        latest one pending then), and processing-time ones are dropped.
+        Overriding it makes the job track event time (watermarks).
+        """
 
     def finish(self, outputs: Outputs) -> Any:
         """Called once after every input of this instance has ended."""
@@ -188,6 +206,9 @@ class ReduceTask(Task):
 
     def execute(self, inputs: Inputs, outputs: Outputs) -> None:
         """Fold every record into its key's running value."""
+        if getattr(self.state, "ttl", None) is not None:
+            self._execute_expiring(inputs, outputs)
+            return
         fn, totals, batch = self.fn, self.state.values, inputs.get()
         out: list[Record] = []
         append = out.append
@@ -200,6 +221,24 @@ class ReduceTask(Task):
                 value = record.value if current is missing else fn(current, record.value)
                 totals[key] = value
                 append(Record(key, value, record.ts))
+        except Exception as exc:
+            outputs.emit_batch(out)
+            raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]
+        outputs.emit_batch(out)
+
+    def _execute_expiring(self, inputs: Inputs, outputs: Outputs) -> None:
+        """:meth:`execute` through ``get``/``put``: with ``state_ttl`` the store times each write (the
+        fast path writes the dict directly, which it would not see)."""
+        fn, state, batch = self.fn, self.state, inputs.get()
+        out: list[Record] = []
+        record = None
+        try:
+            for record in batch:
+                key = record.key
+                current = state.get(key, _MISSING)
+                value = record.value if current is _MISSING else fn(current, record.value)
+                state.put(key, value)
+                out.append(Record(key, value, record.ts))
         except Exception as exc:
             outputs.emit_batch(out)
             raise RecordFailure(_index_of(batch, record)) from exc  # type: ignore[arg-type]

@@ -61,6 +61,8 @@ class Node:
     window: WindowSpec | None = None  # a task's own window, or a source's window for its consumers
     windowed_ports: tuple[int, ...] = ()  # set by validation: the task's input ports that are windowed
     watermarks: Watermarks | None = None  # a source's watermark strategy (None: the default, if event time is used)
+    on_timer: bool = False  # the task overrides Task.on_timer: watermarks must flow for its event-time timers
+    state_ttl: float | None = None  # seconds of the job clock a task's state entry lives after its last write
 
     def describe(self) -> str:
         """``task 'count'`` style label used in messages."""
@@ -168,6 +170,7 @@ class Topology:
         window: WindowSpec | None = None,
         workers: list[str] | None = None,
         labels: list[str] | None = None,
+        state_ttl: float | None = None,
     ) -> NodeHandle:
         """Add a task: a ``Task`` subclass or zero-argument factory (one object per instance).
 
@@ -175,6 +178,8 @@ class Topology:
         task's input, and ``inputs.window`` gives its ``(start, end)``. On a
         cluster, ``workers`` names the only workers its instances may run on,
         and ``labels`` the labels a worker must carry (``streamlet worker --label``).
+        With ``state_ttl``, an entry of ``self.state`` expires that many
+        seconds of the job clock after it was last written.
         """
         make_task = _task_factory(name, task)
         ports = PortDeclarer()
@@ -194,10 +199,12 @@ class Topology:
         if on_error not in _POLICIES:
             raise TopologyError(f"task '{name}': on_error must be one of {_POLICIES}, got {on_error!r}")
         _check_window(f"task '{name}'", window)
+        _check_state_ttl(name, state_ttl)
         node = Node(
             name, "task", _parallelism(name, "task", parallelism), ports.inputs, ports.outputs, ports.sync,
             make_task=make_task, config=dict(config or {}), on_error=on_error, max_failures=max_failures,
             window=window, workers=None if workers is None else tuple(workers), labels=tuple(labels or ()),
+            on_timer=type(probe).on_timer is not Task.on_timer, state_ttl=state_ttl,
         )  # fmt: skip
         return self._add(node)
 
@@ -286,7 +293,8 @@ class Topology:
         return graph.back_edges(sources, self.successors())
 
     def uses_event_time(self) -> bool:
-        """Whether watermarks must flow: some window runs on event time, or a source declares watermarks."""
+        """Whether watermarks must flow: some window runs on event time, a source declares watermarks,
+        or a task has timers (it overrides ``on_timer``)."""
         return any(node.watermarks is not None or _on_event_time(node) for node in self.nodes.values())
 
     def loop_limit(self, head: str) -> int | None:
@@ -324,6 +332,13 @@ def _check_window(where: str, window: WindowSpec | None) -> None:
     if not isinstance(window, WindowSpec):
         raise TopologyError(f"{where}: window must be {_WINDOW_KINDS}, got {window!r}")
     window.validate(where)
+
+
+def _check_state_ttl(name: str, state_ttl: float | None) -> None:
+    if state_ttl is None:
+        return
+    if type(state_ttl) is bool or not isinstance(state_ttl, int | float) or not state_ttl > 0:
+        raise TopologyError(f"task '{name}': state_ttl must be a number of seconds > 0, got {state_ttl!r}")
 
 
 def _parallelism(name: str, kind: str, parallelism: int) -> int:
@@ -383,5 +398,5 @@ def _label(fn: Callable[..., Any]) -> str:
 
 
 def _on_event_time(node: Node) -> bool:
-    """The node's window follows event time."""
-    return getattr(node.window, "time", None) == "event"
+    """The node's window follows event time, or its task may have event-time timers."""
+    return node.on_timer or getattr(node.window, "time", None) == "event"

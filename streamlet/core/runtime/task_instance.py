@@ -11,11 +11,13 @@ from streamlet.core.model.constants import LATE
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.ports import Inputs
 from streamlet.core.model.record import Barrier, Batch, DeadLetter, FiredWindowRecord, Record, WindowRecord
-from streamlet.core.model.task import RecordFailure, Task
+from streamlet.core.model.task import RecordFailure, Task, WindowReduceTask
+from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import WindowSpec
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.instances import Environment, Receiver
 from streamlet.core.runtime.outputs import RoutedOutputs
+from streamlet.core.state.expiring import ExpiringState
 from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.participant import Section
 from streamlet.core.windows.build import logic_for
@@ -34,7 +36,9 @@ class TaskInstance(Receiver):
     def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
         self.inputs = Inputs(node.inputs, f"task '{node.name}' instance {index}")
-        self.state = KeyedState()
+        # With a TTL the store needs the clock; without one, the plain dict-backed store pays nothing for it.
+        self.state = KeyedState() if node.state_ttl is None else ExpiringState(node.state_ttl, env.clock.now)
+        self.timers = Timers(env.clock.now)
         self.failures = 0
         self.finished = False  # restored from a checkpoint taken after finish(): do not run it again
         self.task = self._new_task()
@@ -50,8 +54,11 @@ class TaskInstance(Receiver):
         assert self.node.make_task is not None
         task = self.node.make_task()
         task.state = self.state
+        task.timers = self.timers
         self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
         self._async = inspect.iscoroutinefunction(task.execute)
+        # the built-in window_reduce task (not a subclass: that may override execute) only passes results on
+        self._passes_folds_on = type(task) is WindowReduceTask
         return task
 
     # -- lifecycle ------------------------------------------------------------
@@ -82,18 +89,24 @@ class TaskInstance(Receiver):
     section: Section | None = "tasks"
 
     def snapshot(self) -> dict[str, Any]:
-        """State, open windows and whether finish() already ran."""
+        """State (with its write times under a TTL), open windows, timers and whether finish() already ran."""
         window = None if self.window is None else self.window.snapshot()
         try:
-            state = self.state.checkpoint()
+            snapshot = {"state": self.state.checkpoint(), "window": window, "finished": self.finished}
+            if isinstance(self.state, ExpiringState):
+                snapshot["state_written"] = self.state.checkpoint_written()
+            snapshot["timers"] = self.timers.checkpoint()
         except EncodingError as exc:
             where = f"task '{self.node.name}' instance {self.index}"
             raise EncodingError(f"{where}: {exc}", value_type=exc.value_type) from exc.__cause__
-        return {"state": state, "window": window, "finished": self.finished}
+        return snapshot
 
     def restore(self, snapshot: dict[str, Any]) -> None:
-        """Continue from :meth:`snapshot`'s data."""
+        """Continue from :meth:`snapshot`'s data (one taken before timers or a TTL existed too)."""
         self.state.restore(snapshot["state"])
+        if isinstance(self.state, ExpiringState):
+            self.state.restore_written(snapshot.get("state_written"))
+        self.timers.restore(snapshot.get("timers"))
         if self.window is not None and snapshot["window"] is not None:
             self.window.restore(snapshot["window"])
         self.finished = snapshot["finished"]
@@ -109,11 +122,13 @@ class TaskInstance(Receiver):
         await self.outputs.broadcast(Barrier(epoch))
 
     async def complete(self) -> None:
-        """Close open windows, run ``finish`` (which may emit final results), then end downstream."""
+        """Close open windows, fire the event-time timers, run ``finish`` (which may emit final results),
+        then end downstream."""
         if not self.finished:
             if self.window is not None:
                 for window in self.window.close_all():
                     await self._run_window(window)
+            await self._fire_final_timers()
             self.outputs.ts = None
             try:
                 await maybe_await(self.task.finish(self.outputs))
@@ -159,14 +174,19 @@ class TaskInstance(Receiver):
             ) from exc
 
     def next_deadline(self) -> float | None:
-        """The next time a window closes by the clock."""
-        return None if self.window is None else self.window.next_deadline()
+        """The next time a window closes or a processing-time timer is due by the clock, whichever is first."""
+        window = None if self.window is None else self.window.next_deadline()
+        timer = self.timers.next_due("processing")
+        if timer is None or window is None:
+            return window if timer is None else timer
+        return min(window, timer)
 
     async def on_time(self) -> None:
-        """Run the windows the clock has closed."""
+        """Run the windows the clock has closed, then the processing-time timers due."""
         if self.window is not None:
             for window in self.window.on_time(self.env.clock.now()):
                 await self._run_window(window)
+        await self._fire_timers("processing", self.env.clock.now())
 
     def late_records(self) -> int:
         """Records that arrived after their windows closed."""
@@ -180,13 +200,73 @@ class TaskInstance(Receiver):
                 on_late(record)
 
     async def on_watermark(self, watermark: float) -> None:
-        """Fire the windows the watermark closed, then pass it on after their results."""
+        """Fire the windows the watermark closed and the event-time timers it reached, then pass it on
+        after their results."""
         if self.window is not None:
             for window in self.window.advance(watermark):
                 await self._run_window(window)
+        self.timers.watermark = watermark
+        await self._fire_timers("event", watermark)
         await super().on_watermark(watermark)
 
+    # -- timers -------------------------------------------------------------------
+
+    async def _fire_timers(self, time: TimeDomain, until: float) -> None:
+        """One pass over the timers of ``time`` due at ``until`` (see :meth:`Timers.due`)."""
+        if self.timers.next_due(time) is None:
+            return  # the common case, every batch of a job on event time: no generator made
+        due = self.timers.due(time, until)
+        try:
+            for key, when in due:
+                await self._run_timer(key, when, time)
+        finally:
+            due.close()
+
+    async def _fire_final_timers(self) -> None:
+        """The input ended, so the watermark is at +infinity: fire every event-time timer, then drop the rest.
+
+        The pass goes up to the latest timer pending now, not to infinity: a
+        callback that sets a timer past that (a timer that re-arms itself)
+        would otherwise fire for ever. Timers left then, and processing-time
+        timers (the job clock will not reach them in this job), are dropped.
+        """
+        last = self.timers.last_due("event")
+        if last is not None:
+            await self._fire_timers("event", last)
+        self.timers.clear()
+
+    async def _run_timer(self, key: Any, when: float, time: TimeDomain) -> None:
+        """``on_timer`` under the error policy: restart retries the timer, skip dead-letters it."""
+        self.outputs.ts = when if time == "event" else self.env.clock.now()
+        while True:
+            marks = self.outputs.marks()
+            try:
+                await maybe_await(self.task.on_timer(key, when, time, self.outputs))
+                return
+            except TopologyError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - user code: any error follows the policy
+                self.outputs.rollback(marks)
+                if not self._timer_failed(key, when, time, exc):
+                    return
+
+    def _timer_failed(self, key: Any, when: float, time: TimeDomain, error: BaseException) -> bool:
+        """Apply the policy to a failed timer; whether to run it again. A dead letter's record is
+        ``Record(key, None, when)``: a timer has no record of its own."""
+        timer = Record(key, None, when)
+        what = f"the {time}-time timer at {when!r} for key"
+        if self.node.on_error == "skip":
+            self._dead_letter(timer, error)
+            return False
+        if self.node.on_error == "restart":
+            self._restart(timer, error, what=what)
+            return True
+        raise self._task_error(timer, error, what=what) from error
+
     async def _run_window(self, window: ClosedWindow) -> None:
+        if window.folded is not None and self._passes_folds_on:
+            self._emit_folded(window)  # window_reduce: its execute would only pass the results on
+            return
         self.inputs.window = self.outputs.window = bounds = (window.start, window.end)
         self.inputs.firing = self.outputs.firing = firing = window.firing
         assert self.window is not None
@@ -209,6 +289,19 @@ class TaskInstance(Receiver):
             await self._execute_unit(records, lambda: self.inputs.set_all(batches), "a window starting with key")
         self.inputs.window = self.outputs.window = None
         self.inputs.firing = self.outputs.firing = None
+
+    def _emit_folded(self, window: ClosedWindow) -> None:
+        """The per-key results of a folded window, emitted as they are (``window_reduce``'s whole execute)."""
+        assert self.window is not None
+        assert window.folded is not None
+        stamp = self.window.result_ts(window)
+        ts = window.last_ts if stamp is None else stamp
+        bounds, firing = (window.start, window.end), window.firing
+        if firing == "on_time":
+            results: Batch = [WindowRecord(key, value, ts, bounds) for key, value in window.folded.items()]
+        else:
+            results = [FiredWindowRecord(key, value, ts, bounds, firing) for key, value in window.folded.items()]
+        self.outputs.emit_batch(results)
 
     async def _call(self) -> None:
         if self._async:
@@ -294,10 +387,10 @@ class TaskInstance(Receiver):
         self.env.dead_letters.append(DeadLetter(self.node.name, self.index, record, _describe(error), error))
         self.log.warning("record dead-lettered", key=record.key, error=_describe(error))
 
-    def _restart(self, record: Record, error: BaseException) -> None:
+    def _restart(self, record: Record, error: BaseException, *, what: str = "record with key") -> None:
         self.failures += 1
         if self.failures > self.node.max_failures:
-            raise self._task_error(record, error, after=f" after {self.node.max_failures} restarts")
+            raise self._task_error(record, error, what=what, after=f" after {self.node.max_failures} restarts")
         self.log.warning("restarting instance", key=record.key, error=_describe(error), failures=self.failures)
         self.task = self._new_task()
         self._prepare()

@@ -22,7 +22,10 @@ A checkpoint document::
     {"epoch": 7, "job": "wordcount", "finished": False,
      "attempt": "3f9c0a1b2d4e",                     # the run that took it (``Job(attempt=...)``)
      "sources": {"lines": [position, ...]},         # one entry per instance
-     "tasks": {"count": [{"state": [[k, v], ...], "window": ..., "finished": False}, ...]}}
+     "tasks": {"count": [{"state": [[k, v], ...], "window": ..., "finished": False,
+                          "timers": ...,             # pending timers (absent in older checkpoints)
+                          "state_written": ...},     # with state_ttl: each key's last write time
+                         ...]}}
 """
 
 from __future__ import annotations

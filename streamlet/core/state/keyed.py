@@ -30,6 +30,10 @@ class KeyedState:
 
     __slots__ = ("values",)
 
+    #: Seconds an entry lives after its last write; ``None``: for ever (``ExpiringState`` sets it). Code that
+    #: reads and writes ``values`` directly for speed must go through get/put when it is set.
+    ttl: float | None = None
+
     def __init__(self, values: dict[Any, Any] | None = None) -> None:
         self.values: dict[Any, Any] = {} if values is None else values
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from streamlet.core.model.sinks import RestorePoint
+from streamlet.core.model.timers import Timers
 from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.participant import Participant
 from streamlet.errors import JobError
@@ -58,13 +59,27 @@ def _restore_each(group: Sequence[Participant], entries: list[Any]) -> None:
 
 
 def _resplit(name: str, group: Sequence[Participant], snapshots: list[Any]) -> list[Any]:
-    """Tasks' snapshots for the parallelism the job runs with now: keyed state is re-split by key."""
+    """Tasks' snapshots for the parallelism the job runs with now: keyed state, its write times (under a
+    TTL) and timers are re-split by key."""
     parallelism = group[0].node.parallelism
     if len(snapshots) == parallelism:
         return snapshots
     if any(snapshot["window"] is not None for snapshot in snapshots):
         raise JobError(f"windowed task '{name}' cannot change parallelism ({len(snapshots)} -> {parallelism})")
-    merged = KeyedState.merge([snapshot["state"] for snapshot in snapshots])
     finished = all(snapshot["finished"] for snapshot in snapshots)
-    parts = KeyedState.partition(merged, parallelism)
-    return [{"state": part, "window": None, "finished": finished} for part in parts]
+    parts = _resplit_keyed([snapshot["state"] for snapshot in snapshots], parallelism)
+    timers = Timers.partition(Timers.merge([snapshot.get("timers") for snapshot in snapshots]), parallelism)
+    resplit = [
+        {"state": part, "window": None, "finished": finished, "timers": timers[index]}
+        for index, part in enumerate(parts)
+    ]
+    written = [snapshot["state_written"] for snapshot in snapshots if "state_written" in snapshot]
+    if written:
+        for entry, part in zip(resplit, _resplit_keyed(written, parallelism), strict=True):
+            entry["state_written"] = part
+    return resplit
+
+
+def _resplit_keyed(snapshots: list[bytes], parallelism: int) -> list[bytes]:
+    """Key-to-something maps of every old instance, split for ``parallelism`` new ones."""
+    return KeyedState.partition(KeyedState.merge(snapshots), parallelism)
