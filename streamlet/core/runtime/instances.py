@@ -24,7 +24,7 @@ import structlog
 
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.hooks import maybe_await
-from streamlet.core.model.record import Barrier, Batch, CycleEnd, DeadLetter, EndOfStream, Marker, Watermark
+from streamlet.core.model.record import Barrier, Batch, CycleEnd, DeadLetter, EndOfStream, Item, Marker, Watermark
 from streamlet.core.model.sinks import RestorePoint, SinkContext, SinkWriter, WriteFailed
 from streamlet.core.model.sources import SourceContext, SourceReader
 from streamlet.core.model.watermarks import Watermarks
@@ -118,6 +118,10 @@ class Instance(ABC):
 
     def restore(self, snapshot: Any) -> None:
         """An instance without a section keeps nothing to restore."""
+
+    def drain(self) -> list[tuple[int, Item]]:
+        """Take what is queued for this stopped instance: nothing, unless it has an inbox."""
+        return []
 
     def _ack(self, epoch: int, snapshot: Any) -> None:
         if self.env.checkpoints is not None:
@@ -311,6 +315,20 @@ class Receiver(Instance):
         self.cycle: CycleTracker | None = None
         self.watermarks = InputWatermarks(inbox.channel_count, inbox.loop_channels)
         self._told_idle = False  # forwarded that every input is idle
+
+    def drain(self) -> list[tuple[int, Item]]:
+        """Take every item still queued in the inbox as ``(channel, item)``, channel by channel, oldest first.
+
+        With :meth:`snapshot` it is all a stopped instance holds: what moving it elsewhere hands over
+        (the channel says which sender and input port an item came from, so the new home keeps the order
+        and the barrier alignment per sender). Senders waiting for room are woken as items are taken.
+        """
+        inbox = self.inbox
+        return [
+            (channel, inbox.pop(channel))
+            for channel in range(inbox.channel_count)
+            for _ in range(inbox.queued(channel))
+        ]
 
     # -- the loop -------------------------------------------------------------
 
