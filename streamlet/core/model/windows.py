@@ -59,6 +59,18 @@ def _slide_within_size(where: str, size: float, slide: float) -> None:
         )
 
 
+def _check_time_kind(where: str, time: str, allowed_lateness: float, missing_ts: str) -> None:
+    """What time and event-time windows share: a known time kind, lateness >= 0 on event time only."""
+    if time not in ("processing", "event"):
+        raise TopologyError(f"{where}: window time must be 'processing' or 'event', got {time!r}")
+    if allowed_lateness < 0:
+        raise TopologyError(f"{where}: allowed_lateness must be >= 0, got {allowed_lateness!r}")
+    if allowed_lateness and time != "event":
+        raise TopologyError(f"{where}: allowed_lateness applies to event time only (time='event')")
+    if missing_ts not in ("clock", "fail"):
+        raise TopologyError(f"{where}: missing_ts must be 'clock' or 'fail', got {missing_ts!r}")
+
+
 class Ticks:
     """Seconds <-> whole ticks of ``unit`` seconds. A timestamp becomes its nearest tick; a tick back in
     seconds is the float nearest to its exact value (``Ticks(0.001).seconds(300) == 0.3``).
@@ -197,12 +209,7 @@ class TimeWindow(WindowSpec):
                 raise TopologyError(
                     f"{where}: window {name} {value!r} is not a whole number of ticks of time_unit {self.time_unit!r} s"
                 )
-        if self.time not in ("processing", "event"):
-            raise TopologyError(f"{where}: window time must be 'processing' or 'event', got {self.time!r}")
-        if self.allowed_lateness < 0:
-            raise TopologyError(f"{where}: allowed_lateness must be >= 0, got {self.allowed_lateness!r}")
-        if self.allowed_lateness and self.time != "event":
-            raise TopologyError(f"{where}: allowed_lateness applies to event time only (time='event')")
+        _check_time_kind(where, self.time, self.allowed_lateness, self.missing_ts)
         if not isinstance(self.offset, int | float) or not 0 <= self.offset < slide:
             raise TopologyError(
                 f"{where}: window offset must be >= 0 and below the slide {slide!r}, got {self.offset!r}"
@@ -211,8 +218,6 @@ class TimeWindow(WindowSpec):
             _positive(where, "idle_timeout", self.idle_timeout)
         if self.early_firing is not None:
             _positive(where, "early_firing", self.early_firing)
-        if self.missing_ts not in ("clock", "fail"):
-            raise TopologyError(f"{where}: missing_ts must be 'clock' or 'fail', got {self.missing_ts!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,11 +292,4 @@ class SessionWindow(WindowSpec):
                 raise TopologyError(
                     f"{where}: window {name} {value!r} is not a whole number of ticks of time_unit {self.time_unit!r} s"
                 )
-        if self.time not in ("processing", "event"):
-            raise TopologyError(f"{where}: window time must be 'processing' or 'event', got {self.time!r}")
-        if self.allowed_lateness < 0:
-            raise TopologyError(f"{where}: allowed_lateness must be >= 0, got {self.allowed_lateness!r}")
-        if self.allowed_lateness and self.time != "event":
-            raise TopologyError(f"{where}: allowed_lateness applies to event time only (time='event')")
-        if self.missing_ts not in ("clock", "fail"):
-            raise TopologyError(f"{where}: missing_ts must be 'clock' or 'fail', got {self.missing_ts!r}")
+        _check_time_kind(where, self.time, self.allowed_lateness, self.missing_ts)
