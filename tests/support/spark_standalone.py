@@ -191,10 +191,12 @@ class StandaloneCluster:
         self.master = self._launch("master", env, MASTER_CLASS, *master)
         self.worker = self._launch("worker", env, WORKER_CLASS, *worker, self.master_url)
         try:
-            registered = re.compile(rf"Registering worker 127\.0\.0\.1:{self.worker_port}\b")
-            self.wait_for_log(registered, "a registered worker", self.start_timeout)
+            # The worker logs this once the master has added it and answered (the master's own "Registering
+            # worker" line can come while it is still recovering, before the worker counts as alive).
+            registered = re.compile(r"Successfully registered with master spark://")
+            self.wait_for_log(registered, "the worker's registration", self.start_timeout, daemon="worker")
             if self.status().get("aliveworkers", 0) < 1:
-                raise StandaloneError(f"the master logged the worker's registration but lists none\n{self.logs()}")
+                raise StandaloneError(f"the worker registered but the master lists no alive worker\n{self.logs()}")
         except BaseException:
             self.stop()
             raise
@@ -223,13 +225,13 @@ class StandaloneCluster:
             status: dict[str, Any] = json.load(response)
             return status
 
-    def wait_for_log(self, pattern: re.Pattern[str], what: str, timeout: float) -> str:
-        """Wait until the master logs a line matching ``pattern`` and return it.
+    def wait_for_log(self, pattern: re.Pattern[str], what: str, timeout: float, daemon: str = "master") -> str:
+        """Wait until ``daemon`` (the master or the worker) logs a line matching ``pattern`` and return it.
 
         Raises ``StandaloneError`` (with the end of both logs) when the master's output ends first, or when
         ``timeout`` passes: the deadline is a safety net, the wait itself ends on the line.
         """
-        line = self.followers["master"].wait_for(pattern, timeout)
+        line = self.followers[daemon].wait_for(pattern, timeout)
         if line is None:
             exited = [
                 name for name, p in (("master", self.master), ("worker", self.worker)) if p and p.poll() is not None
