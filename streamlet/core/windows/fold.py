@@ -132,3 +132,16 @@ def window_from(data: list[Any]) -> ClosedWindow:
     records = {port: [Record(hashable(k), v, ts) for k, v, ts in batch] for port, batch in ports}
     pairs = None if folded is None else {hashable(key): value for key, value in folded}
     return ClosedWindow(start, end, records, pairs, last_ts)
+
+
+def joined(window: ClosedWindow, other: ClosedWindow) -> ClosedWindow:
+    """``window`` with ``other``'s records (appended per port) and folded values added.
+
+    For windows of one span held by different instances, whose keys are disjoint (rescaling).
+    """
+    for port, records in other.records.items():
+        window.records.setdefault(port, []).extend(records)
+    if other.folded is not None:
+        window.folded = {**(window.folded or {}), **other.folded}
+        window.last_ts = other.last_ts
+    return window

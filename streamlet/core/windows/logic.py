@@ -7,7 +7,7 @@ from typing import Any
 
 from streamlet.core.model.record import Batch
 from streamlet.core.model.windows import Ticks
-from streamlet.core.windows.fold import ClosedWindow, WindowLogic, window_data, window_from
+from streamlet.core.windows.fold import ClosedWindow, WindowLogic, joined, window_data, window_from
 
 
 class CountLogic(WindowLogic):
@@ -130,11 +130,14 @@ class TimeLogic(WindowLogic):
         return fired
 
     def snapshot(self) -> Any:
-        return {"windows": [window_data(w) for w in self.windows.values()], "dirty": sorted(self.dirty)}
+        windows = [window_data(w) for w in self.windows.values()]
+        return {"windows": windows, "dirty": sorted(self.dirty), "next_early": self.next_early}
 
     def restore(self, snapshot: Any) -> None:
         self.windows = {self.ticks.of(w.start): w for w in map(window_from, snapshot["windows"])}
         self.dirty = set(snapshot.get("dirty", ()))
+        # without it (a snapshot from before it was kept) the dirty windows wait for their next record
+        self.next_early = snapshot.get("next_early")
 
 
 class ProcessingTimeLogic(TimeLogic):
@@ -182,6 +185,9 @@ class EventTimeLogic(TimeLogic):
         self.fired: dict[int, ClosedWindow] = {}  # fired windows kept for allowed_lateness, by start
         self.last_arrival = 0.0
         self.refuse_missing_ts = False  # TimeWindow(missing_ts="fail"): a record without ts stops the job
+        # Restored open windows the watermark already passed (a merge of instances whose watermarks differed,
+        # ``core/windows/split.py``): they fire, on time, before anything else this logic does.
+        self.overdue = False
 
     def _check_timestamps(self, batch: Batch) -> None:
         if self.refuse_missing_ts and any(record.ts is None for record in batch):
@@ -191,6 +197,7 @@ class EventTimeLogic(TimeLogic):
         # The hot path: records are cut into runs that fall in the same windows (streams are mostly in
         # order), and each run is placed at once. Tumbling and sliding windows share it.
         self._check_timestamps(batch)
+        caught = self._catch_up() if self.overdue else []
         late: Batch = []
         refired: dict[int, ClosedWindow] = {}
         self.last_arrival = now
@@ -228,7 +235,8 @@ class EventTimeLogic(TimeLogic):
         if run:
             self._place(port, run, run_starts, run_mixed, refired, now)
         self.late += len(late)
-        return [_firing(refired[start], "late") for start in sorted(refired)] + self.fire_early(now), late
+        refires = [_firing(refired[start], "late") for start in sorted(refired)]
+        return caught + refires + self.fire_early(now), late
 
     def _place(
         self, port: int, run: Batch, starts: list[int], mixed: bool, refired: dict[int, ClosedWindow], now: float
@@ -253,28 +261,47 @@ class EventTimeLogic(TimeLogic):
     def advance(self, watermark: float) -> list[ClosedWindow]:
         tick = self.ticks.of(watermark)
         if tick <= self.watermark:
-            return []
+            return self._catch_up()
         self.watermark = tick
+        self.overdue = False  # firing through the new watermark fires the overdue windows too
         return self._fire_until(tick)
+
+    def _catch_up(self) -> list[ClosedWindow]:
+        """The overdue open windows, fired on time through the current watermark.
+
+        Copies: the windows kept for lateness may take a late record in the same ``add``, before the task
+        gets what fired on time.
+        """
+        if not self.overdue:
+            return []
+        self.overdue = False
+        return [_copied(window) for window in self._fire_until(self.watermark)]
 
     def _fire_until(self, tick: float) -> list[ClosedWindow]:
         fired = self.close_until(tick)
         if self.lateness_ticks:
             for window in fired:
-                self.fired[self.ticks.of(window.start)] = window
+                start = self.ticks.of(window.start)
+                held = self.fired.get(start)
+                # After a merge, another instance's keys of this window may have fired already: they are kept
+                # together, so a late record fires the window with everything, and ``window`` goes out as it is.
+                self.fired[start] = window if held is None else joined(held, window)
             kept = self.watermark - self.lateness_ticks
             for start in [s for s in self.fired if s + self.size_ticks <= kept]:
                 del self.fired[start]
         return fired
 
     def on_time(self, now: float) -> list[ClosedWindow]:
+        caught = self._catch_up()
         if self.idle_timeout is not None and self.windows and now >= self.last_arrival + self.idle_timeout:
             end = max(self.ticks.of(w.end) for w in self.windows.values())
             self.watermark = max(self.watermark, end)
-            return self._fire_until(end)
-        return self.fire_early(now)
+            return caught + self._fire_until(end)
+        return caught + self.fire_early(now)
 
     def next_deadline(self) -> float | None:
+        if self.overdue:
+            return -math.inf  # due already
         idle = None if self.idle_timeout is None or not self.windows else self.last_arrival + self.idle_timeout
         return _earliest(idle, self.next_early)
 
@@ -293,6 +320,13 @@ class EventTimeLogic(TimeLogic):
         self.late = snapshot["late"]
         self.last_arrival = snapshot["last_arrival"]
         self.fired = {self.ticks.of(w.start): w for w in map(window_from, snapshot["fired"])}
+        self.overdue = any(start + self.size_ticks <= self.watermark for start in self.windows)
+
+
+def _copied(window: ClosedWindow) -> ClosedWindow:
+    records = {port: list(batch) for port, batch in window.records.items()}
+    folded = None if window.folded is None else dict(window.folded)
+    return ClosedWindow(window.start, window.end, records, folded, window.last_ts, window.firing)
 
 
 def _firing(window: ClosedWindow, firing: str) -> ClosedWindow:

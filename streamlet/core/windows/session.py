@@ -277,11 +277,14 @@ class EventTimeSessionLogic(SessionLogic):
         self.lateness = self.ticks.of(lateness)
         self.refuse_missing_ts = refuse_missing_ts  # missing_ts="fail": a record without ts stops the job
         self.watermark: float = -math.inf  # a whole tick once advanced; never goes back
+        # Restored sessions the watermark already passed (a merge of instances whose watermarks differed,
+        # ``core/windows/split.py``): open ones fire on time, kept ones expire, before anything else.
+        self.overdue = False
 
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
         if self.refuse_missing_ts and any(record.ts is None for record in batch):
             raise ValueError("a record has no ts")  # the task instance names it
-        fired: list[ClosedWindow] = []
+        fired: list[ClosedWindow] = self._catch_up() if self.overdue else []
         late: Batch = []
         # Records are collected in runs (consecutive records of one open session) to fold them at once.
         run: Batch = []
@@ -317,9 +320,23 @@ class EventTimeSessionLogic(SessionLogic):
     def advance(self, watermark: float) -> list[ClosedWindow]:
         tick = self.ticks.of(watermark)
         if tick <= self.watermark:
-            return []
+            return self._catch_up()
         self.watermark = tick
+        self.overdue = False  # firing through the new watermark catches up too
         return self.fire_through(tick)
+
+    def _catch_up(self) -> list[ClosedWindow]:
+        """The overdue sessions fired (and expired) through the current watermark."""
+        if not self.overdue:
+            return []
+        self.overdue = False
+        return self.fire_through(self.watermark)
+
+    def on_time(self, now: float) -> list[ClosedWindow]:
+        return self._catch_up()
+
+    def next_deadline(self) -> float | None:
+        return -math.inf if self.overdue else None  # due already, or only the watermark closes sessions
 
     def snapshot(self) -> Any:
         return {**super().snapshot(), "watermark": self.watermark}
@@ -327,3 +344,5 @@ class EventTimeSessionLogic(SessionLogic):
     def restore(self, snapshot: Any) -> None:
         super().restore(snapshot)
         self.watermark = snapshot["watermark"]
+        passed = [self.closing.first(), self.expiring.first()]
+        self.overdue = any(when is not None and when <= self.watermark for when in passed)
