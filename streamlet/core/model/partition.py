@@ -62,31 +62,3 @@ def _canonical(key: Any) -> Any:
 def partition_of(key: Any, parts: int) -> int:
     """The index in ``range(parts)`` that ``SAME_KEY`` gives ``key``."""
     return stable_hash(key) % parts
-
-
-class KeyPartitioner:
-    """``SAME_KEY`` routing with a bounded per-key cache of the hash.
-
-    Hashing costs a few hundred nanoseconds; a dict lookup about thirty, and
-    stream keys repeat, so the answer is cached until the cache is full.
-    """
-
-    __slots__ = ("_limit", "cache", "parts")
-
-    def __init__(self, parts: int, cache_limit: int = 1 << 17) -> None:
-        self.parts = parts
-        self.cache: dict[Any, int] = {}
-        self._limit = cache_limit
-
-    def __call__(self, key: Any) -> int:
-        """The instance index for ``key``."""
-        try:
-            index = self.cache.get(key)
-        except TypeError:  # an unhashable key (a list): correct, just not cached
-            return partition_of(key, self.parts)
-        if index is None:
-            index = partition_of(key, self.parts)
-            if len(self.cache) >= self._limit:
-                self.cache.clear()  # keys drift; a fresh cache beats an LRU's per-hit cost
-            self.cache[key] = index
-        return index

@@ -25,7 +25,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Literal
 
 from streamlet.core.model.encoding import pack_exact, unpackb
-from streamlet.core.model.partition import partition_of
+from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
 
 TimeDomain = Literal["event", "processing"]
 TIME_DOMAINS: tuple[TimeDomain, ...] = ("event", "processing")
@@ -197,11 +197,13 @@ class Timers:
             self.at(key, when, time)
 
     @staticmethod
-    def partition(snapshot: bytes | None, parts: int) -> list[bytes]:
-        """Split a snapshot by key into ``parts`` (the ``SAME_KEY`` rule, as for keyed state)."""
+    def partition(snapshot: bytes | None, parts: int, owner: Callable[[Any], int] | None = None) -> list[bytes]:
+        """Split a snapshot by key into ``parts``: part i holds the timers of the keys ``owner`` gives
+        instance i (default: the ``SAME_KEY`` rule, as for keyed state)."""
+        owner = owner or SegmentTable.contiguous(DEFAULT_SEGMENTS, parts).owner_function()
         split: list[list[Any]] = [[] for _ in range(parts)]
         for entry in _unpack(snapshot):
-            split[partition_of(entry[2], parts)].append(entry)
+            split[owner(entry[2])].append(entry)
         return [pack_exact(part, "timers", "timer list") for part in split]
 
     @staticmethod

@@ -16,6 +16,7 @@ from streamlet.core.model.constants import LATE
 from streamlet.core.model.partition import ROUND_ROBIN, Partitioning, PartitionSpec
 from streamlet.core.model.ports import PortDeclarer
 from streamlet.core.model.record import Record
+from streamlet.core.model.segments import DEFAULT_SEGMENTS
 from streamlet.core.model.sinks import CallbackSink, Sink
 from streamlet.core.model.sources import IterableSource, Source
 from streamlet.core.model.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task, WindowReduceTask
@@ -63,6 +64,7 @@ class Node:
     watermarks: Watermarks | None = None  # a source's watermark strategy (None: the default, if event time is used)
     on_timer: bool = False  # the task overrides Task.on_timer: watermarks must flow for its event-time timers
     state_ttl: float | None = None  # seconds of the job clock a task's state entry lives after its last write
+    max_parallelism: int = DEFAULT_SEGMENTS  # key segments of a keyed input: the most instances it can have
 
     def describe(self) -> str:
         """``task 'count'`` style label used in messages."""
@@ -171,6 +173,7 @@ class Topology:
         workers: list[str] | None = None,
         labels: list[str] | None = None,
         state_ttl: float | None = None,
+        max_parallelism: int = DEFAULT_SEGMENTS,
     ) -> NodeHandle:
         """Add a task: a ``Task`` subclass or zero-argument factory (one object per instance).
 
@@ -179,7 +182,10 @@ class Topology:
         cluster, ``workers`` names the only workers its instances may run on,
         and ``labels`` the labels a worker must carry (``streamlet worker --label``).
         With ``state_ttl``, an entry of ``self.state`` expires that many
-        seconds of the job clock after it was last written.
+        seconds of the job clock after it was last written. ``max_parallelism``
+        is the number of key segments its keyed state and ``SAME_KEY`` input are
+        split into: the most instances a rescale can give it (fixed for the life
+        of the job and its checkpoints).
         """
         make_task = _task_factory(name, task)
         ports = PortDeclarer()
@@ -201,10 +207,11 @@ class Topology:
         _check_window(f"task '{name}'", window)
         _check_state_ttl(name, state_ttl)
         node = Node(
-            name, "task", _parallelism(name, "task", parallelism), ports.inputs, ports.outputs, ports.sync,
+            name, "task", _parallelism(name, "task", parallelism, max_parallelism), ports.inputs, ports.outputs,
+            ports.sync,
             make_task=make_task, config=dict(config or {}), on_error=on_error, max_failures=max_failures,
             window=window, workers=None if workers is None else tuple(workers), labels=tuple(labels or ()),
-            on_timer=type(probe).on_timer is not Task.on_timer, state_ttl=state_ttl,
+            on_timer=type(probe).on_timer is not Task.on_timer, state_ttl=state_ttl, max_parallelism=max_parallelism,
         )  # fmt: skip
         return self._add(node)
 
@@ -341,9 +348,16 @@ def _check_state_ttl(name: str, state_ttl: float | None) -> None:
         raise TopologyError(f"task '{name}': state_ttl must be a number of seconds > 0, got {state_ttl!r}")
 
 
-def _parallelism(name: str, kind: str, parallelism: int) -> int:
-    if not isinstance(parallelism, int) or parallelism < 1:
+def _parallelism(name: str, kind: str, parallelism: int, max_parallelism: int = DEFAULT_SEGMENTS) -> int:
+    if type(max_parallelism) is not int or max_parallelism < 1:
+        raise TopologyError(f"{kind} '{name}': max_parallelism must be a whole number >= 1, got {max_parallelism!r}")
+    if type(parallelism) is not int or parallelism < 1:
         raise TopologyError(f"{kind} '{name}': parallelism must be >= 1, got {parallelism!r}")
+    if parallelism > max_parallelism:
+        raise TopologyError(
+            f"{kind} '{name}': parallelism {parallelism} is more than max_parallelism {max_parallelism} "
+            "(the number of key segments, so the most instances it can have); raise max_parallelism"
+        )
     return parallelism
 
 

@@ -45,13 +45,25 @@ def validate(topology: T) -> T:
     """A resolved copy of ``topology``, or a ``TopologyError`` for the first problem found."""
     if not any(node.kind == "source" for node in topology.nodes.values()):
         raise TopologyError(f"topology '{topology.name}' has no source")
+    _check_parallelism(topology)
     _check_edges(topology)
     _check_inputs_connected(topology)
     _check_cycles(topology)
     resolved = copy.copy(topology)
-    resolved.nodes = {**topology.nodes, **_resolved_windows(topology)}
+    # copies of the nodes too: a running job changes its own (a rescale), never the caller's
+    resolved.nodes = {**{name: copy.copy(node) for name, node in topology.nodes.items()}, **_resolved_windows(topology)}
     resolved.edges = list(topology.edges)
     return resolved
+
+
+def _check_parallelism(topology: TopologyData) -> None:
+    # add_* checks this too; parallelism overrides (submit -p, load_topology) meet it here
+    for node in topology.nodes.values():
+        if node.parallelism > node.max_parallelism:
+            raise TopologyError(
+                f"{node.describe()}: parallelism {node.parallelism} is more than max_parallelism "
+                f"{node.max_parallelism} (the number of key segments, so the most instances it can have)"
+            )
 
 
 def _check_edges(topology: TopologyData) -> None:

@@ -11,11 +11,11 @@ runtime need of a store; :class:`KeyedState` is the in-memory implementation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from streamlet.core.model.encoding import pack_exact, unpackb
-from streamlet.core.model.partition import partition_of
+from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
 
 
 class KeyedState:
@@ -71,11 +71,13 @@ class KeyedState:
         self.values = _unpack(snapshot)
 
     @staticmethod
-    def partition(snapshot: bytes, parts: int) -> list[bytes]:
-        """Split a snapshot by key into ``parts`` (the ``SAME_KEY`` rule: part i goes to instance i)."""
+    def partition(snapshot: bytes, parts: int, owner: Callable[[Any], int] | None = None) -> list[bytes]:
+        """Split a snapshot by key into ``parts``: part i holds the keys ``owner`` gives instance i
+        (default: the ``SAME_KEY`` rule for ``parts`` instances, see ``core.model.segments``)."""
+        owner = owner or default_owner(parts)
         split: list[dict[Any, Any]] = [{} for _ in range(parts)]
         for key, value in _unpack(snapshot).items():
-            split[partition_of(key, parts)][key] = value
+            split[owner(key)][key] = value
         return [pack_exact(part, "keyed state") for part in split]
 
     @staticmethod
@@ -85,6 +87,11 @@ class KeyedState:
         for part in parts:
             merged.update(_unpack(part))
         return pack_exact(merged, "keyed state")
+
+
+def default_owner(parts: int) -> Callable[[Any], int]:
+    """Which of ``parts`` instances owns a key by default: contiguous ranges of the default segments."""
+    return SegmentTable.contiguous(DEFAULT_SEGMENTS, parts).owner_function()
 
 
 def _unpack(snapshot: bytes) -> dict[Any, Any]:

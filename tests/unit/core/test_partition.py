@@ -15,7 +15,10 @@ import msgpack
 import pytest
 
 import streamlet as sl
-from streamlet.core.model.partition import KeyPartitioner, partition_of
+from streamlet.core.model.partition import partition_of
+from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
+from streamlet.core.runtime.channel import Inbox, LocalChannel
+from streamlet.core.runtime.routing import KeyedRoute
 from tests.conftest import values
 
 KEYS: list[Any] = ["user42", b"user42", 42, ("a", 1)]
@@ -99,46 +102,54 @@ def test_partition_of_is_stable_hash_modulo_parts() -> None:
     assert [partition_of(key, 4) for key in KEYS] == [h % 4 for h in KNOWN_HASHES]
 
 
-def test_key_partitioner_agrees_with_partition_of() -> None:
-    """KeyPartitioner gives partition_of's answer, first time and cached."""
-    keys = [*KEYS, *range(50), *(f"k{i}" for i in range(50))]
-    partitioner = KeyPartitioner(5)
-    first = [partitioner(key) for key in keys]
-    again = [partitioner(key) for key in keys]
-    assert first == [partition_of(key, 5) for key in keys]
-    assert again == first
+def owner_of(key: Any, instances: int) -> int:
+    """The instance SAME_KEY gives ``key`` by default: its segment's owner in contiguous ranges."""
+    return SegmentTable.contiguous(DEFAULT_SEGMENTS, instances).owner(key)
 
 
-def test_key_partitioner_clears_cache_at_its_limit() -> None:
-    """A new key arriving at a full cache empties it before being cached."""
-    partitioner = KeyPartitioner(4, cache_limit=2)
-    partitioner("a")
-    partitioner("b")
-    partitioner("a")  # cached: no new entry, no clearing
-    assert partitioner.cache == {"a": partition_of("a", 4), "b": partition_of("b", 4)}
-    assert partitioner("c") == partition_of("c", 4)
-    assert partitioner.cache == {"c": partition_of("c", 4)}
+def test_default_owner_is_the_segment_of_the_hash_in_contiguous_ranges() -> None:
+    """Key -> segment stable_hash % 128 -> instance segment * n // 128: ranges of equal size."""
+    assert [owner_of(key, 4) for key in KEYS] == [(h % 128) * 4 // 128 for h in KNOWN_HASHES]
+    table = SegmentTable.contiguous(128, 3)
+    assert [len(table.segments_of(i)) for i in range(3)] == [43, 43, 42]
 
 
-def test_key_partitioner_answer_does_not_depend_on_earlier_keys() -> None:
+def test_keyed_route_caches_and_clears_at_its_limit() -> None:
+    """A keyed route caches each key's instance; a new key at a full cache empties it first."""
+    inbox = Inbox(10)
+    channels: list[Any] = [LocalChannel(inbox, inbox.add_channel(0)) for _ in range(4)]
+    route = KeyedRoute(channels, SegmentTable.contiguous(DEFAULT_SEGMENTS, 4), cache_limit=2)
+    for key in ["a", "b", "a", "c"]:
+        route.add(sl.Record(key, 1))
+    assert route._cache == {"c": owner_of("c", 4)}
+    assert [len(b) for b in route.buffers] == [sum(owner_of(k, 4) == i for k in "abac") for i in range(4)]
+
+
+def test_same_key_answer_does_not_depend_on_earlier_keys() -> None:
     """Key 1.0 gets the same instance whether or not the equal-comparing key 1 was seen first."""
-    fresh, warmed = KeyPartitioner(3), KeyPartitioner(3)
-    warmed(1)
-    assert warmed(1.0) == fresh(1.0)
+    inbox = Inbox(10)
+    fresh, warmed = (
+        KeyedRoute([LocalChannel(inbox, inbox.add_channel(0)) for _ in range(3)], SegmentTable.contiguous(128, 3))
+        for _ in range(2)
+    )
+    warmed.add(sl.Record(1, None))
+    warmed.add(sl.Record(1.0, None))
+    fresh.add(sl.Record(1.0, None))
+    assert [len(b) for b in fresh.buffers] == [len(b) // 2 for b in warmed.buffers]
 
 
-def test_same_key_sends_a_key_to_instance_partition_of() -> None:
-    """SAME_KEY into a parallelism-4 sink delivers every record of a key to instance partition_of(key, 4)."""
+def test_same_key_sends_a_key_to_the_owner_of_its_segment() -> None:
+    """SAME_KEY into a parallelism-4 sink delivers every record of a key to the owner of its segment."""
     items = [(f"k{i % 20}", i) for i in range(200)]
     by_instance = into_sink(items, sl.SAME_KEY, 4)
     expected: dict[int, list[Any]] = {index: [] for index in range(4)}
     for key, value in items:
-        expected[partition_of(key, 4)].append(value)
+        expected[owner_of(key, 4)].append(value)
     assert by_instance == expected
 
 
 def test_same_key_groups_keys_per_task_instance() -> None:
-    """SAME_KEY into a parallelism-4 task: each key meets one task object, grouped as partition_of groups them."""
+    """SAME_KEY into a parallelism-4 task: each key meets one task object, grouped by segment owner."""
     topology = sl.Topology("keyed")
     source = topology.add_source("in", [(f"k{i % 20}", i) for i in range(200)])
     tag = topology.add_task("tag", Tag, parallelism=4).set_input(source, partitioning=sl.SAME_KEY)
@@ -151,7 +162,7 @@ def test_same_key_groups_keys_per_task_instance() -> None:
     expected: dict[int, set[str]] = defaultdict(set)
     for key, (task_id,) in handled_by.items():
         groups[task_id].add(key)
-        expected[partition_of(key, 4)].add(key)
+        expected[owner_of(key, 4)].add(key)
     assert sorted(map(sorted, groups.values())) == sorted(map(sorted, expected.values()))
 
 

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 import streamlet as sl
-from streamlet.core.model.partition import partition_of
+from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
 from tests.conftest import pairs
 
 SNAPSHOT_KEYS: list[Any] = ["a", "b", 7, -3, 2.5, b"raw", ("user", 1), ("nested", ("x", 2)), None]
@@ -108,7 +108,7 @@ def test_partition_puts_every_key_in_its_same_key_part(parts: int) -> None:
         placed = {index: [value for _, value in contents(part)] for index, part in enumerate(split)}
         expected: dict[int, list[int]] = {index: [] for index in range(parts)}
         for value, key in enumerate(SNAPSHOT_KEYS):
-            expected[partition_of(key, parts)].append(value)
+            expected[SegmentTable.contiguous(DEFAULT_SEGMENTS, parts).owner(key)].append(value)
         assert placed == expected
 
 
