@@ -18,6 +18,7 @@ from streamlet.core.model.constants import LATE
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partitioning, stable_hash
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.record import DeadLetter, FiredWindowRecord, Record, WindowRecord
+from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sinks import CallbackSink, CollectSink, RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.core.model.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
 from streamlet.core.model.state import StateStore
@@ -37,6 +38,7 @@ from streamlet.errors import (
     EncodingError,
     JobError,
     PortError,
+    ReconfigurationError,
     SinkError,
     SourceError,
     StreamletError,
@@ -82,8 +84,10 @@ __all__ = (
     "PortDeclarer",
     "PortError",
     "QueueSource",
+    "ReconfigurationError",
     "Record",
     "RestorePoint",
+    "SegmentTable",
     "SessionWindow",
     "Sink",
     "SinkContext",

@@ -12,6 +12,7 @@ instance, the port and, where there is one, the record's key::
     ├── SinkError            a sink failed to open, write or commit (names sink, instance, record key)
     ├── EncodingError        a value cannot be encoded (names its type, and the edge, state or file)
     ├── JobError             a job could not start, was stopped, or is misused
+    │   └── ReconfigurationError  a rescale or segment move that cannot be done (the job is left as it was)
     ├── CheckpointError      a checkpoint could not be saved (names the epoch, the path and why)
     ├── ConnectorError       an outside system (Spark, Kafka) is missing, unreachable or failed
     │   └── KafkaError       a Kafka connector failed
@@ -90,6 +91,10 @@ class EncodingError(StreamletError):
 
 class JobError(StreamletError):
     """A job was used wrongly (unknown source, sent to after it ended, ...)."""
+
+
+class ReconfigurationError(JobError):
+    """A rescale, segment move or migration that cannot be done now; the job keeps running as it was."""
 
 
 class CheckpointError(StreamletError):

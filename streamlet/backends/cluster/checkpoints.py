@@ -279,6 +279,7 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "job": parts[0]["job"],
         "finished": all(part["finished"] for part in parts),
         "attempt": parts[0].get("attempt"),  # the run that took it: its sinks' staging is what a restore publishes
+        "layout": parts[0].get("layout", {}),  # every part was taken with the same segment tables
     }
     for section in ("sources", "tasks"):
         by_node: dict[str, dict[int, Any]] = {}

@@ -161,6 +161,22 @@ class Watermark(Marker):
     idle: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Reconfigure(Marker):
+    """Reconfiguration ``id`` of task ``task`` (a rescale or moved segments) passes here, like a barrier.
+
+    A sender into ``task`` sends it on its old channels just before it routes
+    by the new segment table; an instance of ``task`` aligned on it hands the
+    segments it loses to their new owners; a receiver downstream of ``task``
+    aligns on it over the channels of ``task``'s first ``senders`` instances,
+    so that results from before a move never follow results from after it.
+    """
+
+    id: int
+    task: str
+    senders: int
+
+
 END_OF_STREAM: Final = EndOfStream()
 CYCLE_END: Final = CycleEnd()
 

@@ -53,6 +53,7 @@ class Inbox:
         "_space_waiters",
         "loop_channels",
         "ports",
+        "senders",
     )
 
     def __init__(self, capacity: int) -> None:
@@ -63,15 +64,17 @@ class Inbox:
         self._reader: asyncio.Future[None] | None = None
         self._on_pop: list[Callable[[], None] | None] = []
         self.ports: list[int] = []  # the input port of each channel
+        self.senders: list[tuple[str, int]] = []  # the sending instance of each channel: (node, index)
         self.loop_channels: set[int] = set()  # channels from inside a loop the receiver is in: no watermarks
 
-    def add_channel(self, port: int, *, unbounded: bool = False) -> int:
-        """A new channel into ``port``; returns its index (what senders put to)."""
+    def add_channel(self, port: int, *, unbounded: bool = False, sender: tuple[str, int] = ("", 0)) -> int:
+        """A new channel into ``port`` from instance ``sender``; returns its index (what senders put to)."""
         self._queues.append(deque())
         self._capacities.append(UNBOUNDED if unbounded else self._capacity)
         self._space_waiters.append(deque())
         self._on_pop.append(None)
         self.ports.append(port)
+        self.senders.append(sender)
         return len(self._queues) - 1
 
     def capacity(self, channel: int) -> int:

@@ -24,7 +24,17 @@ import structlog
 
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.hooks import maybe_await
-from streamlet.core.model.record import Barrier, Batch, CycleEnd, DeadLetter, EndOfStream, Item, Marker, Watermark
+from streamlet.core.model.record import (
+    Barrier,
+    Batch,
+    CycleEnd,
+    DeadLetter,
+    EndOfStream,
+    Item,
+    Marker,
+    Reconfigure,
+    Watermark,
+)  # fmt: skip
 from streamlet.core.model.sinks import RestorePoint, SinkContext, SinkWriter, WriteFailed
 from streamlet.core.model.sources import SourceContext, SourceReader
 from streamlet.core.model.watermarks import Watermarks
@@ -38,6 +48,7 @@ from streamlet.errors import SinkError, SourceError, StreamletError
 if TYPE_CHECKING:
     from streamlet.core.model.topology import Node
     from streamlet.core.runtime.cycles import CycleTracker
+    from streamlet.core.runtime.reconfiguration import ActiveReconfiguration
 
 
 class CheckpointAcks(Protocol):
@@ -64,6 +75,7 @@ class Environment:
     attempt: str = "0"  # this run of the job
     on_idle: Callable[[], None] | None = None  # set while ``Job.settle`` waits: an instance went idle
     event_time: bool = False  # watermarks flow: the job has event-time windows or sources that declare them
+    reconfiguration: ActiveReconfiguration | None = None  # a rescale or segment move under way
 
 
 class Instance(ABC):
@@ -123,6 +135,10 @@ class Instance(ABC):
         """Take what is queued for this stopped instance: nothing, unless it has an inbox."""
         return []
 
+    @abstractmethod
+    def wake(self) -> None:
+        """Get to a batch boundary soon, even when idle (a route switch waits for the next flush)."""
+
     def _ack(self, epoch: int, snapshot: Any) -> None:
         if self.env.checkpoints is not None:
             self.env.checkpoints.ack(epoch, self.node.name, self.index, snapshot)
@@ -153,6 +169,7 @@ class SourceInstance(Instance):
         self.watermarks: WatermarkGenerator | None = None  # made with the reader, when the job uses event time
         self._idle = False  # told downstream that it reads nothing (Watermarks(idle_after=...))
         self._idle_due = False  # the idle timer fired while the read waited
+        self._flush_due = False  # woken to reach a batch boundary: flush before reading again
 
     def stop(self) -> None:
         """End the source early: stop reading, then end the stream downstream."""
@@ -168,6 +185,11 @@ class SourceInstance(Instance):
     def request_barrier(self, epoch: int) -> None:
         """Inject ``Barrier(epoch)`` after the batch being read (or at once, if the read waits)."""
         self._barriers.append(epoch)
+        self._interrupt_read()
+
+    def wake(self) -> None:
+        """Stop waiting in ``read`` for a moment (or do not start to), so pending route switches go out."""
+        self._flush_due = True
         self._interrupt_read()
 
     def reading(self) -> bool:
@@ -241,9 +263,14 @@ class SourceInstance(Instance):
         while not self._stopping:
             if self._paused:
                 await self._inject_barriers(reader)
+                await outputs.flush()  # a route switch asked for meanwhile goes out now
+                self._flush_due = False
                 await self._wake.wait()
                 self._wake = anyio.Event()
                 continue
+            if self._flush_due:
+                self._flush_due = False
+                await outputs.flush()  # a route switch asked for meanwhile goes out before the next read
             batch = None
             on_idle = self.env.on_idle
             if on_idle is not None:
@@ -315,6 +342,32 @@ class Receiver(Instance):
         self.cycle: CycleTracker | None = None
         self.watermarks = InputWatermarks(inbox.channel_count, inbox.loop_channels)
         self._told_idle = False  # forwarded that every input is idle
+        # a reconfiguration aligning here: its marker, and the channels it must arrive on (or end)
+        self._reconfiguring: tuple[Reconfigure, set[int]] | None = None
+        self.retired = False  # a rescale took this instance out: it handed its state over and ends
+
+    def add_channel(self, port: int, sender: tuple[str, int], *, held: bool = False) -> int:
+        """A channel from ``sender`` into ``port`` wired in while running (a rescale added the sender).
+
+        ``held``: nothing is taken from it until the reconfiguration under way
+        has aligned here (so results from after a move wait for those before).
+        """
+        channel = self.inbox.add_channel(port, sender=sender)
+        self.channel_open.append(True)
+        self.blocked.append(held)
+        if self.port_channels[port] == 0:
+            self.open_ports += 1
+        self.port_channels[port] += 1
+        self.watermarks.add_channel()
+        self.channels_changed()
+        return channel
+
+    def channels_changed(self) -> None:
+        """Channels were added: recompute what is derived from them."""
+
+    def wake(self) -> None:
+        """Leave the idle wait: pending route switches go out with the next flush."""
+        self.inbox.wake()
 
     def drain(self) -> list[tuple[int, Item]]:
         """Take every item still queued in the inbox as ``(channel, item)``, channel by channel, oldest first.
@@ -336,11 +389,12 @@ class Receiver(Instance):
         """Process the inbox in async mode (any channel with data) until every port ended."""
         await self.open()
         inbox, outputs, blocked = self.inbox, self.outputs, self.blocked
-        channels, ports = inbox.channel_count, inbox.ports
+        ports = inbox.ports
         counters, size, cycle = self.counters, self.env.batch_size, self.cycle
         watermarks = self.watermarks
         start = 0
         while self.open_ports:
+            channels = len(blocked)  # read each time: a rescale may add channels
             channel = -1
             for offset in range(channels):
                 candidate = (start + offset) % channels
@@ -408,7 +462,22 @@ class Receiver(Instance):
         elif isinstance(marker, Barrier):
             self.blocked[channel] = True
             self.aligning = marker.epoch
+        elif isinstance(marker, Reconfigure):
+            if self._reconfiguring is None:
+                self._reconfiguring = (marker, self._reconfigure_channels(marker))
+            self.blocked[channel] = True
         await self._check_alignment()
+
+    def _reconfigure_channels(self, marker: Reconfigure) -> set[int]:
+        """Where ``marker`` will arrive: every channel into the reconfigured task itself; downstream of it,
+        the channels from its instances that existed before (new ones are held until aligned)."""
+        if marker.task == self.node.name:
+            return set(range(self.inbox.channel_count))
+        return {
+            channel
+            for channel, (node, index) in enumerate(self.inbox.senders)
+            if node == marker.task and index < marker.senders
+        }
 
     async def _on_watermark_marker(self, channel: int, marker: Watermark) -> None:
         watermarks = self.watermarks
@@ -436,6 +505,13 @@ class Receiver(Instance):
             self.open_ports -= 1
 
     async def _check_alignment(self) -> None:
+        if self._reconfiguring is not None:
+            marker, channels = self._reconfiguring
+            if all(self.blocked[c] or not self.channel_open[c] for c in channels):
+                self._reconfiguring = None
+                await self.on_reconfigure(marker)  # held channels stay held until the state is in place
+                self.blocked[:] = [False] * len(self.blocked)
+            return
         epoch = self.aligning
         if epoch is None:
             return
@@ -458,6 +534,15 @@ class Receiver(Instance):
         self._ack(epoch, self.final_snapshot())
         await self.outputs.flush()
         await self.outputs.broadcast(Barrier(epoch))
+
+    async def on_reconfigure(self, marker: Reconfigure) -> None:
+        """Downstream of a reconfigured task: aligned, so what its instances sent before the change is in."""
+        self._reconfigured()
+
+    def _reconfigured(self) -> None:
+        active = self.env.reconfiguration
+        if active is not None:
+            active.done(self.node.name, self.index)
 
     def next_deadline(self) -> float | None:
         """When :meth:`on_time` next has work (clock time), if ever."""

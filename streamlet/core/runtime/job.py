@@ -21,6 +21,7 @@ import structlog
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.record import DeadLetter, Record
+from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sinks import check_attempt
 from streamlet.core.model.sources import END_OF_FEED
 from streamlet.core.model.topology import Topology
@@ -28,14 +29,16 @@ from streamlet.core.model.validation import unconsumed_ports
 from streamlet.core.runtime.channel import ChannelFactory
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
-from streamlet.core.runtime.instances import Environment, Receiver, SinkInstance, SourceInstance
-from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan
+from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
+from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables
+from streamlet.core.runtime.reconfiguration import ReconfigurationPlan
+from streamlet.core.runtime.rescale import Reconfigurer
 from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
 from streamlet.core.runtime.task_instance import TaskInstance
 from streamlet.core.state.checkpoints import Coordinator
-from streamlet.core.state.restore import restore
+from streamlet.core.state.restore import layout_of, restore
 from streamlet.core.state.store import CheckpointStore
-from streamlet.errors import JobError, TopologyError
+from streamlet.errors import JobError, ReconfigurationError, TopologyError
 
 DEFAULT_BATCH_SIZE = 1000
 # Batches per channel: one in hand, one queued. In one event loop deeper queues buy no overlap,
@@ -129,6 +132,8 @@ class Job:
         elif checkpoint_interval is not None:
             raise JobError("checkpoint_interval needs a checkpoint store (checkpoint_dir=...)")
         self._plan: PhysicalPlan | None = None
+        self._reconfigurer: Reconfigurer | None = None
+        self._reconfiguring: anyio.CancelScope | None = None  # a reconfiguration waiting: cancelled if the job ends
         self._error: BaseException | None = None
         self._finished = anyio.Event()
         self._started = anyio.Event()
@@ -166,6 +171,8 @@ class Job:
                 outer.cancel_scope.cancel()  # the coordinator's loop runs until the job is over
         finally:
             self._ended = time.perf_counter()
+            if self._reconfiguring is not None:
+                self._reconfiguring.cancel()  # its instances are gone: it can never complete
             if self._coordinator is not None:
                 self._coordinator.close()
             if self._error is not None or not self._started.is_set() or self._unfinished():
@@ -176,15 +183,24 @@ class Job:
 
     async def _start(self, instances: anyio.abc.TaskGroup, outer: anyio.abc.TaskGroup) -> bool:
         try:
+            point = None if self._coordinator is None else await self._coordinator.restore_point()
+            document = None if point is None else point[1]
+            tables = layout_of(document, default_tables(self.topology))  # state stays where a checkpoint left it
             self._plan = build_plan(
                 self.topology, self._env, channel_factory=self._channel_factory,
                 channel_capacity=self._channel_capacity, task_group=instances, placement=self._placement,
-                quiescence=self._quiescence,
+                quiescence=self._quiescence, tables=tables,
             )  # fmt: skip
+            plan = self._plan
+
+            def start_instance(instance: Instance) -> None:
+                instances.start_soon(self._guarded, instance.run, outer)
+
+            self._reconfigurer = Reconfigurer(self.topology, plan, self._env, start_instance, self._coordinator)
             if self._coordinator is not None:
-                point = await self._coordinator.restore_point()
-                await restore(self._plan.instances, None if point is None else point[1])
-                self._coordinator.attach(self._plan.all(), None if point is None else point[0], self.attempt)
+                await restore(plan.instances, document, plan.tables)
+                self._coordinator.layout = lambda: {name: table.to_data() for name, table in plan.tables.items()}
+                self._coordinator.attach(plan.all(), None if point is None else point[0], self.attempt)
                 outer.start_soon(self._guarded, self._coordinator.run, outer)  # a failed commit stops the job
         except Exception as exc:  # noqa: BLE001 - e.g. a sink that cannot open: raised by wait()
             self._error = exc
@@ -238,6 +254,62 @@ class Job:
             raise JobError(f"job '{self.topology.name}' has no checkpoint store (pass checkpoint_dir=...)")
         await self._started.wait()
         return await self._coordinator.checkpoint()
+
+    # -- changing shape while running ----------------------------------------------
+
+    async def rescale(self, task: str, instances: int) -> None:
+        """Give ``task`` ``instances`` instances while the job runs, and return once it runs with them.
+
+        Its key segments are spread over the new instances in contiguous
+        ranges; only the segments that change owner move, with their keyed
+        state, timers and open windows. Senders switch at a marker, so no
+        record is lost or doubled and a key's records keep their order; other
+        instances keep running. One change at a time; checkpoints wait for it.
+        Raises :class:`ReconfigurationError` (and changes nothing) for a task
+        that does not exist or has finished, a count outside 1..max_parallelism,
+        a job that is not running, or while another change runs.
+        """
+        reconfigurer = await self._running_reconfigurer()
+        await self._reconfigure(reconfigurer.rescale_plan(task, instances))
+
+    async def move_segments(self, task: str, moves: dict[int, int]) -> None:
+        """Give segments of ``task`` new owners (``{segment: instance}``) while the job runs, with their state.
+
+        What a load balancer does: the keys of a moved segment go to the new
+        instance, nothing else changes (see :meth:`rescale` for the guarantees).
+        """
+        reconfigurer = await self._running_reconfigurer()
+        await self._reconfigure(reconfigurer.move_plan(task, moves))
+
+    def segment_table(self, task: str) -> SegmentTable:
+        """The segment table ``task`` routes by now (which instance owns each key segment)."""
+        if self._plan is None or task not in self._plan.tables:
+            raise JobError(f"job '{self.topology.name}' has no running task called '{task}'")
+        return self._plan.tables[task]
+
+    @property
+    def reconfigurations(self) -> int:
+        """Reconfigurations (rescales, segment moves) completed so far."""
+        return 0 if self._reconfigurer is None else self._reconfigurer.count
+
+    async def _running_reconfigurer(self) -> Reconfigurer:
+        await self._started.wait()
+        if self._reconfigurer is None or self._finished.is_set() or self._error is not None:
+            raise ReconfigurationError(f"job '{self.topology.name}' is not running")
+        return self._reconfigurer
+
+    async def _reconfigure(self, plan: ReconfigurationPlan) -> None:
+        assert self._reconfigurer is not None
+        with anyio.CancelScope() as scope:
+            self._reconfiguring = scope
+            try:
+                await self._reconfigurer.run(plan)
+            finally:
+                self._reconfiguring = None
+        if scope.cancelled_caught or self._error is not None:
+            raise ReconfigurationError(
+                f"job '{self.topology.name}' stopped during the reconfiguration"
+            ) from self._error
 
     async def settle(self) -> None:
         """Wait until every record sent or read so far has been processed: the topology is idle.
@@ -341,9 +413,10 @@ class Job:
         """A snapshot of the job's counters (also while it runs)."""
         plan = self._plan
         nodes: dict[str, NodeStatistics] = {}
-        everything = plan.all() if plan is not None else []
+        everything = [*plan.all(), *plan.retired] if plan is not None else []
         if plan is not None:
-            for name, group in plan.instances.items():
+            for name, live in plan.instances.items():
+                group = [*live, *(i for i in plan.retired if i.node.name == name)]  # a retired one's counts stay
                 node = group[0].node
                 queued = sum(i.inbox.depth() for i in group if isinstance(i, Receiver))
                 nodes[name] = NodeStatistics(

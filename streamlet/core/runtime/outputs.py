@@ -62,6 +62,11 @@ class RoutedOutputs:
         """Runtime: the per-port functions that take an emitted record, in port order."""
         self._adders = dict(zip(self._numbers, adders, strict=True))
 
+    def refresh_adders(self) -> None:
+        """Re-read every route's ``add`` (a switch may have changed it). Not for a task inside a loop,
+        whose adders wrap the routes' (a reconfiguration never touches one)."""
+        self.set_adders([fan_out([route.add for route in routes]) for routes in self._ports.values()])
+
     def _adder(self, port: int) -> Callable[[Record], None]:
         """The function taking records emitted on ``port`` (per call, not per record: emit inlines it)."""
         try:
@@ -128,6 +133,7 @@ class RoutedOutputs:
             if route.send_watermarks:
                 await route.flush()
                 await route.broadcast(marker)
+                route.watermark = marker
 
     async def end(self) -> None:
         """Flush everything and send end-of-stream downstream."""
@@ -174,3 +180,15 @@ class WindowOutputs(RoutedOutputs):
         for key, value in pairs:
             add(WindowRecord(key, value, ts, window) if firing == "on_time" else
                 FiredWindowRecord(key, value, ts, window, firing or "on_time"))  # fmt: skip
+
+
+def fan_out(adders: list[Callable[[Record], None]]) -> Callable[[Record], None]:
+    """One function giving a record to every one of ``adders`` (the one itself when there is one)."""
+    if len(adders) == 1:
+        return adders[0]
+
+    def add_to_all(record: Record) -> None:
+        for add in adders:
+            add(record)
+
+    return add_to_all

@@ -4,31 +4,40 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.abc
 
 from streamlet.core.model import graph
 from streamlet.core.model.record import Record
+from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sources import QueueSource, SourceContext
 from streamlet.core.model.topology import Edge, Node, Topology
 from streamlet.core.runtime.channel import Channel, ChannelFactory, Inbox
 from streamlet.core.runtime.cycles import CycleTracker, Quiescence
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
-from streamlet.core.runtime.outputs import RoutedOutputs, WindowOutputs
+from streamlet.core.runtime.outputs import RoutedOutputs, WindowOutputs, fan_out
 from streamlet.core.runtime.routing import DiscardRoute, Route, in_loop_adder, make_route
 from streamlet.core.runtime.task_instance import TaskInstance
 
 
 @dataclass
 class PhysicalPlan:
-    """Every instance of a job, grouped by node."""
+    """Every instance of a job, grouped by node, and what a reconfiguration needs to rewire it.
+
+    ``tables`` holds the segment table of every receiving node (what its
+    ``SAME_KEY`` inputs route by); ``retired`` the instances a rescale took
+    out (their counters still count); ``builder`` wires instances added later.
+    """
 
     instances: dict[str, list[Instance]]
     trackers: list[CycleTracker]
     discards: list[DiscardRoute]
     feeds: dict[str, asyncio.Queue[Any]]
+    tables: dict[str, SegmentTable] = field(default_factory=dict)
+    retired: list[Instance] = field(default_factory=list)
+    builder: _Builder | None = None
 
     def all(self) -> list[Instance]:
         """Every instance, sinks first so receivers are waiting before data flows."""
@@ -65,8 +74,10 @@ class _Builder:
         capacity: int,
         placement: Placement | None = None,
         quiescence: Quiescence | None = None,
+        tables: dict[str, SegmentTable] | None = None,
     ) -> None:
         self.topology = topology
+        self.tables = {**default_tables(topology), **(tables or {})}
         self.channel_factory = channel_factory
         self.capacity = capacity
         self.placement = placement
@@ -78,6 +89,7 @@ class _Builder:
         # (edge index, sender index, receiver index) -> channel index in the receiver's inbox
         self.channel_ids: dict[tuple[int, int, int], int] = {}
         self.discards: list[DiscardRoute] = []
+        self.routes: dict[tuple[int, int], Route] = {}  # (edge index, sender index) -> its route
 
     def in_loop(self, edge: Edge) -> bool:
         tracker = self.tracker_of.get(edge.upstream)
@@ -102,7 +114,7 @@ class _Builder:
                 counted = self.is_local(node.name, receiver)
                 for sender in range(self.topology.nodes[edge.upstream].parallelism):
                     # a back edge is never full, so a loop cannot deadlock on itself
-                    channel = inbox.add_channel(edge.in_port, unbounded=back_edge)
+                    channel = inbox.add_channel(edge.in_port, unbounded=back_edge, sender=(edge.upstream, sender))
                     self.channel_ids[edge_index, sender, receiver] = channel
                     self._expose_if_remote(edge_index, edge, sender, receiver, channel)
                     if self.in_loop(edge):
@@ -145,7 +157,7 @@ class _Builder:
             [self._adder(edge, route, outputs) for edge, route in zip(edges[port], routes[port], strict=True)]
             for port in range(port_count)
         ]
-        outputs.set_adders([_fan_out(port_adders) for port_adders in adders])
+        outputs.set_adders([fan_out(port_adders) for port_adders in adders])
         return outputs
 
     def _adder(self, edge: Edge | None, route: Route, sender: RoutedOutputs) -> Callable[[Record], None]:
@@ -165,23 +177,62 @@ class _Builder:
                 name = self.channel_name(edge_index, sender, receiver)
                 channels.append(self.placement.remote(name, edge.downstream, receiver))
         label = f"edge '{edge.upstream}' -> '{edge.downstream}' input port {edge.in_port}"
-        route = make_route(channels, edge.partitioning, label)
+        route = self.routes[edge_index, sender] = make_route(
+            channels, edge.partitioning, label, self.tables[edge.downstream]
+        )
         tracker = self.tracker_of.get(edge.downstream)
         if tracker is not None:
             route.cycle = tracker.flow
             route.send_eos = route.send_watermarks = not self.in_loop(edge)
         return route
 
+    # -- wiring an instance added while the job runs (in one process) ------------------------
 
-def _fan_out(adders: list[Callable[[Record], None]]) -> Callable[[Record], None]:
-    if len(adders) == 1:
-        return adders[0]
+    def add_inbox(self, node: Node) -> Inbox:
+        """The inbox of a new instance of ``node`` (the next index): a channel from every current sender."""
+        receiver = len(self.inboxes[node.name])
+        inbox = Inbox(self.capacity)
+        self.inboxes[node.name].append(inbox)
+        for edge_index, edge in enumerate(self.topology.edges):
+            if edge.downstream == node.name:
+                for sender in range(self.topology.nodes[edge.upstream].parallelism):
+                    channel = inbox.add_channel(edge.in_port, sender=(edge.upstream, sender))
+                    self.channel_ids[edge_index, sender, receiver] = channel
+        return inbox
 
-    def add_to_all(record: Record) -> None:
-        for add in adders:
-            add(record)
+    def connect_downstream(self, node: Node, sender: int, receivers: dict[str, list[Receiver]]) -> None:
+        """Channels from new instance ``sender`` of ``node`` into every receiver it feeds, held until the
+        reconfiguration aligns there."""
+        for edge_index, edge in enumerate(self.topology.edges):
+            if edge.upstream == node.name:
+                for receiver in receivers[edge.downstream]:
+                    channel = receiver.add_channel(edge.in_port, (node.name, sender), held=True)
+                    self.channel_ids[edge_index, sender, receiver.index] = channel
 
-    return add_to_all
+    def switched_channels(self, edge_index: int, sender: int, instances: int) -> list[Channel]:
+        """The channels ``sender``'s route on edge ``edge_index`` uses after a rescale to ``instances``:
+        the same objects for instances that stay, new ones for instances added."""
+        edge = self.topology.edges[edge_index]
+        kept = self.routes[edge_index, sender].channels[:instances]
+        inboxes = self.inboxes[edge.downstream]
+        added = [
+            self.channel_factory(inboxes[receiver], self.channel_ids[edge_index, sender, receiver])
+            for receiver in range(len(kept), instances)
+        ]
+        return [*kept, *added]
+
+    def retire(self, node: str, instances: int) -> None:
+        """Forget the inboxes of instances past ``instances`` (a rescale down took them out)."""
+        del self.inboxes[node][instances:]
+
+
+def default_tables(topology: Topology) -> dict[str, SegmentTable]:
+    """Every receiving node's segment table before any change: contiguous ranges over its instances."""
+    return {
+        name: SegmentTable.contiguous(node.max_parallelism, node.parallelism)
+        for name, node in topology.nodes.items()
+        if node.kind != "source"
+    }
 
 
 def build_plan(
@@ -193,12 +244,14 @@ def build_plan(
     task_group: anyio.abc.TaskGroup,
     placement: Placement | None = None,
     quiescence: Quiescence | None = None,
+    tables: dict[str, SegmentTable] | None = None,
 ) -> PhysicalPlan:
     """Instances and channels for ``topology`` (which must be valid); with ``placement``, only the local ones.
 
     ``quiescence`` ends the loops instead of their trackers (needed when a loop is split between processes).
+    ``tables`` gives nodes a segment table other than the default contiguous ranges (a restored layout).
     """
-    builder = _Builder(topology, channel_factory, channel_capacity, placement, quiescence)
+    builder = _Builder(topology, channel_factory, channel_capacity, placement, quiescence, tables)
     for node in topology.nodes.values():
         if node.kind != "source":
             builder.make_inboxes(node)
@@ -230,4 +283,4 @@ def build_plan(
             group.append(receiver)
         if group:
             instances[name] = group
-    return PhysicalPlan(instances, builder.trackers, builder.discards, feeds)
+    return PhysicalPlan(instances, builder.trackers, builder.discards, feeds, builder.tables, builder=builder)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, KeyPartitioner, PartitionSpec
-from streamlet.core.model.record import END_OF_STREAM, Batch, LoopRecord, Marker, Record
+from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, PartitionSpec, stable_hash
+from streamlet.core.model.record import END_OF_STREAM, Batch, LoopRecord, Marker, Reconfigure, Record, Watermark
+from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
 from streamlet.core.runtime.channel import Channel
 from streamlet.errors import EncodingError, TopologyError
 
@@ -28,10 +30,27 @@ class FlowCounter:
         self.dropped = 0
 
 
+@dataclass
+class Switch:
+    """A reconfiguration waiting for the sender to reach a batch boundary (its next flush).
+
+    Then the route sends what it buffered by the old table to the old
+    channels, ``marker`` after it on each of them, and from there on routes
+    to ``channels`` by ``table`` (keyed routes); ``done`` is told once.
+    """
+
+    channels: list[Channel]
+    table: SegmentTable | None
+    marker: Reconfigure
+    done: Callable[[], None]
+
+
 class Route(ABC):
     """One edge from an output port to all instances of a downstream node."""
 
-    __slots__ = ("add", "buffers", "channels", "cycle", "label", "send_eos", "send_watermarks", "sent")
+    __slots__ = (
+        "add", "buffers", "channels", "cycle", "label", "send_eos", "send_watermarks", "sent", "switch", "watermark",
+    )  # fmt: skip
 
     #: Buffers one record: the hot path, bound by each subclass to a list append or a small closure.
     add: Callable[[Record], None]
@@ -44,6 +63,8 @@ class Route(ABC):
         self.send_eos = True  # False on edges inside a cycle: the tracker ends them
         self.send_watermarks = True  # False on edges inside a cycle: a loop cannot hold its own head back
         self.label = "edge"  # "edge 'a' -> 'b' input port 0", for messages
+        self.switch: Switch | None = None  # a reconfiguration to apply at the next flush
+        self.watermark: Watermark | None = None  # the last one sent: a channel added later gets it first
 
     def add_batch(self, records: Batch) -> None:
         """Buffer many records."""
@@ -64,7 +85,9 @@ class Route(ABC):
             del buffer[mark:]
 
     async def flush(self, at_least: int = 1) -> None:
-        """Send every buffer holding at least ``at_least`` records."""
+        """Send every buffer holding at least ``at_least`` records (all of them first, when a switch waits)."""
+        if self.switch is not None:
+            await self._apply_switch(self.switch)
         for index, buffer in enumerate(self.buffers):
             if len(buffer) >= at_least:
                 batch = buffer.copy()
@@ -81,6 +104,27 @@ class Route(ABC):
         """Send ``marker`` to every instance, in order after the data."""
         for channel in self.channels:
             await channel.send(marker)
+
+    async def _apply_switch(self, switch: Switch) -> None:
+        """Old buffers to old channels, the marker after them, then route by the new layout."""
+        self.switch = None
+        for index, buffer in enumerate(self.buffers):
+            if buffer:
+                batch = buffer.copy()
+                buffer.clear()
+                await self._deliver(index, batch)
+        await self.broadcast(switch.marker)
+        old = {id(channel) for channel in self.channels}
+        self.retarget(switch.channels, switch.table)
+        if self.watermark is not None:  # a new instance's watermark must not wait for this sender's next rise
+            for channel in switch.channels:
+                if id(channel) not in old:
+                    await channel.send(self.watermark)
+        switch.done()
+
+    def retarget(self, channels: list[Channel], table: SegmentTable | None) -> None:
+        """Route to ``channels`` from now on (every buffer must be empty)."""
+        self.channels = channels
 
     @abstractmethod
     async def _deliver(self, index: int, batch: Batch) -> None:
@@ -119,6 +163,11 @@ class RoundRobinRoute(Route):
         self._next = (self._next + 1) % len(self.channels)
         await self._send(channel, batch)
 
+    def retarget(self, channels: list[Channel], table: SegmentTable | None) -> None:
+        """Deal batches over ``channels`` from now on."""
+        self.channels = channels
+        self._next %= len(channels)
+
 
 class BroadcastRoute(RoundRobinRoute):
     """Every instance gets every batch (the same list object)."""
@@ -132,47 +181,120 @@ class BroadcastRoute(RoundRobinRoute):
 
 
 class PartitionedRoute(Route):
-    """Each record goes to the instance its partition function picks."""
+    """Each record goes to the instance its partition function picks (a user function: ``fn(record, count)``)."""
 
-    __slots__ = ()
+    __slots__ = ("_appenders", "_count")
 
-    def __init__(self, channels: list[Channel], pick: Callable[[Record], int]) -> None:
+    def __init__(self, channels: list[Channel], fn: Callable[[Record, int], int], label: str = "edge") -> None:
         super().__init__(channels, len(channels))
-        appenders = [buffer.append for buffer in self.buffers]
+        self._appenders = appenders = [buffer.append for buffer in self.buffers]
+        self._count = count = [len(channels)]  # a cell, so a rescale reaches the closure
 
         def add(record: Record) -> None:
-            appenders[pick(record)](record)
+            parts = count[0]
+            try:
+                index = fn(record, parts)
+            except Exception as exc:
+                raise TopologyError(f"{label}: the partition function raised {type(exc).__name__}: {exc}") from exc
+            if type(index) is not int or not 0 <= index < parts:
+                raise TopologyError(f"{label}: the partition function returned {index!r}, expected 0..{parts - 1}")
+            appenders[index](record)
 
         self.add = add
 
     async def _deliver(self, index: int, batch: Batch) -> None:
         await self._send(self.channels[index], batch)
 
+    def retarget(self, channels: list[Channel], table: SegmentTable | None) -> None:
+        """One buffer per instance of the new layout."""
+        self.channels = channels
+        self.buffers = [[] for _ in channels]
+        self._appenders[:] = [buffer.append for buffer in self.buffers]
+        self._count[0] = len(channels)
 
-class KeyedRoute(PartitionedRoute):
-    """``SAME_KEY``: the stable hash of the key picks the instance, cached per key."""
 
-    __slots__ = ()
+class KeyedRoute(Route):
+    """``SAME_KEY``: the key's segment picks the instance through the segment table, cached per key.
 
-    def __init__(self, channels: list[Channel], label: str = "edge") -> None:
-        Route.__init__(self, channels, len(channels))
-        appenders = [buffer.append for buffer in self.buffers]
-        by_key = KeyPartitioner(len(channels))
-        cache = by_key.cache
+    Hashing a key costs a few hundred nanoseconds, a dict lookup about thirty,
+    and stream keys repeat: so the instance of each key is cached until the
+    cache is full (then it starts afresh: keys drift, and a fresh cache beats
+    an LRU's per-hit cost) or the table changes.
+    """
+
+    __slots__ = ("_appenders", "_by_key", "_cache", "_owners")
+
+    def __init__(
+        self, channels: list[Channel], table: SegmentTable, label: str = "edge", cache_limit: int = 1 << 17
+    ) -> None:
+        super().__init__(channels, len(channels))
+        _check_table(table, channels, label)
+        self._appenders = appenders = [buffer.append for buffer in self.buffers]
+        self._cache: dict[Any, int] = {}
+        cache = self._cache
+        self._owners = owners = [table.owners]  # a cell: a switch replaces the table the closure reads
+
+        def place(key: Any) -> int:
+            table = owners[0]
+            index = table[_segment(key, label, table)]
+            try:
+                if len(cache) >= cache_limit:
+                    cache.clear()  # keys drift: a fresh cache beats an LRU's per-hit cost
+                cache[key] = index
+            except TypeError:  # an unhashable key (a list): correct, just not cached
+                pass
+            return index
 
         def add(record: Record) -> None:
             try:
                 index = cache.get(record.key)
-            except TypeError:  # unhashable key: the partitioner hashes it uncached
+            except TypeError:
                 index = None
             if index is None:
-                try:
-                    index = by_key(record.key)
-                except EncodingError as exc:  # a key msgpack cannot hash: name the edge too
-                    raise EncodingError(f"{label}: {exc}", value_type=exc.value_type) from exc
+                index = place(record.key)
             appenders[index](record)
 
-        self.add = add
+        self._by_key = add
+        self._set_add()
+
+    def _set_add(self) -> None:
+        # one instance: every key goes there, so no lookup at all (the outputs re-read ``add`` after a switch)
+        self.add = self.buffers[0].append if len(self.channels) == 1 else self._by_key
+
+    def add_batch(self, records: Batch) -> None:
+        """Buffer many records."""
+        if len(self.buffers) == 1:
+            self.buffers[0].extend(records)
+        else:
+            add = self._by_key
+            for record in records:
+                add(record)
+
+    async def _deliver(self, index: int, batch: Batch) -> None:
+        await self._send(self.channels[index], batch)
+
+    def retarget(self, channels: list[Channel], table: SegmentTable | None) -> None:
+        """Route by ``table`` to ``channels`` (one per instance) from now on."""
+        assert table is not None, "a keyed route switches to a segment table"
+        _check_table(table, channels, self.label)
+        self.channels = channels
+        self.buffers = [[] for _ in channels]
+        self._appenders[:] = [buffer.append for buffer in self.buffers]
+        self._owners[0] = table.owners
+        self._cache.clear()
+        self._set_add()
+
+
+def _segment(key: Any, label: str, owners: tuple[int, ...]) -> int:
+    try:
+        return stable_hash(key) % len(owners)
+    except EncodingError as exc:  # a key msgpack cannot hash: name the edge too
+        raise EncodingError(f"{label}: {exc}", value_type=exc.value_type) from exc
+
+
+def _check_table(table: SegmentTable, channels: list[Channel], label: str) -> None:
+    if table.instances != len(channels):
+        raise TopologyError(f"{label}: a segment table for {table.instances} instances, but {len(channels)} channels")
 
 
 def in_loop_adder(
@@ -208,33 +330,27 @@ class HasIteration(Protocol):
     iteration: int
 
 
-def make_route(channels: list[Channel], partitioning: PartitionSpec, label: str = "edge") -> Route:
-    """The route for ``partitioning`` towards ``channels`` (one per instance); ``label`` names the edge in errors."""
-    route = _make_route(channels, partitioning, label)
+def make_route(
+    channels: list[Channel], partitioning: PartitionSpec, label: str = "edge", table: SegmentTable | None = None
+) -> Route:
+    """The route for ``partitioning`` towards ``channels`` (one per instance); ``label`` names the edge in errors.
+
+    A ``SAME_KEY`` route follows ``table`` (default: contiguous segment ranges over the channels).
+    """
+    route = _make_route(channels, partitioning, label, table)
     route.label = label
     return route
 
 
-def _make_route(channels: list[Channel], partitioning: PartitionSpec, label: str = "edge") -> Route:
-    if partitioning is ROUND_ROBIN or (len(channels) == 1 and partitioning is SAME_KEY):
+def _make_route(channels: list[Channel], partitioning: PartitionSpec, label: str, table: SegmentTable | None) -> Route:
+    if partitioning is ROUND_ROBIN:
         return RoundRobinRoute(channels)
     if partitioning is BROADCAST:
         return BroadcastRoute(channels)
     if partitioning is SAME_KEY:
-        return KeyedRoute(channels, label)
-    count = len(channels)
+        return KeyedRoute(channels, table or SegmentTable.contiguous(DEFAULT_SEGMENTS, len(channels)), label)
     user_fn: Any = partitioning
-
-    def pick(record: Record) -> int:
-        try:
-            index = user_fn(record, count)
-        except Exception as exc:
-            raise TopologyError(f"{label}: the partition function raised {type(exc).__name__}: {exc}") from exc
-        if type(index) is not int or not 0 <= index < count:
-            raise TopologyError(f"{label}: the partition function returned {index!r}, expected 0..{count - 1}")
-        return index
-
-    return PartitionedRoute(channels, pick)
+    return PartitionedRoute(channels, user_fn, label)
 
 
 class DiscardRoute(RoundRobinRoute):

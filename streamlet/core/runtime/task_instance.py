@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.ports import Inputs
-from streamlet.core.model.record import Barrier, Batch, DeadLetter, FiredWindowRecord, Record, WindowRecord
+from streamlet.core.model.record import Barrier, Batch, DeadLetter, FiredWindowRecord, Reconfigure, Record, WindowRecord
 from streamlet.core.model.task import RecordFailure, Task, WindowReduceTask
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import WindowSpec
@@ -20,12 +20,14 @@ from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.state.expiring import ExpiringState
 from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.participant import Section
+from streamlet.core.state.regroup import merge_task_snapshots, split_task_snapshot
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.errors import EncodingError, StreamletError, TaskError, TopologyError
 
 if TYPE_CHECKING:
     from streamlet.core.model.topology import Node
+    from streamlet.core.runtime.reconfiguration import ActiveReconfiguration
 
 LATE_PORT = LATE  # the late side output: the last output port of every task
 
@@ -48,7 +50,14 @@ class TaskInstance(Receiver):
             self.window = logic_for(node.window)
             self.window.fold = getattr(self.task, "window_fold", None)
             self.windowed_ports = frozenset(node.windowed_ports)
-        self._channels_of = [[c for c, p in enumerate(inbox.ports) if p == port] for port in range(node.inputs)]
+        self._channels_of: list[list[int]] = []
+        self.channels_changed()
+        self.joining: ActiveReconfiguration | None = None  # added by a rescale: takes its state before it runs
+
+    def channels_changed(self) -> None:
+        """The channels of each input port (sync mode picks among them)."""
+        ports = self.inbox.ports
+        self._channels_of = [[c for c, p in enumerate(ports) if p == port] for port in range(self.node.inputs)]
 
     def _new_task(self) -> Task:
         assert self.node.make_task is not None
@@ -79,7 +88,12 @@ class TaskInstance(Receiver):
             ) from exc  # fmt: skip
 
     async def run(self) -> None:
-        """Run the loop of the task's input mode."""
+        """Run the loop of the task's input mode (a new instance first takes the state handed to it)."""
+        joining = self.joining
+        if joining is not None:
+            self.joining = None
+            await self._import(joining)
+            self._reconfigured()
         if self.node.sync and self.node.inputs > 1:
             await self.open()
             await self._run_sync()
@@ -121,9 +135,52 @@ class TaskInstance(Receiver):
         await self.outputs.flush()
         await self.outputs.broadcast(Barrier(epoch))
 
+    # -- live reconfiguration (``core.runtime.reconfiguration``) ----------------------
+
+    async def on_reconfigure(self, marker: Reconfigure) -> None:
+        """Aligned on a reconfiguration: of this task, hand over the keys that move, tell downstream, then
+        retire or take the keys that move here; of an upstream task, just note it."""
+        active = self.env.reconfiguration
+        if marker.task != self.node.name or active is None or active.plan.id != marker.id:
+            await super().on_reconfigure(marker)
+            return
+        plan = active.plan
+        await self.outputs.flush()
+        if self.index in plan.exporters:
+            await self._export(active)
+        await self.outputs.broadcast(marker)  # downstream aligns on it: results from before the move come first
+        if plan.retiring(self.index):
+            self.retired = True
+            self.open_ports = 0  # the loop ends here; complete() only ends the outputs
+        elif self.index in plan.importers:
+            await self._import(active)
+        self._reconfigured()
+
+    async def _export(self, active: ActiveReconfiguration) -> None:
+        """Split this instance's state by where each key belongs now; keep its own part, send the others."""
+        plan = active.plan
+        target = plan.target_function(self.index)
+        parts = split_task_snapshot(self.snapshot(), target, plan.width, self.index, self.node.window)
+        if not plan.retiring(self.index):
+            self.restore(parts[self.index])
+        for importer in sorted(plan.importers - {self.index}):
+            await active.handoff.send(self.index, importer, parts[importer])
+
+    async def _import(self, active: ActiveReconfiguration) -> None:
+        """Wait for the part of every exporter, then hold their keys as well as this instance's own."""
+        plan = active.plan
+        if self.index not in plan.importers:
+            return
+        parts = await active.handoff.receive(self.index, plan.sources_of(self.index))
+        self.restore(merge_task_snapshots([self.snapshot(), *parts], self.node.window))
+
     async def complete(self) -> None:
         """Close open windows, fire the event-time timers, run ``finish`` (which may emit final results),
-        then end downstream."""
+        then end downstream. A retired instance handed all that over: it only ends its outputs."""
+        if self.retired:
+            self.completed = True
+            await self.outputs.end()
+            return
         if not self.finished:
             if self.window is not None:
                 for window in self.window.close_all():

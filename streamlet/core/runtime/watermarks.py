@@ -79,6 +79,12 @@ class InputWatermarks:
         self.current = -math.inf  # the combined watermark, never going back
         self.any_idle = False  # some channel is idle: data on it must wake it (checked per batch, so kept flat)
 
+    def add_channel(self) -> None:
+        """A channel added while running (a rescale wired a new sender in): it counts from its first watermark."""
+        self.values.append(-math.inf)
+        self.idle.append(False)
+        self.counted.append(True)
+
     def activate(self, channel: int) -> None:
         """Data arrived on ``channel``: if it was idle, it holds the watermark back again from now on."""
         self.idle[channel] = False

@@ -31,7 +31,8 @@ A checkpoint document::
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -111,6 +112,11 @@ class Coordinator:
         self._closed = False
         self._ready = anyio.create_memory_object_stream[int](100)
         self.failure: Exception | None = None  # what stopped run(): a save, a commit or a sink's staging failed
+        self._paused = 0  # reconfigurations under way: no checkpoint may begin (they are cuts of their own)
+        self._resumed = anyio.Event()
+        #: The segment table of every task, as plain data, for the checkpoint document (a restore re-splits
+        #: state when the layout it resumes with differs). Set by the job.
+        self.layout: Callable[[], dict[str, Any]] = dict
 
     def attach(self, instances: Sequence[Participant], last_epoch: int | None, attempt: str) -> None:
         """The instances of run ``attempt`` of the job; epochs continue after ``last_epoch``."""
@@ -121,8 +127,25 @@ class Coordinator:
 
     # -- triggering -----------------------------------------------------------
 
+    @asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """No checkpoint in flight inside the block: the ones pending complete first, none begins until the
+        block is left (a reconfiguration changes instances and channels: barriers must not cross it)."""
+        self._paused += 1
+        try:
+            while self._pending:
+                await next(iter(self._pending.values())).done.wait()
+            yield
+        finally:
+            self._paused -= 1
+            if not self._paused:
+                self._resumed.set()
+                self._resumed = anyio.Event()
+
     async def checkpoint(self) -> int:
         """Take a checkpoint now and wait until it is complete; returns its epoch."""
+        while self._paused:
+            await self._resumed.wait()
         if self._closed:
             raise JobError(f"job '{self.job}' has ended: no more checkpoints")
         epoch = await self.trigger()
@@ -242,7 +265,7 @@ class Coordinator:
             await self.clock.sleep(self.interval)
             if self._finishing is not None:
                 return  # after the final checkpoint the sinks close: another would stage into a closed writer
-            if not self._pending:  # one checkpoint at a time: a slow one is not piled upon
+            if not self._pending and not self._paused:  # one at a time, and never across a reconfiguration
                 await self.trigger()
 
     async def _complete(self, epoch: int, finished: bool = False) -> None:
@@ -291,7 +314,10 @@ class Coordinator:
             if self.agreement is not None:  # a part holds some instances of a node: say which
                 snapshot = [instance.index, snapshot]
             sections[instance.section].setdefault(instance.node.name, []).append(snapshot)
-        return {"epoch": epoch, "job": self.job, "finished": finished, "attempt": self.attempt, **sections}
+        return {
+            "epoch": epoch, "job": self.job, "finished": finished, "attempt": self.attempt, **sections,
+            "layout": self.layout(),
+        }  # fmt: skip
 
     async def finish(self) -> None:
         """The job ended normally: a final checkpoint commits what sinks still hold, then they close."""

@@ -5,14 +5,32 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sinks import RestorePoint
-from streamlet.core.model.timers import Timers
-from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.participant import Participant
+from streamlet.core.state.regroup import regroup, unsplittable_window
 from streamlet.errors import JobError
 
 
-async def restore(instances: Mapping[str, Sequence[Participant]], document: dict[str, Any] | None) -> None:
+def layout_of(document: dict[str, Any] | None, tables: Mapping[str, SegmentTable]) -> dict[str, SegmentTable]:
+    """The segment tables a job resumes with: the checkpoint's, where they fit its tasks now (same number of
+    instances and segments), so state stays where it was; the others keep ``tables`` (the defaults)."""
+    chosen = dict(tables)
+    for name, data in ((document or {}).get("layout") or {}).items():
+        current = chosen.get(name)
+        if current is None:
+            continue
+        table = SegmentTable.from_data(data)
+        if table.instances == current.instances and table.segments == current.segments:
+            chosen[name] = table
+    return chosen
+
+
+async def restore(
+    instances: Mapping[str, Sequence[Participant]],
+    document: dict[str, Any] | None,
+    tables: Mapping[str, SegmentTable] | None = None,
+) -> None:
     """Restore sources' positions, tasks' state and windows, and sinks' staged output.
 
     Sinks are told the checkpoint's epoch and the attempt that took it
@@ -20,9 +38,10 @@ async def restore(instances: Mapping[str, Sequence[Participant]], document: dict
     fresh start (``document`` is ``None``) they are told ``None``. A sink's
     ``restore`` may be ``async def``, e.g. to redo a Spark write off the
     event loop. A task's keyed state is re-split by key when its parallelism
-    changed; sources and windowed tasks must keep theirs. ``instances`` may
-    hold only some instances of a node (a cluster worker's share): each takes
-    the entry of its own index.
+    changed or its segment table is not the one it was taken with (``tables``:
+    what the job routes by now; see :func:`layout_of`); sources must keep
+    theirs. ``instances`` may hold only some instances of a node (a cluster
+    worker's share): each takes the entry of its own index.
     """
     point = None if document is None else RestorePoint(document["epoch"], document.get("attempt"))
     for group in instances.values():
@@ -35,7 +54,9 @@ async def restore(instances: Mapping[str, Sequence[Participant]], document: dict
         if section == "sources":
             _restore_each(group, _entries(document, section, name, group))
         elif section == "tasks":
-            _restore_each(group, _resplit(name, group, _entries(document, section, name, group, exact=False)))
+            entries = _entries(document, section, name, group, exact=False)
+            table = (tables or {}).get(name)
+            _restore_each(group, _resplit(name, group, entries, document, table))
 
 
 def _entries(
@@ -58,28 +79,20 @@ def _restore_each(group: Sequence[Participant], entries: list[Any]) -> None:
         instance.restore(entries[instance.index])
 
 
-def _resplit(name: str, group: Sequence[Participant], snapshots: list[Any]) -> list[Any]:
-    """Tasks' snapshots for the parallelism the job runs with now: keyed state, its write times (under a
-    TTL) and timers are re-split by key."""
-    parallelism = group[0].node.parallelism
-    if len(snapshots) == parallelism:
-        return snapshots
-    if any(snapshot["window"] is not None for snapshot in snapshots):
-        raise JobError(f"windowed task '{name}' cannot change parallelism ({len(snapshots)} -> {parallelism})")
-    finished = all(snapshot["finished"] for snapshot in snapshots)
-    parts = _resplit_keyed([snapshot["state"] for snapshot in snapshots], parallelism)
-    timers = Timers.partition(Timers.merge([snapshot.get("timers") for snapshot in snapshots]), parallelism)
-    resplit = [
-        {"state": part, "window": None, "finished": finished, "timers": timers[index]}
-        for index, part in enumerate(parts)
-    ]
-    written = [snapshot["state_written"] for snapshot in snapshots if "state_written" in snapshot]
-    if written:
-        for entry, part in zip(resplit, _resplit_keyed(written, parallelism), strict=True):
-            entry["state_written"] = part
-    return resplit
-
-
-def _resplit_keyed(snapshots: list[bytes], parallelism: int) -> list[bytes]:
-    """Key-to-something maps of every old instance, split for ``parallelism`` new ones."""
-    return KeyedState.partition(KeyedState.merge(snapshots), parallelism)
+def _resplit(
+    name: str, group: Sequence[Participant], snapshots: list[Any], document: dict[str, Any], table: SegmentTable | None
+) -> list[Any]:
+    """Tasks' snapshots for the layout the job runs with now: as they are when it is the layout they were
+    taken with, else every key's state, write time, timers and windows regrouped by its owner now."""
+    node = group[0].node
+    table = table or SegmentTable.contiguous(node.max_parallelism, node.parallelism)
+    taken = (document.get("layout") or {}).get(name)
+    unsplittable = unsplittable_window(node.window)
+    if len(snapshots) == table.instances:
+        if unsplittable is not None or (taken is not None and SegmentTable.from_data(taken) == table):
+            return snapshots  # as taken (a count window over all of an instance's records stays with it)
+    elif unsplittable is not None and any(snapshot.get("window") is not None for snapshot in snapshots):
+        raise JobError(
+            f"task '{name}' cannot change parallelism ({len(snapshots)} -> {table.instances}): {unsplittable}"
+        )
+    return regroup(snapshots, table.owner_function(), table.instances, node.window)

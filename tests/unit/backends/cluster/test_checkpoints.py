@@ -22,6 +22,7 @@ def part(worker_sources: list[list[object]], worker_tasks: list[list[object]], f
         "attempt": "wc.u1.2",
         "sources": {"lines": worker_sources} if worker_sources else {},
         "tasks": {"count": worker_tasks} if worker_tasks else {},
+        "layout": {"count": {"owners": [0, 1, 2], "instances": 3, "version": 2}},
     }
 
 
@@ -37,6 +38,7 @@ def test_parts_merge_into_instance_order_whichever_worker_held_which_instance() 
         "attempt": "wc.u1.2",
         "sources": {"lines": [100, 250]},
         "tasks": {"count": [{"state": "s0"}, {"state": "s1"}, {"state": "s2"}]},
+        "layout": {"count": {"owners": [0, 1, 2], "instances": 3, "version": 2}},
     }
 
 

@@ -1,0 +1,210 @@
+"""Live reconfiguration of a job running in this process: rescale a task, move its segments.
+
+The steps, for task ``T`` going from segment table ``old`` to ``new``
+(``core.runtime.reconfiguration`` has the plan; the instances run the
+protocol):
+
+1. Checkpoints pause: none in flight, none begins (a reconfiguration is a
+   cut of its own, and barriers must not cross changing channels).
+2. New instances of ``T`` are wired in: an inbox with a channel from every
+   sender, channels into every receiver downstream (held there until the
+   change has aligned), and they wait for their state before running.
+3. Every sender into ``T`` is asked to switch at its next batch boundary:
+   what it buffered goes out by the old table, then a ``Reconfigure`` marker
+   on each old channel, then it routes by the new table.
+4. Each old instance of ``T``, aligned on the marker, hands the keys that
+   move to their new owners, passes the marker downstream, and then retires
+   or takes the keys moving to it. Downstream receivers align on the marker,
+   so a key's results from before the move come before those after it.
+5. When every instance has played its part, the layout is the new one:
+   retired instances are gone (their counters still count), checkpoints go
+   on with the new layout.
+
+Nothing is lost or doubled, and instances that are not involved keep running
+with their state in memory. Only jobs in one process, not inside a loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from streamlet.core.model.partition import SAME_KEY
+from streamlet.core.model.record import END_OF_STREAM
+from streamlet.core.model.topology import Node, Topology
+from streamlet.core.runtime.instances import Environment, Instance, Receiver
+from streamlet.core.runtime.reconfiguration import ActiveReconfiguration, LocalHandoff, ReconfigurationPlan
+from streamlet.core.runtime.routing import Switch
+from streamlet.core.runtime.task_instance import TaskInstance
+from streamlet.core.state.regroup import unsplittable_window
+from streamlet.errors import ReconfigurationError
+
+if TYPE_CHECKING:
+    from streamlet.core.runtime.plan import PhysicalPlan, _Builder
+    from streamlet.core.state.checkpoints import Coordinator
+
+
+class Reconfigurer:
+    """Carries out one reconfiguration at a time on a running in-process job."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        plan: PhysicalPlan,
+        env: Environment,
+        start: Callable[[Instance], None],
+        coordinator: Coordinator | None,
+    ) -> None:
+        self.topology = topology
+        self.plan = plan
+        self.env = env
+        self.start = start  # runs a new instance in the job's task group
+        self.coordinator = coordinator
+        self.count = 0  # reconfigurations completed
+
+    # -- what callers ask -------------------------------------------------------------
+
+    def rescale_plan(self, task: str, instances: int) -> ReconfigurationPlan:
+        """The plan for giving ``task`` ``instances`` instances (checked; nothing changes yet)."""
+        node = self._check(task)
+        if type(instances) is not int or not 1 <= instances <= node.max_parallelism:
+            raise ReconfigurationError(
+                f"task '{task}' can run with 1 to {node.max_parallelism} instances (its max_parallelism, "
+                f"the number of key segments), not {instances!r}"
+            )
+        old = self.plan.tables[task]
+        return ReconfigurationPlan(self.count + 1, task, old, old.rescaled(instances))
+
+    def move_plan(self, task: str, moves: Mapping[int, int]) -> ReconfigurationPlan:
+        """The plan for giving segments of ``task`` new owners (``segment -> instance``; checked)."""
+        self._check(task)
+        old = self.plan.tables[task]
+        for segment, owner in moves.items():
+            if type(segment) is not int or not 0 <= segment < old.segments:
+                raise ReconfigurationError(f"task '{task}' has segments 0 to {old.segments - 1}, not {segment!r}")
+            if type(owner) is not int or not 0 <= owner < old.instances:
+                raise ReconfigurationError(
+                    f"task '{task}' has instances 0 to {old.instances - 1}: segment {segment} cannot go to {owner!r}"
+                )
+        return ReconfigurationPlan(self.count + 1, task, old, old.moved_to(moves))
+
+    async def run(self, plan: ReconfigurationPlan) -> None:
+        """Carry ``plan`` out and return once the job runs with the new layout."""
+        if self.env.reconfiguration is not None:
+            raise ReconfigurationError(
+                f"task '{self.env.reconfiguration.plan.task}' is being reconfigured: one change at a time"
+            )
+        if plan.old.owners == plan.new.owners and plan.old.instances == plan.new.instances:
+            return  # nothing moves
+        active = ActiveReconfiguration(plan, LocalHandoff())
+        self.env.reconfiguration = active  # taken at once: a second caller is refused from here on
+        try:
+            if self.coordinator is None:
+                await self._carry_out(active)
+            else:
+                async with self.coordinator.paused():
+                    await self._carry_out(active)
+        finally:
+            self.env.reconfiguration = None
+
+    # -- checks -------------------------------------------------------------------------
+
+    def _check(self, task: str) -> Node:
+        node = self.topology.nodes.get(task)
+        if node is None or node.kind != "task":
+            tasks = sorted(name for name, n in self.topology.nodes.items() if n.kind == "task")
+            raise ReconfigurationError(f"job '{self.topology.name}' has no task called '{task}' (tasks: {tasks})")
+        if self.plan.builder is None or self.plan.builder.placement is not None:
+            raise ReconfigurationError("this job is split between processes: reconfigure it through its cluster")
+        if any(task in t.members or _feeds(self.topology, t.members, task) for t in self.plan.trackers):
+            raise ReconfigurationError(f"task '{task}' is in or next to a loop: loops cannot be reconfigured live")
+        reason = unsplittable_window(node.window)
+        if reason is not None:
+            raise ReconfigurationError(f"task '{task}' cannot be reconfigured: {reason}")
+        if any(instance.completed for instance in self.plan.instances.get(task, [])):
+            raise ReconfigurationError(f"task '{task}' has finished: its input ended")
+        return node
+
+    # -- the steps ------------------------------------------------------------------------
+
+    async def _carry_out(self, active: ActiveReconfiguration) -> None:
+        plan, topology = active.plan, self.topology
+        node = topology.nodes[plan.task]
+        builder = self.plan.builder
+        assert builder is not None
+        if any(instance.completed for instance in self.plan.instances[plan.task]):
+            raise ReconfigurationError(f"task '{plan.task}' has finished: its input ended")
+        old_instances = list(self.plan.instances[plan.task])
+        for instance in old_instances:
+            active.expect(plan.task, instance.index)
+        for receiver in self._downstream(plan.task):
+            active.expect(receiver.node.name, receiver.index)
+        added = self._add_instances(node, builder, plan, active)
+        await self._switch_senders(builder, plan, active)
+        node.parallelism = plan.new.instances  # what restores, statistics and later wiring read from here on
+        for instance in added:
+            self.start(instance)
+        await active.over.wait()
+        kept = [instance for instance in old_instances if not plan.retiring(instance.index)]
+        self.plan.retired.extend(instance for instance in old_instances if plan.retiring(instance.index))
+        self.plan.instances[plan.task] = [*kept, *added]
+        self.plan.tables[plan.task] = plan.new
+        builder.retire(plan.task, plan.new.instances)
+        if self.coordinator is not None:
+            self.coordinator.instances = self.plan.all()
+        self.count += 1
+
+    def _add_instances(
+        self, node: Node, builder: _Builder, plan: ReconfigurationPlan, active: ActiveReconfiguration
+    ) -> list[TaskInstance]:
+        """New instances, wired in and waiting for their state (not started yet)."""
+        receivers = {name: [i for i in group if isinstance(i, Receiver)] for name, group in self.plan.instances.items()}
+        added = []
+        for index in range(plan.old.instances, plan.new.instances):
+            inbox = builder.add_inbox(node)
+            builder.connect_downstream(node, index, receivers)
+            instance = TaskInstance(node, index, builder.make_outputs(node, index), self.env, inbox)
+            instance.joining = active
+            active.expect(node.name, index)
+            added.append(instance)
+        return added
+
+    async def _switch_senders(
+        self, builder: _Builder, plan: ReconfigurationPlan, active: ActiveReconfiguration
+    ) -> None:
+        """Ask every sender into the task to switch routes at its next batch boundary."""
+        for edge_index, edge in enumerate(self.topology.edges):
+            if edge.downstream != plan.task:
+                continue
+            table = plan.new if edge.partitioning is SAME_KEY else None
+            for sender in self.plan.instances[edge.upstream]:
+                channels = builder.switched_channels(edge_index, sender.index, plan.new.instances)
+                if sender.completed:  # it sends its end on the old channels: the new ones must not wait for it
+                    for channel in channels[plan.old.instances :]:
+                        await channel.send(END_OF_STREAM)  # a new, empty channel: never waits
+                    continue
+                route = builder.routes[edge_index, sender.index]
+                name = (f"switch {edge_index}", sender.index)
+                active.expect(*name)
+                route.switch = Switch(channels, table, plan.marker, _switched(sender, active, name))
+                sender.wake()
+
+    def _downstream(self, task: str) -> list[Receiver]:
+        """Every receiving instance fed by ``task`` (they align on the marker)."""
+        names = {edge.downstream for edge in self.topology.edges if edge.upstream == task}
+        return [i for name in sorted(names) for i in self.plan.instances.get(name, []) if isinstance(i, Receiver)]
+
+
+def _switched(sender: Instance, active: ActiveReconfiguration, name: tuple[str, int]) -> Callable[[], None]:
+    def done() -> None:
+        sender.outputs.refresh_adders()  # a keyed route's add changes between one instance and several
+        active.done(*name)
+
+    return done
+
+
+def _feeds(topology: Topology, members: Any, task: str) -> bool:
+    return any(
+        (edge.upstream in members and edge.downstream == task) or (edge.upstream == task and edge.downstream in members)
+        for edge in topology.edges
+    )

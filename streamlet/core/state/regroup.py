@@ -1,0 +1,71 @@
+"""Splitting and merging a task instance's snapshot by key: what moves when segments move.
+
+A task snapshot (``TaskInstance.snapshot()``) holds keyed state, its write
+times under a TTL, per-key timers and window state. All of it is per key,
+so a snapshot splits into parts by an ``owner(key) -> instance`` function
+and parts of disjoint keys merge back into one. A live rescale splits the
+state of the instances that lose segments; a restore with a different layout
+merges every old instance's snapshot and splits for the new one. Window kinds
+that count an instance's records as a whole (not per key) cannot split while
+they hold open windows: :func:`unsplittable_window` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from streamlet.core.model.timers import Timers
+from streamlet.core.model.windows import WindowSpec
+from streamlet.core.state.keyed import KeyedState
+from streamlet.core.windows.split import merge_window_snapshots, split_window_snapshot, unsplittable
+
+Owner = Callable[[Any], int]
+
+
+def unsplittable_window(spec: WindowSpec | None) -> str | None:
+    """Why a task windowed by ``spec`` cannot hand state over by key (``None``: it can, or has no window)."""
+    return None if spec is None else unsplittable(spec)
+
+
+def split_task_snapshot(
+    snapshot: dict[str, Any], owner: Owner, parts: int, home: int, window: WindowSpec | None
+) -> list[dict[str, Any]]:
+    """``snapshot`` as ``parts`` snapshots: part i holds the keys ``owner`` gives i (counters stay at ``home``)."""
+    states = KeyedState.partition(snapshot["state"], parts, owner)
+    timers = Timers.partition(snapshot.get("timers"), parts, owner)
+    windows: list[Any] = [None] * parts
+    if window is not None and snapshot.get("window") is not None:
+        windows = split_window_snapshot(window, snapshot["window"], owner, parts, home)
+    split = [
+        {"state": states[i], "window": windows[i], "finished": snapshot["finished"], "timers": timers[i]}
+        for i in range(parts)
+    ]
+    if "state_written" in snapshot:
+        for entry, written in zip(split, KeyedState.partition(snapshot["state_written"], parts, owner), strict=True):
+            entry["state_written"] = written
+    return split
+
+
+def merge_task_snapshots(snapshots: Sequence[dict[str, Any]], window: WindowSpec | None) -> dict[str, Any]:
+    """One snapshot holding the keys of every one of ``snapshots`` (whose keys are disjoint)."""
+    merged: dict[str, Any] = {
+        "state": KeyedState.merge([snapshot["state"] for snapshot in snapshots]),
+        "window": None,
+        "finished": all(snapshot["finished"] for snapshot in snapshots),
+        "timers": Timers.merge([snapshot.get("timers") for snapshot in snapshots]),
+    }
+    windows = [snapshot["window"] for snapshot in snapshots if snapshot.get("window") is not None]
+    if window is not None and windows:
+        merged["window"] = merge_window_snapshots(window, windows)
+    written = [snapshot["state_written"] for snapshot in snapshots if "state_written" in snapshot]
+    if written:
+        merged["state_written"] = KeyedState.merge(written)
+    return merged
+
+
+def regroup(
+    snapshots: Sequence[dict[str, Any]], owner: Owner, parts: int, window: WindowSpec | None
+) -> list[dict[str, Any]]:
+    """Snapshots of any number of instances, regrouped for ``parts`` instances by ``owner``."""
+    return split_task_snapshot(merge_task_snapshots(snapshots, window), owner, parts, 0, window)
