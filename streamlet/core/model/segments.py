@@ -1,7 +1,8 @@
 """Key segments: the one place that decides which instance a key belongs to.
 
-A key falls in ``segment = stable_hash(key) % segments`` (``segments`` is the
-task's ``max_parallelism``, 128 unless set), and a versioned
+A key falls in one of ``segments`` segments by its ``stable_hash``, mixed
+(:func:`segment_of`; ``segments`` is the task's ``max_parallelism``, 128
+unless set), and a versioned
 :class:`SegmentTable` says which instance owns each segment. Routing, keyed
 state, timers, window state and rescaling all ask this module, so moving a
 segment moves exactly its keys and nothing else: changing the number of
@@ -28,8 +29,24 @@ DEFAULT_SEGMENTS = 128
 
 
 def segment_of(key: Any, segments: int) -> int:
-    """The segment ``key`` falls in: ``stable_hash(key) % segments`` (the same in every process)."""
-    return stable_hash(key) % segments
+    """The segment ``key`` falls in, the same in every process and run (see :func:`spread`)."""
+    return spread(stable_hash(key), segments)
+
+
+def spread(hashed: int, segments: int) -> int:
+    """A 32-bit hash's segment: mixed first (murmur3's finaliser), then scaled to ``range(segments)``.
+
+    CRC-32 is linear: keys that differ in one character (``s0`` .. ``s7``,
+    ``user1`` .. ``user9``) differ in a fixed pattern of bits, and a plain
+    ``% 128`` left all eight in the first half of the segments, so contiguous
+    ranges put them on one instance. The mix makes every bit of the key count.
+    """
+    hashed ^= hashed >> 16
+    hashed = (hashed * 0x85EBCA6B) & 0xFFFFFFFF
+    hashed ^= hashed >> 13
+    hashed = (hashed * 0xC2B2AE35) & 0xFFFFFFFF
+    hashed ^= hashed >> 16
+    return (hashed * segments) >> 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +75,12 @@ class SegmentTable:
 
     def owner(self, key: Any) -> int:
         """The instance that owns ``key``."""
-        return self.owners[stable_hash(key) % len(self.owners)]
+        return self.owners[segment_of(key, len(self.owners))]
 
     def owner_function(self) -> Callable[[Any], int]:
         """``owner`` as a plain function (what state splitting calls per key)."""
         owners, segments = self.owners, len(self.owners)
-        return lambda key: owners[stable_hash(key) % segments]
+        return lambda key: owners[segment_of(key, segments)]
 
     def segments_of(self, instance: int) -> list[int]:
         """The segments ``instance`` owns, in order."""

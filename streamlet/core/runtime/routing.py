@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, PartitionSpec, stable_hash
+from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, PartitionSpec
 from streamlet.core.model.record import END_OF_STREAM, Batch, LoopRecord, Marker, Reconfigure, Record, Watermark
-from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
+from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable, segment_of
 from streamlet.core.runtime.channel import Channel
 from streamlet.errors import EncodingError, TopologyError
 
@@ -287,7 +287,7 @@ class KeyedRoute(Route):
 
 def _segment(key: Any, label: str, owners: tuple[int, ...]) -> int:
     try:
-        return stable_hash(key) % len(owners)
+        return segment_of(key, len(owners))
     except EncodingError as exc:  # a key msgpack cannot hash: name the edge too
         raise EncodingError(f"{label}: {exc}", value_type=exc.value_type) from exc
 

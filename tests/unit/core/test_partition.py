@@ -16,7 +16,7 @@ import pytest
 
 import streamlet as sl
 from streamlet.core.model.partition import partition_of
-from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
+from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable, segment_of, spread
 from streamlet.core.runtime.channel import Inbox, LocalChannel
 from streamlet.core.runtime.routing import KeyedRoute
 from tests.conftest import values
@@ -107,11 +107,19 @@ def owner_of(key: Any, instances: int) -> int:
     return SegmentTable.contiguous(DEFAULT_SEGMENTS, instances).owner(key)
 
 
-def test_default_owner_is_the_segment_of_the_hash_in_contiguous_ranges() -> None:
-    """Key -> segment stable_hash % 128 -> instance segment * n // 128: ranges of equal size."""
-    assert [owner_of(key, 4) for key in KEYS] == [(h % 128) * 4 // 128 for h in KNOWN_HASHES]
+def test_default_owner_is_the_segment_of_the_mixed_hash_in_contiguous_ranges() -> None:
+    """Key -> segment (the mixed stable_hash scaled to 128) -> instance segment * n // 128: equal ranges."""
+    assert [owner_of(key, 4) for key in KEYS] == [spread(h, 128) * 4 // 128 for h in KNOWN_HASHES]
+    assert [spread(h, 128) for h in KNOWN_HASHES] == [segment_of(key, 128) for key in KEYS]
     table = SegmentTable.contiguous(128, 3)
     assert [len(table.segments_of(i)) for i in range(3)] == [43, 43, 42]
+
+
+def test_keys_that_differ_in_one_character_spread_over_the_instances() -> None:
+    """s0..s7 and user0..user99 reach every instance (CRC-32 alone left s0..s7 all on instance 0 of 2)."""
+    assert {owner_of(f"s{i}", 2) for i in range(8)} == {0, 1}
+    spread_over = [sum(owner_of(f"user{i}", 4) == owner for i in range(100)) for owner in range(4)]
+    assert min(spread_over) >= 15, spread_over
 
 
 def test_keyed_route_caches_and_clears_at_its_limit() -> None:
