@@ -29,12 +29,15 @@ def run(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_interval: float | None = None,
     checkpoint_store: CheckpointStore | None = None,
+    from_savepoint: str | os.PathLike[str] | None = None,
 ) -> JobResult:
     """Run ``topology`` to completion in a new event loop and return its result.
 
     With ``checkpoint_dir`` (or a ``checkpoint_store``) the job takes a
     checkpoint every ``checkpoint_interval`` seconds and, when the directory
-    holds an unfinished job's checkpoint, resumes from the latest intact one.
+    holds an unfinished job's checkpoint, resumes from the latest intact one;
+    with ``from_savepoint`` it starts from that savepoint instead (see
+    :meth:`Job.savepoint`).
     Call it from synchronous code; inside a running loop use :func:`start`.
 
     Example:
@@ -47,6 +50,7 @@ def run(
         [2, 4, 6]
     """
     options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
+    options["from_savepoint"] = from_savepoint
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -103,6 +107,7 @@ async def start(
     checkpoint_interval: float | None = None,
     checkpoint_store: CheckpointStore | None = None,
     channel_factory: ChannelFactory | None = None,
+    from_savepoint: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[Job]:
     """Run ``topology`` inside the caller's event loop.
 
@@ -117,5 +122,6 @@ async def start(
         ...         result = await job.wait()
     """
     options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
+    options["from_savepoint"] = from_savepoint
     async with open_job(topology, channel_factory=channel_factory or LocalChannel, **options) as job:
         yield job

@@ -46,6 +46,7 @@ EOS 6    ``[channel, epoch, seq]``: nothing more on ``channel``   sender -> rece
 ERROR 7  ``[reason]``, then the connection closes                 either way
 OPEN 8   ``[channel, ...]`` / ``[[channel, last_seq, credit], ...]`` sender -> receiver -> sender
 WATERMARK 9 ``[channel, epoch, seq, ts, idle]``                   sender -> receiver
+RECONFIGURE 10 ``[channel, epoch, seq, id, task, senders]``       sender -> receiver
 ======== ======================================================= =========================
 
 * **Authentication.** Mutual HMAC-SHA256 over nonces with the shared
@@ -57,7 +58,7 @@ WATERMARK 9 ``[channel, epoch, seq, ts, idle]``                   sender -> rece
   processes carries all their channels. ``OPEN`` attaches channels to the
   connection; the reply gives, per channel, the last sequence number
   delivered and the sender's credit.
-* **Flow control.** Credit is counted in items (a DATA, BARRIER, WATERMARK or EOS frame
+* **Flow control.** Credit is counted in items (a DATA, BARRIER, WATERMARK, RECONFIGURE or EOS frame
   each). A sender never has more unconfirmed items than its credit, which
   starts at the receiving inbox channel's capacity. The receiver grants one
   item of credit each time the receiving instance takes one out of the inbox,

@@ -60,6 +60,7 @@ class FrameType(enum.IntEnum):
     ERROR = 7  # [reason]: sent before closing a connection
     OPEN = 8  # [channel, ...]: the sender (re)attaches channels after connecting
     WATERMARK = 9  # [channel, epoch, seq, ts, idle]: event time on the channel has reached ts
+    RECONFIGURE = 10  # [channel, epoch, seq, id, task, senders]: the sender switched to a new layout of task
 
 
 # The lengths a body may have once decoded (None: any)
@@ -73,6 +74,7 @@ _SHAPES: dict[FrameType, tuple[int, ...] | None] = {
     FrameType.ERROR: (1,),
     FrameType.OPEN: None,
     FrameType.WATERMARK: (5,),
+    FrameType.RECONFIGURE: (6,),
 }
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item, Watermark
+from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item, Reconfigure, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import FrameError
 from streamlet.transport import auth
@@ -220,6 +220,11 @@ def _item(kind: FrameType, body: list[Any]) -> Item:
         if type(idle) is not bool or isinstance(ts, bool) or not isinstance(ts, int | float) or ts != ts:
             raise FrameError("malformed WATERMARK body")
         return Watermark(float(ts), idle)
+    if kind is FrameType.RECONFIGURE:
+        ident, task, senders = body[3], body[4], body[5]
+        if type(ident) is not int or type(task) is not str or type(senders) is not int or senders < 1:
+            raise FrameError("malformed RECONFIGURE body")
+        return Reconfigure(ident, task, senders)
     return END_OF_STREAM
 
 
@@ -276,7 +281,7 @@ class _Connection:
         return True
 
     def _handle(self, kind: FrameType, flags: int, body: list[Any]) -> None:
-        if kind in (FrameType.DATA, FrameType.BARRIER, FrameType.EOS, FrameType.WATERMARK):
+        if kind in (FrameType.DATA, FrameType.BARRIER, FrameType.EOS, FrameType.WATERMARK, FrameType.RECONFIGURE):
             self.server.deliver(self, kind, body, flags)
         elif kind is FrameType.OPEN:
             self._write(frame(FrameType.OPEN, self.server.open(self, body)))

@@ -30,7 +30,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from streamlet.core.model.record import Barrier, Batch, EndOfStream, Item, Watermark
+from streamlet.core.model.record import Barrier, Batch, EndOfStream, Item, Reconfigure, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import AuthenticationError, FrameError, RecordTooLarge, TransportError
 from streamlet.transport import auth
@@ -159,6 +159,8 @@ class TcpChannel:
             return frame(FrameType.EOS, [self.channel_id, self.epoch, seq])
         if isinstance(item, Watermark):
             return frame(FrameType.WATERMARK, [self.channel_id, self.epoch, seq, item.ts, item.idle])
+        if isinstance(item, Reconfigure):
+            return frame(FrameType.RECONFIGURE, [self.channel_id, self.epoch, seq, item.id, item.task, item.senders])
         raise TransportError(f"channel {self.channel_id!r} cannot send {item!r} over TCP")
 
     # -- driven by the link ---------------------------------------------------------

@@ -6,12 +6,14 @@ instance cancels the others and is raised from :meth:`Job.wait`.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -37,6 +39,7 @@ from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
 from streamlet.core.runtime.task_instance import TaskInstance
 from streamlet.core.state.checkpoints import Coordinator
 from streamlet.core.state.restore import layout_of, restore
+from streamlet.core.state.savepoints import check_fits, read_savepoint, write_savepoint
 from streamlet.core.state.store import CheckpointStore
 from streamlet.errors import JobError, ReconfigurationError, TopologyError
 
@@ -102,6 +105,7 @@ class Job:
         job_id: str | None = None,
         attempt: str | None = None,
         quiescence: Quiescence | None = None,
+        from_savepoint: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(topology, Topology):
             raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
@@ -122,6 +126,12 @@ class Job:
         self._env = Environment(batch_size, self.clock, job_id=self.job_id, attempt=self.attempt)
         self._env.event_time = topology.uses_event_time()
         self._coordinator: Coordinator | None = None
+        start_from = None  # read and checked before anything that must be closed is made
+        if from_savepoint is not None:
+            if checkpoint_store is None or coordinator is not None:
+                raise JobError("from_savepoint needs checkpoint_dir= (where the job keeps its own checkpoints)")
+            start_from = read_savepoint(from_savepoint)
+            check_fits(start_from[1], topology, f"savepoint {from_savepoint}")
         if checkpoint_store is not None or coordinator is not None:
             refuse_checkpoints_with_cycles(topology)
         if checkpoint_store is not None and coordinator is None:
@@ -131,9 +141,12 @@ class Job:
             self._env.checkpoints = coordinator
         elif checkpoint_interval is not None:
             raise JobError("checkpoint_interval needs a checkpoint store (checkpoint_dir=...)")
+        if start_from is not None:
+            assert self._coordinator is not None
+            self._coordinator.start_from = start_from
         self._plan: PhysicalPlan | None = None
         self._reconfigurer: Reconfigurer | None = None
-        self._reconfiguring: anyio.CancelScope | None = None  # a reconfiguration waiting: cancelled if the job ends
+        self._outer: anyio.abc.TaskGroup | None = None  # the job's own tasks (the coordinator, reconfigurations)
         self._error: BaseException | None = None
         self._finished = anyio.Event()
         self._started = anyio.Event()
@@ -171,8 +184,6 @@ class Job:
                 outer.cancel_scope.cancel()  # the coordinator's loop runs until the job is over
         finally:
             self._ended = time.perf_counter()
-            if self._reconfiguring is not None:
-                self._reconfiguring.cancel()  # its instances are gone: it can never complete
             if self._coordinator is not None:
                 self._coordinator.close()
             if self._error is not None or not self._started.is_set() or self._unfinished():
@@ -182,6 +193,7 @@ class Job:
             self._instance_idle()
 
     async def _start(self, instances: anyio.abc.TaskGroup, outer: anyio.abc.TaskGroup) -> bool:
+        self._outer = outer
         try:
             point = None if self._coordinator is None else await self._coordinator.restore_point()
             document = None if point is None else point[1]
@@ -287,6 +299,23 @@ class Job:
             raise JobError(f"job '{self.topology.name}' has no running task called '{task}'")
         return self._plan.tables[task]
 
+    async def savepoint(self, path: str | os.PathLike[str]) -> Path:
+        """Take a consistent snapshot without stopping and keep it at ``path``; returns the path.
+
+        A checkpoint like the others (the job needs ``checkpoint_dir``), then
+        written as a file of its own: ``start(topology, checkpoint_dir=...,
+        from_savepoint=path)`` runs a job from it, with changed code or
+        parallelism as long as task names and state shapes match.
+        """
+        coordinator = self._coordinator
+        if coordinator is None or coordinator.agreement is not None:
+            raise JobError(f"job '{self.topology.name}' has no checkpoint store of its own (pass checkpoint_dir=...)")
+        epoch = await self.checkpoint()
+        found = await anyio.to_thread.run_sync(coordinator.store.latest)
+        if found is None or found[0] < epoch:
+            raise JobError(f"checkpoint {epoch} of job '{self.topology.name}' cannot be read back for the savepoint")
+        return await anyio.to_thread.run_sync(write_savepoint, path, found[1])
+
     @property
     def reconfigurations(self) -> int:
         """Reconfigurations (rescales, segment moves) completed so far."""
@@ -299,14 +328,25 @@ class Job:
         return self._reconfigurer
 
     async def _reconfigure(self, plan: ReconfigurationPlan) -> None:
+        """Run ``plan`` in the job's own task group: a caller that gives up waiting (a timeout) leaves it to
+        finish, never half done; the job ending cancels it."""
         assert self._reconfigurer is not None
-        with anyio.CancelScope() as scope:
-            self._reconfiguring = scope
+        assert self._outer is not None
+        active = self._reconfigurer.claim(plan)
+        if active is None:
+            return
+        over = anyio.Event()
+
+        async def carry_out() -> None:
+            assert self._reconfigurer is not None
             try:
-                await self._reconfigurer.run(plan)
+                await self._reconfigurer.carry_out(active)
             finally:
-                self._reconfiguring = None
-        if scope.cancelled_caught or self._error is not None:
+                over.set()
+
+        self._outer.start_soon(self._guarded, carry_out, self._outer)  # a failure in it fails the job
+        await over.wait()
+        if self._reconfigurer.count < plan.id:
             raise ReconfigurationError(
                 f"job '{self.topology.name}' stopped during the reconfiguration"
             ) from self._error

@@ -88,16 +88,20 @@ class Reconfigurer:
                 )
         return ReconfigurationPlan(self.count + 1, task, old, old.moved_to(moves))
 
-    async def run(self, plan: ReconfigurationPlan) -> None:
-        """Carry ``plan`` out and return once the job runs with the new layout."""
+    def claim(self, plan: ReconfigurationPlan) -> ActiveReconfiguration | None:
+        """Take the job for ``plan`` (``None``: nothing would move); refused while another change runs."""
         if self.env.reconfiguration is not None:
             raise ReconfigurationError(
                 f"task '{self.env.reconfiguration.plan.task}' is being reconfigured: one change at a time"
             )
         if plan.old.owners == plan.new.owners and plan.old.instances == plan.new.instances:
-            return  # nothing moves
+            return None
         active = ActiveReconfiguration(plan, LocalHandoff())
         self.env.reconfiguration = active  # taken at once: a second caller is refused from here on
+        return active
+
+    async def carry_out(self, active: ActiveReconfiguration) -> None:
+        """Run a claimed reconfiguration to its end (the job's new layout); checkpoints wait meanwhile."""
         try:
             if self.coordinator is None:
                 await self._carry_out(active)

@@ -117,6 +117,8 @@ class Coordinator:
         #: The segment table of every task, as plain data, for the checkpoint document (a restore re-splits
         #: state when the layout it resumes with differs). Set by the job.
         self.layout: Callable[[], dict[str, Any]] = dict
+        #: A savepoint to start from instead of the store's newest checkpoint (set by the job).
+        self.start_from: tuple[int, dict[str, Any]] | None = None
 
     def attach(self, instances: Sequence[Participant], last_epoch: int | None, attempt: str) -> None:
         """The instances of run ``attempt`` of the job; epochs continue after ``last_epoch``."""
@@ -228,6 +230,10 @@ class Coordinator:
         """The checkpoint a job resumes from: ``(epoch, document)``, or ``None`` for a fresh start."""
         if self.agreement is not None:
             return await self.agreement.restore_point()
+        if self.start_from is not None:
+            epoch, document = self.start_from
+            stored = await anyio.to_thread.run_sync(self.store.epochs)
+            return max([epoch, *stored]), document  # epochs go on after any the store holds already
         return await anyio.to_thread.run_sync(self.store.latest)
 
     # -- completing -------------------------------------------------------------

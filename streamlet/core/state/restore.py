@@ -51,6 +51,8 @@ async def restore(
         return
     for name, group in instances.items():
         section = group[0].section
+        if section is not None and document.get("savepoint") and name not in document[section]:
+            continue  # a node added since the savepoint was taken starts afresh
         if section == "sources":
             _restore_each(group, _entries(document, section, name, group))
         elif section == "tasks":

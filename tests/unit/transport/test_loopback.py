@@ -148,3 +148,31 @@ async def test_late_firings_keep_their_mark_over_tcp() -> None:
         ("k", 6, (0.0, 10.0), "late", "FiredWindowRecord"),
         ("k", 1, (10.0, 20.0), "on_time", "WindowRecord"),
     ]
+
+
+async def test_a_rescale_runs_over_tcp_channels() -> None:
+    """Every channel TCP (RECONFIGURE frames, channels to new instances opened while running): a keyed
+    count rescaled 2 -> 3 -> 1 keeps every key's counts exact and in order."""
+    topology = sl.Topology("tcp-rescale")
+    source = topology.add_source("in", sl.QueueSource())
+    counts = topology.reduce("count", lambda total, one: total + one, parallelism=2)
+    counts.set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(counts)
+    async with (
+        asyncio.timeout(20),
+        open_loopback_transport() as transport,
+        sl.start(topology, channel_factory=transport.channel_factory, batch_size=100) as job,
+    ):
+        for i in range(3000):
+            await job.send("in", f"k{i % 31}", 1)
+            if i in (1000, 2000):
+                await job.rescale("count", 3 if i == 1000 else 1)
+        await job.close_source("in")
+        result = await job.wait()
+    running: dict[str, list[int]] = {}
+    for record in result.sink("out"):
+        running.setdefault(record.key, []).append(record.value)
+    assert sorted(running) == sorted(f"k{i}" for i in range(31))
+    assert all(values == list(range(1, len(values) + 1)) for values in running.values())
+    assert sum(len(values) for values in running.values()) == 3000
+    assert job.reconfigurations == 2
