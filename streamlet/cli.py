@@ -371,6 +371,31 @@ def kill_command(job: str, zk: str | None, cluster: str | None, state_dir: Path)
         click.echo(f"asked the cluster to stop job '{job}' (it was {state})")
 
 
+@main.command("rescale")
+@click.argument("job")
+@click.argument("task")
+@click.argument("instances", type=int)
+@_cluster_options
+@click.option("--timeout", default=120.0, show_default=True, help="seconds to wait for the change")
+def rescale_command(
+    job: str, task: str, instances: int, zk: str | None, cluster: str | None, state_dir: Path, timeout: float
+) -> None:
+    """Give TASK of running JOB INSTANCES instances, live: no restart, only moved key segments move."""
+    from streamlet.backends.cluster import client as cluster_client
+
+    try:
+        hosts, name = _where(zk, cluster, state_dir)
+        status = anyio.run(
+            cluster_client.rescale, hosts, name, job, task, instances, _client_secret("rescale", state_dir), timeout
+        )
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    click.echo(
+        f"job '{job}': {status['reason']} (attempt {status['attempt']}, "
+        f"{status['reconfigurations']} reconfiguration{'s' if status['reconfigurations'] != 1 else ''})"
+    )
+
+
 @main.command("rm")
 @click.argument("job")
 @_cluster_options

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -379,3 +382,66 @@ def test_an_event_time_job_on_the_cluster_gives_the_in_process_output(
         rows = sorted((r.key, r.value, r.ts) for r in expected.sink(sink))
         assert sorted(tuple(row) for row in collected[sink]) == rows
     assert len(collected["late"]) == 10
+
+
+LIVE = """
+import asyncio
+import os
+
+import streamlet as sl
+
+GATE = {gate!r}
+WORDS = [f"w{{index % 41}}" for index in range(20_000)]
+
+
+async def words():
+    for index, word in enumerate(WORDS):
+        if index == 5_000:
+            while not os.path.exists(GATE):  # the rest waits until the test (another process) opens the gate
+                await asyncio.sleep(0.05)
+        yield word, 1
+
+
+def build_topology():
+    topology = sl.Topology("live")
+    source = topology.add_source("words", words())
+    count = topology.reduce("count", lambda total, n: total + n, parallelism=2)
+    count.set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(count)
+    return topology
+"""
+
+
+def test_rescale_changes_a_running_job_in_the_same_attempt(cluster: Path, tmp_path: Path) -> None:
+    """streamlet rescale live count 3, then 1, while the job runs: RECONFIGURING and back, attempt 1,
+    'jobs --json' counts 2 reconfigurations, and every word's running counts come out exactly once, in order."""
+    gate, path, results = tmp_path / "gate", tmp_path / "live.py", tmp_path / "live.json"
+    path.write_text(LIVE.format(gate=str(gate)), encoding="utf-8")
+    command = [sys.executable, "-m", "streamlet.cli", "submit", str(path), "--job", "live", "--results", str(results)]
+    submitter = subprocess.Popen(command, cwd=cluster, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_state(cluster, "live", {"RUNNING"})
+        up = streamlet("rescale", "live", "count", "3", cwd=cluster)
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.strip() == "job 'live': change 1 done: count runs 3 instances (attempt 1, 1 reconfiguration)"
+        down = streamlet("rescale", "live", "count", "1", cwd=cluster)
+        assert down.returncode == 0, down.stderr
+        refused = streamlet("rescale", "live", "nope", "2", cwd=cluster)
+        assert refused.returncode == 1
+        assert "no task called 'nope'" in refused.stderr
+        listing = {job["name"]: job for job in json.loads(streamlet("jobs", "--json", cwd=cluster).stdout)}
+        assert (listing["live"]["state"], listing["live"]["attempt"], listing["live"]["reconfigurations"]) == (
+            "RUNNING", 1, 2,
+        )  # fmt: skip
+        gate.touch()
+        _, err = submitter.communicate(timeout=120)
+    finally:
+        if submitter.poll() is None:
+            submitter.kill()  # by its handle (its PID): only if the test failed before it ended
+            submitter.wait()
+    assert submitter.returncode == 0, err
+    running: dict[str, list[int]] = {}
+    for key, value, _ts in json.loads(results.read_text())["out"]:
+        running.setdefault(key, []).append(value)
+    totals = Counter(f"w{index % 41}" for index in range(20_000))
+    assert running == {word: list(range(1, total + 1)) for word, total in totals.items()}

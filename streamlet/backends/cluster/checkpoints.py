@@ -162,6 +162,9 @@ class ZkAgreement:
         path = f"{self.base}/trigger"
         while True:
             found = await self.zk.get(path)
+            if found is not None and found[0].get("hold") is not None:
+                await self.zk.wait_changed(path, found[1])  # a live change holds checkpoints until it is over
+                continue
             if found is not None and found[0]["final"]:
                 return None  # the final checkpoint is under way: nothing comes after it
             in_flight = 0 if found is None else int(found[0]["epoch"])
@@ -239,7 +242,7 @@ class ZkAgreement:
         if self.interval is None or finished or self._trigger_seen is None:
             return []
         data, version = self._trigger_seen
-        if version is None or int(data["epoch"]) != epoch or data["final"] or data.get("pause"):
+        if version is None or int(data["epoch"]) != epoch or data["final"] or data.get("pause") or data.get("hold"):
             return []
         if time.time() - float(data.get("at", time.time())) < self.interval:
             return []

@@ -1,4 +1,4 @@
-"""What ``submit``, ``jobs``, ``kill`` and ``rm`` do, talking to the cluster through ZooKeeper.
+"""What ``submit``, ``jobs``, ``kill``, ``rescale`` and ``rm`` do, talking to the cluster through ZooKeeper.
 
 Reading needs nothing; changing the cluster needs its secret (the store is
 opened with it, and ZooKeeper refuses writes from anyone without it).
@@ -6,12 +6,13 @@ opened with it, and ZooKeeper refuses writes from anyone without it).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster import jobs
+from streamlet.backends.cluster import jobs, reconfigure
 from streamlet.backends.cluster.lifecycle import JobState
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.errors import CoordinationError, JobError
@@ -70,6 +71,16 @@ async def kill(hosts: str, cluster: str, job: str, secret: bytes) -> str:
     """Ask the cluster to stop ``job``; returns the state it was in."""
     async with ZkStore(hosts, cluster, secret=secret) as store:
         return await jobs.kill(store, job)
+
+
+async def rescale(
+    hosts: str, cluster: str, job: str, task: str, instances: int, secret: bytes, seconds: float
+) -> dict[str, Any]:
+    """Give ``task`` of running ``job`` ``instances`` instances without restarting it; the job's status after."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        asked_at = time.time()
+        before = await reconfigure.ask(store, job, reconfigure.request_node(task, instances))
+        return await reconfigure.wait_done(store, job, before, asked_at, seconds)
 
 
 async def remove(hosts: str, cluster: str, job: str, secret: bytes) -> None:

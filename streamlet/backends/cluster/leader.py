@@ -28,22 +28,22 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import structlog
 
-from streamlet.backends.cluster import paths
+from streamlet.backends.cluster import paths, reconfigure
 from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import JobState, moved, state_of
-from streamlet.backends.cluster.paths import Assignment, JobStateNode
+from streamlet.backends.cluster.paths import Assignment, JobStateNode, Layout, Reconfiguration, ReconfigureRequest
 from streamlet.backends.cluster.registry import workers
 from streamlet.backends.cluster.scheduler import live, live_loads, place
 from streamlet.backends.cluster.signing import verify
-from streamlet.backends.cluster.store import ClusterStore, Create, Op, SetData, read_all
+from streamlet.backends.cluster.store import ClusterStore, Create, Delete, Op, SetData, read_all
 from streamlet.core.model.topology import Topology
-from streamlet.errors import DispatchError, NodeExists
+from streamlet.errors import DispatchError, NodeExists, ReconfigurationError
 
 log = structlog.get_logger("streamlet")
 ROUND = 0.2  # seconds between rounds when nothing wakes the leader earlier
@@ -61,6 +61,10 @@ class JobView:
     started: set[str]
     done: dict[str, dict[str, Any]]
     kill: dict[str, Any] | None
+    request: tuple[ReconfigureRequest, int] | None = None  # a client's request for a live change
+    change: Reconfiguration | None = None  # the newest live change of the job
+    changed: dict[str, dict[str, Any]] = field(default_factory=dict)  # workers done with it: worker -> report
+    layout: tuple[Layout, int] | None = None
 
     @property
     def attempt(self) -> int:
@@ -80,6 +84,9 @@ async def read_view(store: ClusterStore, job: str) -> JobView | None:
         return None
     assignment = await store.get(paths.assignment(job))
     attempt = 0 if assignment is None else int(assignment[0]["attempt"])
+    changes = await store.children(paths.reconfigurations(job))
+    change = None if not changes else await store.get(f"{paths.reconfigurations(job)}/{changes[-1]}")
+    changed = {} if change is None else await read_all(store, f"{paths.reconfigurations(job)}/{changes[-1]}/done")
     return JobView(
         name=job,
         spec=spec[0],
@@ -89,6 +96,10 @@ async def read_view(store: ClusterStore, job: str) -> JobView | None:
         started=set(await store.children(paths.started(job, attempt))),
         done=await read_all(store, paths.done(job, attempt)),
         kill=None if (found := await store.get(paths.kill(job))) is None else found[0],
+        request=await store.get(paths.reconfigure_request(job)),
+        change=None if change is None else change[0],
+        changed=changed,
+        layout=await store.get(paths.layout(job)),
     )
 
 
@@ -150,17 +161,29 @@ class Leader:
         lost = sorted(view.involved - live_ids)
         if lost:
             return await self._next_attempt(view, f"lost {', '.join(lost)}", {})
+        if state == JobState.RECONFIGURING:
+            return await self._follow_change(view)
+        if state == JobState.RUNNING and view.request is not None:
+            return await self._start_change(view)
         return None
 
     # -- decisions ------------------------------------------------------------------
 
     async def _move(
-        self, view: JobView, target: JobState, reason: str, extra: list[Op] | None = None, attempt: int | None = None
+        self,
+        view: JobView,
+        target: JobState,
+        reason: str,
+        extra: list[Op] | None = None,
+        attempt: int | None = None,
+        reconfigured: bool = False,
     ) -> str | None:
         """Write the job's new state (with ``extra`` steps) if nobody changed it since it was read."""
         if view.state["state"] == target.value and view.state["reason"] == reason and not extra:
             return None
         node = moved(view.state, target, reason, view.attempt if attempt is None else attempt, self.clock())
+        if reconfigured:
+            node["reconfigurations"] = int(view.state.get("reconfigurations", 0)) + 1
         steps = [*(extra or []), SetData(paths.state(view.name), node, view.state_version)]
         if not await self.store.commit(steps):
             return None  # someone else (a newer leader, a client) moved first: next round looks again
@@ -180,12 +203,78 @@ class Leader:
         return await self._move(view, JobState.SCHEDULED, f"assigned to {workers_}", [created], attempt=1)
 
     def _topology(self, view: JobView) -> Topology | str:
-        """The job's topology, or why it cannot run (a bad signature, code that does not load)."""
+        """The job's topology as live changes left it, or why it cannot run (a bad signature, code that does
+        not load)."""
         try:
             topology = topology_of(verify(view.name, view.spec, self.secret))
         except Exception as exc:  # noqa: BLE001 - user code: whatever it raises fails this job, not the leader
             return f"cannot load the job: {type(exc).__name__}: {exc}"
-        return topology
+        return reconfigure.with_layout(topology, None if view.layout is None else view.layout[0])
+
+    # -- live changes (``reconfigure``) ------------------------------------------------
+
+    async def _start_change(self, view: JobView) -> str | None:
+        """A client asked for a live change: plan it, hold checkpoints, RECONFIGURING; or refuse it."""
+        assert view.request is not None
+        assert view.assignment is not None
+        request, version = view.request
+        topology = self._topology(view)
+        if isinstance(topology, str):
+            return await self._move(view, JobState.FAILED, topology)
+        layout = None if view.layout is None else view.layout[0]
+        ident = 1 if view.change is None else int(view.change["id"]) + 1
+        instances = reconfigure.placed_instances(view.assignment[0]["instances"], layout, view.attempt)
+        try:
+            change = reconfigure.plan(ident, topology, layout, request, instances, view.attempt, self.epoch)
+        except ReconfigurationError as exc:
+            if await self.store.commit([Delete(paths.reconfigure_request(view.name), version)]):
+                await _put(self.store, paths.reconfigure_refused(view.name), {"error": str(exc), "at": self.clock()})
+            return f"refused a live change: {exc}"
+        await self.store.ensure(paths.reconfigurations(view.name))  # a transaction creates no parents
+        steps: list[Op] = [
+            Delete(paths.reconfigure_request(view.name), version),
+            Create(paths.reconfiguration(view.name, ident), change),
+        ]
+        if view.spec.get("checkpoint") is not None:
+            steps.append(await self._hold_trigger(view, ident))
+        what = f"{change['task']}: {len(change['old']['owners'])} segments over {change['new']['instances']} instances"
+        return await self._move(view, JobState.RECONFIGURING, f"change {ident} ({what})", steps)
+
+    async def _hold_trigger(self, view: JobView, ident: int) -> Op:
+        path = reconfigure.trigger_path(view.name, view.attempt)
+        found = await self.store.get(path)
+        if found is None:
+            return Create(path, reconfigure.held(None, ident))
+        return SetData(path, reconfigure.held(found[0], ident), found[1])
+
+    async def _follow_change(self, view: JobView) -> str | None:
+        """Every worker done with the change: RUNNING again, one more reconfiguration, the new layout, the
+        checkpoint trigger released. A worker that failed its part: the next attempt, from the last checkpoint."""
+        change = view.change
+        if change is None or int(change["attempt"]) != view.attempt:
+            return await self._move(view, JobState.RUNNING, "no live change under way")
+        failed = {worker: report for worker, report in view.changed.items() if "error" in report}
+        if failed:
+            worker, report = sorted(failed.items())[0]
+            return await self._next_attempt(view, f"change {change['id']} failed on {worker}: {report['error']}", {})
+        if not set(change["workers"]) <= set(view.changed):
+            return None
+        topology = self._topology(view)
+        if isinstance(topology, str):
+            return await self._move(view, JobState.FAILED, topology)
+        layout = None if view.layout is None else view.layout[0]
+        new_layout = reconfigure.next_layout(layout, change, topology)
+        steps: list[Op] = [
+            Create(paths.layout(view.name), new_layout)
+            if view.layout is None
+            else SetData(paths.layout(view.name), new_layout, view.layout[1])
+        ]
+        trigger = await self.store.get(reconfigure.trigger_path(view.name, view.attempt))
+        if trigger is not None and trigger[0].get("hold") is not None:
+            released = {key: value for key, value in trigger[0].items() if key != "hold"}
+            steps.append(SetData(reconfigure.trigger_path(view.name, view.attempt), released, trigger[1]))
+        reason = f"change {change['id']} done: {change['task']} runs {change['new']['instances']} instances"
+        return await self._move(view, JobState.RUNNING, reason, steps, reconfigured=True)
 
     async def _next_attempt(self, view: JobView, why: str, avoid: dict[str, set[str]]) -> str | None:
         """The next attempt over the live workers (RECOVERING), or STALLED when none can take it."""
@@ -232,3 +321,11 @@ class Leader:
             await self.store.create(f"{directory}/{view.attempt}", entry)
         entries = list((await read_all(self.store, directory)).values())
         return sorted(entries, key=lambda entry: int(entry["attempt"]))
+
+
+async def _put(store: ClusterStore, path: str, data: Any) -> None:
+    """Write ``data`` at ``path``, made if missing."""
+    try:
+        await store.create(path, data)
+    except NodeExists:
+        await store.set(path, data)

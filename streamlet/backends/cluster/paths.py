@@ -16,6 +16,12 @@ All paths are relative to the cluster's root ``/streamlet/<cluster>``::
     /jobs/<job>/failures/<inst>/<attempt> Failure        the instance crashed in that attempt
     /jobs/<job>/channels/<inst>@<port>    "host:port"    where a receiving instance port is served
     /jobs/<job>/checkpoints/...           see ``checkpoints``
+    /jobs/<job>/reconfigure               ReconfigureRequest  a client asks for a rescale (one at a time)
+    /jobs/<job>/reconfigure-refused       {"error", "at"}     why the leader refused the last request
+    /jobs/<job>/reconfigurations/<id>     Reconfiguration     the leader's plan of one live change
+    /jobs/<job>/reconfigurations/<id>/wired/<worker>          the worker's part is wired in (then all go)
+    /jobs/<job>/reconfigurations/<id>/done/<worker>           the worker's part is over
+    /jobs/<job>/layout                    Layout         what live changes made of the job: parallelism, tables
     /jobs/<job>/loops/attempt-<n>/round             LoopRound    the termination detector asks for counters
     /jobs/<job>/loops/attempt-<n>/counters/<id>     LoopAnswer   a worker's loop counters for that round
     /jobs/<job>/loops/attempt-<n>/quiet             LoopQuiet    the loops found quiet for good (see ``termination``)
@@ -87,6 +93,38 @@ class Assignment(TypedDict):
     epoch: int  # the leader's
     attempt: int
     instances: dict[str, str]  # "task.index" -> worker id
+
+
+class ReconfigureRequest(TypedDict, total=False):
+    """``/jobs/<job>/reconfigure``: what a client asked for (``streamlet rescale``)."""
+
+    task: str
+    instances: int
+    moves: dict[str, int]  # segment (as text: JSON keys) -> instance
+    by: str
+    at: float
+
+
+class Reconfiguration(TypedDict):
+    """``/jobs/<job>/reconfigurations/<id>``: one live change of a task, as the leader planned it."""
+
+    id: int
+    attempt: int  # the attempt it changes (a later attempt starts from the layout instead)
+    task: str
+    old: dict[str, Any]  # SegmentTable.to_data()
+    new: dict[str, Any]
+    placed: dict[str, str]  # new instance id -> worker
+    workers: list[str]  # every worker of the attempt: each wires its part, then all go
+    epoch: int  # the leader's
+
+
+class Layout(TypedDict):
+    """``/jobs/<job>/layout``: the job's shape after its live changes (a next attempt starts from it)."""
+
+    attempt: int
+    parallelism: dict[str, int]
+    tables: dict[str, dict[str, Any]]
+    placed: dict[str, str]  # instances added in ``attempt`` -> worker
 
 
 class Failure(TypedDict):
@@ -190,6 +228,31 @@ def channel(name: str, instance: str, port: int) -> str:
 def checkpoints(name: str) -> str:
     """The job's checkpoint agreement (see ``checkpoints``)."""
     return f"{JOBS}/{name}/checkpoints"
+
+
+def reconfigure_request(name: str) -> str:
+    """A client's request for a live change, until the leader takes it up."""
+    return f"{JOBS}/{name}/reconfigure"
+
+
+def reconfigure_refused(name: str) -> str:
+    """Why the leader refused the last request (for the client that asked)."""
+    return f"{JOBS}/{name}/reconfigure-refused"
+
+
+def reconfigurations(name: str) -> str:
+    """The job's live changes, by id."""
+    return f"{JOBS}/{name}/reconfigurations"
+
+
+def reconfiguration(name: str, ident: int) -> str:
+    """Live change ``ident`` of the job."""
+    return f"{reconfigurations(name)}/{ident:06d}"
+
+
+def layout(name: str) -> str:
+    """The job's shape after its live changes."""
+    return f"{JOBS}/{name}/layout"
 
 
 def loops(name: str, attempt: int) -> str:

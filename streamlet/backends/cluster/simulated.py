@@ -707,9 +707,9 @@ class SimulatedCluster:
             return
         job, what = parts[2], "/".join(parts[3:])
         top = what.split("/")[0]
-        if top in ("", "spec", "state", "assignment", "started", "done", "kill"):
+        if top in ("", "spec", "state", "assignment", "started", "done", "kill", "reconfigure", "reconfigurations"):
             self._leader_wake.set()
-        if top in ("", "state", "assignment"):
+        if top in ("", "state", "assignment", "reconfigurations"):
             for worker in self._workers.values():
                 worker.wake.set()
         history = self._histories.get(job)

@@ -25,18 +25,22 @@ import structlog
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.checkpoints import AttemptInfo, ZkAgreement
 from streamlet.backends.cluster.election import EpochFence
+from streamlet.backends.cluster.handoff import ClusterHandoff
 from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import state_of, worker_states
-from streamlet.backends.cluster.paths import instance_id
+from streamlet.backends.cluster.paths import Reconfiguration, instance_id
+from streamlet.backends.cluster.reconfigure import with_layout
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, write_fenced
 from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt
+from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.channel import LocalChannel
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.plan import Placement
+from streamlet.core.runtime.reconfiguration import ReconfigurationPlan
 from streamlet.errors import CoordinationError, JobError, NodeExists, SpecError, TaskError
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
@@ -69,6 +73,10 @@ class WorkerJobs:
         self.ended: set[str] = set()  # uids of jobs whose state ended: stop, report nothing more
         self.topologies: dict[str, Topology] = {}  # job -> its topology, as this worker loaded it
         self.agreements: dict[tuple[str, int], ZkAgreement] = {}  # checkpointed job parts running here
+        # per running part: its instance -> worker (live changes add to it), its run name and worker addresses
+        self.placements: dict[tuple[str, int], dict[str, str]] = {}
+        self.runs: dict[tuple[str, int], tuple[str, dict[str, tuple[str, int]]]] = {}
+        self.changes: set[tuple[str, int, str]] = set()  # live changes taken up: (job, attempt, id)
 
     async def run(self) -> None:
         """Poll for assignments and kill requests until cancelled."""
@@ -102,6 +110,72 @@ class WorkerJobs:
             instances: dict[str, str] = assignment["instances"]
             if self.me in instances.values():
                 group.start_soon(self._run_job, job, attempt, version, instances)
+        for job, attempt in list(self.jobs):
+            await self._take_up_changes(job, attempt, group)
+
+    async def _take_up_changes(self, job: str, attempt: int, group: anyio.abc.TaskGroup) -> None:
+        """Start this worker's part of every live change of a job part running here (``reconfigure``)."""
+        for name in await self.zk.children(paths.reconfigurations(job)):
+            if (job, attempt, name) in self.changes:
+                continue
+            found = await self.zk.get(f"{paths.reconfigurations(job)}/{name}")
+            if found is None:
+                continue
+            self.changes.add((job, attempt, name))
+            change: Reconfiguration = found[0]
+            base = f"{paths.reconfigurations(job)}/{name}"
+            if int(change["attempt"]) == attempt and await self.zk.get(f"{base}/done/{self.me}") is None:
+                group.start_soon(self._reconfigure, job, attempt, change)
+
+    async def _reconfigure(self, job: str, attempt: int, change: Reconfiguration) -> None:
+        """Wire this worker's part of ``change``, wait until every worker has, run it, report; stop with
+        the job part."""
+        running = self.jobs.get((job, attempt))
+        if running is None:
+            return
+        base = paths.reconfiguration(job, int(change["id"]))
+        report: dict[str, Any] = {"at": time.time()}
+        async with anyio.create_task_group() as group:
+
+            async def until_ended() -> None:
+                await running.ended()
+                group.cancel_scope.cancel()  # the part is over (or replaced): so is its share of the change
+
+            group.start_soon(until_ended)
+            try:
+                await self._carry_out_change(job, attempt, change, running, base)
+            except Exception as exc:  # noqa: BLE001 - reported: the leader falls back to the next attempt
+                log.warning("live change failed", job=job, change=change["id"], error=f"{type(exc).__name__}: {exc}")
+                report = {"error": f"{type(exc).__name__}: {exc}"}
+            group.cancel_scope.cancel()
+        if (job, attempt) in self.jobs:  # a part that ended or was replaced has nothing to report
+            with contextlib.suppress(NodeExists):
+                await self.zk.create(f"{base}/done/{self.me}", report)
+
+    async def _carry_out_change(self, job: str, attempt: int, change: Reconfiguration, running: Job, base: str) -> None:
+        placement = self.placements[job, attempt]
+        placement.update(change["placed"])
+        run, addresses = self.runs[job, attempt]
+        task = change["task"]
+        plan = ReconfigurationPlan(
+            int(change["id"]), task, SegmentTable.from_data(change["old"]), SegmentTable.from_data(change["new"])
+        )
+
+        def worker_of(index: int) -> str:
+            return placement[instance_id(task, index)]
+
+        handoff = ClusterHandoff(run, plan, self.me, worker_of, addresses, self.server, self.client)
+        handoff.register()
+
+        async def everyone_wired() -> None:
+            with contextlib.suppress(NodeExists):
+                await self.zk.create(f"{base}/wired/{self.me}", {"at": time.time()})
+            changed = await self.zk.watch_children(f"{base}/wired")
+            while not set(await self.zk.children(f"{base}/wired")) >= set(change["workers"]):
+                await changed.wait()
+                changed.clear()
+
+        await running.reconfigure_part(plan, handoff, everyone_wired)
 
     async def _ended(self, job: str, uid: str) -> bool:
         """The job's state has ended (killed, failed): final, so remembered."""
@@ -165,6 +239,8 @@ class WorkerJobs:
             del self.running[job, attempt]
             self.jobs.pop((job, attempt), None)
             self.agreements.pop((job, attempt), None)
+            self.placements.pop((job, attempt), None)
+            self.runs.pop((job, attempt), None)
         if payload is not None:  # None: cancelled (superseded by a newer attempt, or the job ended)
             await self._report(paths.done(job, attempt), payload, (paths.assignment(job), version))
         await self.registration.set_state(*worker_states(len(self.running)))
@@ -192,11 +268,14 @@ class WorkerJobs:
         if found is None:
             raise SpecError(f"job '{job}' has no spec")
         spec = verify(job, found[0], self.secret)  # before anything of it is imported
-        topology = self.topologies[job] = topology_of(spec)
+        layout = await self.zk.get(paths.layout(job))
+        topology = self.topologies[job] = with_layout(topology_of(spec), None if layout is None else layout[0])
+        instances = self.placements[job, attempt] = dict(instances)  # live changes add instances to it
         addresses = {
             view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)
         }
         run = f"{job}.{spec['uid']}.{attempt}"  # this attempt of this submission: never the same twice
+        self.runs[job, attempt] = (run, addresses)
         placement = Placement(
             job=run,  # channel ids per attempt: an old attempt's frames never mix in
             local=lambda node, index: instances[instance_id(node, index)] == self.me,

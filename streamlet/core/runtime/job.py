@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -33,7 +33,7 @@ from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
 from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables
-from streamlet.core.runtime.reconfiguration import ReconfigurationPlan
+from streamlet.core.runtime.reconfiguration import ReconfigurationPlan, StateHandoff
 from streamlet.core.runtime.rescale import Reconfigurer
 from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
 from streamlet.core.runtime.task_instance import TaskInstance
@@ -260,6 +260,10 @@ class Job:
             raise self._error
         return self._result()
 
+    async def ended(self) -> None:
+        """Return once the job has ended, however it ended (see :meth:`wait` for how)."""
+        await self._finished.wait()
+
     async def checkpoint(self) -> int:
         """Take a checkpoint now and wait until it is complete; returns its epoch."""
         if self._coordinator is None:
@@ -325,7 +329,23 @@ class Job:
         await self._started.wait()
         if self._reconfigurer is None or self._finished.is_set() or self._error is not None:
             raise ReconfigurationError(f"job '{self.topology.name}' is not running")
+        if self._placement is not None:
+            raise ReconfigurationError(f"job '{self.topology.name}' runs on a cluster: 'streamlet rescale' changes it")
         return self._reconfigurer
+
+    async def reconfigure_part(
+        self, plan: ReconfigurationPlan, handoff: StateHandoff, ready: Callable[[], Awaitable[None]]
+    ) -> None:
+        """This process's part of a reconfiguration of a job split between processes (a cluster worker calls
+        it for every worker of the job at once; see ``core.runtime.rescale``)."""
+        await self._started.wait()
+        if self._reconfigurer is None or self._finished.is_set():
+            raise ReconfigurationError(f"job '{self.topology.name}' is not running here")
+        active = self._reconfigurer.claim(plan, handoff)
+        if active is not None:
+            await self._reconfigurer.carry_out(active, ready)
+        else:
+            await ready()
 
     async def _reconfigure(self, plan: ReconfigurationPlan) -> None:
         """Run ``plan`` in the job's own task group: a caller that gives up waiting (a timeout) leaves it to

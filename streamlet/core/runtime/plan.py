@@ -168,14 +168,8 @@ class _Builder:
         return in_loop_adder(route.add, sender, limit, tracker.flow)
 
     def _route(self, edge_index: int, edge: Edge, sender: int) -> Route:
-        channels: list[Channel] = []
-        for receiver, inbox in enumerate(self.inboxes[edge.downstream]):
-            if self.is_local(edge.downstream, receiver):
-                channels.append(self.channel_factory(inbox, self.channel_ids[edge_index, sender, receiver]))
-            else:
-                assert self.placement is not None
-                name = self.channel_name(edge_index, sender, receiver)
-                channels.append(self.placement.remote(name, edge.downstream, receiver))
+        receivers = range(len(self.inboxes[edge.downstream]))
+        channels = [self._channel_to(edge_index, edge, sender, receiver) for receiver in receivers]
         label = f"edge '{edge.upstream}' -> '{edge.downstream}' input port {edge.in_port}"
         route = self.routes[edge_index, sender] = make_route(
             channels, edge.partitioning, label, self.tables[edge.downstream]
@@ -189,7 +183,10 @@ class _Builder:
     # -- wiring an instance added while the job runs (in one process) ------------------------
 
     def add_inbox(self, node: Node) -> Inbox:
-        """The inbox of a new instance of ``node`` (the next index): a channel from every current sender."""
+        """The inbox of a new instance of ``node`` (the next index): a channel from every current sender.
+
+        Made for an instance in another process too (it keeps the indices in step); only a local one lets
+        senders elsewhere reach its channels."""
         receiver = len(self.inboxes[node.name])
         inbox = Inbox(self.capacity)
         self.inboxes[node.name].append(inbox)
@@ -198,28 +195,33 @@ class _Builder:
                 for sender in range(self.topology.nodes[edge.upstream].parallelism):
                     channel = inbox.add_channel(edge.in_port, sender=(edge.upstream, sender))
                     self.channel_ids[edge_index, sender, receiver] = channel
+                    self._expose_if_remote(edge_index, edge, sender, receiver, channel)
         return inbox
 
     def connect_downstream(self, node: Node, sender: int, receivers: dict[str, list[Receiver]]) -> None:
-        """Channels from new instance ``sender`` of ``node`` into every receiver it feeds, held until the
-        reconfiguration aligns there."""
+        """Channels from new instance ``sender`` of ``node`` into every local receiver it feeds, held until
+        the reconfiguration aligns there."""
         for edge_index, edge in enumerate(self.topology.edges):
             if edge.upstream == node.name:
-                for receiver in receivers[edge.downstream]:
+                for receiver in receivers.get(edge.downstream, []):
                     channel = receiver.add_channel(edge.in_port, (node.name, sender), held=True)
                     self.channel_ids[edge_index, sender, receiver.index] = channel
+                    self._expose_if_remote(edge_index, edge, sender, receiver.index, channel)
 
     def switched_channels(self, edge_index: int, sender: int, instances: int) -> list[Channel]:
         """The channels ``sender``'s route on edge ``edge_index`` uses after a rescale to ``instances``:
-        the same objects for instances that stay, new ones for instances added."""
+        the same objects for instances that stay, new ones for instances added (local or not)."""
         edge = self.topology.edges[edge_index]
         kept = self.routes[edge_index, sender].channels[:instances]
-        inboxes = self.inboxes[edge.downstream]
-        added = [
-            self.channel_factory(inboxes[receiver], self.channel_ids[edge_index, sender, receiver])
-            for receiver in range(len(kept), instances)
-        ]
+        added = [self._channel_to(edge_index, edge, sender, receiver) for receiver in range(len(kept), instances)]
         return [*kept, *added]
+
+    def _channel_to(self, edge_index: int, edge: Edge, sender: int, receiver: int) -> Channel:
+        if self.is_local(edge.downstream, receiver):
+            inbox = self.inboxes[edge.downstream][receiver]
+            return self.channel_factory(inbox, self.channel_ids[edge_index, sender, receiver])
+        assert self.placement is not None
+        return self.placement.remote(self.channel_name(edge_index, sender, receiver), edge.downstream, receiver)
 
     def retire(self, node: str, instances: int) -> None:
         """Forget the inboxes of instances past ``instances`` (a rescale down took them out)."""

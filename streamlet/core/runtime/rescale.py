@@ -26,14 +26,19 @@ with their state in memory. Only jobs in one process, not inside a loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from streamlet.core.model.partition import SAME_KEY
 from streamlet.core.model.record import END_OF_STREAM
 from streamlet.core.model.topology import Node, Topology
 from streamlet.core.runtime.instances import Environment, Instance, Receiver
-from streamlet.core.runtime.reconfiguration import ActiveReconfiguration, LocalHandoff, ReconfigurationPlan
+from streamlet.core.runtime.reconfiguration import (
+    ActiveReconfiguration,
+    LocalHandoff,
+    ReconfigurationPlan,
+    StateHandoff,
+)  # fmt: skip
 from streamlet.core.runtime.routing import Switch
 from streamlet.core.runtime.task_instance import TaskInstance
 from streamlet.core.state.regroup import unsplittable_window
@@ -88,26 +93,36 @@ class Reconfigurer:
                 )
         return ReconfigurationPlan(self.count + 1, task, old, old.moved_to(moves))
 
-    def claim(self, plan: ReconfigurationPlan) -> ActiveReconfiguration | None:
-        """Take the job for ``plan`` (``None``: nothing would move); refused while another change runs."""
+    def claim(self, plan: ReconfigurationPlan, handoff: StateHandoff | None = None) -> ActiveReconfiguration | None:
+        """Take the job for ``plan`` (``None``: nothing would move); refused while another change runs.
+
+        ``handoff`` carries state between instances (default: in memory; a cluster worker passes one that
+        reaches the other workers)."""
         if self.env.reconfiguration is not None:
             raise ReconfigurationError(
                 f"task '{self.env.reconfiguration.plan.task}' is being reconfigured: one change at a time"
             )
         if plan.old.owners == plan.new.owners and plan.old.instances == plan.new.instances:
             return None
-        active = ActiveReconfiguration(plan, LocalHandoff())
+        active = ActiveReconfiguration(plan, handoff or LocalHandoff())
         self.env.reconfiguration = active  # taken at once: a second caller is refused from here on
         return active
 
-    async def carry_out(self, active: ActiveReconfiguration) -> None:
-        """Run a claimed reconfiguration to its end (the job's new layout); checkpoints wait meanwhile."""
+    async def carry_out(
+        self, active: ActiveReconfiguration, ready: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Run a claimed reconfiguration to its end (the job's new layout); checkpoints wait meanwhile.
+
+        This process's part, when the job is split between processes: ``ready`` is awaited once the part is
+        wired (new instances' inboxes and held channels in place) and must return once every process's part
+        is, so that no sender switches to a channel its receiver does not serve yet.
+        """
         try:
             if self.coordinator is None:
-                await self._carry_out(active)
+                await self._carry_out(active, ready)
             else:
                 async with self.coordinator.paused():
-                    await self._carry_out(active)
+                    await self._carry_out(active, ready)
         finally:
             self.env.reconfiguration = None
 
@@ -118,8 +133,8 @@ class Reconfigurer:
         if node is None or node.kind != "task":
             tasks = sorted(name for name, n in self.topology.nodes.items() if n.kind == "task")
             raise ReconfigurationError(f"job '{self.topology.name}' has no task called '{task}' (tasks: {tasks})")
-        if self.plan.builder is None or self.plan.builder.placement is not None:
-            raise ReconfigurationError("this job is split between processes: reconfigure it through its cluster")
+        if self.plan.builder is None:
+            raise ReconfigurationError(f"job '{self.topology.name}' has not started")
         if any(task in t.members or _feeds(self.topology, t.members, task) for t in self.plan.trackers):
             raise ReconfigurationError(f"task '{task}' is in or next to a loop: loops cannot be reconfigured live")
         reason = unsplittable_window(node.window)
@@ -131,27 +146,33 @@ class Reconfigurer:
 
     # -- the steps ------------------------------------------------------------------------
 
-    async def _carry_out(self, active: ActiveReconfiguration) -> None:
+    async def _carry_out(self, active: ActiveReconfiguration, ready: Callable[[], Awaitable[None]] | None) -> None:
         plan, topology = active.plan, self.topology
         node = topology.nodes[plan.task]
         builder = self.plan.builder
         assert builder is not None
-        if any(instance.completed for instance in self.plan.instances[plan.task]):
+        old_instances = list(self.plan.instances.get(plan.task, []))  # this process's
+        if any(instance.completed for instance in old_instances):
             raise ReconfigurationError(f"task '{plan.task}' has finished: its input ended")
-        old_instances = list(self.plan.instances[plan.task])
         for instance in old_instances:
             active.expect(plan.task, instance.index)
         for receiver in self._downstream(plan.task):
             active.expect(receiver.node.name, receiver.index)
         added = self._add_instances(node, builder, plan, active)
+        if ready is not None:
+            await ready()
         await self._switch_senders(builder, plan, active)
         node.parallelism = plan.new.instances  # what restores, statistics and later wiring read from here on
         for instance in added:
             self.start(instance)
-        await active.over.wait()
+        if active.waiting:
+            await active.over.wait()
         kept = [instance for instance in old_instances if not plan.retiring(instance.index)]
         self.plan.retired.extend(instance for instance in old_instances if plan.retiring(instance.index))
-        self.plan.instances[plan.task] = [*kept, *added]
+        if kept or added:
+            self.plan.instances[plan.task] = [*kept, *added]
+        else:
+            self.plan.instances.pop(plan.task, None)  # none of its instances runs here
         self.plan.tables[plan.task] = plan.new
         builder.retire(plan.task, plan.new.instances)
         if self.coordinator is not None:
@@ -161,16 +182,20 @@ class Reconfigurer:
     def _add_instances(
         self, node: Node, builder: _Builder, plan: ReconfigurationPlan, active: ActiveReconfiguration
     ) -> list[TaskInstance]:
-        """New instances, wired in and waiting for their state (not started yet)."""
+        """New instances wired in (an inbox each, held channels into every local receiver they feed); the
+        local ones made, waiting for their state (not started yet)."""
         receivers = {name: [i for i in group if isinstance(i, Receiver)] for name, group in self.plan.instances.items()}
-        added = []
-        for index in range(plan.old.instances, plan.new.instances):
-            inbox = builder.add_inbox(node)
+        new = range(plan.old.instances, plan.new.instances)
+        inboxes = {index: builder.add_inbox(node) for index in new}
+        for index in new:
             builder.connect_downstream(node, index, receivers)
-            instance = TaskInstance(node, index, builder.make_outputs(node, index), self.env, inbox)
-            instance.joining = active
-            active.expect(node.name, index)
-            added.append(instance)
+        added = []
+        for index in new:
+            if builder.is_local(node.name, index):
+                instance = TaskInstance(node, index, builder.make_outputs(node, index), self.env, inboxes[index])
+                instance.joining = active
+                active.expect(node.name, index)
+                added.append(instance)
         return added
 
     async def _switch_senders(
@@ -181,7 +206,7 @@ class Reconfigurer:
             if edge.downstream != plan.task:
                 continue
             table = plan.new if edge.partitioning is SAME_KEY else None
-            for sender in self.plan.instances[edge.upstream]:
+            for sender in self.plan.instances.get(edge.upstream, []):
                 channels = builder.switched_channels(edge_index, sender.index, plan.new.instances)
                 if sender.completed:  # it sends its end on the old channels: the new ones must not wait for it
                     for channel in channels[plan.old.instances :]:

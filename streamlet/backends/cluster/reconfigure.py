@@ -1,0 +1,195 @@
+"""Live changes of a running cluster job: what the client asks, what the leader plans, what each worker does.
+
+1. A client (``streamlet rescale``) checks the request against the job's
+   topology and its current layout and writes ``/jobs/<job>/reconfigure``.
+2. The leader, for a RUNNING job, plans it (:func:`plan`): the task's new
+   segment table, a worker for every new instance (the job's least busy
+   workers), and writes, in one transaction, the plan under
+   ``/jobs/<job>/reconfigurations/<id>``, the state RECONFIGURING, and a hold
+   on the job's checkpoint trigger (no checkpoint begins during the change;
+   one in flight completes first, on every worker). The request is removed.
+3. Every worker of the attempt wires its part (new instances' inboxes, held
+   channels, state channels), says so under ``wired/``, and once every worker
+   has, runs it (the core's protocol, with state crossing workers through
+   ``handoff``), then reports under ``done/``.
+4. When every worker is done the leader writes, in one transaction, the job
+   RUNNING with ``reconfigurations`` + 1, the new ``/jobs/<job>/layout``
+   (which a later attempt starts from) and the trigger released. The attempt
+   does not change. A worker lost or failing meanwhile makes the next attempt
+   (RECOVERING), from the last checkpoint, which no change ever crosses.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from streamlet.backends.cluster import jobs, paths
+from streamlet.backends.cluster.lifecycle import JobState
+from streamlet.backends.cluster.paths import Layout, Reconfiguration, ReconfigureRequest
+from streamlet.backends.cluster.store import ClusterStore
+from streamlet.core.model import graph
+from streamlet.core.model.segments import SegmentTable
+from streamlet.core.model.topology import Topology
+from streamlet.core.state.regroup import unsplittable_window
+from streamlet.errors import NodeExists, ReconfigurationError
+
+POLL = 0.1  # seconds between looks while a client waits for a change (as ``submit --wait`` does)
+
+
+def with_layout(topology: Topology, layout: Layout | None) -> Topology:
+    """``topology`` with the parallelism live changes gave its tasks."""
+    for name, count in (layout["parallelism"] if layout else {}).items():
+        if name in topology.nodes:
+            topology.nodes[name].parallelism = int(count)
+    return topology
+
+
+def table_of(topology: Topology, layout: Layout | None, task: str) -> SegmentTable:
+    """The segment table ``task`` runs with: the layout's, else contiguous ranges."""
+    data = (layout["tables"] if layout else {}).get(task)
+    node = topology.nodes[task]
+    if data is not None:
+        table = SegmentTable.from_data(data)
+        if table.instances == node.parallelism:
+            return table
+    return SegmentTable.contiguous(node.max_parallelism, node.parallelism)
+
+
+def new_table(
+    topology: Topology, layout: Layout | None, request: ReconfigureRequest
+) -> tuple[SegmentTable, SegmentTable]:
+    """The task's table now and after ``request``; a request that cannot be done is a :class:`ReconfigurationError`."""
+    task = str(request.get("task"))
+    node = topology.nodes.get(task)
+    if node is None or node.kind != "task":
+        tasks = sorted(name for name, n in topology.nodes.items() if n.kind == "task")
+        raise ReconfigurationError(f"job '{topology.name}' has no task called '{task}' (tasks: {tasks})")
+    if any(task in part for part in graph.strongly_connected(topology.successors())):
+        raise ReconfigurationError(f"task '{task}' is in a loop: loops cannot be reconfigured live")
+    reason = unsplittable_window(node.window)
+    if reason is not None:
+        raise ReconfigurationError(f"task '{task}' cannot be reconfigured: {reason}")
+    old = table_of(topology, layout, task)
+    if "instances" in request:
+        count = request["instances"]
+        if type(count) is not int or not 1 <= count <= node.max_parallelism:
+            raise ReconfigurationError(
+                f"task '{task}' can run with 1 to {node.max_parallelism} instances (its max_parallelism), not {count!r}"
+            )
+        return old, old.rescaled(count)
+    moves = {int(segment): int(owner) for segment, owner in (request.get("moves") or {}).items()}
+    for segment, owner in moves.items():
+        if not 0 <= segment < old.segments or not 0 <= owner < old.instances:
+            raise ReconfigurationError(f"task '{task}': segment {segment} cannot go to instance {owner}")
+    return old, old.moved_to(moves)
+
+
+def plan(
+    ident: int,
+    topology: Topology,
+    layout: Layout | None,
+    request: ReconfigureRequest,
+    instances: dict[str, str],
+    attempt: int,
+    epoch: int,
+) -> Reconfiguration:
+    """The leader's plan for ``request`` (``instances``: the attempt's instance -> worker, with those added
+    live); new instances go to the workers holding fewest instances."""
+    old, new = new_table(topology, layout, request)
+    task = str(request["task"])
+    workers = sorted(set(instances.values()))
+    held = {worker: sum(1 for owner in instances.values() if owner == worker) for worker in workers}
+    placed = {}
+    for index in range(old.instances, new.instances):
+        worker = min(workers, key=lambda w: (held[w], w))
+        placed[paths.instance_id(task, index)] = worker
+        held[worker] += 1
+    return {
+        "id": ident, "attempt": attempt, "task": task, "old": old.to_data(), "new": new.to_data(),
+        "placed": placed, "workers": workers, "epoch": epoch,
+    }  # fmt: skip
+
+
+def next_layout(layout: Layout | None, reconfiguration: Reconfiguration, topology: Topology) -> Layout:
+    """The job's layout once ``reconfiguration`` is done."""
+    attempt = reconfiguration["attempt"]
+    new = SegmentTable.from_data(reconfiguration["new"])
+    task = reconfiguration["task"]
+    parallelism, tables = (dict(layout["parallelism"]), dict(layout["tables"])) if layout else ({}, {})
+    placed = dict(layout["placed"]) if layout and layout["attempt"] == attempt else {}
+    return {
+        "attempt": attempt,
+        "parallelism": {**parallelism, task: new.instances},
+        "tables": {**tables, task: new.to_data()},
+        "placed": {**placed, **reconfiguration["placed"]},
+    }
+
+
+def request_node(task: str, instances: int | None = None, moves: dict[int, int] | None = None) -> ReconfigureRequest:
+    """What ``streamlet rescale`` (or a balancer's move) writes."""
+    request: ReconfigureRequest = {"task": task, "by": "streamlet rescale", "at": time.time()}
+    if instances is not None:
+        request["instances"] = instances
+    if moves is not None:
+        request["moves"] = {str(segment): owner for segment, owner in moves.items()}
+    return request
+
+
+def placed_instances(assignment: dict[str, str], layout: Layout | None, attempt: int) -> dict[str, str]:
+    """The attempt's instance -> worker, with the instances live changes added in it."""
+    placed = dict(assignment)
+    if layout is not None and layout["attempt"] == attempt:
+        placed.update(layout["placed"])
+    return placed
+
+
+def trigger_path(job: str, attempt: int) -> str:
+    """The checkpoint trigger of ``attempt`` (see ``checkpoints``): the leader holds it during a change."""
+    return f"{paths.checkpoints(job)}/attempt-{attempt}/trigger"
+
+
+def held(trigger: dict[str, Any] | None, ident: int) -> dict[str, Any]:
+    """The trigger's data held for change ``ident`` (created at epoch 0 when no checkpoint began yet)."""
+    base = trigger or {"epoch": 0, "final": False, "pause": False, "at": time.time()}
+    return {**base, "hold": ident}
+
+
+# -- the client's side -------------------------------------------------------------------
+
+
+async def ask(store: ClusterStore, job: str, request: ReconfigureRequest) -> int:
+    """Check ``request`` against the running job and leave it for the leader; returns the job's count of
+    reconfigurations before it (what :func:`wait_done` waits past)."""
+    status = await jobs.job_status(store, job)
+    if status["state"] != JobState.RUNNING.value:
+        raise ReconfigurationError(f"job '{job}' is {status['state']}: only a RUNNING job changes shape")
+    found = await store.get(paths.spec(job))
+    if found is None:
+        raise ReconfigurationError(f"job '{job}' has no spec")
+    layout = await store.get(paths.layout(job))
+    topology = with_layout(jobs.topology_of(found[0]), None if layout is None else layout[0])
+    new_table(topology, None if layout is None else layout[0], request)  # refused here, with the reason, at once
+    try:
+        await store.create(paths.reconfigure_request(job), request)
+    except NodeExists:
+        raise ReconfigurationError(f"a change of job '{job}' is waiting already: one at a time") from None
+    return int(status["reconfigurations"])
+
+
+async def wait_done(store: ClusterStore, job: str, before: int, asked_at: float, seconds: float) -> dict[str, Any]:
+    """Follow the job until the change is done (its status then) or refused (a :class:`ReconfigurationError`)."""
+    with anyio.move_on_after(seconds):
+        while True:
+            status = await jobs.job_status(store, job)
+            if int(status["reconfigurations"]) > before and status["state"] == JobState.RUNNING.value:
+                return status
+            if JobState(status["state"]).ended:
+                raise ReconfigurationError(f"job '{job}' ended ({status['state']}) before the change was done")
+            refused = await store.get(paths.reconfigure_refused(job))
+            if refused is not None and float(refused[0]["at"]) >= asked_at:
+                raise ReconfigurationError(f"the leader refused the change: {refused[0]['error']}")
+            await anyio.sleep(POLL)
+    raise ReconfigurationError(f"job '{job}' has not finished the change after {seconds:g} s ({status['reason']})")

@@ -1,0 +1,108 @@
+"""Live changes on a cluster (simulated in one process, real TCP between workers): rescale a running job's
+keyed task without a new attempt, with every running count exactly once.
+
+The job's first records flow, then the source waits for the test's gate:
+the change happens while the job runs (checkpoints too), and the rest flows
+through the new layout. No test sleeps: the waits are on the job's states.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from typing import ClassVar
+
+import pytest
+
+import streamlet as sl
+from streamlet.backends.cluster import paths, reconfigure
+from streamlet.testing import ExactlyOnceSink, SimulatedCluster
+
+WORDS = [f"w{index % 41}" for index in range(12_000)]
+RUNNING_COUNTS = sorted((word, n) for word, total in Counter(WORDS).items() for n in range(1, total + 1))
+
+
+FREE = 4000  # words that flow at once; the rest wait for the test's gate
+
+
+class Gate:
+    """The test opens ``event`` to let the rest of the words flow (an event belongs to one loop)."""
+
+    event: ClassVar[asyncio.Event]
+
+
+async def words() -> AsyncIterator[tuple[str, int]]:
+    """The first FREE words, then the rest once the gate opens (the source waits in read: barriers go on)."""
+    for index, word in enumerate(WORDS):
+        if index == FREE:
+            await Gate.event.wait()
+        yield word, 1
+
+
+def rescaled() -> sl.Topology:
+    """words -> pass (x2) -> running count per word (x2, SAME_KEY) -> an ExactlyOnceSink and a CollectSink."""
+    topology = sl.Topology("rescaled")
+    source = topology.add_source("words", words())
+    passed = topology.map("pass", lambda record: (record.key, record.value), parallelism=2).set_input(source)
+    count = topology.reduce("count", lambda total, n: total + n, parallelism=2)
+    count.set_input(passed, partitioning=sl.SAME_KEY)
+    topology.add_sink("totals", ExactlyOnceSink()).set_input(count)
+    topology.add_sink("seen", sl.CollectSink()).set_input(count)
+    return topology
+
+
+@pytest.fixture
+def gate() -> Iterator[asyncio.Event]:
+    Gate.event = asyncio.Event()
+    yield Gate.event
+    Gate.event.set()
+
+
+def pairs(records: list[sl.Record]) -> list[tuple[str, int]]:
+    return sorted((record.key, record.value) for record in records)
+
+
+async def rescale(cluster: SimulatedCluster, job: str, instances: int) -> dict[str, object]:
+    """Ask as ``streamlet rescale`` does and wait until the leader says it is done."""
+    before = await reconfigure.ask(cluster.store, job, reconfigure.request_node("count", instances))
+    return await reconfigure.wait_done(cluster.store, job, before, 0.0, 30)
+
+
+@pytest.mark.parametrize("interval", [None, 0.05], ids=["no-checkpoints", "checkpoints"])
+async def test_a_running_cluster_job_rescales_2_3_1_in_one_attempt(gate: asyncio.Event, interval: float | None) -> None:
+    """count goes 2 -> 3 -> 1 instances while records wait in its channels: RECONFIGURING and back to RUNNING
+    twice, attempt 1 throughout, every running count exactly once in both sinks."""
+    async with SimulatedCluster(workers=2, capacity=8) as cluster:
+        job = await cluster.submit(rescaled, checkpoint_interval=interval)
+        await job.wait_for("RUNNING")
+        first = await rescale(cluster, "rescaled", 3)
+        layout = await cluster.store.get(paths.layout("rescaled"))
+        assert layout is not None
+        assert layout[0]["parallelism"] == {"count": 3}
+        second = await rescale(cluster, "rescaled", 1)
+        gate.set()
+        outcome = await job.outcome()
+    assert (first["reconfigurations"], first["attempt"], second["reconfigurations"]) == (1, 1, 2)
+    assert [state for state, _ in outcome.states].count("RECONFIGURING") == 2
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert pairs(outcome.committed["totals"]) == pairs(outcome.collected["seen"]) == RUNNING_COUNTS
+    if interval is not None:  # checkpoints went on after the changes, numbered without a gap
+        epochs = [epoch for _, epoch in outcome.checkpoints]
+        assert epochs == list(range(1, len(epochs) + 1))
+        assert len(epochs) >= 2
+
+
+async def test_a_bad_rescale_is_refused_and_the_job_runs_on(gate: asyncio.Event) -> None:
+    """An unknown task, too many instances, a second request while one waits: refused with the reason."""
+    async with SimulatedCluster(workers=2, capacity=8) as cluster:
+        job = await cluster.submit(rescaled, checkpoint_interval=None)
+        await job.wait_for("RUNNING")
+        with pytest.raises(sl.ReconfigurationError, match="no task called 'nope'"):
+            await reconfigure.ask(cluster.store, "rescaled", reconfigure.request_node("nope", 2))
+        with pytest.raises(sl.ReconfigurationError, match="1 to 128 instances"):
+            await reconfigure.ask(cluster.store, "rescaled", reconfigure.request_node("count", 129))
+        gate.set()
+        outcome = await job.outcome()
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert pairs(outcome.committed["totals"]) == RUNNING_COUNTS
