@@ -175,7 +175,7 @@ def _segment(key: Any) -> int:
 
 
 def _run(coroutine: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(coroutine(), loop_factory=uvloop.new_event_loop)
+    return uvloop.run(coroutine())
 
 
 def main(records: int, repeats: int) -> dict[str, Any]:

@@ -8,9 +8,12 @@ salted :func:`hash`. The same rule splits keyed state for scale-out.
 from __future__ import annotations
 
 import enum
+import threading
 import zlib
 from collections.abc import Callable
 from typing import Any, TypeAlias
+
+import msgpack
 
 from streamlet.core.model.encoding import pack
 from streamlet.core.model.record import Record
@@ -45,7 +48,25 @@ def stable_hash(key: Any) -> int:
         >>> stable_hash(1) == stable_hash(1.0) == stable_hash(True)
         True
     """
+    kind = type(key)
+    if kind is str or kind is int or kind is bytes:  # already canonical: one reused packer, no wrapper
+        try:
+            return zlib.crc32(_packer().pack(key))
+        except (OverflowError, ValueError):
+            pass  # an int msgpack cannot hold: the general path says so, naming it
     return zlib.crc32(pack(_canonical(key), "SAME_KEY partitioning", "key"))
+
+
+_LOCAL = threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    """This thread's packer (``msgpack.packb`` builds one per call: most of the cost of hashing a short key)."""
+    try:
+        packer: msgpack.Packer = _LOCAL.packer
+    except AttributeError:
+        packer = _LOCAL.packer = msgpack.Packer(use_bin_type=True)
+    return packer
 
 
 def _canonical(key: Any) -> Any:

@@ -34,19 +34,15 @@ def segment_of(key: Any, segments: int) -> int:
 
 
 def spread(hashed: int, segments: int) -> int:
-    """A 32-bit hash's segment: mixed first (murmur3's finaliser), then scaled to ``range(segments)``.
+    """A 32-bit hash's segment: mixed first (Fibonacci hashing: times 2^32 / phi), then scaled to ``range(segments)``.
 
     CRC-32 is linear: keys that differ in one character (``s0`` .. ``s7``,
     ``user1`` .. ``user9``) differ in a fixed pattern of bits, and a plain
     ``% 128`` left all eight in the first half of the segments, so contiguous
-    ranges put them on one instance. The mix makes every bit of the key count.
+    ranges put them on one instance. The multiplication carries every bit of
+    the hash into the high bits that pick the segment.
     """
-    hashed ^= hashed >> 16
-    hashed = (hashed * 0x85EBCA6B) & 0xFFFFFFFF
-    hashed ^= hashed >> 13
-    hashed = (hashed * 0xC2B2AE35) & 0xFFFFFFFF
-    hashed ^= hashed >> 16
-    return (hashed * segments) >> 32
+    return (((hashed * 0x9E3779B1) & 0xFFFFFFFF) * segments) >> 32
 
 
 @dataclass(frozen=True, slots=True)

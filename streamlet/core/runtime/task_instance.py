@@ -8,6 +8,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamlet.core.model.constants import LATE
+from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.ports import Inputs
 from streamlet.core.model.record import Barrier, Batch, DeadLetter, FiredWindowRecord, Reconfigure, Record, WindowRecord
@@ -160,11 +161,37 @@ class TaskInstance(Receiver):
         """Split this instance's state by where each key belongs now; keep its own part, send the others."""
         plan = active.plan
         target = plan.target_function(self.index)
-        parts = split_task_snapshot(self.snapshot(), target, plan.width, self.index, self.node.window)
-        if not plan.retiring(self.index):
-            self.restore(parts[self.index])
+        parts: dict[int, Any]
+        if self._plain_state():
+            parts = self._move_out(target, plan.importers - {self.index})
+        else:
+            split = split_task_snapshot(self.snapshot(), target, plan.width, self.index, self.node.window)
+            if not plan.retiring(self.index):
+                self.restore(split[self.index])
+            parts = dict(enumerate(split))
         for importer in sorted(plan.importers - {self.index}):
             await active.handoff.send(self.index, importer, parts[importer])
+
+    def _plain_state(self) -> bool:
+        """Only keyed values to move (no window, no TTL, no timer pending): moved key by key, not re-packed whole."""
+        return (
+            self.window is None
+            and type(self.state) is KeyedState
+            and self.timers.next_due("event") is None
+            and self.timers.next_due("processing") is None
+        )
+
+    def _move_out(self, target: Callable[[Any], int], importers: frozenset[int] | set[int]) -> dict[int, Any]:
+        """Take the keys that leave out of this instance's state: O(keys held) lookups, O(keys moved) copies."""
+        values, me = self.state.values, self.index
+        leaving: dict[int, dict[Any, Any]] = {importer: {} for importer in importers}
+        for key, owner in [(key, target(key)) for key in values]:
+            if owner != me:
+                leaving[owner][key] = values.pop(key)
+        return {
+            importer: {"state": pack_exact(moved, "keyed state"), "window": None, "finished": self.finished}
+            for importer, moved in leaving.items()
+        }
 
     async def _import(self, active: ActiveReconfiguration) -> None:
         """Wait for the part of every exporter, then hold their keys as well as this instance's own."""
@@ -172,6 +199,10 @@ class TaskInstance(Receiver):
         if self.index not in plan.importers:
             return
         parts = await active.handoff.receive(self.index, plan.sources_of(self.index))
+        if self._plain_state() and all(_plain_part(part) for part in parts):
+            for part in parts:  # keys held here stay as they are: only the arriving ones are unpacked
+                self.state.values.update(unpackb(part["state"]))
+            return
         self.restore(merge_task_snapshots([self.snapshot(), *parts], self.node.window))
 
     async def complete(self) -> None:
@@ -536,6 +567,11 @@ class TaskInstance(Receiver):
                 return None
             picks.append(ready)
         return picks if any(pick is not None for pick in picks) else None
+
+
+def _plain_part(part: dict[str, Any]) -> bool:
+    """A handed-over part holding keyed values only (what :meth:`TaskInstance._move_out` makes)."""
+    return part.get("window") is None and not part.get("timers") and "state_written" not in part
 
 
 def _pop_batch(inbox: Inbox, channel: int) -> Batch:
