@@ -294,11 +294,15 @@ def _cluster_options(command: Any) -> Any:
     "--checkpoint-dir", default=None, type=click.Path(path_type=Path),
     help="where checkpoints go, on a path every worker reaches (default: STATE_DIR/checkpoints)",
 )  # fmt: skip
+@click.option(
+    "--from-savepoint", default=None, type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="start from this savepoint (task names and state shapes must match; needs --checkpoint-interval)",
+)  # fmt: skip
 @_cluster_options
 def submit_command(
     target: str, job_name: str | None, parallelism: tuple[str, ...], wait: bool, timeout: float,
     results: Path | None, checkpoint_interval: float | None, checkpoint_dir: Path | None,
-    zk: str | None, cluster: str | None, state_dir: Path,
+    from_savepoint: Path | None, zk: str | None, cluster: str | None, state_dir: Path,
 ) -> None:  # fmt: skip
     """Run TARGET (module:name or path/to/file.py[:name]) on the cluster, by reference."""
     from streamlet.backends.cluster import client as cluster_client
@@ -313,7 +317,7 @@ def submit_command(
         if checkpoint_interval is not None:
             directory = (checkpoint_dir or state_dir / "checkpoints").resolve()
             checkpoint = {"interval": checkpoint_interval, "directory": str(directory)}
-        submission = cluster_client.Submission(target, job_name, counts, checkpoint)
+        submission = cluster_client.Submission(target, job_name, counts, checkpoint, from_savepoint)
         secret = _client_secret("submit", state_dir)
         outcome = anyio.run(cluster_client.submit_and_wait, hosts, name, submission, wait, timeout, secret)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
@@ -394,6 +398,39 @@ def rescale_command(
         f"job '{job}': {status['reason']} (attempt {status['attempt']}, "
         f"{status['reconfigurations']} reconfiguration{'s' if status['reconfigurations'] != 1 else ''})"
     )
+
+
+@main.command("savepoint")
+@click.argument("job")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
+@_cluster_options
+def savepoint_command(job: str, path: Path, zk: str | None, cluster: str | None, state_dir: Path) -> None:
+    """Take a savepoint of running JOB (it goes on) and write it to PATH."""
+    _savepoint(job, path, zk, cluster, state_dir, stop=False)
+
+
+@main.command("stop")
+@click.argument("job")
+@click.option("--savepoint", "path", required=True, type=click.Path(path_type=Path, dir_okay=False),
+              help="write the savepoint here")  # fmt: skip
+@_cluster_options
+def stop_command(job: str, path: Path, zk: str | None, cluster: str | None, state_dir: Path) -> None:
+    """Stop JOB with a savepoint: its sources stop reading, the savepoint holds all they read, then it ends."""
+    _savepoint(job, path, zk, cluster, state_dir, stop=True)
+
+
+def _savepoint(job: str, path: Path, zk: str | None, cluster: str | None, state_dir: Path, stop: bool) -> None:
+    from streamlet.backends.cluster import client as cluster_client
+
+    action = "stop" if stop else "savepoint"
+    try:
+        hosts, name = _where(zk, cluster, state_dir)
+        secret = _client_secret(action, state_dir)
+        epoch = anyio.run(cluster_client.savepoint, hosts, name, job, path.resolve(), secret, stop)
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    ending = "; the job is stopping" if stop else ""
+    click.echo(f"savepoint of job '{job}' (checkpoint {epoch}) written to {path}{ending}")
 
 
 @main.command("rm")

@@ -41,6 +41,7 @@ from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.store import Check, ClusterStore, Create, Op, SetData, riding_out
 from streamlet.core.model.clock import Clock
 from streamlet.core.state.checkpoints import Coordinator
+from streamlet.core.state.savepoints import read_savepoint
 from streamlet.core.state.store import DirectoryCheckpointStore, decode
 from streamlet.errors import JobError, NodeExists, VersionConflict
 
@@ -70,7 +71,13 @@ class ZkAgreement:
     """The checkpoint :class:`~streamlet.core.state.checkpoints.Agreement` of one worker's part of an attempt."""
 
     def __init__(
-        self, zk: ClusterStore, info: AttemptInfo, directory: Path, interval: float | None, clock: Clock
+        self,
+        zk: ClusterStore,
+        info: AttemptInfo,
+        directory: Path,
+        interval: float | None,
+        clock: Clock,
+        savepoint: str | None = None,
     ) -> None:
         self.zk = zk
         self.info = info
@@ -85,6 +92,7 @@ class ZkAgreement:
         self._progress = anyio.Event()  # set (and replaced) at every completion
         self._trigger_seen: tuple[dict[str, Any], int | None] | None = None  # the trigger node, as last seen
         self._final_done = anyio.Event()
+        self.savepoint = savepoint  # the job starts from it while it has no checkpoint of its own
 
     def coordinator(self) -> Coordinator:
         """The core coordinator of this worker's instances, saving parts locally and agreeing through this."""
@@ -98,7 +106,7 @@ class ZkAgreement:
         self._triggered = await self._highest_triggered()  # epochs of a new attempt never repeat an old one's
         found = await self.zk.get(completed_path(self.job))
         if found is None:
-            return None
+            return await self._savepoint()
         done = found[0]
         epoch, attempt = int(done["epoch"]), int(done["attempt"])
 
@@ -113,6 +121,15 @@ class ZkAgreement:
         self.restored_from = self._published = epoch
         self._triggered = max(self._triggered, epoch)
         return epoch, merge_parts(parts)
+
+    async def _savepoint(self) -> tuple[int, dict[str, Any]] | None:
+        """The savepoint the job was submitted to start from (``None``: none), while it has no checkpoint."""
+        if self.savepoint is None:
+            return None
+        epoch, document = await anyio.to_thread.run_sync(read_savepoint, self.savepoint)
+        self.restored_from = self._published = epoch
+        self._triggered = max(self._triggered, epoch)
+        return epoch, document
 
     async def _highest_triggered(self) -> int:
         highest = 0  # over earlier attempts only: this attempt's first trigger may already be out

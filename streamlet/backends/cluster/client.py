@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster import jobs, reconfigure
+from streamlet.backends.cluster import jobs, reconfigure, savepoints
 from streamlet.backends.cluster.lifecycle import JobState
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.errors import CoordinationError, JobError
@@ -28,6 +29,7 @@ class Submission:
     job: str | None = None
     parallelism: dict[str, int] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = None  # {"interval": seconds, "directory": path every worker reaches}
+    from_savepoint: Path | None = None  # start from this savepoint (on a path every worker reaches)
 
 
 async def submit_and_wait(
@@ -36,6 +38,10 @@ async def submit_and_wait(
     """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass)."""
     async with ZkStore(hosts, cluster, secret=secret) as store:
         spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint)
+        if submission.from_savepoint is not None:
+            if spec["checkpoint"] is None:
+                raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
+            spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, spec)
         name = jobs.check_job_name(submission.job or jobs.topology_of(spec).name)
         await jobs.submit(store, name, spec, secret)
         status = await jobs.job_status(store, name)
@@ -81,6 +87,16 @@ async def rescale(
         asked_at = time.time()
         before = await reconfigure.ask(store, job, reconfigure.request_node(task, instances))
         return await reconfigure.wait_done(store, job, before, asked_at, seconds)
+
+
+async def savepoint(hosts: str, cluster: str, job: str, path: Path, secret: bytes, stop: bool = False) -> int:
+    """A savepoint of running ``job`` at ``path`` (with ``stop``: sources stop first, then the job is killed);
+    returns its epoch."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        epoch = await savepoints.take(store, job, path, pause=stop)
+        if stop:
+            await jobs.kill(store, job, by="streamlet stop --savepoint")
+        return epoch
 
 
 async def remove(hosts: str, cluster: str, job: str, secret: bytes) -> None:

@@ -87,7 +87,7 @@ import anyio.abc
 import structlog.testing
 
 from streamlet.backends.cluster import jobs as cluster_jobs
-from streamlet.backends.cluster import paths, simulated_targets
+from streamlet.backends.cluster import paths, savepoints, simulated_targets
 from streamlet.backends.cluster.client import collected as reported_records
 from streamlet.backends.cluster.election import LeaderElection
 from streamlet.backends.cluster.leader import Leader
@@ -631,6 +631,7 @@ class SimulatedCluster:
         parallelism: dict[str, int] | None = None,
         checkpoint_interval: float | EllipsisType | None = ...,
         kill: KillAt | Sequence[KillAt] = (),
+        from_savepoint: str | os.PathLike[str] | None = None,
     ) -> SimulatedJob:
         """Submit a job, signed, as ``streamlet submit`` does; returns at once.
 
@@ -640,7 +641,8 @@ class SimulatedCluster:
         (handed to the workers in this process). ``job`` names it (default:
         the topology's name); ``parallelism`` overrides nodes' parallelism;
         ``checkpoint_interval`` overrides the cluster's; ``kill`` arms kill
-        points for this job.
+        points for this job; ``from_savepoint`` starts it from a savepoint
+        (as ``streamlet submit --from-savepoint``).
         """
         self._require_group()
         triggers = [kill] if isinstance(kill, KillAt) else list(kill)
@@ -650,6 +652,10 @@ class SimulatedCluster:
         interval = self.checkpoint_interval if isinstance(checkpoint_interval, EllipsisType) else checkpoint_interval
         checkpoint = None if interval is None else {"interval": interval, "directory": str(self.checkpoint_dir)}
         spec = cluster_jobs.new_spec(self._reference(target), dict(parallelism or {}), checkpoint)
+        if from_savepoint is not None:
+            if checkpoint is None:
+                raise JobError("from_savepoint needs checkpoints (a checkpoint_interval)")
+            checkpoint["from_savepoint"] = savepoints.check_for_submit(Path(from_savepoint), spec)
         name = cluster_jobs.check_job_name(job or cluster_jobs.topology_of(spec).name)
         if await self.store.get(paths.job(name)) is None:
             self._histories[name] = _History(triggers)  # before the job exists: its first state is seen too

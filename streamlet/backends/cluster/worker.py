@@ -308,7 +308,10 @@ class WorkerJobs:
         if settings is None:
             return None
         info = AttemptInfo(job, attempt, self.me, sorted(set(instances.values())), version)
-        return ZkAgreement(self.zk, info, Path(settings["directory"]), settings.get("interval"), SystemClock())
+        return ZkAgreement(
+            self.zk, info, Path(settings["directory"]), settings.get("interval"), SystemClock(),
+            settings.get("from_savepoint"),
+        )  # fmt: skip
 
     async def _publish_endpoints(self, job: str, topology: Topology, instances: dict[str, str]) -> None:
         # seed 000: where each receiving instance port of this worker is served

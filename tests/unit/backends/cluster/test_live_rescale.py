@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
 import streamlet as sl
-from streamlet.backends.cluster import paths, reconfigure
+from streamlet.backends.cluster import paths, reconfigure, savepoints
+from streamlet.core.state.savepoints import read_savepoint
 from streamlet.testing import ExactlyOnceSink, SimulatedCluster
 
 WORDS = [f"w{index % 41}" for index in range(12_000)]
@@ -27,9 +29,11 @@ FREE = 4000  # words that flow at once; the rest wait for the test's gate
 
 
 class Gate:
-    """The test opens ``event`` to let the rest of the words flow (an event belongs to one loop)."""
+    """The test opens ``event`` to let the rest of the words flow (an event belongs to one loop); a gated
+    source sets ``reached`` once it waits there."""
 
     event: ClassVar[asyncio.Event]
+    reached: ClassVar[asyncio.Event]
 
 
 async def words() -> AsyncIterator[tuple[str, int]]:
@@ -54,7 +58,7 @@ def rescaled() -> sl.Topology:
 
 @pytest.fixture
 def gate() -> Iterator[asyncio.Event]:
-    Gate.event = asyncio.Event()
+    Gate.event, Gate.reached = asyncio.Event(), asyncio.Event()
     yield Gate.event
     Gate.event.set()
 
@@ -154,3 +158,69 @@ async def test_a_worker_lost_during_a_change_falls_back_to_the_next_attempt_exac
     assert states[states.index("RECONFIGURING") + 1] == "RECOVERING"
     assert pairs(outcome.committed["totals"]) == RUNNING_COUNTS
     assert layout is None  # the change never finished: attempt 2 ran the old layout
+
+
+class GatedWords(sl.Source):
+    """WORDS from a position (seekable), the ones from FREE on only once the gate is open."""
+
+    def open(self, context: sl.SourceContext) -> sl.SourceReader:
+        return _GatedReader()
+
+
+class _GatedReader(sl.SourceReader):
+    def __init__(self) -> None:
+        self.index = 0
+
+    async def read(self, max_records: int) -> list[sl.Record] | None:
+        if self.index >= len(WORDS):
+            return None
+        if self.index >= FREE:
+            Gate.reached.set()
+            await Gate.event.wait()
+        batch = WORDS[self.index : self.index + min(max_records, 500)]
+        self.index += len(batch)
+        return [sl.Record(word, 1, None) for word in batch]
+
+    def position(self) -> int:
+        return self.index
+
+    async def seek(self, position: int) -> None:
+        self.index = position
+
+
+def from_a_savepoint() -> sl.Topology:
+    """gated words -> running count per word (SAME_KEY) -> an ExactlyOnceSink."""
+    topology = sl.Topology("counted")
+    source = topology.add_source("words", GatedWords())
+    count = topology.reduce("count", lambda total, n: total + n, parallelism=2)
+    count.set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("totals", ExactlyOnceSink()).set_input(count)
+    return topology
+
+
+async def test_stop_with_a_savepoint_and_resume_it_as_a_new_job(gate: asyncio.Event, tmp_path: Path) -> None:
+    """stop --savepoint: the sources stop, the savepoint holds all they read, the job ends KILLED; a new job
+    from it (count at 3 instances) reads on from there: every word's final count is its whole count, and
+    the new job's counts for each word run on without a gap or a repeat."""
+    path = tmp_path / "savepoints" / "counted"
+    async with SimulatedCluster(workers=2, capacity=8) as cluster:
+        first = await cluster.submit(from_a_savepoint, job="first", checkpoint_interval=0.05)
+        await first.wait_for("RUNNING")
+        await Gate.reached.wait()  # the first FREE words are read: the savepoint holds exactly them
+        epoch = await savepoints.take(cluster.store, "first", path, pause=True)
+        await first.kill()
+        stopped = await first.outcome()
+        gate.set()
+        second = await cluster.submit(
+            from_a_savepoint, job="second", checkpoint_interval=0.05, parallelism={"count": 3}, from_savepoint=path
+        )
+        resumed = await second.outcome()
+    assert (stopped.state, resumed.state, resumed.attempt, resumed.restored_from) == ("KILLED", "FINISHED", 1, epoch)
+    running: dict[str, list[int]] = {}
+    for key, value in pairs(resumed.committed["totals"]):
+        running.setdefault(key, []).append(value)
+    assert read_savepoint(path)[1]["sources"]["words"] == [FREE]
+    assert sum(len(values) for values in running.values()) == len(WORDS) - FREE  # the rest, each word once
+    totals = Counter(WORDS)
+    assert {word: values[-1] for word, values in running.items()} == totals  # on from the savepoint's counts
+    assert all(values == list(range(values[0], values[-1] + 1)) for values in running.values())
