@@ -90,6 +90,7 @@ class _Builder:
         self.channel_ids: dict[tuple[int, int, int], int] = {}
         self.discards: list[DiscardRoute] = []
         self.routes: dict[tuple[int, int], Route] = {}  # (edge index, sender index) -> its route
+        self.incarnations: dict[tuple[str, int], int] = {}  # (node, index) -> the live change that added it
 
     def in_loop(self, edge: Edge) -> bool:
         tracker = self.tracker_of.get(edge.upstream)
@@ -99,8 +100,18 @@ class _Builder:
         return self.placement is None or self.placement.local(node, index)
 
     def channel_name(self, edge_index: int, sender: int, receiver: int) -> str:
+        """The name a channel is served under in other processes. An instance a live change added carries
+        the change's id, so its channels never take the name of a retired one's (whose last frames may still
+        be on the wire)."""
         assert self.placement is not None
-        return f"{self.placement.job}/{edge_index}/{sender}/{receiver}"
+        edge = self.topology.edges[edge_index]
+        sending = self._incarnation(edge.upstream, sender)
+        receiving = self._incarnation(edge.downstream, receiver)
+        return f"{self.placement.job}/{edge_index}/{sender}{sending}/{receiver}{receiving}"
+
+    def _incarnation(self, node: str, index: int) -> str:
+        change = self.incarnations.get((node, index))
+        return "" if change is None else f"~{change}"
 
     def make_inboxes(self, node: Node) -> None:
         tracker = self.tracker_of.get(node.name)

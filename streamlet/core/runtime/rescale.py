@@ -186,6 +186,8 @@ class Reconfigurer:
         local ones made, waiting for their state (not started yet)."""
         receivers = {name: [i for i in group if isinstance(i, Receiver)] for name, group in self.plan.instances.items()}
         new = range(plan.old.instances, plan.new.instances)
+        for index in new:
+            builder.incarnations[node.name, index] = plan.id
         inboxes = {index: builder.add_inbox(node) for index in new}
         for index in new:
             builder.connect_downstream(node, index, receivers)

@@ -74,9 +74,11 @@ async def rescale(cluster: SimulatedCluster, job: str, instances: int) -> dict[s
 
 
 @pytest.mark.parametrize("interval", [None, 0.05], ids=["no-checkpoints", "checkpoints"])
-async def test_a_running_cluster_job_rescales_2_3_1_in_one_attempt(gate: asyncio.Event, interval: float | None) -> None:
-    """count goes 2 -> 3 -> 1 instances while records wait in its channels: RECONFIGURING and back to RUNNING
-    twice, attempt 1 throughout, every running count exactly once in both sinks."""
+async def test_a_running_cluster_job_rescales_2_3_1_2_in_one_attempt(
+    gate: asyncio.Event, interval: float | None
+) -> None:
+    """count goes 2 -> 3 -> 1 -> 2 instances while the job runs: RECONFIGURING and back to RUNNING three
+    times, attempt 1 throughout, every running count exactly once in both sinks."""
     async with SimulatedCluster(workers=2, capacity=8) as cluster:
         job = await cluster.submit(rescaled, checkpoint_interval=interval)
         await job.wait_for("RUNNING")
@@ -85,10 +87,12 @@ async def test_a_running_cluster_job_rescales_2_3_1_in_one_attempt(gate: asyncio
         assert layout is not None
         assert layout[0]["parallelism"] == {"count": 3}
         second = await rescale(cluster, "rescaled", 1)
+        third = await rescale(cluster, "rescaled", 2)  # instance 1 again: a new one, under new channel names
         gate.set()
         outcome = await job.outcome()
-    assert (first["reconfigurations"], first["attempt"], second["reconfigurations"]) == (1, 1, 2)
-    assert [state for state, _ in outcome.states].count("RECONFIGURING") == 2
+    changes = (first["reconfigurations"], second["reconfigurations"], third["reconfigurations"])
+    assert (changes, third["attempt"]) == ((1, 2, 3), 1)
+    assert [state for state, _ in outcome.states].count("RECONFIGURING") == 3
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
     assert pairs(outcome.committed["totals"]) == pairs(outcome.collected["seen"]) == RUNNING_COUNTS
     if interval is not None:  # checkpoints went on after the changes, numbered without a gap
