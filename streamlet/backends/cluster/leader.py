@@ -224,8 +224,12 @@ class Leader:
         layout = None if view.layout is None else view.layout[0]
         ident = 1 if view.change is None else int(view.change["id"]) + 1
         instances = reconfigure.placed_instances(view.assignment[0]["instances"], layout, view.attempt)
+        loads = await live_loads(self.store, self.clock(), exclude=view.name)
+        room = {load.worker_id: load.capacity - load.used for load in loads}
+        for worker in reconfigure.running_instances(instances, topology).values():  # this job's, live-added too
+            room[worker] = room.get(worker, 0) - 1
         try:
-            change = reconfigure.plan(ident, topology, layout, request, instances, view.attempt, self.epoch)
+            change = reconfigure.plan(ident, topology, layout, request, instances, view.attempt, self.epoch, room)
         except ReconfigurationError as exc:
             if await self.store.commit([Delete(paths.reconfigure_request(view.name), version)]):
                 await _put(self.store, paths.reconfigure_refused(view.name), {"error": str(exc), "at": self.clock()})

@@ -95,22 +95,42 @@ def plan(
     instances: dict[str, str],
     attempt: int,
     epoch: int,
+    room: dict[str, int] | None = None,
 ) -> Reconfiguration:
     """The leader's plan for ``request`` (``instances``: the attempt's instance -> worker, with those added
-    live); new instances go to the workers holding fewest instances."""
+    live); new instances go to the job's workers holding fewest of its instances, among those with room
+    (``room``: worker -> instances it can still take, over every job; ``None``: no limit)."""
     old, new = new_table(topology, layout, request)
     task = str(request["task"])
-    workers = sorted(set(instances.values()))
-    held = {worker: sum(1 for owner in instances.values() if owner == worker) for worker in workers}
+    workers = sorted(set(instances.values()))  # every worker of the attempt wires its part
+    running = running_instances(instances, topology)
+    held = {worker: sum(1 for owner in running.values() if owner == worker) for worker in workers}
+    free = {worker: (1 << 30) if room is None else room.get(worker, 0) for worker in workers}
     placed = {}
     for index in range(old.instances, new.instances):
-        worker = min(workers, key=lambda w: (held[w], w))
+        open_ = [worker for worker in workers if free[worker] > 0]
+        if not open_:
+            raise ReconfigurationError(
+                f"the workers of job '{topology.name}' ({', '.join(workers)}) have no room for instance {index} "
+                f"of '{task}' (their capacity is taken)"
+            )
+        worker = min(open_, key=lambda w: (held[w], w))
         placed[paths.instance_id(task, index)] = worker
         held[worker] += 1
+        free[worker] -= 1
     return {
         "id": ident, "attempt": attempt, "task": task, "old": old.to_data(), "new": new.to_data(),
         "placed": placed, "workers": workers, "epoch": epoch,
     }  # fmt: skip
+
+
+def running_instances(instances: dict[str, str], topology: Topology) -> dict[str, str]:
+    """The instances of ``instances`` that run now (not retired by a change): index below the parallelism."""
+    return {
+        instance: worker
+        for instance, worker in instances.items()
+        if int(instance.rsplit(".", 1)[1]) < topology.nodes[paths.task_of(instance)].parallelism
+    }
 
 
 def next_layout(layout: Layout | None, reconfiguration: Reconfiguration, topology: Topology) -> Layout:

@@ -228,3 +228,18 @@ async def test_stop_with_a_savepoint_and_resume_it_as_a_new_job(gate: asyncio.Ev
     totals = Counter(WORDS)
     assert {word: values[-1] for word, values in running.items()} == totals  # on from the savepoint's counts
     assert all(values == list(range(values[0], values[-1] + 1)) for values in running.values())
+
+
+async def test_a_rescale_past_the_workers_capacity_is_refused_by_the_leader(gate: asyncio.Event) -> None:
+    """One worker of capacity 7 runs the job's 7 instances: an 8th has nowhere to go; the leader says so,
+    the job stays RUNNING in attempt 1 and finishes exactly."""
+    async with SimulatedCluster(workers=1, capacity=7) as cluster:
+        job = await cluster.submit(rescaled, checkpoint_interval=None)
+        await job.wait_for("RUNNING")
+        with pytest.raises(sl.ReconfigurationError, match="no room for instance 2 of 'count'"):
+            await rescale(cluster, "rescaled", 3)
+        assert await job.state() == ("RUNNING", "running on worker-0")
+        gate.set()
+        outcome = await job.outcome()
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert pairs(outcome.committed["totals"]) == RUNNING_COUNTS
