@@ -400,6 +400,27 @@ def rescale_command(
     )
 
 
+@main.command("migrate")
+@click.argument("job")
+@click.argument("instance")
+@click.argument("worker")
+@_cluster_options
+@click.option("--timeout", default=120.0, show_default=True, help="seconds to wait for the move")
+def migrate_command(
+    job: str, instance: str, worker: str, zk: str | None, cluster: str | None, state_dir: Path, timeout: float
+) -> None:
+    """Move INSTANCE (TASK.INDEX) of running JOB to WORKER with its state, live: no restart."""
+    from streamlet.backends.cluster import client as cluster_client
+
+    try:
+        hosts, name = _where(zk, cluster, state_dir)
+        secret = _client_secret("migrate", state_dir)
+        status = anyio.run(cluster_client.migrate, hosts, name, job, instance, worker, secret, timeout)
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    click.echo(f"job '{job}': {status['reason']} (attempt {status['attempt']})")
+
+
 @main.command("savepoint")
 @click.argument("job")
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False))

@@ -16,9 +16,10 @@ import pytest
 
 import streamlet as sl
 from examples.wordcount import build_topology, word_counts
+from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.zk import ZkStore
 from tests.support import event_time_job
-from tests.support.cluster import running_cluster, streamlet, wait_for_state
+from tests.support.cluster import recorded, running_cluster, streamlet, wait_for_state
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -412,9 +413,25 @@ def build_topology():
 """
 
 
-def test_rescale_changes_a_running_job_in_the_same_attempt(cluster: Path, tmp_path: Path) -> None:
-    """streamlet rescale live count 3, then 1, while the job runs: RECONFIGURING and back, attempt 1,
-    'jobs --json' counts 2 reconfigurations, and every word's running counts come out exactly once, in order."""
+def instance_worker(cluster: Path, job: str, instance: str) -> str:
+    """Where ``instance`` of ``job`` runs now: the layout's placement (live changes), else the assignment."""
+    state = recorded(cluster)
+
+    async def read() -> str:
+        async with ZkStore(state["zk"], state["name"]) as store:
+            layout = await store.get(paths.layout(job))
+            assignment = await store.get(paths.assignment(job))
+            assert assignment is not None
+            placed = {**assignment[0]["instances"], **({} if layout is None else layout[0]["placed"])}
+            return str(placed[instance])
+
+    return anyio.run(read)
+
+
+def test_rescale_and_migrate_change_a_running_job_in_the_same_attempt(cluster: Path, tmp_path: Path) -> None:
+    """streamlet rescale live count 3, then 1, then streamlet migrate live count.0 to the other worker, while
+    the job runs: attempt 1 throughout, 'jobs --json' counts 3 reconfigurations, and every word's running
+    counts come out exactly once, in order."""
     gate, path, results = tmp_path / "gate", tmp_path / "live.py", tmp_path / "live.json"
     path.write_text(LIVE.format(gate=str(gate)), encoding="utf-8")
     command = [sys.executable, "-m", "streamlet.cli", "submit", str(path), "--job", "live", "--results", str(results)]
@@ -429,9 +446,14 @@ def test_rescale_changes_a_running_job_in_the_same_attempt(cluster: Path, tmp_pa
         refused = streamlet("rescale", "live", "nope", "2", cwd=cluster)
         assert refused.returncode == 1
         assert "no task called 'nope'" in refused.stderr
+        elsewhere = "worker-1" if instance_worker(cluster, "live", "count.0") == "worker-0" else "worker-0"
+        moved = streamlet("migrate", "live", "count.0", elsewhere, cwd=cluster)
+        assert moved.stdout.strip() == f"job 'live': change 3 done: count.0 runs on {elsewhere} (attempt 1)", (
+            moved.stderr
+        )
         listing = {job["name"]: job for job in json.loads(streamlet("jobs", "--json", cwd=cluster).stdout)}
         assert (listing["live"]["state"], listing["live"]["attempt"], listing["live"]["reconfigurations"]) == (
-            "RUNNING", 1, 2,
+            "RUNNING", 1, 3,
         )  # fmt: skip
         gate.touch()
         _, err = submitter.communicate(timeout=120)

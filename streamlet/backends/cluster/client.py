@@ -89,6 +89,20 @@ async def rescale(
         return await reconfigure.wait_done(store, job, before, asked_at, seconds)
 
 
+async def migrate(
+    hosts: str, cluster: str, job: str, instance: str, worker: str, secret: bytes, seconds: float
+) -> dict[str, Any]:
+    """Move ``instance`` (``task.index``) of running ``job`` to ``worker`` with its state, live; the status after."""
+    task, _, index = instance.rpartition(".")
+    if not task or not index.isdigit():
+        raise JobError(f"name the instance as TASK.INDEX (e.g. count.1), not {instance!r}")
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        asked_at = time.time()
+        request = reconfigure.request_node(task, migrate=(int(index), worker))
+        before = await reconfigure.ask(store, job, request)
+        return await reconfigure.wait_done(store, job, before, asked_at, seconds)
+
+
 async def savepoint(hosts: str, cluster: str, job: str, path: Path, secret: bytes, stop: bool = False) -> int:
     """A savepoint of running ``job`` at ``path`` (with ``stop``: sources stop first, then the job is killed);
     returns its epoch."""

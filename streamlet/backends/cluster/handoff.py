@@ -40,11 +40,14 @@ class ClusterHandoff:
         addresses: dict[str, tuple[str, int]],
         server: DataServer,
         client: TcpClient,
+        source_of: Callable[[int], str] | None = None,
     ) -> None:
         self.run = run
         self.plan = plan
         self.me = me
         self.worker_of = worker_of  # the worker of each instance index of the task, in the new layout
+        # ... and in the old one (they differ for a relocated instance: its old incarnation exports)
+        self.source_of = source_of or worker_of
         self.addresses = addresses
         self.server = server
         self.client = client
@@ -61,7 +64,7 @@ class ClusterHandoff:
             if self.worker_of(target) != self.me:
                 continue
             for source in self.plan.sources_of(target):
-                if self.worker_of(source) != self.me:
+                if self.source_of(source) != self.me:
                     inbox = Inbox(UNBOUNDED)
                     channel = inbox.add_channel(0, sender=(self.plan.task, source))
                     self.server.register(self.channel_name(source, target), inbox, channel)
@@ -81,7 +84,7 @@ class ClusterHandoff:
 
     async def receive(self, target: int, sources: list[int]) -> list[Any]:
         """Every part for ``target``, from this worker's exporters and the others'."""
-        here = [source for source in sources if self.worker_of(source) == self.me]
+        here = [source for source in sources if self.source_of(source) == self.me]
         parts = dict(zip(here, await self.local.receive(target, here), strict=True))
         for source in sources:
             if source not in parts:

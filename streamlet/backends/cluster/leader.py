@@ -241,7 +241,7 @@ class Leader:
         ]
         if view.spec.get("checkpoint") is not None:
             steps.append(await self._hold_trigger(view, ident))
-        what = f"{change['task']}: {len(change['old']['owners'])} segments over {change['new']['instances']} instances"
+        what = _describe_change(change)
         return await self._move(view, JobState.RECONFIGURING, f"change {ident} ({what})", steps)
 
     async def _hold_trigger(self, view: JobView, ident: int) -> Op:
@@ -277,7 +277,7 @@ class Leader:
         if trigger is not None and trigger[0].get("hold") is not None:
             released = {key: value for key, value in trigger[0].items() if key != "hold"}
             steps.append(SetData(reconfigure.trigger_path(view.name, view.attempt), released, trigger[1]))
-        reason = f"change {change['id']} done: {change['task']} runs {change['new']['instances']} instances"
+        reason = f"change {change['id']} done: {_describe_change(change, done=True)}"
         return await self._move(view, JobState.RUNNING, reason, steps, reconfigured=True)
 
     async def _next_attempt(self, view: JobView, why: str, avoid: dict[str, set[str]]) -> str | None:
@@ -333,3 +333,15 @@ async def _put(store: ClusterStore, path: str, data: Any) -> None:
         await store.create(path, data)
     except NodeExists:
         await store.set(path, data)
+
+
+def _describe_change(change: Reconfiguration, done: bool = False) -> str:
+    """``count: 128 segments over 3 instances`` / ``count.1 to worker-1`` (done: ``count runs 3 instances``,
+    ``count.1 runs on worker-1``)."""
+    if change.get("relocated"):
+        [(instance, worker)] = change["placed"].items()
+        return f"{instance} {'runs on' if done else 'to'} {worker}"
+    task, instances = change["task"], change["new"]["instances"]
+    if done:
+        return f"{task} runs {instances} instances"
+    return f"{task}: {len(change['old']['owners'])} segments over {instances} instances"

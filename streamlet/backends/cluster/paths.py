@@ -101,6 +101,8 @@ class ReconfigureRequest(TypedDict, total=False):
     task: str
     instances: int
     moves: dict[str, int]  # segment (as text: JSON keys) -> instance
+    migrate: int  # the instance to move ...
+    to: str  # ... to this worker
     by: str
     at: float
 
@@ -113,7 +115,8 @@ class Reconfiguration(TypedDict):
     task: str
     old: dict[str, Any]  # SegmentTable.to_data()
     new: dict[str, Any]
-    placed: dict[str, str]  # new instance id -> worker
+    placed: dict[str, str]  # new instance id (or a relocated one's) -> worker
+    relocated: list[int]  # instances of the task that move to another worker (a migration)
     workers: list[str]  # every worker of the attempt: each wires its part, then all go
     epoch: int  # the leader's
 

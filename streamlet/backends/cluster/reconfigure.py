@@ -80,6 +80,8 @@ def new_table(
                 f"task '{task}' can run with 1 to {node.max_parallelism} instances (its max_parallelism), not {count!r}"
             )
         return old, old.rescaled(count)
+    if "migrate" in request:
+        return old, old  # the table stays: one instance moves (see :func:`plan`)
     moves = {int(segment): int(owner) for segment, owner in (request.get("moves") or {}).items()}
     for segment, owner in moves.items():
         if not 0 <= segment < old.segments or not 0 <= owner < old.instances:
@@ -104,24 +106,57 @@ def plan(
     task = str(request["task"])
     workers = sorted(set(instances.values()))  # every worker of the attempt wires its part
     running = running_instances(instances, topology)
-    held = {worker: sum(1 for owner in running.values() if owner == worker) for worker in workers}
     free = {worker: (1 << 30) if room is None else room.get(worker, 0) for worker in workers}
+    relocated: list[int] = []
+    if "migrate" in request:
+        placed = _migration(topology.name, task, request, running, free, old.instances)
+        relocated = [int(request["migrate"])]
+    else:
+        placed = _new_instances(topology.name, task, range(old.instances, new.instances), running, free, workers)
+    return {
+        "id": ident, "attempt": attempt, "task": task, "old": old.to_data(), "new": new.to_data(),
+        "placed": placed, "relocated": relocated, "workers": workers, "epoch": epoch,
+    }  # fmt: skip
+
+
+def _new_instances(
+    job: str, task: str, indices: range, running: dict[str, str], free: dict[str, int], workers: list[str]
+) -> dict[str, str]:
+    """New instances on the job's workers holding fewest of its instances, among those with room."""
+    held = {worker: sum(1 for owner in running.values() if owner == worker) for worker in workers}
     placed = {}
-    for index in range(old.instances, new.instances):
+    for index in indices:
         open_ = [worker for worker in workers if free[worker] > 0]
         if not open_:
             raise ReconfigurationError(
-                f"the workers of job '{topology.name}' ({', '.join(workers)}) have no room for instance {index} "
+                f"the workers of job '{job}' ({', '.join(workers)}) have no room for instance {index} "
                 f"of '{task}' (their capacity is taken)"
             )
         worker = min(open_, key=lambda w: (held[w], w))
         placed[paths.instance_id(task, index)] = worker
         held[worker] += 1
         free[worker] -= 1
-    return {
-        "id": ident, "attempt": attempt, "task": task, "old": old.to_data(), "new": new.to_data(),
-        "placed": placed, "workers": workers, "epoch": epoch,
-    }  # fmt: skip
+    return placed
+
+
+def _migration(
+    job: str, task: str, request: ReconfigureRequest, running: dict[str, str], free: dict[str, int], instances: int
+) -> dict[str, str]:
+    """Where instance ``request["migrate"]`` goes: ``request["to"]``, a worker of the job with room."""
+    index, worker = request.get("migrate"), str(request.get("to"))
+    if type(index) is not int or not 0 <= index < instances:
+        raise ReconfigurationError(f"task '{task}' has instances 0 to {instances - 1}, not {index!r}")
+    instance = paths.instance_id(task, index)
+    if running[instance] == worker:
+        raise ReconfigurationError(f"{instance} runs on {worker} already")
+    if worker not in free:
+        raise ReconfigurationError(
+            f"{worker} runs no part of job '{job}' (its workers: {', '.join(sorted(free))}); an instance moves "
+            "to a worker of the job"
+        )
+    if free[worker] <= 0:
+        raise ReconfigurationError(f"{worker} has no room for {instance} (its capacity is taken)")
+    return {instance: worker}
 
 
 def running_instances(instances: dict[str, str], topology: Topology) -> dict[str, str]:
@@ -148,9 +183,16 @@ def next_layout(layout: Layout | None, reconfiguration: Reconfiguration, topolog
     }
 
 
-def request_node(task: str, instances: int | None = None, moves: dict[int, int] | None = None) -> ReconfigureRequest:
-    """What ``streamlet rescale`` (or a balancer's move) writes."""
-    request: ReconfigureRequest = {"task": task, "by": "streamlet rescale", "at": time.time()}
+def request_node(
+    task: str,
+    instances: int | None = None,
+    moves: dict[int, int] | None = None,
+    migrate: tuple[int, str] | None = None,
+) -> ReconfigureRequest:
+    """What ``streamlet rescale`` / ``streamlet migrate`` (or a balancer's move) writes."""
+    request: ReconfigureRequest = {"task": task, "by": "streamlet", "at": time.time()}
+    if migrate is not None:
+        request["migrate"], request["to"] = migrate
     if instances is not None:
         request["instances"] = instances
     if moves is not None:

@@ -154,17 +154,22 @@ class WorkerJobs:
 
     async def _carry_out_change(self, job: str, attempt: int, change: Reconfiguration, running: Job, base: str) -> None:
         placement = self.placements[job, attempt]
+        before = dict(placement)
         placement.update(change["placed"])
         run, addresses = self.runs[job, attempt]
         task = change["task"]
         plan = ReconfigurationPlan(
-            int(change["id"]), task, SegmentTable.from_data(change["old"]), SegmentTable.from_data(change["new"])
-        )
+            int(change["id"]), task, SegmentTable.from_data(change["old"]), SegmentTable.from_data(change["new"]),
+            frozenset(int(index) for index in change.get("relocated", [])),
+        )  # fmt: skip
 
         def worker_of(index: int) -> str:
             return placement[instance_id(task, index)]
 
-        handoff = ClusterHandoff(run, plan, self.me, worker_of, addresses, self.server, self.client)
+        def source_of(index: int) -> str:
+            return before.get(instance_id(task, index)) or placement[instance_id(task, index)]
+
+        handoff = ClusterHandoff(run, plan, self.me, worker_of, addresses, self.server, self.client, source_of)
         handoff.register()
 
         async def everyone_wired() -> None:

@@ -473,10 +473,10 @@ class Receiver(Instance):
         the channels from its instances that existed before (new ones are held until aligned)."""
         if marker.task == self.node.name:
             return set(range(self.inbox.channel_count))
-        return {
+        return {  # a channel held already comes from a new instance (or a relocated one's new incarnation)
             channel
             for channel, (node, index) in enumerate(self.inbox.senders)
-            if node == marker.task and index < marker.senders
+            if node == marker.task and index < marker.senders and not self.blocked[channel]
         }
 
     async def _on_watermark_marker(self, channel: int, marker: Watermark) -> None:

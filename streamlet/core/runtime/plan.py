@@ -193,14 +193,19 @@ class _Builder:
 
     # -- wiring an instance added while the job runs (in one process) ------------------------
 
-    def add_inbox(self, node: Node) -> Inbox:
-        """The inbox of a new instance of ``node`` (the next index): a channel from every current sender.
+    def add_inbox(self, node: Node, index: int | None = None) -> Inbox:
+        """The inbox of a new instance of ``node`` (the next index, or ``index``: a relocated instance's new
+        incarnation): a channel from every current sender.
 
         Made for an instance in another process too (it keeps the indices in step); only a local one lets
         senders elsewhere reach its channels."""
-        receiver = len(self.inboxes[node.name])
         inbox = Inbox(self.capacity)
-        self.inboxes[node.name].append(inbox)
+        if index is None:
+            receiver = len(self.inboxes[node.name])
+            self.inboxes[node.name].append(inbox)
+        else:
+            receiver = index
+            self.inboxes[node.name][index] = inbox
         for edge_index, edge in enumerate(self.topology.edges):
             if edge.downstream == node.name:
                 for sender in range(self.topology.nodes[edge.upstream].parallelism):
@@ -219,13 +224,19 @@ class _Builder:
                     self.channel_ids[edge_index, sender, receiver.index] = channel
                     self._expose_if_remote(edge_index, edge, sender, receiver.index, channel)
 
-    def switched_channels(self, edge_index: int, sender: int, instances: int) -> list[Channel]:
-        """The channels ``sender``'s route on edge ``edge_index`` uses after a rescale to ``instances``:
-        the same objects for instances that stay, new ones for instances added (local or not)."""
+    def switched_channels(
+        self, edge_index: int, sender: int, instances: int, renewed: frozenset[int] = frozenset()
+    ) -> list[Channel]:
+        """The channels ``sender``'s route on edge ``edge_index`` uses after a change to ``instances``: the
+        same objects for instances that stay, new ones for instances added or ``renewed`` (relocated)."""
         edge = self.topology.edges[edge_index]
-        kept = self.routes[edge_index, sender].channels[:instances]
-        added = [self._channel_to(edge_index, edge, sender, receiver) for receiver in range(len(kept), instances)]
-        return [*kept, *added]
+        current = self.routes[edge_index, sender].channels
+        return [
+            current[receiver]
+            if receiver < len(current) and receiver not in renewed
+            else self._channel_to(edge_index, edge, sender, receiver)
+            for receiver in range(instances)
+        ]
 
     def _channel_to(self, edge_index: int, edge: Edge, sender: int, receiver: int) -> Channel:
         if self.is_local(edge.downstream, receiver):

@@ -37,6 +37,9 @@ class ReconfigurationPlan:
     task: str
     old: SegmentTable
     new: SegmentTable
+    #: Instances replaced by a new incarnation of the same index elsewhere (a migration): the old one hands
+    #: all it holds to the new one and retires.
+    relocated: frozenset[int] = frozenset()
 
     @property
     def marker(self) -> Reconfigure:
@@ -44,14 +47,15 @@ class ReconfigurationPlan:
         return Reconfigure(self.id, self.task, self.old.instances)
 
     def retiring(self, index: int) -> bool:
-        """Instance ``index`` has no place in the new layout: it hands everything over and ends."""
-        return index >= self.new.instances
+        """Instance ``index`` (its old incarnation) has no place in the new layout: it hands everything over
+        and ends."""
+        return index >= self.new.instances or index in self.relocated
 
     @cached_property
     def exporters(self) -> frozenset[int]:
         """Old instances that give state away: they lose a segment, or retire."""
         losing = {old for old, _ in self.old.changes(self.new).values()}
-        return frozenset(losing | set(range(self.new.instances, self.old.instances)))
+        return frozenset(losing | set(range(self.new.instances, self.old.instances)) | self.relocated)
 
     @cached_property
     def importers(self) -> frozenset[int]:
@@ -60,11 +64,23 @@ class ReconfigurationPlan:
         gaining = {new for _, new in self.old.changes(self.new).values()}
         if not gaining and self.new.instances < self.old.instances:
             gaining = {0}
-        return frozenset(gaining)
+        return frozenset(gaining | self.relocated)
 
     def sources_of(self, importer: int) -> list[int]:
-        """The exporters ``importer`` waits for (every exporter sends every importer a part, maybe empty)."""
-        return sorted(self.exporters - {importer})
+        """The exporters ``importer`` waits for (every exporter sends every importer a part, maybe empty); a
+        relocated instance's new incarnation waits for its old one too."""
+        others = self.exporters - {importer}
+        return sorted(others | ({importer} if importer in self.relocated else set()))
+
+    def targets_of(self, exporter: int) -> list[int]:
+        """The importers ``exporter`` sends a part to (its own new incarnation too, when relocated)."""
+        others = self.importers - {exporter}
+        return sorted(others | ({exporter} if exporter in self.relocated else set()))
+
+    @property
+    def joining(self) -> list[int]:
+        """Instances made new: those added, and the new incarnations of relocated ones."""
+        return sorted(set(range(self.old.instances, self.new.instances)) | self.relocated)
 
     def target_function(self, exporter: int) -> Callable[[Any], int]:
         """Where each key held by ``exporter`` belongs after the change (``exporter`` itself: it stays).

@@ -170,7 +170,7 @@ class Reconfigurer:
         kept = [instance for instance in old_instances if not plan.retiring(instance.index)]
         self.plan.retired.extend(instance for instance in old_instances if plan.retiring(instance.index))
         if kept or added:
-            self.plan.instances[plan.task] = [*kept, *added]
+            self.plan.instances[plan.task] = sorted([*kept, *added], key=lambda instance: instance.index)
         else:
             self.plan.instances.pop(plan.task, None)  # none of its instances runs here
         self.plan.tables[plan.task] = plan.new
@@ -185,10 +185,10 @@ class Reconfigurer:
         """New instances wired in (an inbox each, held channels into every local receiver they feed); the
         local ones made, waiting for their state (not started yet)."""
         receivers = {name: [i for i in group if isinstance(i, Receiver)] for name, group in self.plan.instances.items()}
-        new = range(plan.old.instances, plan.new.instances)
+        new = plan.joining  # added instances, and relocated ones' new incarnations
         for index in new:
             builder.incarnations[node.name, index] = plan.id
-        inboxes = {index: builder.add_inbox(node) for index in new}
+        inboxes = {index: builder.add_inbox(node, index if index in plan.relocated else None) for index in new}
         for index in new:
             builder.connect_downstream(node, index, receivers)
         added = []
@@ -209,10 +209,10 @@ class Reconfigurer:
                 continue
             table = plan.new if edge.partitioning is SAME_KEY else None
             for sender in self.plan.instances.get(edge.upstream, []):
-                channels = builder.switched_channels(edge_index, sender.index, plan.new.instances)
+                channels = builder.switched_channels(edge_index, sender.index, plan.new.instances, plan.relocated)
                 if sender.completed:  # it sends its end on the old channels: the new ones must not wait for it
-                    for channel in channels[plan.old.instances :]:
-                        await channel.send(END_OF_STREAM)  # a new, empty channel: never waits
+                    for index in plan.joining:
+                        await channels[index].send(END_OF_STREAM)  # a new, empty channel: never waits
                     continue
                 route = builder.routes[edge_index, sender.index]
                 name = (f"switch {edge_index}", sender.index)

@@ -162,14 +162,16 @@ class TaskInstance(Receiver):
         plan = active.plan
         target = plan.target_function(self.index)
         parts: dict[int, Any]
-        if self._plain_state():
+        if self.index in plan.relocated:  # all of it goes to this instance's new incarnation
+            parts = {self.index: self.snapshot()}
+        elif self._plain_state():
             parts = self._move_out(target, plan.importers - {self.index})
         else:
             split = split_task_snapshot(self.snapshot(), target, plan.width, self.index, self.node.window)
             if not plan.retiring(self.index):
                 self.restore(split[self.index])
             parts = dict(enumerate(split))
-        for importer in sorted(plan.importers - {self.index}):
+        for importer in plan.targets_of(self.index):
             await active.handoff.send(self.index, importer, parts[importer])
 
     def _plain_state(self) -> bool:

@@ -9,6 +9,7 @@ through the new layout. No test sleeps: the waits are on the job's states.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -69,8 +70,9 @@ def pairs(records: list[sl.Record]) -> list[tuple[str, int]]:
 
 async def rescale(cluster: SimulatedCluster, job: str, instances: int) -> dict[str, object]:
     """Ask as ``streamlet rescale`` does and wait until the leader says it is done."""
+    asked_at = time.time()
     before = await reconfigure.ask(cluster.store, job, reconfigure.request_node("count", instances))
-    return await reconfigure.wait_done(cluster.store, job, before, 0.0, 30)
+    return await reconfigure.wait_done(cluster.store, job, before, asked_at, 30)
 
 
 @pytest.mark.parametrize("interval", [None, 0.05], ids=["no-checkpoints", "checkpoints"])
@@ -243,3 +245,34 @@ async def test_a_rescale_past_the_workers_capacity_is_refused_by_the_leader(gate
         outcome = await job.outcome()
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
     assert pairs(outcome.committed["totals"]) == RUNNING_COUNTS
+
+
+async def migrate(cluster: SimulatedCluster, job: str, index: int, worker: str) -> dict[str, object]:
+    """Ask as ``streamlet migrate`` does and wait until the leader says it is done."""
+    request, asked_at = reconfigure.request_node("count", migrate=(index, worker)), time.time()
+    before = await reconfigure.ask(cluster.store, job, request)
+    return await reconfigure.wait_done(cluster.store, job, before, asked_at, 30)
+
+
+async def test_instances_migrate_to_another_worker_with_their_state(gate: asyncio.Event) -> None:
+    """count.0 and then count.1 move to the other worker while the job runs: the same attempt, the layout
+    records where they run now, every running count exactly once; a move nowhere new is refused."""
+    async with SimulatedCluster(workers=2, capacity=5) as cluster:
+        job = await cluster.submit(rescaled, checkpoint_interval=0.05)
+        await job.wait_for("RUNNING")
+        where = await job.instances()
+        moves = {index: "worker-1" if where[f"count.{index}"] == "worker-0" else "worker-0" for index in (0, 1)}
+        first = await migrate(cluster, "rescaled", 0, moves[0])
+        second = await migrate(cluster, "rescaled", 1, moves[1])
+        with pytest.raises(sl.ReconfigurationError, match=f"count.1 runs on {moves[1]} already"):
+            await migrate(cluster, "rescaled", 1, moves[1])
+        with pytest.raises(sl.ReconfigurationError, match="worker-9 runs no part of job 'rescaled'"):
+            await migrate(cluster, "rescaled", 0, "worker-9")
+        layout = await cluster.store.get(paths.layout("rescaled"))
+        gate.set()
+        outcome = await job.outcome()
+    assert (first["reason"], second["reconfigurations"]) == (f"change 1 done: count.0 runs on {moves[0]}", 2)
+    assert layout is not None
+    assert layout[0]["placed"] == {f"count.{i}": moves[i] for i in (0, 1)}
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert pairs(outcome.committed["totals"]) == pairs(outcome.collected["seen"]) == RUNNING_COUNTS
