@@ -232,6 +232,21 @@ def _labels_by_worker(labels: tuple[str, ...], workers: int) -> dict[str, list[s
     return by_worker
 
 
+@cluster_group.command("add-worker")
+@click.option("--capacity", default=8, show_default=True, type=click.IntRange(min=1), help="instances it takes")
+@click.option("--label", "labels", multiple=True, help="a label tasks can ask for, repeatable")
+@click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
+def cluster_add_worker(capacity: int, labels: tuple[str, ...], state_dir: Path) -> None:
+    """Start one more worker for the local cluster; new work (new jobs, next attempts, stalled jobs) goes to it."""
+    from streamlet.backends.cluster import local_cluster
+
+    try:
+        worker_id = local_cluster.add_worker(state_dir, capacity, list(labels))
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    click.echo(f"started {worker_id} (capacity {capacity})")
+
+
 @cluster_group.command("status")
 @click.option("--zk", default=None)
 @click.option("--name", default=None)

@@ -202,3 +202,37 @@ def test_sigterm_to_the_leader_hands_over_at_once(cluster: tuple[Path, list[dict
     assert time.monotonic() - began < 2.0  # well under the 4 s session timeout
     assert new_leader["name"] != name
     assert wait_for_exit(int(str(leader["pid"])), seconds=10)
+
+
+WIDE = """
+import streamlet as sl
+
+def build_topology():
+    topology = sl.Topology("wide")
+    source = topology.add_source("in", [(f"k{i % 7}", 1) for i in range(1000)])
+    count = topology.reduce("count", lambda total, one: total + one, parallelism=2, labels=["fast"])
+    count.set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(count)
+    return topology
+"""
+
+
+def test_a_worker_added_to_a_running_cluster_takes_the_work_that_waited(tmp_path: Path) -> None:
+    """The count asks for a 'fast' worker and the one worker has no such label: STALLED with the reason.
+    'cluster add-worker --label fast' starts worker-1 (recorded, stopped by 'down'): the job is scheduled,
+    the count on worker-1, and finishes."""
+    with running_cluster(tmp_path, "--workers", "1", "--name", "grow"):
+        job = tmp_path / "wide.py"
+        job.write_text(WIDE, encoding="utf-8")
+        submitted = streamlet("submit", str(job), "--job", "wide", "--no-wait", cwd=tmp_path)
+        assert submitted.returncode == 0, submitted.stderr
+        stalled = wait_for_state(tmp_path, "wide", {"STALLED"})
+        assert "no live worker can take it" in stalled["reason"]
+        added = streamlet("cluster", "add-worker", "--label", "fast", cwd=tmp_path)
+        assert added.stdout.strip() == "started worker-1 (capacity 8)", added.stderr
+        recorded = json.loads((tmp_path / ".streamlet" / "cluster.json").read_text())
+        assert [p["id"] for p in recorded["processes"] if p["role"] == "worker"] == ["worker-0", "worker-1"]
+        finished = wait_for_state(tmp_path, "wide", {"FINISHED", "FAILED"})
+        assert finished["state"] == "FINISHED", finished["reason"]
+        listing = {j["name"]: j for j in json.loads(streamlet("jobs", "--json", cwd=tmp_path).stdout)}
+        assert "worker-1" in listing["wide"]["workers"]

@@ -119,6 +119,21 @@ def up(
     return state
 
 
+def add_worker(state_dir: Path, capacity: int = 8, labels: list[str] | None = None) -> str:
+    """Start one more worker for the cluster recorded in ``state_dir`` and record it; returns its id. It
+    registers itself: the leader places new work on it (new jobs, next attempts, stalled jobs) at once."""
+    state = ClusterState.load(state_dir)
+    taken = [int(p["id"].removeprefix("worker-")) for p in state.processes if str(p["id"]).startswith("worker-")]
+    worker_id = f"worker-{max(taken, default=-1) + 1}"
+    args = ["--zk", state.zk, "--name", state.name, "--id", worker_id, "--capacity", str(capacity)]
+    for label in labels or []:
+        args += ["--label", label]
+    process = start_process("worker", args, state.secret(), state_dir / f"{worker_id}.log")
+    state.processes.append({"role": "worker", "id": worker_id, "pid": process.pid})
+    state.save(state_dir)
+    return worker_id
+
+
 def refuse_if_recorded(state_dir: Path) -> None:
     """Raise :class:`ClusterError` when ``state_dir`` records a cluster (running or not: 'down' clears it)."""
     if (state_dir / STATE_FILE).exists():
