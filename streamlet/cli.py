@@ -400,19 +400,7 @@ def rescale_command(
     job: str, task: str, instances: int, zk: str | None, cluster: str | None, state_dir: Path, timeout: float
 ) -> None:
     """Give TASK of running JOB INSTANCES instances, live: no restart, only moved key segments move."""
-    from streamlet.backends.cluster import client as cluster_client
-
-    try:
-        hosts, name = _where(zk, cluster, state_dir)
-        status = anyio.run(
-            cluster_client.rescale, hosts, name, job, task, instances, _client_secret("rescale", state_dir), timeout
-        )
-    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
-        _fail(exc)
-    click.echo(
-        f"job '{job}': {status['reason']} (attempt {status['attempt']}, "
-        f"{status['reconfigurations']} reconfiguration{'s' if status['reconfigurations'] != 1 else ''})"
-    )
+    _live_change("rescale", job, (task, instances), zk, cluster, state_dir, timeout)
 
 
 @main.command("migrate")
@@ -425,15 +413,25 @@ def migrate_command(
     job: str, instance: str, worker: str, zk: str | None, cluster: str | None, state_dir: Path, timeout: float
 ) -> None:
     """Move INSTANCE (TASK.INDEX) of running JOB to WORKER with its state, live: no restart."""
+    _live_change("migrate", job, (instance, worker), zk, cluster, state_dir, timeout)
+
+
+def _live_change(
+    action: str, job: str, what: tuple[str, Any], zk: str | None, cluster: str | None, state_dir: Path, timeout: float
+) -> None:
+    """``rescale`` or ``migrate``: ask, wait for the leader, say how the job stands (a non-zero exit if refused)."""
     from streamlet.backends.cluster import client as cluster_client
 
+    call = cluster_client.rescale if action == "rescale" else cluster_client.migrate
     try:
         hosts, name = _where(zk, cluster, state_dir)
-        secret = _client_secret("migrate", state_dir)
-        status = anyio.run(cluster_client.migrate, hosts, name, job, instance, worker, secret, timeout)
+        status = anyio.run(call, hosts, name, job, *what, _client_secret(action, state_dir), timeout)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
-    click.echo(f"job '{job}': {status['reason']} (attempt {status['attempt']})")
+    count = status["reconfigurations"]
+    click.echo(
+        f"job '{job}': {status['reason']} (attempt {status['attempt']}, {count} reconfiguration{'s' * (count != 1)})"
+    )
 
 
 @main.command("savepoint")

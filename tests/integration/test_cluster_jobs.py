@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -387,7 +389,6 @@ def test_an_event_time_job_on_the_cluster_gives_the_in_process_output(
 
 LIVE = """
 import asyncio
-import os
 
 import streamlet as sl
 
@@ -395,11 +396,17 @@ GATE = {gate!r}
 WORDS = [f"w{{index % 41}}" for index in range(20_000)]
 
 
+def wait_for_the_test():
+    # GATE is a named pipe: opening it returns once the test (another process) opens it to write, and the
+    # read ends when the test closes it. An event across processes, not a poll.
+    with open(GATE) as gate:
+        gate.read()
+
+
 async def words():
     for index, word in enumerate(WORDS):
         if index == 5_000:
-            while not os.path.exists(GATE):  # the rest waits until the test (another process) opens the gate
-                await asyncio.sleep(0.05)
+            await asyncio.to_thread(wait_for_the_test)  # the rest waits until the test opens the gate
         yield word, 1
 
 
@@ -433,6 +440,7 @@ def test_rescale_and_migrate_change_a_running_job_in_the_same_attempt(cluster: P
     the job runs: attempt 1 throughout, 'jobs --json' counts 3 reconfigurations, and every word's running
     counts come out exactly once, in order."""
     gate, path, results = tmp_path / "gate", tmp_path / "live.py", tmp_path / "live.json"
+    os.mkfifo(gate)
     path.write_text(LIVE.format(gate=str(gate)), encoding="utf-8")
     command = [sys.executable, "-m", "streamlet.cli", "submit", str(path), "--job", "live", "--results", str(results)]
     submitter = subprocess.Popen(command, cwd=cluster, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -448,16 +456,17 @@ def test_rescale_and_migrate_change_a_running_job_in_the_same_attempt(cluster: P
         assert "no task called 'nope'" in refused.stderr
         elsewhere = "worker-1" if instance_worker(cluster, "live", "count.0") == "worker-0" else "worker-0"
         moved = streamlet("migrate", "live", "count.0", elsewhere, cwd=cluster)
-        assert moved.stdout.strip() == f"job 'live': change 3 done: count.0 runs on {elsewhere} (attempt 1)", (
-            moved.stderr
-        )
+        done = f"job 'live': change 3 done: count.0 runs on {elsewhere} (attempt 1, 3 reconfigurations)"
+        assert moved.stdout.strip() == done, moved.stderr
         listing = {job["name"]: job for job in json.loads(streamlet("jobs", "--json", cwd=cluster).stdout)}
         assert (listing["live"]["state"], listing["live"]["attempt"], listing["live"]["reconfigurations"]) == (
             "RUNNING", 1, 3,
         )  # fmt: skip
-        gate.touch()
+        os.close(os.open(gate, os.O_WRONLY))  # the job's source waits on the other end: open and close it
         _, err = submitter.communicate(timeout=120)
     finally:
+        with contextlib.suppress(OSError):  # a test failing early: let a waiting source go (ENXIO: none waits)
+            os.close(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
         if submitter.poll() is None:
             submitter.kill()  # by its handle (its PID): only if the test failed before it ended
             submitter.wait()

@@ -15,6 +15,7 @@ import anyio
 
 from streamlet.backends.cluster import jobs, reconfigure, savepoints
 from streamlet.backends.cluster.lifecycle import JobState
+from streamlet.backends.cluster.paths import ReconfigureRequest
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.errors import CoordinationError, JobError
 
@@ -83,10 +84,7 @@ async def rescale(
     hosts: str, cluster: str, job: str, task: str, instances: int, secret: bytes, seconds: float
 ) -> dict[str, Any]:
     """Give ``task`` of running ``job`` ``instances`` instances without restarting it; the job's status after."""
-    async with ZkStore(hosts, cluster, secret=secret) as store:
-        asked_at = time.time()
-        before = await reconfigure.ask(store, job, reconfigure.request_node(task, instances))
-        return await reconfigure.wait_done(store, job, before, asked_at, seconds)
+    return await change(hosts, cluster, job, reconfigure.request_node(task, instances), secret, seconds)
 
 
 async def migrate(
@@ -96,9 +94,16 @@ async def migrate(
     task, _, index = instance.rpartition(".")
     if not task or not index.isdigit():
         raise JobError(f"name the instance as TASK.INDEX (e.g. count.1), not {instance!r}")
+    request = reconfigure.request_node(task, migrate=(int(index), worker))
+    return await change(hosts, cluster, job, request, secret, seconds)
+
+
+async def change(
+    hosts: str, cluster: str, job: str, request: ReconfigureRequest, secret: bytes, seconds: float
+) -> dict[str, Any]:
+    """Ask for a live change of running ``job`` and wait until the leader has carried it out (or refused it)."""
     async with ZkStore(hosts, cluster, secret=secret) as store:
         asked_at = time.time()
-        request = reconfigure.request_node(task, migrate=(int(index), worker))
         before = await reconfigure.ask(store, job, request)
         return await reconfigure.wait_done(store, job, before, asked_at, seconds)
 

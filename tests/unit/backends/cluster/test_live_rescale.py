@@ -21,6 +21,7 @@ import streamlet as sl
 from streamlet.backends.cluster import paths, reconfigure, savepoints
 from streamlet.core.state.savepoints import read_savepoint
 from streamlet.testing import ExactlyOnceSink, SimulatedCluster
+from tests.unit.backends.cluster.test_simulated import Hold
 
 WORDS = [f"w{index % 41}" for index in range(12_000)]
 RUNNING_COUNTS = sorted((word, n) for word, total in Counter(WORDS).items() for n in range(1, total + 1))
@@ -118,17 +119,6 @@ async def test_a_bad_rescale_is_refused_and_the_job_runs_on(gate: asyncio.Event)
     assert pairs(outcome.committed["totals"]) == RUNNING_COUNTS
 
 
-class Held(sl.Task):
-    """Passes batches on once the test opens ``gate``: until then the count's output backs up, so a change
-    cannot align and stays RECONFIGURING."""
-
-    gate: ClassVar[asyncio.Event]
-
-    async def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
-        await type(self).gate.wait()
-        outputs.emit_batch(inputs.get())
-
-
 def stuck() -> sl.Topology:
     """words -> pass (x2) -> count (x2, SAME_KEY) -> held -> an ExactlyOnceSink: 7 instances."""
     topology = sl.Topology("stuck")
@@ -136,7 +126,7 @@ def stuck() -> sl.Topology:
     passed = topology.map("pass", lambda record: (record.key, record.value), parallelism=2).set_input(source)
     count = topology.reduce("count", lambda total, n: total + n, parallelism=2)
     count.set_input(passed, partitioning=sl.SAME_KEY)
-    held = topology.add_task("held", Held).set_input(count)
+    held = topology.add_task("held", Hold).set_input(count)  # until the gate opens, the count's output backs up
     topology.add_sink("totals", ExactlyOnceSink()).set_input(held)
     return topology
 
@@ -144,7 +134,7 @@ def stuck() -> sl.Topology:
 async def test_a_worker_lost_during_a_change_falls_back_to_the_next_attempt_exactly_once() -> None:
     """The change cannot finish (the count's output is held); the worker of count.0 dies: RECONFIGURING ->
     RECOVERING, attempt 2 with the old layout, and the sink still holds every running count exactly once."""
-    Held.gate = asyncio.Event()
+    Hold.gate = asyncio.Event()
     try:
         async with SimulatedCluster(workers=3, capacity=4) as cluster:
             job = await cluster.submit(stuck, checkpoint_interval=0.05)
@@ -154,11 +144,11 @@ async def test_a_worker_lost_during_a_change_falls_back_to_the_next_attempt_exac
             victim = (await job.instances())["count.0"]
             await cluster.kill_worker(victim)
             await job.wait_for("RECOVERING")
-            Held.gate.set()
+            Hold.gate.set()
             outcome = await job.outcome()
             layout = await cluster.store.get(paths.layout("stuck"))
     finally:
-        Held.gate.set()
+        Hold.gate.set()
     assert (outcome.state, outcome.attempt) == ("FINISHED", 2)
     states = [state for state, _ in outcome.states]
     assert states[states.index("RECONFIGURING") + 1] == "RECOVERING"
