@@ -32,7 +32,7 @@ from streamlet.core.runtime.channel import ChannelFactory
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
-from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables
+from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables, fitting
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan, StateHandoff
 from streamlet.core.runtime.rescale import Reconfigurer
 from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
@@ -198,6 +198,8 @@ class Job:
             point = None if self._coordinator is None else await self._coordinator.restore_point()
             document = None if point is None else point[1]
             tables = layout_of(document, default_tables(self.topology))  # state stays where a checkpoint left it
+            if self._placement is not None:
+                tables.update(fitting(self._placement.tables, self.topology))  # a live change's layout wins
             self._plan = build_plan(
                 self.topology, self._env, channel_factory=self._channel_factory,
                 channel_capacity=self._channel_capacity, task_group=instances, placement=self._placement,
@@ -222,6 +224,8 @@ class Job:
         self._started.set()
         for instance in self._plan.all():
             instances.start_soon(self._guarded, instance.run, outer)
+        if self._placement is not None and self._placement.hold_open is not None:
+            instances.start_soon(self._guarded, self._placement.hold_open, outer)  # joining: open until given work
         if self._quiescence is not None and self._plan.trackers:
             # among the instances: this part of the job ends only once its loops have ended everywhere
             instances.start_soon(self._guarded, partial(self._quiescence.run, self._plan.trackers), outer)
@@ -475,8 +479,9 @@ class Job:
         nodes: dict[str, NodeStatistics] = {}
         everything = [*plan.all(), *plan.retired] if plan is not None else []
         if plan is not None:
-            for name, live in plan.instances.items():
-                group = [*live, *(i for i in plan.retired if i.node.name == name)]  # a retired one's counts stay
+            names = [*plan.instances, *sorted({i.node.name for i in plan.retired} - set(plan.instances))]
+            for name in names:  # a node all of whose instances here moved away still counts what they did
+                group = [*plan.instances.get(name, []), *(i for i in plan.retired if i.node.name == name)]
                 node = group[0].node
                 queued = sum(i.inbox.depth() for i in group if isinstance(i, Receiver))
                 nodes[name] = NodeStatistics(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,12 +58,22 @@ class Placement:
     ``remote(channel_id, node, index)`` opens a channel to an instance that
     does not; ``expose(channel_id, inbox, channel)`` lets senders elsewhere
     reach a local inbox channel under ``channel_id``.
+
+    A job whose shape changed while it ran (live reconfiguration) says so:
+    ``tables`` are the segment tables it routes by now (they win over a
+    checkpoint's, whose state is then regrouped to them), ``incarnations``
+    the live change that put each instance where it runs (channel names carry
+    it), and ``hold_open``, for a process joining the running job with
+    nothing of its own yet, keeps its part open until it returns.
     """
 
     job: str
     local: Callable[[str, int], bool]
     remote: Callable[[str, str, int], Channel]
     expose: Callable[[str, Inbox, int], None]
+    tables: dict[str, SegmentTable] = field(default_factory=dict)
+    incarnations: dict[tuple[str, int], int] = field(default_factory=dict)
+    hold_open: Callable[[], Awaitable[None]] | None = None
 
 
 class _Builder:
@@ -90,7 +100,8 @@ class _Builder:
         self.channel_ids: dict[tuple[int, int, int], int] = {}
         self.discards: list[DiscardRoute] = []
         self.routes: dict[tuple[int, int], Route] = {}  # (edge index, sender index) -> its route
-        self.incarnations: dict[tuple[str, int], int] = {}  # (node, index) -> the live change that added it
+        # (node, index) -> the live change that added it
+        self.incarnations: dict[tuple[str, int], int] = {} if placement is None else dict(placement.incarnations)
 
     def in_loop(self, edge: Edge) -> bool:
         tracker = self.tracker_of.get(edge.upstream)
@@ -256,6 +267,17 @@ def default_tables(topology: Topology) -> dict[str, SegmentTable]:
         name: SegmentTable.contiguous(node.max_parallelism, node.parallelism)
         for name, node in topology.nodes.items()
         if node.kind != "source"
+    }
+
+
+def fitting(tables: dict[str, SegmentTable], topology: Topology) -> dict[str, SegmentTable]:
+    """The ``tables`` that fit ``topology`` as it is: a receiving node's, over its instances and segments."""
+    return {
+        name: table
+        for name, table in tables.items()
+        if (node := topology.nodes.get(name)) is not None
+        and node.kind != "source"
+        and (table.instances, table.segments) == (node.parallelism, node.max_parallelism)
     }
 
 

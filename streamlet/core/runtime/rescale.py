@@ -102,8 +102,8 @@ class Reconfigurer:
             raise ReconfigurationError(
                 f"task '{self.env.reconfiguration.plan.task}' is being reconfigured: one change at a time"
             )
-        if plan.old.owners == plan.new.owners and plan.old.instances == plan.new.instances:
-            return None
+        if not plan.relocated and plan.old.owners == plan.new.owners and plan.old.instances == plan.new.instances:
+            return None  # nothing moves (a relocation moves an instance, not segments: its table stays)
         active = ActiveReconfiguration(plan, handoff or LocalHandoff())
         self.env.reconfiguration = active  # taken at once: a second caller is refused from here on
         return active

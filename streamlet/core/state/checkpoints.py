@@ -188,6 +188,8 @@ class Coordinator:
         """Ask the sources for barrier ``epoch``; completed instances answer at once."""
         self.next_epoch = max(self.next_epoch, epoch + 1)
         self._pending.setdefault(epoch, _Pending())
+        if not self.instances and not self._closed:  # a part of a job with nothing here (all moved away): done
+            self._ready[0].send_nowait(epoch)
         for instance in self.instances:
             if instance.completed:
                 await self.report_completed(instance, epoch)
