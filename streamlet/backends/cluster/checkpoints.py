@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,7 @@ class ZkAgreement:
         interval: float | None,
         clock: Clock,
         savepoint: str | None = None,
+        joining: bool = False,
     ) -> None:
         self.zk = zk
         self.info = info
@@ -93,6 +94,7 @@ class ZkAgreement:
         self._trigger_seen: tuple[dict[str, Any], int | None] | None = None  # the trigger node, as last seen
         self._final_done = anyio.Event()
         self.savepoint = savepoint  # the job starts from it while it has no checkpoint of its own
+        self.joining = joining  # a worker joining the running attempt: nothing to restore, epochs go on
 
     def coordinator(self) -> Coordinator:
         """The core coordinator of this worker's instances, saving parts locally and agreeing through this."""
@@ -105,6 +107,9 @@ class ZkAgreement:
         """The parts of the job's last completed checkpoint, merged into one document."""
         self._triggered = await self._highest_triggered()  # epochs of a new attempt never repeat an old one's
         found = await self.zk.get(completed_path(self.job))
+        if self.joining:
+            await self._join(found)
+            return None
         if found is None:
             return await self._savepoint()
         done = found[0]
@@ -121,6 +126,23 @@ class ZkAgreement:
         self.restored_from = self._published = epoch
         self._triggered = max(self._triggered, epoch)
         return epoch, merge_parts(parts)
+
+    async def _join(self, completed: tuple[dict[str, Any], int] | None) -> None:
+        """A part joining the running attempt restores nothing (it has no instances yet: a live change brings
+        them, with their state) and takes part from the next epoch on; the ones triggered so far complete
+        without it (the change waits for them, and checkpoints wait for the change)."""
+        trigger = await self.zk.get(f"{self.base}/trigger")
+        if trigger is not None:
+            self._triggered = max(self._triggered, int(trigger[0]["epoch"]))
+        if completed is not None and int(completed[0]["attempt"]) == self.info.attempt:
+            self._published = int(completed[0]["epoch"])
+
+    def join(self, workers: list[str]) -> None:
+        """Workers that joined the attempt by a live change: from now on a checkpoint completes with their
+        parts too (the first worker, which triggers, stays the first)."""
+        joined = [worker for worker in sorted(workers) if worker not in self.info.workers]
+        if joined:
+            self.info = replace(self.info, workers=[*self.info.workers, *joined])
 
     async def _savepoint(self) -> tuple[int, dict[str, Any]] | None:
         """The savepoint the job was submitted to start from (``None``: none), while it has no checkpoint."""

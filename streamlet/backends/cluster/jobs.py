@@ -17,7 +17,7 @@ from typing import Any
 
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.lifecycle import JobState, state_of, submitted
-from streamlet.backends.cluster.paths import JobSpec
+from streamlet.backends.cluster.paths import Assignment, JobSpec
 from streamlet.backends.cluster.signing import sign
 from streamlet.backends.cluster.store import ClusterStore, Create, read_all
 from streamlet.core.model.topology import Topology
@@ -75,8 +75,26 @@ async def submit(store: ClusterStore, job: str, spec: JobSpec, secret: bytes) ->
         )
 
 
+async def held_instances(store: ClusterStore, job: str, assignment: Assignment) -> dict[str, str]:
+    """The running instances of ``job``'s attempt -> worker: as assigned, then as live changes left them
+    (moved, added, and without those a rescale took out)."""
+    held = dict(assignment["instances"])
+    found = await store.get(paths.layout(job))
+    if found is None or found[0]["attempt"] != assignment["attempt"]:
+        return held
+    layout = found[0]
+    held.update(layout["placed"])
+    counts = layout["parallelism"]
+    return {
+        instance: worker
+        for instance, worker in held.items()
+        if (task := paths.task_of(instance)) not in counts or int(instance.rsplit(".", 1)[1]) < counts[task]
+    }
+
+
 async def job_status(store: ClusterStore, job: str) -> dict[str, Any]:
-    """What is known of a job: state with reason and times, attempt, workers, their reports, errors."""
+    """What is known of a job: state with reason and times, attempt, where its instances run (live changes
+    included) and on which workers, their reports, errors."""
     found = await store.get(paths.state(job))
     if found is None:
         raise JobError(f"no job called '{job}' on cluster '{store.cluster}'")
@@ -84,12 +102,13 @@ async def job_status(store: ClusterStore, job: str) -> dict[str, Any]:
     assignment = await store.get(paths.assignment(job))
     attempt = 0 if assignment is None else int(assignment[0]["attempt"])
     done = await read_all(store, paths.done(job, attempt)) if attempt else {}
+    held = {} if assignment is None else await held_instances(store, job, assignment[0])
     state = state_of(node)
     errors = [node["reason"]] if state == JobState.FAILED else []
     return {
         "job": job, "name": job, "state": state.value, "reason": node["reason"], "at": node["at"],
         "attempt": attempt, "reconfigurations": node.get("reconfigurations", 0),
-        "workers": [] if assignment is None else sorted(set(assignment[0]["instances"].values())),
+        "workers": sorted(set(held.values())), "instances": held,
         "started": node.get("started"), "ended": node.get("ended"), "done": done, "errors": errors,
     }  # fmt: skip
 

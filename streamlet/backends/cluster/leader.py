@@ -39,7 +39,7 @@ from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import JobState, moved, state_of
 from streamlet.backends.cluster.paths import Assignment, JobStateNode, Layout, Reconfiguration, ReconfigureRequest
 from streamlet.backends.cluster.registry import workers
-from streamlet.backends.cluster.scheduler import live, live_loads, place
+from streamlet.backends.cluster.scheduler import fitting_workers, live, live_loads, place
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, Create, Delete, Op, SetData, read_all
 from streamlet.core.model.topology import Topology
@@ -73,8 +73,15 @@ class JobView:
 
     @property
     def involved(self) -> set[str]:
-        """Workers of the current attempt."""
-        return set() if self.assignment is None else set(self.assignment[0]["instances"].values())
+        """Workers of the current attempt: those it was assigned to, and those live changes brought in."""
+        if self.assignment is None:
+            return set()
+        workers = set(self.assignment[0]["instances"].values())
+        if self.layout is not None and self.layout[0]["attempt"] == self.attempt:
+            workers |= set(self.layout[0]["placed"].values())
+        if self.change is not None and int(self.change["attempt"]) == self.attempt:
+            workers |= set(self.change["placed"].values())  # a worker joining it runs a part from the start
+        return workers
 
 
 async def read_view(store: ClusterStore, job: str) -> JobView | None:
@@ -225,11 +232,16 @@ class Leader:
         ident = 1 if view.change is None else int(view.change["id"]) + 1
         instances = reconfigure.placed_instances(view.assignment[0]["instances"], layout, view.attempt)
         loads = await live_loads(self.store, self.clock(), exclude=view.name)
-        room = {load.worker_id: load.capacity - load.used for load in loads}
+        task = topology.nodes.get(str(request.get("task")))
+        fitting = fitting_workers(task, loads) if task is not None else set()  # its workers=/labels= constraints
+        room = {load.worker_id: load.capacity - load.used for load in loads if load.worker_id in fitting}
         for worker in reconfigure.running_instances(instances, topology).values():  # this job's, live-added too
-            room[worker] = room.get(worker, 0) - 1
+            if worker in room:
+                room[worker] -= 1
         try:
-            change = reconfigure.plan(ident, topology, layout, request, instances, view.attempt, self.epoch, room)
+            change = reconfigure.plan(
+                ident, topology, layout, request, instances, view.attempt, self.epoch, room, set(view.done)
+            )
         except ReconfigurationError as exc:
             if await self.store.commit([Delete(paths.reconfigure_request(view.name), version)]):
                 await _put(self.store, paths.reconfigure_refused(view.name), {"error": str(exc), "at": self.clock()})

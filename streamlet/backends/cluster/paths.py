@@ -32,7 +32,7 @@ heartbeat lives at ``/loads/<id>``, not under ``/workers/<id>``.)
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 LEADER = "/leader"
 EPOCH = "/epoch"
@@ -122,12 +122,16 @@ class Reconfiguration(TypedDict):
 
 
 class Layout(TypedDict):
-    """``/jobs/<job>/layout``: the job's shape after its live changes (a next attempt starts from it)."""
+    """``/jobs/<job>/layout``: the job's shape after its live changes (a next attempt starts from it).
+
+    ``placed`` and ``incarnations`` are the per-instance entries of ``attempt``: where each instance a live
+    change put somewhere runs, and the id of that change (its version: channel names carry it)."""
 
     attempt: int
     parallelism: dict[str, int]
     tables: dict[str, dict[str, Any]]
-    placed: dict[str, str]  # instances added in ``attempt`` -> worker
+    placed: dict[str, str]  # instances added or moved in ``attempt`` -> worker
+    incarnations: NotRequired[dict[str, int]]  # the same instances -> the change that placed them
 
 
 class Failure(TypedDict):
@@ -250,7 +254,12 @@ def reconfigurations(name: str) -> str:
 
 def reconfiguration(name: str, ident: int) -> str:
     """Live change ``ident`` of the job."""
-    return f"{reconfigurations(name)}/{ident:06d}"
+    return f"{reconfigurations(name)}/{change_name(ident)}"
+
+
+def change_name(ident: int) -> str:
+    """The node name of live change ``ident`` (zero-padded: names sort as the changes were made)."""
+    return f"{ident:06d}"
 
 
 def layout(name: str) -> str:

@@ -3,8 +3,9 @@
 1. A client (``streamlet rescale``) checks the request against the job's
    topology and its current layout and writes ``/jobs/<job>/reconfigure``.
 2. The leader, for a RUNNING job, plans it (:func:`plan`): the task's new
-   segment table, a worker for every new instance (the job's least busy
-   workers), and writes, in one transaction, the plan under
+   segment table, a worker for every new instance (the live workers holding
+   fewest of the job's instances; one outside the attempt joins it, see
+   ``joining``), and writes, in one transaction, the plan under
    ``/jobs/<job>/reconfigurations/<id>``, the state RECONFIGURING, and a hold
    on the job's checkpoint trigger (no checkpoint begins during the change;
    one in flight completes first, on every worker). The request is removed.
@@ -22,6 +23,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 import anyio
@@ -58,20 +60,28 @@ def table_of(topology: Topology, layout: Layout | None, task: str) -> SegmentTab
     return SegmentTable.contiguous(node.max_parallelism, node.parallelism)
 
 
+def unchangeable(topology: Topology, task: str) -> str | None:
+    """Why ``task`` cannot change live (``None``: it can): not a task of the job, in a loop, or keeping a
+    window that cannot be split."""
+    node = topology.nodes.get(task)
+    if node is None or node.kind != "task":
+        tasks = sorted(name for name, n in topology.nodes.items() if n.kind == "task")
+        return f"job '{topology.name}' has no task called '{task}' (tasks: {tasks})"
+    if any(task in part for part in graph.strongly_connected(topology.successors())):
+        return f"task '{task}' is in a loop: loops cannot be reconfigured live"
+    reason = unsplittable_window(node.window)
+    return None if reason is None else f"task '{task}' cannot be reconfigured: {reason}"
+
+
 def new_table(
     topology: Topology, layout: Layout | None, request: ReconfigureRequest
 ) -> tuple[SegmentTable, SegmentTable]:
     """The task's table now and after ``request``; a request that cannot be done is a :class:`ReconfigurationError`."""
     task = str(request.get("task"))
-    node = topology.nodes.get(task)
-    if node is None or node.kind != "task":
-        tasks = sorted(name for name, n in topology.nodes.items() if n.kind == "task")
-        raise ReconfigurationError(f"job '{topology.name}' has no task called '{task}' (tasks: {tasks})")
-    if any(task in part for part in graph.strongly_connected(topology.successors())):
-        raise ReconfigurationError(f"task '{task}' is in a loop: loops cannot be reconfigured live")
-    reason = unsplittable_window(node.window)
+    reason = unchangeable(topology, task)
     if reason is not None:
-        raise ReconfigurationError(f"task '{task}' cannot be reconfigured: {reason}")
+        raise ReconfigurationError(reason)
+    node = topology.nodes[task]
     old = table_of(topology, layout, task)
     if "instances" in request:
         count = request["instances"]
@@ -97,22 +107,37 @@ def plan(
     instances: dict[str, str],
     attempt: int,
     epoch: int,
-    room: dict[str, int] | None = None,
+    room: dict[str, int],
+    finished: Collection[str] = (),
 ) -> Reconfiguration:
-    """The leader's plan for ``request`` (``instances``: the attempt's instance -> worker, with those added
-    live); new instances go to the job's workers holding fewest of its instances, among those with room
-    (``room``: worker -> instances it can still take, over every job; ``None``: no limit)."""
+    """The leader's plan for ``request``.
+
+    ``instances``: the attempt's instance -> worker, with those added live; ``room``: every live worker the
+    task may run on (its ``workers=``/``labels=``) -> instances it can still take (over every job);
+    ``finished``: workers whose part of the attempt is over. New instances go to the live workers holding
+    fewest of the job's instances, among those with room (a worker that joined the cluster after the job
+    started holds none: it is picked first, and joins the running attempt); a migration goes where the
+    request says, if that worker is live and has room. A worker whose part of the attempt was emptied
+    (everything moved away) takes nothing more until the next attempt: its part may have ended. Every
+    worker running a part of the job, and every worker the change puts an instance on, takes part in it.
+    """
     old, new = new_table(topology, layout, request)
     task = str(request["task"])
-    workers = sorted(set(instances.values()))  # every worker of the attempt wires its part
-    running = running_instances(instances, topology)
-    free = {worker: (1 << 30) if room is None else room.get(worker, 0) for worker in workers}
+    running = {
+        instance: worker
+        for instance, worker in running_instances(instances, topology).items()
+        if worker not in finished
+    }
+    # a worker whose part of the attempt holds nothing any more may have ended it: it waits for the next attempt
+    emptied = set(instances.values()) - set(running.values())
+    free = {worker: count for worker, count in room.items() if worker not in finished and worker not in emptied}
     relocated: list[int] = []
     if "migrate" in request:
         placed = _migration(topology.name, task, request, running, free, old.instances)
         relocated = [int(request["migrate"])]
     else:
-        placed = _new_instances(topology.name, task, range(old.instances, new.instances), running, free, workers)
+        placed = _new_instances(topology.name, task, range(old.instances, new.instances), running, free)
+    workers = sorted(set(running.values()) | set(placed.values()))
     return {
         "id": ident, "attempt": attempt, "task": task, "old": old.to_data(), "new": new.to_data(),
         "placed": placed, "relocated": relocated, "workers": workers, "epoch": epoch,
@@ -120,17 +145,17 @@ def plan(
 
 
 def _new_instances(
-    job: str, task: str, indices: range, running: dict[str, str], free: dict[str, int], workers: list[str]
+    job: str, task: str, indices: range, running: dict[str, str], free: dict[str, int]
 ) -> dict[str, str]:
-    """New instances on the job's workers holding fewest of its instances, among those with room."""
-    held = {worker: sum(1 for owner in running.values() if owner == worker) for worker in workers}
+    """New instances on the live workers holding fewest of the job's instances, among those with room."""
+    held = {worker: sum(1 for owner in running.values() if owner == worker) for worker in free}
     placed = {}
     for index in indices:
-        open_ = [worker for worker in workers if free[worker] > 0]
+        open_ = [worker for worker in sorted(free) if free[worker] > 0]
         if not open_:
             raise ReconfigurationError(
-                f"the workers of job '{job}' ({', '.join(workers)}) have no room for instance {index} "
-                f"of '{task}' (their capacity is taken)"
+                f"no live worker has room for instance {index} of '{task}' of job '{job}' "
+                f"(workers: {', '.join(sorted(free)) or 'none'}; their capacity is taken)"
             )
         worker = min(open_, key=lambda w: (held[w], w))
         placed[paths.instance_id(task, index)] = worker
@@ -142,17 +167,17 @@ def _new_instances(
 def _migration(
     job: str, task: str, request: ReconfigureRequest, running: dict[str, str], free: dict[str, int], instances: int
 ) -> dict[str, str]:
-    """Where instance ``request["migrate"]`` goes: ``request["to"]``, a worker of the job with room."""
+    """Where instance ``request["migrate"]`` goes: ``request["to"]``, a live worker with room."""
     index, worker = request.get("migrate"), str(request.get("to"))
     if type(index) is not int or not 0 <= index < instances:
         raise ReconfigurationError(f"task '{task}' has instances 0 to {instances - 1}, not {index!r}")
     instance = paths.instance_id(task, index)
-    if running[instance] == worker:
+    if running.get(instance) == worker:
         raise ReconfigurationError(f"{instance} runs on {worker} already")
     if worker not in free:
         raise ReconfigurationError(
-            f"{worker} runs no part of job '{job}' (its workers: {', '.join(sorted(free))}); an instance moves "
-            "to a worker of the job"
+            f"{worker} cannot take {instance}: it is not a live worker that may run '{task}' and takes part in "
+            f"job '{job}' now (those that can: {', '.join(sorted(free)) or 'none'})"
         )
     if free[worker] <= 0:
         raise ReconfigurationError(f"{worker} has no room for {instance} (its capacity is taken)")
@@ -174,12 +199,15 @@ def next_layout(layout: Layout | None, reconfiguration: Reconfiguration, topolog
     new = SegmentTable.from_data(reconfiguration["new"])
     task = reconfiguration["task"]
     parallelism, tables = (dict(layout["parallelism"]), dict(layout["tables"])) if layout else ({}, {})
-    placed = dict(layout["placed"]) if layout and layout["attempt"] == attempt else {}
+    same = layout is not None and layout["attempt"] == attempt
+    placed = dict(layout["placed"]) if layout and same else {}
+    incarnations = dict(layout.get("incarnations", {})) if layout and same else {}
     return {
         "attempt": attempt,
         "parallelism": {**parallelism, task: new.instances},
         "tables": {**tables, task: new.to_data()},
         "placed": {**placed, **reconfiguration["placed"]},
+        "incarnations": {**incarnations, **dict.fromkeys(reconfiguration["placed"], int(reconfiguration["id"]))},
     }
 
 

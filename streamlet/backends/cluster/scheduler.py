@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from streamlet.adaptation.dispatch import WorkerLoad, assign
 from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.jobs import held_instances
 from streamlet.backends.cluster.lifecycle import state_of
 from streamlet.backends.cluster.registry import WorkerView, workers
 from streamlet.backends.cluster.store import ClusterStore
-from streamlet.core.model.topology import Topology
+from streamlet.core.model.topology import Node, Topology
 from streamlet.errors import DispatchError
 
 STALE_AFTER = 5.0  # seconds without a heartbeat before the leader counts a worker as lost
@@ -58,9 +59,7 @@ def place(topology: Topology, loads: list[WorkerLoad], avoid: dict[str, set[str]
     instances, upstream = plan_instances(topology)
     allowed: dict[str, set[str]] = {}
     for node in topology.nodes.values():
-        fitting = {w.worker_id for w in loads if set(node.labels) <= w.labels}
-        if node.workers is not None:
-            fitting &= set(node.workers)
+        fitting = fitting_workers(node, loads)
         if not fitting:
             raise DispatchError(
                 f"task '{node.name}' needs a worker among {list(node.workers or ['any'])} "
@@ -69,6 +68,12 @@ def place(topology: Topology, loads: list[WorkerLoad], avoid: dict[str, set[str]
         allowed[node.name] = (fitting - (avoid or {}).get(node.name, set())) or fitting
     placed = assign(instances, upstream, loads, allowed)
     return {paths.instance_id(node, index): worker for (node, index), worker in placed.items()}
+
+
+def fitting_workers(node: Node, loads: list[WorkerLoad]) -> set[str]:
+    """The workers of ``loads`` a node may run on: those it names (if it names any) carrying all its labels."""
+    fitting = {w.worker_id for w in loads if set(node.labels) <= w.labels}
+    return fitting if node.workers is None else fitting & set(node.workers)
 
 
 def live(views: list[WorkerView], now: float) -> list[WorkerView]:
@@ -87,7 +92,7 @@ async def live_loads(store: ClusterStore, now: float, exclude: str | None = None
         state = await store.get(paths.state(job))
         if state_of(None if state is None else state[0]).ended:
             continue
-        for worker in found[0]["instances"].values():
+        for worker in (await held_instances(store, job, found[0])).values():
             if worker in used:
                 used[worker] += 1
     return [

@@ -7,6 +7,8 @@ imported, the part is built, ``/jobs/<job>/started/<attempt>/<me>`` says so,
 and when it ends the outcome goes to ``/jobs/<job>/done/<attempt>/<me>`` in
 a transaction fenced on the assignment's version. A job whose state has
 ended (KILLED, FAILED) or whose attempt was replaced is stopped at once.
+A live change of a running attempt that puts an instance on this worker
+while it runs no part of it makes it join the attempt (``joining``).
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ from streamlet.backends.cluster.checkpoints import AttemptInfo, ZkAgreement
 from streamlet.backends.cluster.election import EpochFence
 from streamlet.backends.cluster.handoff import ClusterHandoff
 from streamlet.backends.cluster.jobs import topology_of
+from streamlet.backends.cluster.joining import (
+    attempt_workers,
+    change_to_join,
+    incarnations_of,
+    joined_workers,
+    tables_of,
+)
 from streamlet.backends.cluster.lifecycle import state_of, worker_states
-from streamlet.backends.cluster.paths import Reconfiguration, instance_id
-from streamlet.backends.cluster.reconfigure import with_layout
+from streamlet.backends.cluster.paths import Assignment, Reconfiguration, instance_id
+from streamlet.backends.cluster.reconfigure import placed_instances, with_layout
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, write_fenced
@@ -102,6 +111,7 @@ class WorkerJobs:
                 self._cancel(job)
                 continue
             if not new_attempt:
+                await self._join_running(job, uid, found[0], found[1], group)
                 continue
             self.seen[job] = (uid, attempt)
             if not self.fence.accept(int(assignment["epoch"])):
@@ -109,9 +119,32 @@ class WorkerJobs:
                 continue
             instances: dict[str, str] = assignment["instances"]
             if self.me in instances.values():
-                group.start_soon(self._run_job, job, attempt, version, instances)
+                group.start_soon(self._run_job, job, attempt, version, assignment)
         for job, attempt in list(self.jobs):
             await self._take_up_changes(job, attempt, group)
+
+    async def _join_running(
+        self, job: str, uid: str, assignment: Assignment, version: int, group: anyio.abc.TaskGroup
+    ) -> None:
+        """Join the running attempt when a live change puts an instance on this worker (see ``joining``)."""
+        attempt = int(assignment["attempt"])
+        if (job, attempt) in self.running or uid in self.ended:
+            return
+        state = await self.zk.get(paths.state(job))
+        if state is None:
+            return
+        if state_of(state[0]).ended:
+            self.ended.add(uid)  # final: never asked again
+            return
+        change = await change_to_join(self.zk, job, attempt, self.me, state[0])
+        if change is None or (job, attempt, paths.change_name(int(change["id"]))) in self.changes:
+            return
+        if not self.fence.accept(int(change["epoch"])):
+            log.warning("ignoring a live change from a deposed leader", job=job, epoch=change["epoch"])
+            return
+        self.changes.add((job, attempt, paths.change_name(int(change["id"]))))  # carried out by the part itself
+        log.info("joining a running job", job=job, attempt=attempt, change=change["id"], worker=self.me)
+        group.start_soon(self._run_job, job, attempt, version, assignment, change)
 
     async def _take_up_changes(self, job: str, attempt: int, group: anyio.abc.TaskGroup) -> None:
         """Start this worker's part of every live change of a job part running here (``reconfigure``)."""
@@ -124,7 +157,9 @@ class WorkerJobs:
             self.changes.add((job, attempt, name))
             change: Reconfiguration = found[0]
             base = f"{paths.reconfigurations(job)}/{name}"
-            if int(change["attempt"]) == attempt and await self.zk.get(f"{base}/done/{self.me}") is None:
+            if int(change["attempt"]) != attempt or self.me not in change["workers"]:
+                continue  # another attempt's, or one from before this worker joined the attempt
+            if await self.zk.get(f"{base}/done/{self.me}") is None:
                 group.start_soon(self._reconfigure, job, attempt, change)
 
     async def _reconfigure(self, job: str, attempt: int, change: Reconfiguration) -> None:
@@ -169,6 +204,7 @@ class WorkerJobs:
         def source_of(index: int) -> str:
             return before.get(instance_id(task, index)) or placement[instance_id(task, index)]
 
+        addresses.update(await self._addresses())  # a worker joining the attempt is reached at its address
         handoff = ClusterHandoff(run, plan, self.me, worker_of, addresses, self.server, self.client, source_of)
         handoff.register()
 
@@ -181,6 +217,10 @@ class WorkerJobs:
                 changed.clear()
 
         await running.reconfigure_part(plan, handoff, everyone_wired)
+        agreement = self.agreements.get((job, attempt))
+        if agreement is not None:  # after the change: checkpoints in flight before it completed without them
+            agreement.join(change["workers"])
+        await self._publish_endpoints(job, self.topologies[job], placement, [*change["placed"]])
 
     async def _ended(self, job: str, uid: str) -> bool:
         """The job's state has ended (killed, failed): final, so remembered."""
@@ -221,14 +261,19 @@ class WorkerJobs:
             if running_job == job and running_attempt < attempt:
                 scope.cancel()
 
-    async def _run_job(self, job: str, attempt: int, version: int, instances: dict[str, str]) -> None:
+    async def _run_job(
+        self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None = None
+    ) -> None:
+        """This worker's part of ``attempt``, until it ends; then its outcome reported. ``joining``: the live
+        change that brings this worker into the running attempt (it builds its part, then carries it out)."""
         scope = self.running[job, attempt] = anyio.CancelScope()
+        self.changes = {taken for taken in self.changes if taken[0] != job or taken[1] >= attempt}  # older: over
         payload: dict[str, Any] | None = None
         try:
             with scope:
                 await self.registration.set_state(*worker_states(len(self.running)))
                 tcp_before = self.server.counts["records"]
-                result, restored_from = await self._execute(job, attempt, version, instances)
+                result, restored_from = await self._execute(job, attempt, version, assignment, joining)
                 payload = {
                     "restored_from": restored_from,
                     "sinks": reportable(result),
@@ -266,67 +311,95 @@ class WorkerJobs:
         log.error("could not report a job's outcome", path=directory)
 
     async def _execute(
-        self, job: str, attempt: int, version: int, instances: dict[str, str]
+        self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None
     ) -> tuple[JobResult, int | None]:
         """Run this worker's share of the attempt; the result and the checkpoint it resumed from."""
         found = await self.zk.get(paths.spec(job))
         if found is None:
             raise SpecError(f"job '{job}' has no spec")
         spec = verify(job, found[0], self.secret)  # before anything of it is imported
-        layout = await self.zk.get(paths.layout(job))
-        topology = self.topologies[job] = with_layout(topology_of(spec), None if layout is None else layout[0])
-        instances = self.placements[job, attempt] = dict(instances)  # live changes add instances to it
-        addresses = {
-            view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)
-        }
+        found_layout = await self.zk.get(paths.layout(job))
+        layout = None if found_layout is None else found_layout[0]
+        topology = self.topologies[job] = with_layout(topology_of(spec), layout)
+        # live changes add instances to it; a joining worker starts from where they left them
+        assigned = assignment["instances"]
+        instances = self.placements[job, attempt] = (
+            dict(assigned) if joining is None else placed_instances(assigned, layout, attempt)
+        )
+        addresses = await self._addresses()
         run = f"{job}.{spec['uid']}.{attempt}"  # this attempt of this submission: never the same twice
         self.runs[job, attempt] = (run, addresses)
+        held = anyio.Event()  # a joining part: open until the change that brings it in is over
         placement = Placement(
             job=run,  # channel ids per attempt: an old attempt's frames never mix in
             local=lambda node, index: instances[instance_id(node, index)] == self.me,
             remote=lambda name, node, index: self.client.channel(addresses[instances[instance_id(node, index)]], name),
             expose=self.server.register,
+            tables=tables_of(layout),
+            incarnations={} if joining is None else incarnations_of(layout, attempt),
+            hold_open=None if joining is None else held.wait,
         )
         await self._publish_endpoints(job, topology, instances)
-        checkpoints = self._checkpoints(job, attempt, version, instances, spec.get("checkpoint"))
+        workers_ = attempt_workers(assignment, joined_workers(layout, attempt, joining))
+        checkpoints = self._checkpoints(job, attempt, version, workers_, spec.get("checkpoint"), joining is not None)
         if checkpoints is not None:
             self.agreements[job, attempt] = checkpoints
         running = Job(
             topology, channel_factory=LocalChannel, placement=placement,
             coordinator=None if checkpoints is None else checkpoints.coordinator(),
             job_id=f"{self.zk.cluster}.{job}", attempt=run,  # sinks stage per run; Kafka ids stay per job
-            quiescence=ClusterQuiescence(self.zk, LoopAttempt(job, attempt, self.me, sorted(set(instances.values())))),
+            quiescence=ClusterQuiescence(self.zk, LoopAttempt(job, attempt, self.me, attempt_workers(assignment))),
         )  # fmt: skip
         self.jobs[job, attempt] = running
         with contextlib.suppress(NodeExists):
             await self.zk.create(f"{paths.started(job, attempt)}/{self.me}", {"at": time.time()})
-        result = await running.run()
+        if joining is None:
+            result = await running.run()
+        else:
+            async with anyio.create_task_group() as group:
+
+                async def join() -> None:
+                    try:
+                        await self._reconfigure(job, attempt, joining)
+                    finally:
+                        held.set()
+
+                group.start_soon(join)
+                result = await running.run()
         return result, None if checkpoints is None else checkpoints.restored_from
+
+    async def _addresses(self) -> dict[str, tuple[str, int]]:
+        """Every registered worker's data-plane address."""
+        return {view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)}
 
     def _restartable(self, job: str, task: str) -> bool:
         topology = self.topologies.get(job)
         return topology is not None and topology.nodes[task].on_error == "restart"
 
     def _checkpoints(
-        self, job: str, attempt: int, version: int, instances: dict[str, str], settings: dict[str, Any] | None
+        self, job: str, attempt: int, version: int, workers_: list[str], settings: dict[str, Any] | None, joining: bool
     ) -> ZkAgreement | None:
         if settings is None:
             return None
-        info = AttemptInfo(job, attempt, self.me, sorted(set(instances.values())), version)
+        info = AttemptInfo(job, attempt, self.me, workers_, version)
         return ZkAgreement(
             self.zk, info, Path(settings["directory"]), settings.get("interval"), SystemClock(),
-            settings.get("from_savepoint"),
+            settings.get("from_savepoint"), joining=joining,
         )  # fmt: skip
 
-    async def _publish_endpoints(self, job: str, topology: Topology, instances: dict[str, str]) -> None:
-        # seed 000: where each receiving instance port of this worker is served
+    async def _publish_endpoints(
+        self, job: str, topology: Topology, instances: dict[str, str], only: list[str] | None = None
+    ) -> None:
+        """Seed 000: where each receiving instance port of this worker is served (``only``: of those instances;
+        a live change publishes the ones it put here)."""
         address = f"{self.server.host}:{self.server.port}"
         for node in topology.nodes.values():
             for index in range(node.parallelism):
-                if instances[instance_id(node.name, index)] != self.me:
+                instance = instance_id(node.name, index)
+                if instances[instance] != self.me or (only is not None and instance not in only):
                     continue
                 for port in range(node.inputs):
-                    path = paths.channel(job, instance_id(node.name, index), port)
+                    path = paths.channel(job, instance, port)
                     try:
                         await self.zk.create(path, address)
                     except NodeExists:

@@ -20,7 +20,7 @@ import pytest
 import streamlet as sl
 from streamlet.backends.cluster import paths, reconfigure, savepoints
 from streamlet.core.state.savepoints import read_savepoint
-from streamlet.testing import ExactlyOnceSink, SimulatedCluster
+from streamlet.testing import ExactlyOnceSink, JobOutcome, SimulatedCluster
 from tests.unit.backends.cluster.test_simulated import Hold
 
 WORDS = [f"w{index % 41}" for index in range(12_000)]
@@ -67,6 +67,19 @@ def gate() -> Iterator[asyncio.Event]:
 
 def pairs(records: list[sl.Record]) -> list[tuple[str, int]]:
     return sorted((record.key, record.value) for record in records)
+
+
+def gated_words_of(instances: int, indices: set[int]) -> int:
+    """How many of the words behind the gate belong to ``indices`` of ``count`` run with ``instances``
+    instances (contiguous segments): what those instances take at least once the gate opens."""
+    owner = sl.SegmentTable.contiguous(128, instances).owner_function()
+    return sum(1 for word in WORDS[FREE:] if owner(word) in indices)
+
+
+def count_records_on(outcome: JobOutcome, attempt: int, worker: str) -> int:
+    """Records the count task took on ``worker`` in ``attempt`` (its report; moved-away instances included)."""
+    nodes = outcome.attempts[attempt - 1].reports[worker]["statistics"]["nodes"]
+    return int(nodes["count"]["records_in"]) if "count" in nodes else 0
 
 
 async def rescale(cluster: SimulatedCluster, job: str, instances: int) -> dict[str, object]:
@@ -228,7 +241,7 @@ async def test_a_rescale_past_the_workers_capacity_is_refused_by_the_leader(gate
     async with SimulatedCluster(workers=1, capacity=7) as cluster:
         job = await cluster.submit(rescaled, checkpoint_interval=None)
         await job.wait_for("RUNNING")
-        with pytest.raises(sl.ReconfigurationError, match="no room for instance 2 of 'count'"):
+        with pytest.raises(sl.ReconfigurationError, match="no live worker has room for instance 2 of 'count'"):
             await rescale(cluster, "rescaled", 3)
         assert await job.state() == ("RUNNING", "running on worker-0")
         gate.set()
@@ -256,7 +269,7 @@ async def test_instances_migrate_to_another_worker_with_their_state(gate: asynci
         second = await migrate(cluster, "rescaled", 1, moves[1])
         with pytest.raises(sl.ReconfigurationError, match=f"count.1 runs on {moves[1]} already"):
             await migrate(cluster, "rescaled", 1, moves[1])
-        with pytest.raises(sl.ReconfigurationError, match="worker-9 runs no part of job 'rescaled'"):
+        with pytest.raises(sl.ReconfigurationError, match=r"worker-9 cannot take count\.0: it is not a live worker"):
             await migrate(cluster, "rescaled", 0, "worker-9")
         layout = await cluster.store.get(paths.layout("rescaled"))
         gate.set()
@@ -265,4 +278,7 @@ async def test_instances_migrate_to_another_worker_with_their_state(gate: asynci
     assert layout is not None
     assert layout[0]["placed"] == {f"count.{i}": moves[i] for i in (0, 1)}
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    for worker in set(moves.values()):  # the moved instances run there: they took their keys' later words
+        held = {index for index, target in moves.items() if target == worker}
+        assert count_records_on(outcome, 1, worker) >= gated_words_of(2, held) > 0
     assert pairs(outcome.committed["totals"]) == pairs(outcome.collected["seen"]) == RUNNING_COUNTS
