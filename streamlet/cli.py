@@ -416,6 +416,31 @@ def migrate_command(
     _live_change("migrate", job, (instance, worker), zk, cluster, state_dir, timeout)
 
 
+@main.command("rebalance")
+@click.argument("job")
+@_cluster_options
+@click.option("--dry-run", is_flag=True, help="only print the moves it would make")
+@click.option("--timeout", default=120.0, show_default=True, help="seconds to wait for each move")
+def rebalance_command(
+    job: str, zk: str | None, cluster: str | None, state_dir: Path, dry_run: bool, timeout: float
+) -> None:
+    """Spread running JOB's instances over the workers now present (new ones included), by live migrations."""
+    from streamlet.backends.cluster import client as cluster_client
+
+    try:
+        hosts, name = _where(zk, cluster, state_dir)
+        secret = _client_secret("rebalance", state_dir)
+        moves, status = anyio.run(cluster_client.rebalance, hosts, name, job, secret, timeout, dry_run)
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    for move in moves:
+        click.echo(f"{'would move' if dry_run else 'moved'} {move.instance}: {move.source} -> {move.target}")
+    count = status["reconfigurations"]
+    done = "planned" if dry_run else "done"
+    summary = f"{len(moves)} move{'s' * (len(moves) != 1)} {done}" if moves else "balanced already: nothing to move"
+    click.echo(f"job '{job}': {summary} (attempt {status['attempt']}, {count} reconfiguration{'s' * (count != 1)})")
+
+
 def _live_change(
     action: str, job: str, what: tuple[str, Any], zk: str | None, cluster: str | None, state_dir: Path, timeout: float
 ) -> None:

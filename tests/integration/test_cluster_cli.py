@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 
 from streamlet.backends.cluster.local_cluster import alive
 from streamlet.backends.cluster.zk import ZkStore
+from tests.integration.test_cluster_jobs import LIVE
 from tests.support.cluster import running_cluster, wait_for_exit, wait_for_node, wait_for_state
 
 pytestmark = pytest.mark.integration
@@ -236,3 +239,52 @@ def test_a_worker_added_to_a_running_cluster_takes_the_work_that_waited(tmp_path
         assert finished["state"] == "FINISHED", finished["reason"]
         listing = {j["name"]: j for j in json.loads(streamlet("jobs", "--json", cwd=tmp_path).stdout)}
         assert "worker-1" in listing["wide"]["workers"]
+
+
+def test_a_worker_added_while_a_job_runs_takes_a_share_of_it_by_rebalance(tmp_path: Path) -> None:
+    """A keyed count runs on the one worker (its source waiting on a named pipe); nothing to rebalance.
+    'cluster add-worker' starts worker-1, 'rebalance' moves both count instances to it, live: the same
+    attempt, two reconfigurations, and every word's running counts come out exactly once, in order."""
+    gate, path, results = tmp_path / "gate", tmp_path / "live.py", tmp_path / "live.json"
+    os.mkfifo(gate)
+    path.write_text(LIVE.format(gate=str(gate)), encoding="utf-8")
+    with running_cluster(tmp_path, "--workers", "1", "--name", "spread"):
+        command = [*STREAMLET, "submit", str(path), "--job", "live", "--results", str(results)]
+        submitter = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for_state(tmp_path, "live", {"RUNNING"})
+            even = streamlet("rebalance", "live", "--dry-run", cwd=tmp_path)
+            balanced = "job 'live': balanced already: nothing to move (attempt 1, 0 reconfigurations)"
+            assert even.stdout.strip() == balanced, even.stderr
+            added = streamlet("cluster", "add-worker", cwd=tmp_path)
+            assert added.stdout.strip() == "started worker-1 (capacity 8)", added.stderr
+            planned = streamlet("rebalance", "live", "--dry-run", cwd=tmp_path)
+            assert planned.stdout.splitlines()[:2] == [
+                "would move count.1: worker-0 -> worker-1",
+                "would move count.0: worker-0 -> worker-1",
+            ], planned.stderr
+            moved = streamlet("rebalance", "live", cwd=tmp_path)
+            assert moved.stdout.splitlines() == [
+                "moved count.1: worker-0 -> worker-1",
+                "moved count.0: worker-0 -> worker-1",
+                "job 'live': 2 moves done (attempt 1, 2 reconfigurations)",
+            ], moved.stderr
+            listing = {job["name"]: job for job in json.loads(streamlet("jobs", "--json", cwd=tmp_path).stdout)}
+            assert listing["live"]["instances"] == {
+                "words.0": "worker-0", "count.0": "worker-1", "count.1": "worker-1", "out.0": "worker-0",
+            }  # fmt: skip
+            assert (listing["live"]["attempt"], listing["live"]["workers"]) == (1, ["worker-0", "worker-1"])
+            os.close(os.open(gate, os.O_WRONLY))  # the job's source waits on the other end: open and close it
+            _, err = submitter.communicate(timeout=120)
+        finally:
+            with contextlib.suppress(OSError):  # a test failing early: let a waiting source go
+                os.close(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
+            if submitter.poll() is None:
+                submitter.kill()  # by its handle (its PID): only if the test failed before it ended
+                submitter.wait()
+    assert submitter.returncode == 0, err
+    running: dict[str, list[int]] = {}
+    for key, value, _ts in json.loads(results.read_text())["out"]:
+        running.setdefault(key, []).append(value)
+    totals = Counter(f"w{index % 41}" for index in range(20_000))
+    assert running == {word: list(range(1, total + 1)) for word, total in totals.items()}

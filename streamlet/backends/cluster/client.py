@@ -1,4 +1,5 @@
-"""What ``submit``, ``jobs``, ``kill``, ``rescale`` and ``rm`` do, talking to the cluster through ZooKeeper.
+"""What ``submit``, ``jobs``, ``kill``, ``rescale``, ``migrate``, ``rebalance`` and ``rm`` do, talking to the
+cluster through ZooKeeper.
 
 Reading needs nothing; changing the cluster needs its secret (the store is
 opened with it, and ZooKeeper refuses writes from anyone without it).
@@ -13,7 +14,8 @@ from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster import jobs, reconfigure, savepoints
+from streamlet.adaptation.rebalance import Migration
+from streamlet.backends.cluster import jobs, rebalancing, reconfigure, savepoints
 from streamlet.backends.cluster.lifecycle import JobState
 from streamlet.backends.cluster.paths import ReconfigureRequest
 from streamlet.backends.cluster.zk import ZkStore
@@ -108,6 +110,18 @@ async def change(
         return await reconfigure.wait_done(store, job, before, asked_at, seconds)
 
 
+async def rebalance(
+    hosts: str, cluster: str, job: str, secret: bytes, seconds: float, dry_run: bool = False
+) -> tuple[list[Migration], dict[str, Any]]:
+    """Spread running ``job`` over the live workers by live migrations, one after the other (``dry_run``:
+    only say which); returns the moves and the job's status after them."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        moves = await rebalancing.planned_moves(store, job, time.time())
+        if not dry_run:
+            await rebalancing.carry_out(store, job, moves, seconds)
+        return moves, await jobs.job_status(store, job)
+
+
 async def savepoint(hosts: str, cluster: str, job: str, path: Path, secret: bytes, stop: bool = False) -> int:
     """A savepoint of running ``job`` at ``path`` (with ``stop``: sources stop first, then the job is killed);
     returns its epoch."""
@@ -144,5 +158,5 @@ def describe(status: dict[str, Any]) -> str:
 
 def public(status: dict[str, Any]) -> dict[str, Any]:
     """A status as ``jobs --json`` prints it (without the workers' full reports)."""
-    keys = ("name", "state", "reason", "attempt", "reconfigurations", "workers", "started", "ended")
+    keys = ("name", "state", "reason", "attempt", "reconfigurations", "workers", "instances", "started", "ended")
     return {key: status[key] for key in keys}
