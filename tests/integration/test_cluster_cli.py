@@ -20,7 +20,7 @@ import pytest
 from streamlet.backends.cluster.local_cluster import alive
 from streamlet.backends.cluster.zk import ZkStore
 from tests.integration.test_cluster_jobs import LIVE
-from tests.support.cluster import running_cluster, wait_for_exit, wait_for_node, wait_for_state
+from tests.support.cluster import running_cluster, stop_submitter, wait_for_exit, wait_for_node, wait_for_state
 
 pytestmark = pytest.mark.integration
 STREAMLET = [sys.executable, "-m", "streamlet.cli"]
@@ -279,9 +279,7 @@ def test_a_worker_added_while_a_job_runs_takes_a_share_of_it_by_rebalance(tmp_pa
         finally:
             with contextlib.suppress(OSError):  # a test failing early: let a waiting source go
                 os.close(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
-            if submitter.poll() is None:
-                submitter.kill()  # by its handle (its PID): only if the test failed before it ended
-                submitter.wait()
+            stop_submitter(submitter)  # only if the test failed before it ended: by its handle (PID)
     assert submitter.returncode == 0, err
     running: dict[str, list[int]] = {}
     for key, value, _ts in json.loads(results.read_text())["out"]:

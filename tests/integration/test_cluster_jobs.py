@@ -21,7 +21,7 @@ from examples.wordcount import build_topology, word_counts
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.zk import ZkStore
 from tests.support import event_time_job
-from tests.support.cluster import recorded, running_cluster, streamlet, wait_for_state
+from tests.support.cluster import recorded, running_cluster, stop_submitter, streamlet, wait_for_state
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -467,9 +467,7 @@ def test_rescale_and_migrate_change_a_running_job_in_the_same_attempt(cluster: P
     finally:
         with contextlib.suppress(OSError):  # a test failing early: let a waiting source go (ENXIO: none waits)
             os.close(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
-        if submitter.poll() is None:
-            submitter.kill()  # by its handle (its PID): only if the test failed before it ended
-            submitter.wait()
+        stop_submitter(submitter)  # only if the test failed before it ended: by its handle (PID)
     assert submitter.returncode == 0, err
     running: dict[str, list[int]] = {}
     for key, value, _ts in json.loads(results.read_text())["out"]:

@@ -87,3 +87,12 @@ def running_cluster(directory: Path, *up_args: str) -> Iterator[dict[str, Any]]:
             down(directory / ".streamlet")  # workers first, then masters, then ZooKeeper: each stops cleanly
         for pid in pids:
             stop_pid(pid)  # whatever 'down' did not know of, or could not stop
+
+
+def stop_submitter(process: subprocess.Popen[str]) -> None:
+    """A submitting client the test started: killed by its handle if it still runs, reaped, and its pipes
+    closed (an open pipe left to the garbage collector warns in whichever test runs then)."""
+    if process.poll() is None:
+        process.kill()
+    if process.stdout is not None and not process.stdout.closed:
+        process.communicate()

@@ -66,6 +66,17 @@ async def wait_until_ready(zk_hosts: str, cluster: str, workers_expected: int, s
                 await anyio.sleep(0.1)
 
 
+async def wait_for_worker(zk_hosts: str, cluster: str, worker_id: str, seconds: float = 60.0) -> None:
+    """Poll until ``worker_id`` is registered and heartbeating (the leader counts it live from then on)."""
+    async with ZkStore(zk_hosts, cluster) as zk:
+        with anyio.fail_after(seconds):
+            while True:
+                status = await read_status(zk)
+                if any(worker["id"] == worker_id and not worker["stale"] for worker in status["workers"]):
+                    return
+                await anyio.sleep(0.1)
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The status as a short text table."""
     lead = status["leader"]
