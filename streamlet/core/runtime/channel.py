@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter
 from typing import Protocol
 
 from streamlet.core.model.record import Item
@@ -41,16 +42,20 @@ class Inbox:
 
     Capacity is counted in items (batches or markers) per channel. A sender
     finding its channel full waits until the reader takes an item from it:
-    the backpressure that reaches back to the sources.
+    the backpressure that reaches back to the sources. Each item's arrival
+    time is kept beside it: ``last_arrival`` is the one of the item popped
+    last (the instance's latency counts from there).
     """
 
     __slots__ = (
+        "_arrivals",
         "_capacities",
         "_capacity",
         "_on_pop",
         "_queues",
         "_reader",
         "_space_waiters",
+        "last_arrival",
         "loop_channels",
         "ports",
         "senders",
@@ -59,6 +64,8 @@ class Inbox:
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._queues: list[deque[Item]] = []
+        self._arrivals: list[deque[float]] = []  # perf_counter() when each queued item came in
+        self.last_arrival = 0.0
         self._capacities: list[int] = []
         self._space_waiters: list[deque[asyncio.Future[None]]] = []
         self._reader: asyncio.Future[None] | None = None
@@ -70,6 +77,7 @@ class Inbox:
     def add_channel(self, port: int, *, unbounded: bool = False, sender: tuple[str, int] = ("", 0)) -> int:
         """A new channel into ``port`` from instance ``sender``; returns its index (what senders put to)."""
         self._queues.append(deque())
+        self._arrivals.append(deque())
         self._capacities.append(UNBOUNDED if unbounded else self._capacity)
         self._space_waiters.append(deque())
         self._on_pop.append(None)
@@ -106,11 +114,13 @@ class Inbox:
                 self._pass_on_wakeup(channel, waiter)
                 raise
         queue.append(item)
+        self._arrivals[channel].append(perf_counter())
         self.wake()
 
     def put_nowait(self, channel: int, item: Item) -> None:
         """Append ``item`` ignoring capacity (control markers from the runtime)."""
         self._queues[channel].append(item)
+        self._arrivals[channel].append(perf_counter())
         self.wake()
 
     def head(self, channel: int) -> Item | None:
@@ -121,6 +131,7 @@ class Inbox:
     def pop(self, channel: int) -> Item:
         """Take the next item of ``channel`` (which must not be empty)."""
         item = self._queues[channel].popleft()
+        self.last_arrival = self._arrivals[channel].popleft()
         hook = self._on_pop[channel]
         if hook is not None:
             hook()
@@ -139,6 +150,12 @@ class Inbox:
     def depth(self) -> int:
         """Items queued over all channels (a load signal)."""
         return sum(len(queue) for queue in self._queues)
+
+    def fill(self) -> float:
+        """The fullest bounded channel's share of its capacity (0..1; 0 with none bounded)."""
+        return max(
+            (len(q) / c for q, c in zip(self._queues, self._capacities, strict=True) if c != UNBOUNDED), default=0.0
+        )
 
     def full(self) -> bool:
         """Every bounded channel is at capacity: all senders would wait (the instance is a bottleneck)."""

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -278,6 +279,7 @@ class SourceInstance(Instance):
             timer = None
             if idle_after is not None and not self._idle:  # quiet that long since the last batch: idle
                 timer = self.env.clock.call_at(last_data + idle_after, self._idle_timer_fired)
+            began = perf_counter()
             try:
                 with anyio.CancelScope() as scope:  # only the read is cancellable: sends are never cut
                     self._read_scope = scope
@@ -288,8 +290,10 @@ class SourceInstance(Instance):
             self._read_scope = None
             if batch:
                 self.counters.records_in += len(batch)
+                read = perf_counter()
                 outputs.emit_batch(batch)
                 await outputs.flush()
+                count_batch(self.counters, read, began, read, perf_counter())
                 if self.watermarks is not None:
                     last_data = self.env.clock.now()
                     await self._send_watermark(batch)
@@ -407,18 +411,22 @@ class Receiver(Instance):
             start = channel + 1
             item = inbox.pop(channel)
             if type(item) is list:
+                arrived, began = inbox.last_arrival, perf_counter()
                 counters.records_in += len(item)
                 if watermarks.any_idle:  # an idle sender speaks again: it holds the watermark back from now on
                     watermarks.activate(channel)
                 if cycle is None:
                     await self.process(ports[channel], item)
+                    processed = perf_counter()
                     await outputs.flush(size)
                 else:
                     for iteration, run in _runs_by_iteration(item):
                         outputs.iteration = iteration  # what the task emits inherits the loop count
                         await self.process(ports[channel], run)
+                    processed = perf_counter()
                     await outputs.flush()  # inside a loop nothing may linger, or the loop looks idle
                     cycle.batches_done(1)
+                count_batch(counters, arrived, began, processed, perf_counter())
             else:
                 await self.on_marker(channel, item)  # type: ignore[arg-type]
         await self.complete()
@@ -631,6 +639,15 @@ class SinkInstance(Receiver):
             f"{self.node.describe()} instance {self.index} failed {doing}: {type(exc).__name__}: {exc}",
             sink=self.node.name, instance=self.index, key=key,
         )  # fmt: skip
+
+
+def count_batch(counters: InstanceCounters, arrived: float, began: float, processed: float, sent: float) -> None:
+    """One batch in the counters: processing from ``began`` to ``processed`` is busy time, sending it on until
+    ``sent`` is time blocked by backpressure, and its latency runs from its arrival to ``processed``."""
+    counters.batches += 1
+    counters.busy += processed - began
+    counters.blocked += sent - processed
+    counters.latency.add(processed - arrived)
 
 
 def _runs_by_iteration(batch: Batch) -> list[tuple[int, Batch]]:

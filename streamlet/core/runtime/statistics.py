@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 
@@ -44,10 +45,106 @@ class JobStatistics:
     running: bool
 
 
-class InstanceCounters:
-    """Mutable per-instance counters, summed into :class:`NodeStatistics` (records out are counted by the routes)."""
+class QueueState(StrEnum):
+    """How full an instance's input queue is (ETRI's load-adaptation states)."""
 
-    __slots__ = ("records_in",)
+    NORMAL = "NORMAL"
+    YELLOW = "YELLOW"
+    RED = "RED"
+
+
+YELLOW_FILL = 0.5  # an input queue at least this full is YELLOW ...
+RED_FILL = 0.8  # ... and at least this full RED
+
+
+def queue_state(fill: float, yellow: float = YELLOW_FILL, red: float = RED_FILL) -> QueueState:
+    """The state of a queue ``fill`` full (0..1)."""
+    if fill >= red:
+        return QueueState.RED
+    return QueueState.YELLOW if fill >= yellow else QueueState.NORMAL
+
+
+class LatencyHistogram:
+    """Latencies in buckets doubling from 1 µs (bucket b holds [2^(b-1), 2^b) µs): cheap to add to, to merge
+    and to send, and within a factor of two at any quantile."""
+
+    __slots__ = ("counts",)
+
+    BUCKETS = 40  # 2^39 µs is six days: enough for any latency worth reporting
+
+    def __init__(self, counts: list[int] | None = None) -> None:
+        self.counts = counts if counts is not None else [0] * self.BUCKETS
+
+    def add(self, seconds: float) -> None:
+        """Count one latency."""
+        bucket = int(seconds * 1_000_000).bit_length()
+        self.counts[bucket if bucket < self.BUCKETS else self.BUCKETS - 1] += 1
+
+    @property
+    def total(self) -> int:
+        """Latencies counted."""
+        return sum(self.counts)
+
+    def quantile(self, q: float) -> float | None:
+        """The upper bound, in seconds, of the bucket holding quantile ``q`` (``None``: nothing counted)."""
+        total = self.total
+        if not total:
+            return None
+        rank, seen = q * total, 0
+        for bucket, count in enumerate(self.counts):
+            seen += count
+            if seen >= rank and count:
+                return (1 << bucket) / 1_000_000
+        return (1 << (self.BUCKETS - 1)) / 1_000_000
+
+    def since(self, earlier: LatencyHistogram) -> LatencyHistogram:
+        """What was counted after ``earlier`` (a snapshot of this one) was taken."""
+        return LatencyHistogram([now - before for now, before in zip(self.counts, earlier.counts, strict=True)])
+
+    def copy(self) -> LatencyHistogram:
+        """A snapshot of the counts."""
+        return LatencyHistogram(list(self.counts))
+
+
+class InstanceCounters:
+    """Mutable per-instance counters, summed into :class:`NodeStatistics` (records out are counted by the routes).
+
+    ``busy``: seconds spent processing (a task in ``execute``, a source in ``read``); ``blocked``: seconds
+    spent waiting for room downstream (backpressure); ``latency``: per batch, the time from its arrival in
+    the input queue to the end of its processing. All are per batch, never per record.
+    """
+
+    __slots__ = ("batches", "blocked", "busy", "latency", "records_in")
 
     def __init__(self) -> None:
         self.records_in = 0
+        self.batches = 0
+        self.busy = 0.0
+        self.blocked = 0.0
+        self.latency = LatencyHistogram()
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSnapshot:
+    """One instance's counters at one moment (cumulative: rates are differences of two snapshots).
+
+    ``fill`` is the fullest input channel's share of its capacity (0 for a source), ``state`` its
+    :class:`QueueState`; ``latency`` the histogram's bucket counts (see :class:`LatencyHistogram`).
+    """
+
+    node: str
+    index: int
+    kind: str
+    records_in: int
+    records_out: int
+    batches: int
+    busy: float
+    blocked: float
+    queued: int
+    fill: float
+    state: str
+    latency: list[int]
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data (JSON, msgpack)."""
+        return {field: getattr(self, field) for field in self.__slots__}

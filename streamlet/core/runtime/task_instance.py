@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from functools import partial
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from streamlet.core.model.constants import LATE
@@ -16,7 +17,7 @@ from streamlet.core.model.task import RecordFailure, Task, WindowReduceTask
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import WindowSpec
 from streamlet.core.runtime.channel import Inbox
-from streamlet.core.runtime.instances import Environment, Receiver
+from streamlet.core.runtime.instances import Environment, Receiver, count_batch
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.state.expiring import ExpiringState
 from streamlet.core.state.keyed import KeyedState
@@ -506,7 +507,9 @@ class TaskInstance(Receiver):
             if picks is None:
                 await self.idle()
                 continue
+            began = perf_counter()
             batches = [[] if channel is None else _pop_batch(self.inbox, channel) for channel in picks]
+            arrived = self.inbox.last_arrival  # the last batch taken: the one that completed the wake-up
             if self.watermarks.any_idle:  # an idle sender speaks again: it holds the watermark back from now on
                 for channel in picks:
                     if channel is not None:
@@ -524,11 +527,13 @@ class TaskInstance(Receiver):
                 await self._execute_unit(
                     records, partial(self.inputs.set_all, batches), "a sync wake-up starting with key"
                 )
+            processed = perf_counter()
             if self.cycle is None:
                 await self.outputs.flush(self.env.batch_size)
             else:
                 await self.outputs.flush()
                 self.cycle.batches_done(sum(1 for channel in picks if channel is not None))
+            count_batch(self.counters, arrived, began, processed, perf_counter())
         await self.complete()
 
     def has_work(self) -> bool:
