@@ -237,11 +237,15 @@ def _labels_by_worker(labels: tuple[str, ...], workers: int) -> dict[str, list[s
 @click.option("--label", "labels", multiple=True, help="a label tasks can ask for, repeatable")
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
 def cluster_add_worker(capacity: int, labels: tuple[str, ...], state_dir: Path) -> None:
-    """Start one more worker for the local cluster; new work (new jobs, next attempts, stalled jobs) goes to it."""
+    """Start one more worker for the local cluster and wait until it is live; new work (new jobs, next attempts,
+    stalled jobs, live changes, a rebalance) goes to it."""
     from streamlet.backends.cluster import local_cluster
+    from streamlet.backends.cluster.status import wait_for_worker
 
     try:
         worker_id = local_cluster.add_worker(state_dir, capacity, list(labels))
+        state = local_cluster.ClusterState.load(state_dir)
+        anyio.run(wait_for_worker, state.zk, state.name, worker_id)  # live when this returns: rebalance sees it
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     click.echo(f"started {worker_id} (capacity {capacity})")
@@ -313,11 +317,16 @@ def _cluster_options(command: Any) -> Any:
     "--from-savepoint", default=None, type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="start from this savepoint (task names and state shapes must match; needs --checkpoint-interval)",
 )  # fmt: skip
+@click.option("--adapt", default=None, help="adaptation policies, comma-separated: autoscale, rebalance")
+@click.option("--bounds", multiple=True, help="TASK=LOW:HIGH instances autoscaling may give TASK, repeatable")
+@click.option("--adapt-interval", default=2.0, show_default=True, type=float, help="seconds per statistics window")
+@click.option("--adapt-cooldown", default=6.0, show_default=True, type=float, help="seconds after a decision")
 @_cluster_options
 def submit_command(
     target: str, job_name: str | None, parallelism: tuple[str, ...], wait: bool, timeout: float,
     results: Path | None, checkpoint_interval: float | None, checkpoint_dir: Path | None,
-    from_savepoint: Path | None, zk: str | None, cluster: str | None, state_dir: Path,
+    from_savepoint: Path | None, adapt: str | None, bounds: tuple[str, ...], adapt_interval: float,
+    adapt_cooldown: float, zk: str | None, cluster: str | None, state_dir: Path,
 ) -> None:  # fmt: skip
     """Run TARGET (module:name or path/to/file.py[:name]) on the cluster, by reference."""
     from streamlet.backends.cluster import client as cluster_client
@@ -326,13 +335,14 @@ def submit_command(
     try:
         if job_name is not None:
             check_job_name(job_name)  # bad options are refused before anything is contacted
+        adapting = _adapt_settings(adapt, bounds, adapt_interval, adapt_cooldown)
         hosts, name = _where(zk, cluster, state_dir)
         counts = dict(_parallelism(item) for item in parallelism)
         checkpoint = None
         if checkpoint_interval is not None:
             directory = (checkpoint_dir or state_dir / "checkpoints").resolve()
             checkpoint = {"interval": checkpoint_interval, "directory": str(directory)}
-        submission = cluster_client.Submission(target, job_name, counts, checkpoint, from_savepoint)
+        submission = cluster_client.Submission(target, job_name, counts, checkpoint, from_savepoint, adapting)
         secret = _client_secret("submit", state_dir)
         outcome = anyio.run(cluster_client.submit_and_wait, hosts, name, submission, wait, timeout, secret)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
@@ -342,6 +352,19 @@ def submit_command(
         results.write_text(json.dumps(cluster_client.collected(outcome)), encoding="utf-8")
     if outcome["state"] in ("FAILED", "KILLED"):
         sys.exit(1)
+
+
+def _adapt_settings(
+    adapt: str | None, bounds: tuple[str, ...], interval: float, cooldown: float
+) -> dict[str, Any] | None:
+    """``--adapt`` and its options as the spec holds them (``None``: no policy; bounds alone are an error)."""
+    from streamlet.adaptation.settings import AdaptSettings, parse_bounds, parse_policies
+
+    if adapt is None:
+        if bounds:
+            raise StreamletError("--bounds applies to --adapt autoscale")
+        return None
+    return AdaptSettings(parse_policies(adapt), parse_bounds(bounds), interval, cooldown).to_data()
 
 
 def _parallelism(item: str) -> tuple[str, int]:

@@ -697,6 +697,30 @@ def test_submit_with_a_bad_job_name_is_refused(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        (
+            ["--adapt", "autoscale,shrink"],
+            "JobError: no adaptation policy called 'shrink' (there are ['autoscale', 'rebalance'])",
+        ),
+        (
+            ["--adapt", "autoscale", "--bounds", "count=4"],
+            "JobError: autoscale bounds are TASK=LOW:HIGH (e.g. count=1:8), not 'count=4'",
+        ),
+        (
+            ["--adapt", "autoscale", "--bounds", "count=4:2"],
+            "JobError: autoscale bounds of task 'count' must be 1 <= low <= high, not 4:2",
+        ),
+        (["--bounds", "count=1:4"], "StreamletError: --bounds applies to --adapt autoscale"),
+    ],
+)
+def test_submit_with_bad_adaptation_options_is_refused(tmp_path: Path, options: list[str], error: str) -> None:
+    """Unknown policies and malformed bounds are refused, naming what is allowed, before anything is contacted."""
+    result = invoke("submit", str(WORDCOUNT), *options, "--zk", "127.0.0.1:1", "--state-dir", str(tmp_path))
+    assert (result.exit_code, result.stderr.strip()) == (1, f"error: {error}")
+
+
 def test_kill_without_the_secret_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """kill needs the secret: from STREAMLET_SECRET or the state dir; without either, a clear error."""
     monkeypatch.delenv("STREAMLET_SECRET", raising=False)

@@ -33,6 +33,7 @@ class Submission:
     parallelism: dict[str, int] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = None  # {"interval": seconds, "directory": path every worker reaches}
     from_savepoint: Path | None = None  # start from this savepoint (on a path every worker reaches)
+    adapt: dict[str, Any] | None = None  # AdaptSettings.to_data(): the adaptation policies it runs under
 
 
 async def submit_and_wait(
@@ -40,7 +41,7 @@ async def submit_and_wait(
 ) -> dict[str, Any]:
     """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass)."""
     async with ZkStore(hosts, cluster, secret=secret) as store:
-        spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint)
+        spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
         if submission.from_savepoint is not None:
             if spec["checkpoint"] is None:
                 raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
@@ -158,5 +159,8 @@ def describe(status: dict[str, Any]) -> str:
 
 def public(status: dict[str, Any]) -> dict[str, Any]:
     """A status as ``jobs --json`` prints it (without the workers' full reports)."""
-    keys = ("name", "state", "reason", "attempt", "reconfigurations", "workers", "instances", "started", "ended")
+    keys = (
+        "name", "state", "reason", "attempt", "reconfigurations", "workers", "instances", "decisions", "started",
+        "ended",
+    )  # fmt: skip
     return {key: status[key] for key in keys}

@@ -26,14 +26,19 @@ from streamlet.errors import JobError, NodeExists
 from streamlet.loading import load_topology
 
 
-def new_spec(target: str, parallelism: dict[str, int], checkpoint: dict[str, Any] | None) -> JobSpec:
+def new_spec(
+    target: str,
+    parallelism: dict[str, int],
+    checkpoint: dict[str, Any] | None,
+    adapt: dict[str, Any] | None = None,
+) -> JobSpec:
     """An unsigned spec; a file target is made absolute so that every worker finds the same file."""
     location, colon, name = target.partition(":")
     if location.endswith(".py"):
         target = str(Path(location).resolve()) + colon + name
     return {
         "target": target, "parallelism": parallelism, "checkpoint": checkpoint, "submitted": time.time(),
-        "uid": uuid.uuid4().hex[:12],
+        "uid": uuid.uuid4().hex[:12], "adapt": adapt,
     }  # fmt: skip
 
 
@@ -103,6 +108,7 @@ async def job_status(store: ClusterStore, job: str) -> dict[str, Any]:
     attempt = 0 if assignment is None else int(assignment[0]["attempt"])
     done = await read_all(store, paths.done(job, attempt)) if attempt else {}
     held = {} if assignment is None else await held_instances(store, job, assignment[0])
+    decisions = await read_all(store, paths.decisions(job))
     state = state_of(node)
     errors = [node["reason"]] if state == JobState.FAILED else []
     return {
@@ -110,6 +116,7 @@ async def job_status(store: ClusterStore, job: str) -> dict[str, Any]:
         "attempt": attempt, "reconfigurations": node.get("reconfigurations", 0),
         "workers": sorted(set(held.values())), "instances": held,
         "started": node.get("started"), "ended": node.get("ended"), "done": done, "errors": errors,
+        "decisions": [decisions[name] for name in sorted(decisions)],
     }  # fmt: skip
 
 

@@ -1,5 +1,9 @@
 """What a worker's heartbeat says of its load, and when it calls itself OVERLOADED.
 
+Each beat also carries every local instance's statistics snapshot
+(records, batches, busy and blocked seconds, queue fill and state, latency
+histogram; cumulative), which the leader's adaptation loop turns into rates.
+
 A worker runs all its instances in one event loop, so one core is its
 ceiling. It is OVERLOADED (SpeedStream's state: the leader places new
 instances elsewhere first) when, over the last heartbeat, its process used
@@ -19,6 +23,7 @@ from typing import Any
 from streamlet.backends.cluster.registry import process_load
 
 QueueDepths = dict[str, tuple[int, bool]]  # "job/node.index" -> (items queued, inbox full)
+InstanceStatistics = dict[str, dict[str, Any]]  # "job/node.index" -> InstanceSnapshot.to_data()
 
 
 @dataclass
@@ -26,6 +31,7 @@ class LoadMeter:
     """Builds each heartbeat's load report from the process counters and the instances' queues."""
 
     queues: Callable[[], QueueDepths]
+    statistics: Callable[[], InstanceStatistics] | None = None  # every local instance's counters
     cpu_limit: float = 0.9
     sample: Callable[[], dict[str, Any]] = process_load  # CPU seconds and memory of this process
     clock: Callable[[], float] = time.monotonic
@@ -47,4 +53,6 @@ class LoadMeter:
             backed_up=backed_up,
             overloaded=share >= self.cpu_limit and bool(backed_up),
         )
+        if self.statistics is not None:  # what the adaptation loop reads (rates are differences of two beats)
+            report["instances"] = self.statistics()
         return report

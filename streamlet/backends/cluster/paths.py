@@ -22,6 +22,7 @@ All paths are relative to the cluster's root ``/streamlet/<cluster>``::
     /jobs/<job>/reconfigurations/<id>/wired/<worker>          the worker's part is wired in (then all go)
     /jobs/<job>/reconfigurations/<id>/done/<worker>           the worker's part is over
     /jobs/<job>/layout                    Layout         what live changes made of the job: parallelism, tables
+    /jobs/<job>/decisions/d-<seq>         {"at", "policy", "action", "reason"}  the adaptation loop decided
     /jobs/<job>/loops/attempt-<n>/round             LoopRound    the termination detector asks for counters
     /jobs/<job>/loops/attempt-<n>/counters/<id>     LoopAnswer   a worker's loop counters for that round
     /jobs/<job>/loops/attempt-<n>/quiet             LoopQuiet    the loops found quiet for good (see ``termination``)
@@ -69,6 +70,7 @@ class JobSpec(TypedDict, total=False):
     target: str  # "pkg.module:name" or "path/to/file.py:name"
     parallelism: dict[str, int]
     checkpoint: dict[str, Any] | None  # {"interval": seconds, "directory": path}
+    adapt: dict[str, Any] | None  # AdaptSettings.to_data(): the adaptation policies it runs under
     submitted: float
     uid: str  # tells a job from an earlier one of the same name
     module_sha256: str  # of the file the target names
@@ -240,6 +242,11 @@ def checkpoints(name: str) -> str:
 def reconfigure_request(name: str) -> str:
     """A client's request for a live change, until the leader takes it up."""
     return f"{JOBS}/{name}/reconfigure"
+
+
+def decisions(name: str) -> str:
+    """The adaptation loop's decisions about the job, one sequential child each (see ``control``)."""
+    return f"{JOBS}/{name}/decisions"
 
 
 def reconfigure_refused(name: str) -> str:

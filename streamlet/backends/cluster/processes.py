@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import structlog
 
+from streamlet.backends.cluster.control import AdaptationLoop
 from streamlet.backends.cluster.election import LeaderElection
 from streamlet.backends.cluster.leader import Leader
 from streamlet.backends.cluster.load import LoadMeter
@@ -50,6 +51,7 @@ async def _campaign_and_lead(zk: ClusterStore, cluster: str, name: str, secret: 
         log.info("leading the cluster", cluster=cluster, master=name, epoch=epoch)
         async with anyio.create_task_group() as group:
             group.start_soon(Leader(zk, epoch, secret).run)
+            group.start_soon(AdaptationLoop(zk, secret).run)  # the jobs' adaptation policies, while leading
             await _lead_until_lost(zk)
             group.cancel_scope.cancel()
         log.warning("lost leadership", cluster=cluster, master=name, epoch=epoch)
@@ -91,7 +93,7 @@ async def run_worker(
         }  # fmt: skip
         registration = WorkerRegistration(zk, worker_id, info)
         jobs = WorkerJobs(zk, registration, server, client, secret)
-        registration.load = LoadMeter(jobs.queue_depths)
+        registration.load = LoadMeter(jobs.queue_depths, jobs.instance_statistics)
         await registration.register()
         log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{host}:{server.port}")
         async with anyio.create_task_group() as group:

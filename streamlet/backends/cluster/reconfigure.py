@@ -216,9 +216,10 @@ def request_node(
     instances: int | None = None,
     moves: dict[int, int] | None = None,
     migrate: tuple[int, str] | None = None,
+    by: str = "streamlet",
 ) -> ReconfigureRequest:
-    """What ``streamlet rescale`` / ``streamlet migrate`` (or a balancer's move) writes."""
-    request: ReconfigureRequest = {"task": task, "by": "streamlet", "at": time.time()}
+    """What ``streamlet rescale`` / ``streamlet migrate`` (or an adaptation policy, ``by``) writes."""
+    request: ReconfigureRequest = {"task": task, "by": by, "at": time.time()}
     if migrate is not None:
         request["migrate"], request["to"] = migrate
     if instances is not None:

@@ -70,6 +70,7 @@ import copy
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import secrets
 import sys
@@ -86,12 +87,15 @@ import anyio
 import anyio.abc
 import structlog.testing
 
+from streamlet.adaptation.settings import AdaptSettings
 from streamlet.backends.cluster import jobs as cluster_jobs
 from streamlet.backends.cluster import paths, savepoints, simulated_targets
 from streamlet.backends.cluster.client import collected as reported_records
+from streamlet.backends.cluster.control import AdaptationLoop
 from streamlet.backends.cluster.election import LeaderElection
 from streamlet.backends.cluster.leader import Leader
 from streamlet.backends.cluster.lifecycle import JobState
+from streamlet.backends.cluster.load import LoadMeter
 from streamlet.backends.cluster.registry import WorkerRegistration
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree, read_all
 from streamlet.backends.cluster.worker import WorkerJobs
@@ -522,6 +526,7 @@ class SimulatedCluster:
         self._sessions.append(session)
         identity = {"name": "master-0", "pid": os.getpid(), "host": "simulated"}
         leader = Leader(session, await LeaderElection(session, identity).campaign(), self.secret)
+        self._require_group().start_soon(AdaptationLoop(session, self.secret).run)  # the jobs' adaptation policies
         task_status.started()
         while True:  # a round whenever a worker, a job or a report changed; an error fails the whole harness
             self._leader_wake.clear()
@@ -573,6 +578,10 @@ class SimulatedCluster:
                 }  # fmt: skip
                 registration = WorkerRegistration(worker.session, worker.worker_id, info)
                 worker.parts = WorkerJobs(worker.session, registration, server, client, self.secret)
+                # statistics as a real worker's beat has them; CPU overload never (every worker shares this process)
+                registration.load = LoadMeter(
+                    worker.parts.queue_depths, worker.parts.instance_statistics, cpu_limit=math.inf
+                )
                 worker.parts.jobs = _JobParts(partial(self._part_built, worker))
                 with worker.scope:
                     await registration.register()
@@ -632,6 +641,7 @@ class SimulatedCluster:
         checkpoint_interval: float | EllipsisType | None = ...,
         kill: KillAt | Sequence[KillAt] = (),
         from_savepoint: str | os.PathLike[str] | None = None,
+        adapt: AdaptSettings | None = None,
     ) -> SimulatedJob:
         """Submit a job, signed, as ``streamlet submit`` does; returns at once.
 
@@ -642,7 +652,8 @@ class SimulatedCluster:
         the topology's name); ``parallelism`` overrides nodes' parallelism;
         ``checkpoint_interval`` overrides the cluster's; ``kill`` arms kill
         points for this job; ``from_savepoint`` starts it from a savepoint
-        (as ``streamlet submit --from-savepoint``).
+        (as ``streamlet submit --from-savepoint``); ``adapt`` the adaptation
+        policies it runs under (as ``streamlet submit --adapt``).
         """
         self._require_group()
         triggers = [kill] if isinstance(kill, KillAt) else list(kill)
@@ -651,7 +662,8 @@ class SimulatedCluster:
                 raise JobError(f"KillAt names worker '{trigger.worker}'; the workers are {sorted(self._workers)}")
         interval = self.checkpoint_interval if isinstance(checkpoint_interval, EllipsisType) else checkpoint_interval
         checkpoint = None if interval is None else {"interval": interval, "directory": str(self.checkpoint_dir)}
-        spec = cluster_jobs.new_spec(self._reference(target), dict(parallelism or {}), checkpoint)
+        adapting = None if adapt is None else adapt.to_data()
+        spec = cluster_jobs.new_spec(self._reference(target), dict(parallelism or {}), checkpoint, adapting)
         if from_savepoint is not None:
             if checkpoint is None:
                 raise JobError("from_savepoint needs checkpoints (a checkpoint_interval)")

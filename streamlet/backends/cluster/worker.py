@@ -255,6 +255,14 @@ class WorkerJobs:
                 depths[f"{job}/{instance_id(node, index)}"] = depth
         return depths
 
+    def instance_statistics(self) -> dict[str, dict[str, Any]]:
+        """Every local instance's statistics snapshot: ``"job/node.index"`` -> its data (see ``load``)."""
+        found = {}
+        for (job, _), running in self.jobs.items():
+            for snapshot in running.instance_statistics():
+                found[f"{job}/{instance_id(snapshot.node, snapshot.index)}"] = snapshot.to_data()
+        return found
+
     def _stop_outdated(self, job: str, attempt: int) -> None:
         # a newer attempt replaces this one (a worker was lost): drop it without reporting
         for (running_job, running_attempt), scope in self.running.items():

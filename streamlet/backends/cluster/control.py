@@ -1,0 +1,193 @@
+"""The adaptation loop: the leader reads the statistics the workers' heartbeats carry, runs the job's
+policies (pure functions in ``adaptation``) and carries their decisions out with the live changes.
+
+Every ``interval`` (the job's ``AdaptSettings``), for each RUNNING job that
+asked for a policy and has no change under way or waiting:
+
+- the window since the last look: each instance's counters now minus then
+  (per worker, between two of its heartbeats), turned into rates;
+- ``autoscale``: DS2 (``adaptation.autoscale``) says which task needs how many
+  instances; the first such decision becomes a rescale request, as
+  ``streamlet rescale`` would leave it;
+- ``rebalance``: when a worker joined (or the job is uneven), the rebalance
+  policy's first move becomes a migration request.
+
+A decision is recorded under ``/jobs/<job>/decisions/`` with its policy and
+reason (``jobs --json`` lists them) and logged. After one, the job is left
+alone for ``cooldown`` seconds and its next window starts afresh, so that
+rates measured across a change never drive the next one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import structlog
+
+from streamlet.adaptation.autoscale import ds2, node_rates, windows
+from streamlet.adaptation.settings import AdaptSettings
+from streamlet.backends.cluster import jobs, paths, rebalancing, reconfigure
+from streamlet.backends.cluster.lifecycle import JobState, state_of
+from streamlet.backends.cluster.paths import ReconfigureRequest
+from streamlet.backends.cluster.registry import workers
+from streamlet.backends.cluster.scheduler import live, live_loads
+from streamlet.backends.cluster.signing import verify
+from streamlet.backends.cluster.store import ClusterStore
+from streamlet.core.model.topology import Topology
+from streamlet.errors import CoordinationError, NodeExists, ReconfigurationError
+
+log = structlog.get_logger("streamlet")
+TICK = 0.5  # seconds between looks at the jobs (each job's own interval decides when its window closes)
+
+Beats = dict[str, tuple[float, dict[str, dict[str, Any]]]]  # worker -> (beat time, its instances of one job)
+
+
+@dataclass
+class _Watch:
+    """What the loop remembers of one job: where its current window began, and its last decision."""
+
+    base: Beats
+    began: float
+    decided: float = float("-inf")
+
+
+class AdaptationLoop:
+    """Runs the job's policies while this master leads (``store``: its session)."""
+
+    def __init__(self, store: ClusterStore, secret: bytes, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.secret = secret
+        self.clock = clock
+        self._watches: dict[str, _Watch] = {}
+
+    async def run(self) -> None:
+        """Look every :data:`TICK` until cancelled (a failed look is logged; the next one tries again)."""
+        while True:
+            try:
+                await self.tick()
+            except (CoordinationError, ReconfigurationError) as exc:
+                log.info("adaptation look skipped", reason=str(exc))
+            except Exception as exc:  # noqa: BLE001 - a job's code that fails to load must not stop the loop
+                log.warning("adaptation look failed", error=f"{type(exc).__name__}: {exc}")
+            await anyio.sleep(TICK)
+
+    async def tick(self) -> list[dict[str, Any]]:
+        """Look at every job once; returns the decisions taken."""
+        now = self.clock()
+        beats = await self._beats(now)
+        decisions = []
+        for job in await self.store.children(paths.JOBS):
+            decision = await self._look(job, beats, now)
+            if decision is not None:
+                decisions.append(decision)
+        return decisions
+
+    async def _beats(self, now: float) -> dict[str, tuple[float, dict[str, dict[str, Any]]]]:
+        """Every live worker's last heartbeat: worker -> (its time, its instances' statistics)."""
+        found = {}
+        for view in live(await workers(self.store), now):
+            load = view.load or {}
+            found[view.worker_id] = (float(load.get("ts", 0.0)), dict(load.get("instances") or {}))
+        return found
+
+    async def _look(self, job: str, beats: dict[str, tuple[float, dict[str, dict[str, Any]]]], now: float) -> Any:
+        found = await self.store.get(paths.spec(job))
+        spec = None if found is None else found[0]
+        settings = None if spec is None or not spec.get("adapt") else AdaptSettings.from_data(spec["adapt"])
+        state = await self.store.get(paths.state(job))
+        if spec is None or settings is None or state is None or state_of(state[0]) != JobState.RUNNING:
+            self._watches.pop(job, None)
+            return None
+        if await self.store.get(paths.reconfigure_request(job)) is not None:
+            return None  # one change at a time: a request waits already
+        current = _job_beats(job, beats)
+        watch = self._watches.get(job)
+        if watch is None or now - watch.decided < settings.cooldown:
+            if watch is None or watch.base != current:
+                decided = float("-inf") if watch is None else watch.decided
+                self._watches[job] = _Watch(current, now, decided)  # the window starts after the cooldown
+            return None
+        if now - watch.began < settings.interval:
+            return None
+        signed = verify(job, spec, self.secret)  # before any of its code is imported
+        topology = reconfigure.with_layout(jobs.topology_of(signed), await self._layout(job))
+        decision = await self._decide(job, topology, settings, watch.base, current, now)
+        self._watches[job] = _Watch(current, now, now if decision is not None else watch.decided)
+        return decision
+
+    async def _layout(self, job: str) -> Any:
+        found = await self.store.get(paths.layout(job))
+        return None if found is None else found[0]
+
+    async def _decide(
+        self, job: str, topology: Topology, settings: AdaptSettings, base: Beats, current: Beats, now: float
+    ) -> dict[str, Any] | None:
+        if "autoscale" in settings.policies:
+            decision = await self._autoscale(job, topology, settings, base, current)
+            if decision is not None:
+                return decision
+        if "rebalance" in settings.policies:
+            moves = await rebalancing.planned_moves(self.store, job, now)
+            if moves:
+                move = moves[0]
+                request = reconfigure.request_node(
+                    paths.task_of(move.instance), migrate=(move.index, move.target), by="rebalance"
+                )
+                reason = f"{move.instance}: {move.source} holds most of the job's instances, {move.target} fewest"
+                action = f"migrate {move.instance} to {move.target}"
+                return await self._carry_out(job, "rebalance", request, action, reason)
+        return None
+
+    async def _autoscale(
+        self, job: str, topology: Topology, settings: AdaptSettings, base: Beats, current: Beats
+    ) -> dict[str, Any] | None:
+        observed = []
+        for worker, (at, snapshots) in current.items():
+            before = base.get(worker)
+            if before is not None:
+                observed.extend(windows(before[1], snapshots, at - before[0]))
+        edges = sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
+        parallelism = {name: node.parallelism for name, node in topology.nodes.items() if node.kind == "task"}
+        bounds = {
+            name: settings.bounds.get(name, (1, topology.nodes[name].max_parallelism))
+            for name in parallelism
+            if reconfigure.unchangeable(topology, name) is None
+        }
+        room = sum(max(load.capacity - load.used, 0) for load in await live_loads(self.store, self.clock()))
+        for scaling in ds2(edges, node_rates(observed), parallelism, bounds):
+            instances = min(scaling.instances, scaling.current + room)  # what the workers can take
+            if instances == scaling.current:
+                continue
+            request = reconfigure.request_node(scaling.task, instances, by="autoscale")
+            action = f"rescale {scaling.task} {scaling.current} -> {instances}"
+            return await self._carry_out(job, "autoscale", request, action, scaling.reason)
+        return None
+
+    async def _carry_out(
+        self, job: str, policy: str, request: ReconfigureRequest, action: str, reason: str
+    ) -> dict[str, Any] | None:
+        """Leave the request for the leader and record the decision (nothing, if a request got there first)."""
+        try:
+            await self.store.create(paths.reconfigure_request(job), request)
+        except NodeExists:
+            return None
+        decision = {"at": self.clock(), "policy": policy, "action": action, "reason": reason}
+        await self.store.ensure(paths.decisions(job))
+        await self.store.create(f"{paths.decisions(job)}/d-", decision, sequence=True)
+        log.info("adaptation decision", job=job, **decision)
+        return {"job": job, **decision}
+
+
+def _job_beats(job: str, beats: dict[str, tuple[float, dict[str, dict[str, Any]]]]) -> Beats:
+    """Each worker's beat time and its statistics of ``job``'s instances (``"node.index"`` -> snapshot)."""
+    prefix = f"{job}/"
+    found: Beats = {}
+    for worker, (at, instances) in beats.items():
+        mine = {name.removeprefix(prefix): data for name, data in instances.items() if name.startswith(prefix)}
+        if mine:
+            found[worker] = (at, mine)
+    return found

@@ -1,0 +1,144 @@
+"""The adaptation loop on a cluster (simulated in one process): the statistics in the workers' heartbeats,
+DS2 autoscaling a bottleneck task live, and the rebalance policy giving a joined worker its share."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import ClassVar
+
+import pytest
+
+import streamlet as sl
+from streamlet.adaptation.settings import AdaptSettings
+from streamlet.backends.cluster import paths
+from streamlet.testing import ExactlyOnceSink, SimulatedCluster
+
+BATCH = 100
+WORK_RATE = 4_000  # records per second one instance of 'work' gets through (it awaits per batch)
+
+
+class Paced:
+    """The source's switch and tally (one event loop: the test's)."""
+
+    stop: ClassVar[asyncio.Event]
+    emitted: ClassVar[int] = 0
+
+
+class PacedSource(sl.Source):
+    """Batches of BATCH records as fast as they are taken until the test stops it: far more than 'work' can
+    take, so the source is held back by backpressure most of the time."""
+
+    def open(self, context: sl.SourceContext) -> sl.SourceReader:
+        return _PacedReader()
+
+
+class _PacedReader(sl.SourceReader):
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def read(self, max_records: int) -> list[sl.Record] | None:
+        if Paced.stop.is_set():
+            return None
+        batch = [sl.Record(f"k{(self.sent + n) % 97}", 1, None) for n in range(BATCH)]
+        self.sent += BATCH
+        Paced.emitted += BATCH
+        return batch
+
+
+class Work(sl.Task):
+    """Gets through WORK_RATE records a second per instance (an awaited call per batch, e.g. a model)."""
+
+    async def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        batch = inputs.get()
+        await asyncio.sleep(len(batch) / WORK_RATE)  # the work itself
+        outputs.emit_batch(batch)
+
+
+def bottleneck() -> sl.Topology:
+    """an eager source -> work (x1, the bottleneck) -> an ExactlyOnceSink."""
+    topology = sl.Topology("bottleneck")
+    source = topology.add_source("feed", PacedSource())
+    work = topology.add_task("work", Work).set_input(source)
+    topology.add_sink("out", ExactlyOnceSink()).set_input(work)
+    return topology
+
+
+@pytest.fixture
+def paced() -> Iterator[asyncio.Event]:
+    Paced.stop, Paced.emitted = asyncio.Event(), 0
+    yield Paced.stop
+    Paced.stop.set()
+
+
+async def test_heartbeats_carry_every_instances_statistics(paced: asyncio.Event) -> None:
+    async with SimulatedCluster(workers=1, capacity=8) as cluster:
+        job = await cluster.submit(bottleneck, checkpoint_interval=None)
+        await job.wait_for("RUNNING")
+        version: int | None = None
+        while True:  # the next heartbeats, until one shows records through 'work' (on the node's watch)
+            load, version = await cluster.store.wait_changed(paths.load("worker-0"), version)
+            work = (load or {}).get("instances", {}).get("bottleneck/work.0")
+            if work is not None and work["records_in"] > 0:
+                break
+        paced.set()
+        await job.outcome()
+    assert set(load["instances"]) == {"bottleneck/feed.0", "bottleneck/work.0", "bottleneck/out.0"}
+    assert (work["kind"], work["index"]) == ("task", 0)
+    assert work["busy"] > 0
+    assert work["batches"] > 0
+    assert sum(work["latency"]) == work["batches"]
+    assert work["state"] in ("NORMAL", "YELLOW", "RED")
+
+
+async def test_ds2_scales_the_bottleneck_up_to_its_bound_in_one_decision(paced: asyncio.Event) -> None:
+    """'work' holds the source back: its true rate (per busy second) against what the source emits when not
+    held back says it needs more instances than its bound of 3; the leader rescales it live to 3 (same
+    attempt), records the decision with its reason, and decides nothing more; nothing is lost or doubled."""
+    settings = AdaptSettings(frozenset({"autoscale"}), {"work": (1, 3)}, interval=1.0, cooldown=0.5)
+    async with SimulatedCluster(workers=1, capacity=8) as cluster:
+        job = await cluster.submit(bottleneck, checkpoint_interval=0.2, adapt=settings)
+        await job.wait_for("RUNNING")
+        await job.wait_for("RECONFIGURING")
+        _, reason = await job.wait_for("RUNNING")
+        layout = await cluster.store.get(paths.layout("bottleneck"))
+        paced.set()
+        outcome = await job.outcome()
+        status = await cluster.store.get(paths.state("bottleneck"))
+        decisions = await cluster.store.children(paths.decisions("bottleneck"))
+        first = await cluster.store.get(f"{paths.decisions('bottleneck')}/{decisions[0]}")
+    assert first is not None
+    assert reason == "change 1 done: work runs 3 instances", first
+    assert layout is not None
+    assert layout[0]["parallelism"] == {"work": 3}
+    assert len(decisions) == 1
+    assert status is not None
+    assert status[0]["reconfigurations"] == 1
+    assert (first[0]["policy"], first[0]["action"]) == ("autoscale", "rescale work 1 -> 3")
+    needs = float(first[0]["reason"].split(" needs ")[1].split(" instances")[0])
+    assert needs > 3
+    assert "per busy second each (DS2); had 1, bounds 1..3" in first[0]["reason"]
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert len(outcome.committed["out"]) == Paced.emitted  # every record once
+
+
+async def test_the_rebalance_policy_gives_a_joined_worker_its_share(paced: asyncio.Event) -> None:
+    """The job runs on worker-0; worker-1 joins; with the rebalance policy on, the loop moves 'work' (the
+    only instance that can move) to it, live, once: then 2 and 1 instances is as even as it gets."""
+    settings = AdaptSettings(frozenset({"rebalance"}), interval=0.5, cooldown=0.5)
+    async with SimulatedCluster(workers=1, capacity=8) as cluster:
+        job = await cluster.submit(bottleneck, checkpoint_interval=None, adapt=settings)
+        await job.wait_for("RUNNING")
+        await cluster.add_worker()
+        await job.wait_for("RECONFIGURING")
+        _, reason = await job.wait_for("RUNNING")
+        paced.set()
+        outcome = await job.outcome()
+        decisions = await cluster.store.children(paths.decisions("bottleneck"))
+        first = await cluster.store.get(f"{paths.decisions('bottleneck')}/{decisions[0]}")
+    assert reason == "change 1 done: work.0 runs on worker-1"
+    assert first is not None
+    assert len(decisions) == 1
+    assert (first[0]["policy"], first[0]["action"]) == ("rebalance", "migrate work.0 to worker-1")
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert len(outcome.committed["out"]) == Paced.emitted
