@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,6 +30,7 @@ def run(
     checkpoint_interval: float | None = None,
     checkpoint_store: CheckpointStore | None = None,
     from_savepoint: str | os.PathLike[str] | None = None,
+    cpu_scheduling: str | None = None,
 ) -> JobResult:
     """Run ``topology`` to completion in a new event loop and return its result.
 
@@ -37,7 +38,10 @@ def run(
     checkpoint every ``checkpoint_interval`` seconds and, when the directory
     holds an unfinished job's checkpoint, resumes from the latest intact one;
     with ``from_savepoint`` it starts from that savepoint instead (see
-    :meth:`Job.savepoint`).
+    :meth:`Job.savepoint`). ``cpu_scheduling`` shares the event loop between
+    instances: ``"queue-state"`` (an instance whose input queue is filling
+    up takes more batches per turn), ``"turns"`` (one batch each) or ``None``
+    (each runs until it waits; the default).
     Call it from synchronous code; inside a running loop use :func:`start`.
 
     Example:
@@ -51,6 +55,7 @@ def run(
     """
     options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
     options["from_savepoint"] = from_savepoint
+    options["cpu_turns"] = cpu_turns(cpu_scheduling)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -82,6 +87,18 @@ def job_options(
     }
 
 
+def cpu_turns(scheduling: str | None) -> Callable[[float], int] | None:
+    """The turn policy called ``scheduling`` (see ``streamlet.adaptation.cpu``); an unknown name is a
+    :class:`JobError` naming the known ones."""
+    if scheduling is None:
+        return None
+    from streamlet.adaptation.cpu import SCHEDULING
+
+    if scheduling not in SCHEDULING:
+        raise JobError(f"cpu_scheduling must be one of {sorted(SCHEDULING)} or None, not {scheduling!r}")
+    return SCHEDULING[scheduling]
+
+
 async def _run_job(topology: Topology, options: dict[str, Any]) -> JobResult:
     return await Job(topology, channel_factory=LocalChannel, **options).run()
 
@@ -108,11 +125,13 @@ async def start(
     checkpoint_store: CheckpointStore | None = None,
     channel_factory: ChannelFactory | None = None,
     from_savepoint: str | os.PathLike[str] | None = None,
+    cpu_scheduling: str | None = None,
 ) -> AsyncIterator[Job]:
     """Run ``topology`` inside the caller's event loop.
 
     ``channel_factory`` replaces the in-memory channels (for instance with
-    TCP channels from :func:`streamlet.transport.tcp_client.open_loopback_transport`).
+    TCP channels from :func:`streamlet.transport.tcp_client.open_loopback_transport`);
+    ``cpu_scheduling`` is as for :func:`run`.
 
     Example:
         >>> async def service(topology):
@@ -123,5 +142,6 @@ async def start(
     """
     options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
     options["from_savepoint"] = from_savepoint
+    options["cpu_turns"] = cpu_turns(cpu_scheduling)
     async with open_job(topology, channel_factory=channel_factory or LocalChannel, **options) as job:
         yield job

@@ -11,6 +11,7 @@ latency on a quiet stream.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 from abc import ABC, abstractmethod
@@ -77,6 +78,9 @@ class Environment:
     on_idle: Callable[[], None] | None = None  # set while ``Job.settle`` waits: an instance went idle
     event_time: bool = False  # watermarks flow: the job has event-time windows or sources that declare them
     reconfiguration: ActiveReconfiguration | None = None  # a rescale or segment move under way
+    # CPU scheduling: batches an instance takes before letting the others run, by its input queue's fill
+    # (``None``: it runs until it waits for input or for room downstream)
+    turns: Callable[[float], int] | None = None
 
 
 class Instance(ABC):
@@ -396,7 +400,8 @@ class Receiver(Instance):
         ports = inbox.ports
         counters, size, cycle = self.counters, self.env.batch_size, self.cycle
         watermarks = self.watermarks
-        start = 0
+        start = taken = budget = 0
+        turns = self.env.turns
         while self.open_ports:
             channels = len(blocked)  # read each time: a rescale may add channels
             channel = -1
@@ -406,9 +411,12 @@ class Receiver(Instance):
                     channel = candidate
                     break
             if channel < 0:
+                taken = 0  # waiting for input ends the turn
                 await self.idle()
                 continue
             start = channel + 1
+            if turns is not None and taken == 0:
+                budget = turns(inbox.fill())  # a turn's length is set by the queue as the turn begins
             item = inbox.pop(channel)
             if type(item) is list:
                 arrived, began = inbox.last_arrival, perf_counter()
@@ -427,6 +435,11 @@ class Receiver(Instance):
                     await outputs.flush()  # inside a loop nothing may linger, or the loop looks idle
                     cycle.batches_done(1)
                 count_batch(counters, arrived, began, processed, perf_counter())
+                if turns is not None:
+                    taken += 1
+                    if taken >= budget:
+                        taken = 0
+                        await asyncio.sleep(0)  # the turn is over: every other ready instance runs first
             else:
                 await self.on_marker(channel, item)  # type: ignore[arg-type]
         await self.complete()

@@ -85,6 +85,11 @@ class Job:
     and checkpoints record the attempt that took them, so a restore
     publishes what that run staged. A cluster passes its own.
 
+    ``cpu_turns(fill)`` schedules the instances on the event loop: how many
+    batches an instance takes before the others run, given its input queue's
+    fill (0..1); ``None`` (the default) lets each run until it waits. The
+    policies are in ``streamlet.adaptation.cpu``.
+
     A job split between processes (``placement``) runs loops only with a
     ``quiescence``, which decides when each loop is quiet in every process
     (see ``core.runtime.cycles``); in one process the loops end by themselves.
@@ -106,6 +111,7 @@ class Job:
         attempt: str | None = None,
         quiescence: Quiescence | None = None,
         from_savepoint: str | os.PathLike[str] | None = None,
+        cpu_turns: Callable[[float], int] | None = None,
     ) -> None:
         if not isinstance(topology, Topology):
             raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
@@ -123,7 +129,7 @@ class Job:
         self.clock = clock or SystemClock()
         self._channel_factory = channel_factory
         self._channel_capacity = channel_capacity
-        self._env = Environment(batch_size, self.clock, job_id=self.job_id, attempt=self.attempt)
+        self._env = Environment(batch_size, self.clock, job_id=self.job_id, attempt=self.attempt, turns=cpu_turns)
         self._env.event_time = topology.uses_event_time()
         self._coordinator: Coordinator | None = None
         start_from = None  # read and checked before anything that must be closed is made
