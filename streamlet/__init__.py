@@ -9,13 +9,15 @@ module only re-exports the public API.
 
 from __future__ import annotations
 
+from streamlet.adaptation.settings import AdaptSettings
 from streamlet.backends.local import run, start
+from streamlet.backends.local_adaptation import balance_segments
 from streamlet.connectors.files import FileSink, FileSource, read_file_sink
 from streamlet.connectors.kafka import KafkaError, KafkaSink, KafkaSource
 from streamlet.connectors.spark import SparkSink
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.constants import LATE
-from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, Partitioning, stable_hash
+from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, Partitioning, stable_hash
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.record import DeadLetter, FiredWindowRecord, Record, WindowRecord
 from streamlet.core.model.segments import SegmentTable
@@ -48,10 +50,13 @@ from streamlet.errors import (
 )
 
 __all__ = (
+    "AdaptSettings",
     "BROADCAST",
+    "balance_segments",
     "LATE",
     "ROUND_ROBIN",
     "SAME_KEY",
+    "SESSION_TABLE",
     "CallbackSink",
     "CheckpointError",
     "CheckpointStore",

@@ -7,10 +7,12 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio
 
+from streamlet.adaptation.settings import AdaptSettings
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.channel import ChannelFactory, LocalChannel
@@ -31,6 +33,7 @@ def run(
     checkpoint_store: CheckpointStore | None = None,
     from_savepoint: str | os.PathLike[str] | None = None,
     cpu_scheduling: str | None = None,
+    adapt: AdaptSettings | None = None,
 ) -> JobResult:
     """Run ``topology`` to completion in a new event loop and return its result.
 
@@ -41,7 +44,9 @@ def run(
     :meth:`Job.savepoint`). ``cpu_scheduling`` shares the event loop between
     instances: ``"queue-state"`` (an instance whose input queue is filling
     up takes more batches per turn), ``"turns"`` (one batch each) or ``None``
-    (each runs until it waits; the default).
+    (each runs until it waits; the default). ``adapt`` runs adaptation
+    policies while the job runs (``balance``, ``autoscale``; see
+    ``streamlet.backends.local_adaptation``).
     Call it from synchronous code; inside a running loop use :func:`start`.
 
     Example:
@@ -62,7 +67,9 @@ def run(
         pass
     else:
         raise JobError("streamlet.run() was called inside a running event loop; use 'async with streamlet.start(...)'")
-    return anyio.run(_run_job, topology, options, backend="asyncio", backend_options=_backend_options(use_uvloop))
+    check_adapt(adapt)
+    run_job = partial(_run_job, topology, options, adapt)
+    return anyio.run(run_job, backend="asyncio", backend_options=_backend_options(use_uvloop))
 
 
 def job_options(
@@ -99,8 +106,34 @@ def cpu_turns(scheduling: str | None) -> Callable[[float], int] | None:
     return SCHEDULING[scheduling]
 
 
-async def _run_job(topology: Topology, options: dict[str, Any]) -> JobResult:
-    return await Job(topology, channel_factory=LocalChannel, **options).run()
+def check_adapt(adapt: AdaptSettings | None) -> None:
+    """Refuse what an embedded job cannot adapt by (before anything starts)."""
+    if adapt is not None and "rebalance" in adapt.policies:
+        raise JobError("the rebalance policy spreads instances over workers: it needs a cluster")
+
+
+async def _run_job(topology: Topology, options: dict[str, Any], adapt: AdaptSettings | None) -> JobResult:
+    if adapt is None:
+        return await Job(topology, channel_factory=LocalChannel, **options).run()
+    async with open_job(topology, channel_factory=LocalChannel, **options) as job, adapting(job, adapt):
+        return await job.wait()
+
+
+@asynccontextmanager
+async def adapting(job: Job, adapt: AdaptSettings | None) -> AsyncIterator[None]:
+    """Run ``adapt``'s policies on ``job`` for as long as the block lasts."""
+    if adapt is None:
+        yield
+        return
+    from streamlet.backends.local_adaptation import LocalAdaptation
+
+    loop = LocalAdaptation(job, adapt)
+    async with anyio.create_task_group() as group:
+        group.start_soon(loop.run)
+        try:
+            yield
+        finally:
+            group.cancel_scope.cancel()
 
 
 def _backend_options(use_uvloop: bool) -> dict[str, Any]:
@@ -126,12 +159,13 @@ async def start(
     channel_factory: ChannelFactory | None = None,
     from_savepoint: str | os.PathLike[str] | None = None,
     cpu_scheduling: str | None = None,
+    adapt: AdaptSettings | None = None,
 ) -> AsyncIterator[Job]:
     """Run ``topology`` inside the caller's event loop.
 
     ``channel_factory`` replaces the in-memory channels (for instance with
     TCP channels from :func:`streamlet.transport.tcp_client.open_loopback_transport`);
-    ``cpu_scheduling`` is as for :func:`run`.
+    ``cpu_scheduling`` and ``adapt`` are as for :func:`run`.
 
     Example:
         >>> async def service(topology):
@@ -143,5 +177,7 @@ async def start(
     options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
     options["from_savepoint"] = from_savepoint
     options["cpu_turns"] = cpu_turns(cpu_scheduling)
-    async with open_job(topology, channel_factory=channel_factory or LocalChannel, **options) as job:
+    check_adapt(adapt)
+    factory = channel_factory or LocalChannel
+    async with open_job(topology, channel_factory=factory, **options) as job, adapting(job, adapt):
         yield job

@@ -448,7 +448,8 @@ CASES: list[tuple[Callable[..., Any], type[Exception], str]] = [
     (input_left_unconnected, sl.TopologyError, "task 'w' has 1 input port but input port 0 is not connected"),
     (sink_feeding_a_task, sl.TopologyError, "sink 'o' has no output ports but feeds 'w'"),
     (unknown_partitioning, sl.TopologyError,
-     "task 'w' input port 0: partitioning must be ROUND_ROBIN, SAME_KEY, BROADCAST or a function, got 'hash'"),
+     "task 'w' input port 0: partitioning must be ROUND_ROBIN, SAME_KEY, SESSION_TABLE, BROADCAST or a function, "
+     "got 'hash'"),
     (unknown_error_policy, sl.TopologyError,
      "task 'w': on_error must be one of ('fail', 'skip', 'restart'), got 'ignore'"),
     (unknown_fold, sl.TopologyError,

@@ -10,7 +10,10 @@ asked for a policy and has no change under way or waiting:
   instances; the first such decision becomes a rescale request, as
   ``streamlet rescale`` would leave it;
 - ``rebalance``: when a worker joined (or the job is uneven), the rebalance
-  policy's first move becomes a migration request.
+  policy's first move becomes a migration request;
+- ``balance``: for a task fed through ``SESSION_TABLE`` edges, the segment
+  loads its senders counted in the window go to the session-table balancer
+  (``adaptation.session_table``); its moves become one segment-move request.
 
 A decision is recorded under ``/jobs/<job>/decisions/`` with its policy and
 reason (``jobs --json`` lists them) and logged. After one, the job is left
@@ -29,6 +32,7 @@ import anyio
 import structlog
 
 from streamlet.adaptation.autoscale import ds2, node_rates, windows
+from streamlet.adaptation.session_table import balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.backends.cluster import jobs, paths, rebalancing, reconfigure
 from streamlet.backends.cluster.lifecycle import JobState, state_of
@@ -114,8 +118,9 @@ class AdaptationLoop:
         if now - watch.began < settings.interval:
             return None
         signed = verify(job, spec, self.secret)  # before any of its code is imported
-        topology = reconfigure.with_layout(jobs.topology_of(signed), await self._layout(job))
-        decision = await self._decide(job, topology, settings, watch.base, current, now)
+        layout = await self._layout(job)
+        topology = reconfigure.with_layout(jobs.topology_of(signed), layout)
+        decision = await self._decide(job, topology, layout, settings, watch.base, current, now)
         self._watches[job] = _Watch(current, now, now if decision is not None else watch.decided)
         return decision
 
@@ -124,10 +129,21 @@ class AdaptationLoop:
         return None if found is None else found[0]
 
     async def _decide(
-        self, job: str, topology: Topology, settings: AdaptSettings, base: Beats, current: Beats, now: float
+        self,
+        job: str,
+        topology: Topology,
+        layout: Any,
+        settings: AdaptSettings,
+        base: Beats,
+        current: Beats,
+        now: float,
     ) -> dict[str, Any] | None:
         if "autoscale" in settings.policies:
             decision = await self._autoscale(job, topology, settings, base, current)
+            if decision is not None:
+                return decision
+        if "balance" in settings.policies:
+            decision = await self._balance(job, topology, layout, base, current)
             if decision is not None:
                 return decision
         if "rebalance" in settings.policies:
@@ -167,6 +183,19 @@ class AdaptationLoop:
             return await self._carry_out(job, "autoscale", request, action, scaling.reason)
         return None
 
+    async def _balance(
+        self, job: str, topology: Topology, layout: Any, base: Beats, current: Beats
+    ) -> dict[str, Any] | None:
+        for task in session_tasks(topology):
+            table = reconfigure.table_of(topology, layout, task)
+            loads = window_segment_loads(base, current, task, table.segments)
+            balancing = balance(loads, table.owners, table.instances)
+            if balancing.moves:
+                request = reconfigure.request_node(task, moves=balancing.table_moves(), by="balance")
+                action = f"move {len(balancing.moves)} segments of {task}"
+                return await self._carry_out(job, "balance", request, action, balancing.reason)
+        return None
+
     async def _carry_out(
         self, job: str, policy: str, request: ReconfigureRequest, action: str, reason: str
     ) -> dict[str, Any] | None:
@@ -180,6 +209,22 @@ class AdaptationLoop:
         await self.store.create(f"{paths.decisions(job)}/d-", decision, sequence=True)
         log.info("adaptation decision", job=job, **decision)
         return {"job": job, **decision}
+
+
+def window_segment_loads(base: Beats, current: Beats, task: str, segments: int) -> list[int]:
+    """Records sent into each of ``task``'s segments between two sets of beats, over every sender instance
+    present in both (a sender added or retired meanwhile is left out, as for rates)."""
+    totals = [0] * segments
+    for worker, (_, snapshots) in current.items():
+        before = base.get(worker, (0.0, {}))[1]
+        for name, now in snapshots.items():
+            then = before.get(name)
+            counts, earlier = (now.get("segments") or {}).get(task), (then or {}).get("segments", {}).get(task)
+            if counts is None or earlier is None or len(counts) != segments:
+                continue
+            for segment in range(segments):
+                totals[segment] += max(int(counts[segment]) - int(earlier[segment]), 0)
+    return totals
 
 
 def _job_beats(job: str, beats: dict[str, tuple[float, dict[str, dict[str, Any]]]]) -> Beats:

@@ -25,11 +25,17 @@ class Partitioning(enum.Enum):
     ROUND_ROBIN = "round_robin"
     SAME_KEY = "same_key"
     BROADCAST = "broadcast"
+    SESSION_TABLE = "session_table"
 
 
 ROUND_ROBIN = Partitioning.ROUND_ROBIN
 SAME_KEY = Partitioning.SAME_KEY
 BROADCAST = Partitioning.BROADCAST
+#: ``SAME_KEY`` routing whose senders also count each key segment's records: the load the session-table
+#: balancer reads to move segments between instances (SpeedStream); a key's records still all go to one
+#: instance, in order.
+SESSION_TABLE = Partitioning.SESSION_TABLE
+KEYED = frozenset({SAME_KEY, SESSION_TABLE})  # partitionings that send each key to the instance owning its segment
 
 PartitionFn: TypeAlias = Callable[[Record, int], int]
 PartitionSpec: TypeAlias = "Partitioning | PartitionFn"

@@ -97,7 +97,8 @@ class NodeHandle:
         if not isinstance(partitioning, Partitioning) and not callable(partitioning):
             raise TopologyError(
                 f"{self._topology.node(self.name).describe()} input port {in_port}: "
-                f"partitioning must be ROUND_ROBIN, SAME_KEY, BROADCAST or a function, got {partitioning!r}"
+                "partitioning must be ROUND_ROBIN, SAME_KEY, SESSION_TABLE, BROADCAST or a function, "
+                f"got {partitioning!r}"
             )
         self._topology.edges.append(Edge(source, out_port, self.name, in_port, partitioning))
         return self

@@ -35,6 +35,7 @@ from streamlet.core.runtime.instances import Environment, Instance, Receiver, Si
 from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables, fitting
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan, StateHandoff
 from streamlet.core.runtime.rescale import Reconfigurer
+from streamlet.core.runtime.routing import segment_loads
 from streamlet.core.runtime.statistics import InstanceSnapshot, JobStatistics, NodeStatistics, queue_state
 from streamlet.core.runtime.task_instance import TaskInstance
 from streamlet.core.state.checkpoints import Coordinator
@@ -126,6 +127,7 @@ class Job:
             # no process sees all of a split loop's counters: ending it by local counts could end it early
             refuse_cycles(topology, "a loop split between processes needs a quiescence detector (quiescence=...)")
         self.topology = topology
+        self.decisions: list[dict[str, Any]] = []  # what an adaptation loop decided for this job, in order
         self.clock = clock or SystemClock()
         self._channel_factory = channel_factory
         self._channel_capacity = channel_capacity
@@ -492,9 +494,20 @@ class Job:
                 instance.node.name, instance.index, instance.node.kind, counters.records_in,
                 instance.records_out(), counters.batches, counters.busy, counters.blocked,
                 0 if inbox is None else inbox.depth(), fill, queue_state(fill).value, list(counters.latency.counts),
+                segment_loads(instance.outputs.routes),
             )  # fmt: skip
             snapshots.append(snapshot)
         return snapshots
+
+    def segment_loads(self, task: str) -> list[int]:
+        """Records sent so far into each key segment of ``task`` (cumulative), over its ``SESSION_TABLE``
+        inputs from every sender running here: the load the session-table balancer weighs segments by."""
+        table = self.segment_table(task)
+        totals = [0] * table.segments
+        for instance in [] if self._plan is None else self._plan.all():
+            for segment, count in enumerate(segment_loads(instance.outputs.routes).get(task, ())):
+                totals[segment] += count
+        return totals
 
     def statistics(self) -> JobStatistics:
         """A snapshot of the job's counters (also while it runs)."""

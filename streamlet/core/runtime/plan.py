@@ -194,7 +194,7 @@ class _Builder:
         channels = [self._channel_to(edge_index, edge, sender, receiver) for receiver in receivers]
         label = f"edge '{edge.upstream}' -> '{edge.downstream}' input port {edge.in_port}"
         route = self.routes[edge_index, sender] = make_route(
-            channels, edge.partitioning, label, self.tables[edge.downstream]
+            channels, edge.partitioning, label, self.tables[edge.downstream], edge.downstream
         )
         tracker = self.tracker_of.get(edge.downstream)
         if tracker is not None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from streamlet.core.model.partition import SAME_KEY
+from streamlet.core.model.partition import KEYED
 from streamlet.core.model.record import END_OF_STREAM
 from streamlet.core.model.topology import Node, Topology
 from streamlet.core.runtime.instances import Environment, Instance, Receiver
@@ -207,7 +207,7 @@ class Reconfigurer:
         for edge_index, edge in enumerate(self.topology.edges):
             if edge.downstream != plan.task:
                 continue
-            table = plan.new if edge.partitioning is SAME_KEY else None
+            table = plan.new if edge.partitioning in KEYED else None
             for sender in self.plan.instances.get(edge.upstream, []):
                 channels = builder.switched_channels(edge_index, sender.index, plan.new.instances, plan.relocated)
                 if sender.completed:  # it sends its end on the old channels: the new ones must not wait for it

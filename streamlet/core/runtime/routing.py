@@ -8,11 +8,11 @@ whole batches to its channels when flushed, so emitting never awaits.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, PartitionSpec
+from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, PartitionSpec
 from streamlet.core.model.record import END_OF_STREAM, Batch, LoopRecord, Marker, Reconfigure, Record, Watermark
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable, segment_of
 from streamlet.core.runtime.channel import Channel
@@ -285,6 +285,76 @@ class KeyedRoute(Route):
         self._set_add()
 
 
+class SessionTableRoute(KeyedRoute):
+    """``SESSION_TABLE``: ``SAME_KEY`` routing over the segment table that also counts each segment's records.
+
+    ``loads[segment]`` (cumulative, never reset: a rate is the difference of
+    two reads) is what the session-table balancer weighs segments by; it
+    caches each key's *segment* (fixed for the job's life) rather than its
+    instance, so a moved segment needs no cache flush. ``target`` is the
+    downstream task.
+    """
+
+    __slots__ = ("loads", "target")
+
+    def __init__(
+        self, channels: list[Channel], table: SegmentTable, label: str, target: str, cache_limit: int = 1 << 17
+    ) -> None:
+        Route.__init__(self, channels, len(channels))
+        _check_table(table, channels, label)
+        self.target = target
+        self.loads = loads = [0] * table.segments
+        self._appenders = appenders = [buffer.append for buffer in self.buffers]
+        cache: dict[Any, int] = {}
+        self._cache = cache
+        self._owners = owners = [table.owners]
+
+        def add(record: Record) -> None:
+            key = record.key
+            try:
+                segment = cache.get(key)
+            except TypeError:  # an unhashable key (a list): correct, just not cached
+                segment = None
+            if segment is None:
+                segment = _segment(key, label, owners[0])
+                try:
+                    if len(cache) >= cache_limit:
+                        cache.clear()  # keys drift: a fresh cache beats an LRU's per-hit cost
+                    cache[key] = segment
+                except TypeError:
+                    pass
+            loads[segment] += 1
+            appenders[owners[0][segment]](record)
+
+        self._by_key = self.add = add
+
+    def _set_add(self) -> None:
+        self.add = self._by_key  # one instance or many: every record is counted
+
+    def add_batch(self, records: Batch) -> None:
+        """Buffer many records (each counted in its segment)."""
+        add = self._by_key
+        for record in records:
+            add(record)
+
+    def retarget(self, channels: list[Channel], table: SegmentTable | None) -> None:
+        """Route by ``table`` to ``channels`` from now on; a key's segment never changes, so the cache stays."""
+        cache = dict(self._cache)
+        super().retarget(channels, table)
+        self._cache.update(cache)
+
+
+def segment_loads(routes: Iterable[Route]) -> dict[str, list[int]]:
+    """Per downstream task, the records ``routes`` sent into each of its segments (``SESSION_TABLE`` edges only)."""
+    found: dict[str, list[int]] = {}
+    for route in routes:
+        if isinstance(route, SessionTableRoute):
+            totals = found.setdefault(route.target, [0] * len(route.loads))
+            for segment, count in enumerate(route.loads):
+                totals[segment] += count
+    return found
+
+
 def _segment(key: Any, label: str, owners: tuple[int, ...]) -> int:
     try:
         return segment_of(key, len(owners))
@@ -331,24 +401,34 @@ class HasIteration(Protocol):
 
 
 def make_route(
-    channels: list[Channel], partitioning: PartitionSpec, label: str = "edge", table: SegmentTable | None = None
+    channels: list[Channel],
+    partitioning: PartitionSpec,
+    label: str = "edge",
+    table: SegmentTable | None = None,
+    target: str = "",
 ) -> Route:
     """The route for ``partitioning`` towards ``channels`` (one per instance); ``label`` names the edge in errors.
 
-    A ``SAME_KEY`` route follows ``table`` (default: contiguous segment ranges over the channels).
+    A ``SAME_KEY`` or ``SESSION_TABLE`` route follows ``table`` (default: contiguous segment ranges over the
+    channels); ``target`` names the downstream task a ``SESSION_TABLE`` route counts segment loads for.
     """
-    route = _make_route(channels, partitioning, label, table)
+    route = _make_route(channels, partitioning, label, table, target)
     route.label = label
     return route
 
 
-def _make_route(channels: list[Channel], partitioning: PartitionSpec, label: str, table: SegmentTable | None) -> Route:
+def _make_route(
+    channels: list[Channel], partitioning: PartitionSpec, label: str, table: SegmentTable | None, target: str
+) -> Route:
     if partitioning is ROUND_ROBIN:
         return RoundRobinRoute(channels)
     if partitioning is BROADCAST:
         return BroadcastRoute(channels)
     if partitioning is SAME_KEY:
         return KeyedRoute(channels, table or SegmentTable.contiguous(DEFAULT_SEGMENTS, len(channels)), label)
+    if partitioning is SESSION_TABLE:
+        table = table or SegmentTable.contiguous(DEFAULT_SEGMENTS, len(channels))
+        return SessionTableRoute(channels, table, label, target)
     user_fn: Any = partitioning
     return PartitionedRoute(channels, user_fn, label)
 

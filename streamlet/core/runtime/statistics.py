@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -129,7 +129,9 @@ class InstanceSnapshot:
     """One instance's counters at one moment (cumulative: rates are differences of two snapshots).
 
     ``fill`` is the fullest input channel's share of its capacity (0 for a source), ``state`` its
-    :class:`QueueState`; ``latency`` the histogram's bucket counts (see :class:`LatencyHistogram`).
+    :class:`QueueState`; ``latency`` the histogram's bucket counts (see :class:`LatencyHistogram`);
+    ``segments`` the records this instance sent into each key segment of every task it feeds through a
+    ``SESSION_TABLE`` edge (task -> one count per segment).
     """
 
     node: str
@@ -144,6 +146,7 @@ class InstanceSnapshot:
     fill: float
     state: str
     latency: list[int]
+    segments: dict[str, list[int]] = field(default_factory=dict)
 
     def to_data(self) -> dict[str, Any]:
         """Plain data (JSON, msgpack)."""

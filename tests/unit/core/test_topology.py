@@ -191,7 +191,8 @@ def test_bad_partitioning_is_rejected() -> None:
     """A partitioning that is neither a scheme nor a function names the node and port."""
     _, source, task = source_and_task()
     with raises(
-        "task 'x' input port 0: partitioning must be ROUND_ROBIN, SAME_KEY, BROADCAST or a function, got 'hash'"
+        "task 'x' input port 0: partitioning must be ROUND_ROBIN, SAME_KEY, SESSION_TABLE, BROADCAST or a function, "
+        "got 'hash'"
     ):
         task.set_input(source, partitioning="hash")  # type: ignore[arg-type]
 

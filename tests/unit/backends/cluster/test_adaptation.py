@@ -4,6 +4,7 @@ DS2 autoscaling a bottleneck task live, and the rebalance policy giving a joined
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -12,6 +13,7 @@ import pytest
 import streamlet as sl
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.backends.cluster import paths
+from streamlet.core.model.segments import SegmentTable, segment_of
 from streamlet.testing import ExactlyOnceSink, SimulatedCluster
 
 BATCH = 100
@@ -142,3 +144,65 @@ async def test_the_rebalance_policy_gives_a_joined_worker_its_share(paced: async
     assert (first[0]["policy"], first[0]["action"]) == ("rebalance", "migrate work.0 to worker-1")
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
     assert len(outcome.committed["out"]) == Paced.emitted
+
+
+# 30 keys crowded into the first quarter of the segments (instance 0's under contiguous ranges), 6 elsewhere
+CROWDED = [key for key in (f"user{n}" for n in range(2_000)) if segment_of(key, 128) < 32][:30]
+SKEWED = CROWDED + [key for key in (f"user{n}" for n in range(2_000)) if segment_of(key, 128) >= 32][:6]
+
+
+class SkewedSource(sl.Source):
+    """Every key of SKEWED once per batch, until the test stops it (a turn for the others between batches)."""
+
+    def open(self, context: sl.SourceContext) -> sl.SourceReader:
+        return _SkewedReader()
+
+
+class _SkewedReader(sl.SourceReader):
+    async def read(self, max_records: int) -> list[sl.Record] | None:
+        await asyncio.sleep(0)  # the loop's other tasks (the cluster's) get their turn; not a pace
+        if Paced.stop.is_set():
+            return None
+        Paced.emitted += len(SKEWED)
+        return [sl.Record(key, 1, None) for key in SKEWED]
+
+
+def skewed_counts() -> sl.Topology:
+    """skewed keys -> a running count per key, 4 instances behind a SESSION_TABLE edge -> an ExactlyOnceSink."""
+    topology = sl.Topology("skewed")
+    source = topology.add_source("feed", SkewedSource())
+    count = topology.reduce("count", lambda total, one: total + one, parallelism=4)
+    count.set_input(source, partitioning=sl.SESSION_TABLE)
+    topology.add_sink("out", ExactlyOnceSink()).set_input(count)
+    return topology
+
+
+async def test_the_balance_policy_moves_segments_off_the_crowded_instance(paced: asyncio.Event) -> None:
+    """30 of the 36 keys start on count.0: the heartbeats carry the source's segment loads, the balancer
+    moves segments off count.0 live (same attempt), and every key's running totals are 1..n, in order."""
+    settings = AdaptSettings(frozenset({"balance"}), interval=0.5, cooldown=60)
+    async with SimulatedCluster(workers=2, capacity=8) as cluster:
+        job = await cluster.submit(skewed_counts, checkpoint_interval=0.2, adapt=settings)
+        await job.wait_for("RUNNING")
+        await job.wait_for("RECONFIGURING")
+        await job.wait_for("RUNNING")
+        layout = await cluster.store.get(paths.layout("skewed"))
+        paced.set()
+        outcome = await job.outcome()
+        decisions = await cluster.store.children(paths.decisions("skewed"))
+        first = await cluster.store.get(f"{paths.decisions('skewed')}/{decisions[0]}")
+    assert layout is not None
+    owners = SegmentTable.from_data(layout[0]["tables"]["count"]).owners
+    before = SegmentTable.contiguous(128, 4).owners
+    moved = sum(now != then for now, then in zip(owners, before, strict=True))
+    assert first is not None
+    assert len(decisions) == 1  # the cooldown outlasts the job
+    assert (first[0]["policy"], first[0]["action"]) == ("balance", f"move {moved} segments of count")
+    assert first[0]["reason"].endswith(f"by moving {moved} segments")
+    per_instance = Counter(owners[segment_of(key, 128)] for key in SKEWED)
+    assert max(per_instance.values()) < 30  # count.0 no longer holds 30 keys
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    totals: dict[str, list[int]] = {}
+    for record in outcome.committed["out"]:
+        totals.setdefault(record.key, []).append(record.value)
+    assert totals == {key: list(range(1, Paced.emitted // len(SKEWED) + 1)) for key in SKEWED}
