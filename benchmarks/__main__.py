@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import checkpoint, cluster, cpu, latency, rescale, routing, spark, tcp, windows, wordcount
+from benchmarks import balance, checkpoint, cluster, cpu, latency, rescale, routing, spark, tcp, windows, wordcount
 from benchmarks.common import emit
 
 
 def main() -> None:
     """Run one benchmark and print its line."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    names = ["wordcount", "latency", "windows", "checkpoint", "tcp", "cluster", "spark", "routing", "rescale", "cpu"]
+    names = [
+        "wordcount",
+        "latency",
+        "windows",
+        "checkpoint",
+        "tcp",
+        "cluster",
+        "spark",
+        "routing",
+        "rescale",
+        "cpu",
+        "balance",
+    ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="default 5 (checkpoint: 7)")
@@ -29,6 +41,8 @@ def main() -> None:
         line = tcp.main(args.records or 2_000_000, args.repeats)
     elif args.name == "spark":
         line = spark.main(args.records or 200_000, args.repeats)
+    elif args.name == "balance":
+        line = balance.main(args.repeats)
     elif args.name == "cpu":
         line = cpu.main(min(args.repeats, 3))
     elif args.name == "rescale":

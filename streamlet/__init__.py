@@ -16,9 +16,10 @@ from streamlet.connectors.files import FileSink, FileSource, read_file_sink
 from streamlet.connectors.kafka import KafkaError, KafkaSink, KafkaSource
 from streamlet.connectors.spark import SparkSink
 from streamlet.core.model.clock import Clock
-from streamlet.core.model.constants import LATE
+from streamlet.core.model.constants import LATE, SHED
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, Partitioning, stable_hash
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
+from streamlet.core.model.qos import QoS
 from streamlet.core.model.record import DeadLetter, FiredWindowRecord, Record, WindowRecord
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sinks import CallbackSink, CollectSink, RestorePoint, Sink, SinkContext, SinkWriter
@@ -52,6 +53,8 @@ from streamlet.errors import (
 __all__ = (
     "AdaptSettings",
     "BROADCAST",
+    "QoS",
+    "SHED",
     "balance_segments",
     "LATE",
     "ROUND_ROBIN",

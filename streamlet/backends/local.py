@@ -67,7 +67,7 @@ def run(
         pass
     else:
         raise JobError("streamlet.run() was called inside a running event loop; use 'async with streamlet.start(...)'")
-    check_adapt(adapt)
+    check_adapt(adapt, topology)
     run_job = partial(_run_job, topology, options, adapt)
     return anyio.run(run_job, backend="asyncio", backend_options=_backend_options(use_uvloop))
 
@@ -106,10 +106,12 @@ def cpu_turns(scheduling: str | None) -> Callable[[float], int] | None:
     return SCHEDULING[scheduling]
 
 
-def check_adapt(adapt: AdaptSettings | None) -> None:
+def check_adapt(adapt: AdaptSettings | None, topology: Topology) -> None:
     """Refuse what an embedded job cannot adapt by (before anything starts)."""
     if adapt is not None and "rebalance" in adapt.policies:
         raise JobError("the rebalance policy spreads instances over workers: it needs a cluster")
+    if adapt is not None and "shed" in adapt.policies and topology.qos is None:
+        raise JobError(f"the shed policy keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
 
 
 async def _run_job(topology: Topology, options: dict[str, Any], adapt: AdaptSettings | None) -> JobResult:
@@ -177,7 +179,7 @@ async def start(
     options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
     options["from_savepoint"] = from_savepoint
     options["cpu_turns"] = cpu_turns(cpu_scheduling)
-    check_adapt(adapt)
+    check_adapt(adapt, topology)
     factory = channel_factory or LocalChannel
     async with open_job(topology, channel_factory=factory, **options) as job, adapting(job, adapt):
         yield job

@@ -9,7 +9,9 @@ changes:
   (``job.move_segments``);
 - ``autoscale``: DS2 from the instances' true rates (``job.rescale``). On one
   event loop more instances add no CPU: it helps tasks that wait (I/O-bound
-  work), not CPU-bound ones; a cluster adds workers.
+  work), not CPU-bound ones; a cluster adds workers;
+- ``shed``: when neither changed anything, the shed policy sets the share the
+  sources shed under the topology's QoS (``job.shed``).
 
 Every ``interval`` seconds one window closes and at most one decision is
 taken; it is appended to ``job.decisions`` with its policy and reason, and
@@ -29,6 +31,7 @@ import structlog
 from streamlet.adaptation.autoscale import ds2, node_rates, windows
 from streamlet.adaptation.session_table import DEFAULT_TOLERANCE, Balancing, balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
+from streamlet.adaptation.shedding import decide, window_signals
 from streamlet.core.runtime.job import Job
 from streamlet.errors import ReconfigurationError
 
@@ -72,6 +75,8 @@ class LocalAdaptation:
             decision = await self._autoscale(self._base[0], current[0], seconds)
         if decision is None and "balance" in self.settings.policies:
             decision = await self._balance(self._base[1], current[1])
+        if decision is None and "shed" in self.settings.policies:
+            decision = self._shed(self._base[0], current[0], seconds)
         if decision is not None:
             decision = {"at": time.time(), **decision}
             self.job.decisions.append(decision)
@@ -104,6 +109,20 @@ class LocalAdaptation:
             action = f"rescale {scaling.task} {scaling.current} -> {scaling.instances}"
             return {"policy": "autoscale", "action": action, "reason": scaling.reason}
         return None
+
+    def _shed(
+        self, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], seconds: float
+    ) -> dict[str, Any] | None:
+        topology = self.job.topology
+        if topology.qos is None:
+            return None
+        edges = sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
+        latency, held_back = window_signals(before, after, seconds, edges)
+        shedding = decide(topology.qos, self.job.shed_ratio, latency, held_back)
+        if shedding is None:
+            return None
+        self.job.shed(shedding.ratio)
+        return {"policy": "shed", "action": f"shed {shedding.ratio:.0%} at the sources", "reason": shedding.reason}
 
     async def _balance(self, before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, Any] | None:
         for task, counts in after.items():

@@ -702,7 +702,7 @@ def test_submit_with_a_bad_job_name_is_refused(tmp_path: Path) -> None:
     [
         (
             ["--adapt", "autoscale,shrink"],
-            "JobError: no adaptation policy called 'shrink' (there are ['autoscale', 'balance', 'rebalance'])",
+            "JobError: no adaptation policy called 'shrink' (there are ['autoscale', 'balance', 'rebalance', 'shed'])",
         ),
         (
             ["--adapt", "autoscale", "--bounds", "count=4"],

@@ -46,7 +46,10 @@ async def submit_and_wait(
             if spec["checkpoint"] is None:
                 raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
             spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, spec)
-        name = jobs.check_job_name(submission.job or jobs.topology_of(spec).name)
+        topology = jobs.topology_of(spec)
+        if "shed" in (submission.adapt or {}).get("policies", ()) and topology.qos is None:
+            raise JobError(f"--adapt shed keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
+        name = jobs.check_job_name(submission.job or topology.name)
         await jobs.submit(store, name, spec, secret)
         status = await jobs.job_status(store, name)
         if not wait:

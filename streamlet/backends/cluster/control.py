@@ -13,7 +13,10 @@ asked for a policy and has no change under way or waiting:
   policy's first move becomes a migration request;
 - ``balance``: for a task fed through ``SESSION_TABLE`` edges, the segment
   loads its senders counted in the window go to the session-table balancer
-  (``adaptation.session_table``); its moves become one segment-move request.
+  (``adaptation.session_table``); its moves become one segment-move request;
+- ``shed``: when nothing above decided (no capacity to add), the shed policy
+  (``adaptation.shedding``) sets the share the sources shed under the job's
+  QoS, in ``/jobs/<job>/shed``; every worker running a part applies it.
 
 A decision is recorded under ``/jobs/<job>/decisions/`` with its policy and
 reason (``jobs --json`` lists them) and logged. After one, the job is left
@@ -34,6 +37,7 @@ import structlog
 from streamlet.adaptation.autoscale import ds2, node_rates, windows
 from streamlet.adaptation.session_table import balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
+from streamlet.adaptation.shedding import decide, window_signals
 from streamlet.backends.cluster import jobs, paths, rebalancing, reconfigure
 from streamlet.backends.cluster.lifecycle import JobState, state_of
 from streamlet.backends.cluster.paths import ReconfigureRequest
@@ -41,6 +45,7 @@ from streamlet.backends.cluster.registry import workers
 from streamlet.backends.cluster.scheduler import live, live_loads
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore
+from streamlet.core.model.qos import QoS
 from streamlet.core.model.topology import Topology
 from streamlet.errors import CoordinationError, NodeExists, ReconfigurationError
 
@@ -146,6 +151,10 @@ class AdaptationLoop:
             decision = await self._balance(job, topology, layout, base, current)
             if decision is not None:
                 return decision
+        if "shed" in settings.policies and topology.qos is not None:
+            decision = await self._shed(job, topology, topology.qos, base, current)
+            if decision is not None:
+                return decision
         if "rebalance" in settings.policies:
             moves = await rebalancing.planned_moves(self.store, job, now)
             if moves:
@@ -196,6 +205,26 @@ class AdaptationLoop:
                 return await self._carry_out(job, "balance", request, action, balancing.reason)
         return None
 
+    async def _shed(self, job: str, topology: Topology, qos: QoS, base: Beats, current: Beats) -> dict[str, Any] | None:
+        found = await self.store.get(paths.shedding(job))
+        now_shedding = 0.0 if found is None else float(found[0]["ratio"])
+        edges = sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
+        latency, held_back = 0.0, 0.0
+        for worker, (at, snapshots) in current.items():
+            before = base.get(worker)
+            if before is not None:
+                part_latency, part_held = window_signals(before[1], snapshots, at - before[0], edges)
+                latency, held_back = max(latency, part_latency), max(held_back, part_held)
+        shedding = decide(qos, now_shedding, latency, held_back)
+        if shedding is None:
+            return None
+        data = {"ratio": shedding.ratio, "at": self.clock()}
+        if found is None:
+            await self.store.create(paths.shedding(job), data)
+        else:
+            await self.store.set(paths.shedding(job), data)
+        return await self._record(job, "shed", f"shed {shedding.ratio:.0%} at the sources", shedding.reason)
+
     async def _carry_out(
         self, job: str, policy: str, request: ReconfigureRequest, action: str, reason: str
     ) -> dict[str, Any] | None:
@@ -204,6 +233,10 @@ class AdaptationLoop:
             await self.store.create(paths.reconfigure_request(job), request)
         except NodeExists:
             return None
+        return await self._record(job, policy, action, reason)
+
+    async def _record(self, job: str, policy: str, action: str, reason: str) -> dict[str, Any]:
+        """Keep the decision under the job's decisions, and log it."""
         decision = {"at": self.clock(), "policy": policy, "action": action, "reason": reason}
         await self.store.ensure(paths.decisions(job))
         await self.store.create(f"{paths.decisions(job)}/d-", decision, sequence=True)

@@ -244,6 +244,11 @@ def reconfigure_request(name: str) -> str:
     return f"{JOBS}/{name}/reconfigure"
 
 
+def shedding(name: str) -> str:
+    """The share of its records the job's sources shed now, as the shed policy set it (see ``control``)."""
+    return f"{JOBS}/{name}/shed"
+
+
 def decisions(name: str) -> str:
     """The adaptation loop's decisions about the job, one sequential child each (see ``control``)."""
     return f"{JOBS}/{name}/decisions"

@@ -727,7 +727,7 @@ class SimulatedCluster:
         top = what.split("/")[0]
         if top in ("", "spec", "state", "assignment", "started", "done", "kill", "reconfigure", "reconfigurations"):
             self._leader_wake.set()
-        if top in ("", "state", "assignment", "reconfigurations"):
+        if top in ("", "state", "assignment", "reconfigurations", "shed"):
             for worker in self._workers.values():
                 worker.wake.set()
         history = self._histories.get(job)

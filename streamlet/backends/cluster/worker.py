@@ -122,6 +122,7 @@ class WorkerJobs:
                 group.start_soon(self._run_job, job, attempt, version, assignment)
         for job, attempt in list(self.jobs):
             await self._take_up_changes(job, attempt, group)
+            await self._follow_shedding(job, attempt)
 
     async def _join_running(
         self, job: str, uid: str, assignment: Assignment, version: int, group: anyio.abc.TaskGroup
@@ -161,6 +162,18 @@ class WorkerJobs:
                 continue  # another attempt's, or one from before this worker joined the attempt
             if await self.zk.get(f"{base}/done/{self.me}") is None:
                 group.start_soon(self._reconfigure, job, attempt, change)
+
+    async def _follow_shedding(self, job: str, attempt: int) -> None:
+        """Shed at this part's sources the share the leader's shed policy set for the job (``paths.shedding``)."""
+        running = self.jobs.get((job, attempt))
+        qos = None if running is None else running.topology.qos
+        if running is None or qos is None:
+            return
+        found = await self.zk.get(paths.shedding(job))
+        ratio = 0.0 if found is None else min(float(found[0]["ratio"]), qos.max_shed_ratio)
+        if ratio != running.shed_ratio:
+            running.shed(ratio)
+            log.info("shedding", job=job, ratio=ratio, worker=self.me)
 
     async def _reconfigure(self, job: str, attempt: int, change: Reconfiguration) -> None:
         """Wire this worker's part of ``change``, wait until every worker has, run it, report; stop with

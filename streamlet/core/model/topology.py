@@ -15,6 +15,7 @@ from streamlet.core.model import graph
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.partition import ROUND_ROBIN, Partitioning, PartitionSpec
 from streamlet.core.model.ports import PortDeclarer
+from streamlet.core.model.qos import QoS
 from streamlet.core.model.record import Record
 from streamlet.core.model.segments import DEFAULT_SEGMENTS
 from streamlet.core.model.sinks import CallbackSink, Sink
@@ -130,8 +131,17 @@ class Topology:
         self.edges: list[Edge] = []
         self.max_iterations: int | None = None
         self.loop_limits: dict[str, int] = {}
+        self.qos: QoS | None = None
 
     # -- building ---------------------------------------------------------
+
+    def set_qos(self, qos: QoS) -> Topology:
+        """The job's quality of service: the latency to keep and what the ``shed`` policy may shed for it
+        (see :class:`streamlet.QoS`). Records shed at a source go to its ``SHED`` port when one is connected."""
+        if not isinstance(qos, QoS):
+            raise TopologyError(f"set_qos takes a streamlet.QoS, got {qos!r:.80}")
+        self.qos = qos
+        return self
 
     def add_source(
         self,

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, Protocol, TypeVar
 
 from streamlet.core.model import graph
-from streamlet.core.model.constants import LATE
+from streamlet.core.model.constants import LATE, SHED
 from streamlet.errors import TopologyError
 
 
@@ -85,8 +85,8 @@ def _check_edges(topology: TopologyData) -> None:
             )
         if upstream.outputs == 0:
             raise TopologyError(f"{upstream.describe()} has no output ports but feeds '{downstream.name}'")
-        if edge.out_port == LATE and upstream.kind == "task":
-            continue
+        if (edge.out_port, upstream.kind) in ((LATE, "task"), (SHED, "source")):
+            continue  # a task's late records, a source's shed ones
         if not 0 <= edge.out_port < upstream.outputs:
             raise TopologyError(
                 f"{upstream.describe()} has {_ports(upstream.outputs, 'output')} but output port "

@@ -25,6 +25,7 @@ import anyio
 import structlog
 
 from streamlet.core.model.clock import Clock
+from streamlet.core.model.constants import SHED
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.record import (
     Barrier,
@@ -42,6 +43,7 @@ from streamlet.core.model.sources import SourceContext, SourceReader
 from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.outputs import RoutedOutputs
+from streamlet.core.runtime.shedding import Shedder, split_snapshot
 from streamlet.core.runtime.statistics import InstanceCounters
 from streamlet.core.runtime.watermarks import InputWatermarks, WatermarkGenerator
 from streamlet.core.state.participant import Section
@@ -175,6 +177,7 @@ class SourceInstance(Instance):
         self._idle = False  # told downstream that it reads nothing (Watermarks(idle_after=...))
         self._idle_due = False  # the idle timer fired while the read waited
         self._flush_due = False  # woken to reach a batch boundary: flush before reading again
+        self.shedder: Shedder | None = None  # load shedding (a job with a QoS): its share is set from outside
 
     def stop(self) -> None:
         """End the source early: stop reading, then end the stream downstream."""
@@ -218,8 +221,13 @@ class SourceInstance(Instance):
             await maybe_await(self._reader.checkpoint_complete(epoch, snapshot))
 
     def restore(self, snapshot: Any) -> None:
-        """Start reading at the position ``snapshot`` (seeked when the reader opens)."""
-        self.restore_position = snapshot
+        """Start reading at the position ``snapshot`` (seeked when the reader opens), and replay the records
+        it held back (load shedding with ``recover``) first."""
+        self.restore_position, held = split_snapshot(snapshot)
+        if held:
+            if self.shedder is None:
+                self.shedder = Shedder(recover=True, preserve_order=True)
+            self.shedder.held.extend(held)
 
     async def run(self) -> None:
         """Read until the source is exhausted or stopped, then send end-of-stream."""
@@ -276,24 +284,21 @@ class SourceInstance(Instance):
             if self._flush_due:
                 self._flush_due = False
                 await outputs.flush()  # a route switch asked for meanwhile goes out before the next read
-            batch = None
             on_idle = self.env.on_idle
             if on_idle is not None:
                 on_idle()  # ``settle`` looks once this task waits (here: in read, when nothing is ready)
-            timer = None
-            if idle_after is not None and not self._idle:  # quiet that long since the last batch: idle
-                timer = self.env.clock.call_at(last_data + idle_after, self._idle_timer_fired)
             began = perf_counter()
-            try:
-                with anyio.CancelScope() as scope:  # only the read is cancellable: sends are never cut
-                    self._read_scope = scope
-                    batch = await reader.read(size)
-            finally:
-                if timer is not None:
-                    timer.cancel()
-            self._read_scope = None
+            shedder = self.shedder
+            batch: Batch | None
+            if shedder is not None and shedder.preserve_order and shedder.replaying():
+                batch, cancelled = shedder.take_held(size), False  # held records go before any newer one
+            else:
+                batch, cancelled = await self._read(reader, size, idle_after, last_data)
+                if batch:
+                    self.counters.records_in += len(batch)
+                    if shedder is not None:
+                        batch = await self._shed(shedder, batch, size)
             if batch:
-                self.counters.records_in += len(batch)
                 read = perf_counter()
                 outputs.emit_batch(batch)
                 await outputs.flush()
@@ -301,13 +306,53 @@ class SourceInstance(Instance):
                 if self.watermarks is not None:
                     last_data = self.env.clock.now()
                     await self._send_watermark(batch)
-            elif batch is None and not scope.cancelled_caught:
+            elif batch is None and not cancelled:
+                await self._replay_all()
                 return
             elif self._idle_due:
                 self._idle_due, self._idle = False, True
                 await outputs.forward_watermark(Watermark(-math.inf, idle=True))
             if self._barriers:
                 await self._inject_barriers(reader)
+
+    async def _read(
+        self, reader: SourceReader, size: int, idle_after: float | None, last_data: float
+    ) -> tuple[Batch | None, bool]:
+        """One read: (the batch, whether it was interrupted); only the read is cancellable, sends never are."""
+        timer = None
+        if idle_after is not None and not self._idle:  # quiet that long since the last batch: idle
+            timer = self.env.clock.call_at(last_data + idle_after, self._idle_timer_fired)
+        batch = None
+        try:
+            with anyio.CancelScope() as scope:
+                self._read_scope = scope
+                batch = await reader.read(size)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._read_scope = None
+        return batch, scope.cancelled_caught
+
+    async def _shed(self, shedder: Shedder, batch: Batch, size: int) -> Batch:
+        """What is left of ``batch`` to emit: the shed share held back or sent to the SHED port, and (replaying,
+        order not kept) some held records mixed in."""
+        kept, shed = shedder.split(batch)
+        if shed:
+            self.counters.shed += len(shed)
+            if shedder.recover:
+                shedder.held.extend(shed)
+            elif self.outputs.connected(SHED):
+                self.outputs.emit_batch(shed, port=SHED)
+        if shedder.replaying():
+            kept.extend(shedder.take_held(size))
+        return kept
+
+    async def _replay_all(self) -> None:
+        """The source ended: records still held go out now (the load that made them wait is over)."""
+        shedder = self.shedder
+        while shedder is not None and shedder.held:
+            self.outputs.emit_batch(shedder.take_held(self.env.batch_size))
+            await self.outputs.flush()
 
     def _idle_timer_fired(self) -> None:
         self._idle_due = True
@@ -331,7 +376,8 @@ class SourceInstance(Instance):
         self._position = reader.position()
         while self._barriers:
             epoch = self._barriers.pop(0)
-            self._ack(epoch, self._position)
+            shedder = self.shedder
+            self._ack(epoch, self._position if shedder is None else shedder.snapshot(self._position))
             await self.outputs.flush()
             await self.outputs.broadcast(Barrier(epoch))
 

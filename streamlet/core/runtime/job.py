@@ -36,6 +36,7 @@ from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, def
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan, StateHandoff
 from streamlet.core.runtime.rescale import Reconfigurer
 from streamlet.core.runtime.routing import segment_loads
+from streamlet.core.runtime.shedding import Shedder
 from streamlet.core.runtime.statistics import InstanceSnapshot, JobStatistics, NodeStatistics, queue_state
 from streamlet.core.runtime.task_instance import TaskInstance
 from streamlet.core.state.checkpoints import Coordinator
@@ -128,6 +129,7 @@ class Job:
             refuse_cycles(topology, "a loop split between processes needs a quiescence detector (quiescence=...)")
         self.topology = topology
         self.decisions: list[dict[str, Any]] = []  # what an adaptation loop decided for this job, in order
+        self.shed_ratio = 0.0  # the share of records the sources shed now (see ``shed``)
         self.clock = clock or SystemClock()
         self._channel_factory = channel_factory
         self._channel_capacity = channel_capacity
@@ -214,6 +216,7 @@ class Job:
                 quiescence=self._quiescence, tables=tables,
             )  # fmt: skip
             plan = self._plan
+            self._attach_shedders(plan)
 
             def start_instance(instance: Instance) -> None:
                 instances.start_soon(self._guarded, instance.run, outer)
@@ -494,10 +497,31 @@ class Job:
                 instance.node.name, instance.index, instance.node.kind, counters.records_in,
                 instance.records_out(), counters.batches, counters.busy, counters.blocked,
                 0 if inbox is None else inbox.depth(), fill, queue_state(fill).value, list(counters.latency.counts),
-                segment_loads(instance.outputs.routes),
+                segment_loads(instance.outputs.routes), counters.shed,
             )  # fmt: skip
             snapshots.append(snapshot)
         return snapshots
+
+    def _attach_shedders(self, plan: PhysicalPlan) -> None:
+        qos = self.topology.qos
+        if qos is not None:  # every source can shed, at the share the shed policy sets (0 to begin with)
+            for instance in plan.all():
+                if isinstance(instance, SourceInstance):
+                    instance.shedder = Shedder(qos.recover, qos.preserve_order)
+
+    def shed(self, ratio: float) -> None:
+        """Shed ``ratio`` (0..the QoS's ``max_shed_ratio``) of every source's records from now on; 0 stops
+        shedding (and, with ``recover``, starts the replay of what was held)."""
+        qos = self.topology.qos
+        if qos is None:
+            raise JobError(f"job '{self.topology.name}' has no QoS: topology.set_qos(sl.QoS(...)) lets it shed")
+        if not 0 <= ratio <= qos.max_shed_ratio:
+            raise JobError(f"shed ratio must be within 0..{qos.max_shed_ratio} (the QoS's max_shed_ratio), not {ratio}")
+        self.shed_ratio = ratio
+        for instance in [] if self._plan is None else self._plan.all():
+            if isinstance(instance, SourceInstance) and instance.shedder is not None:
+                instance.shedder.ratio = ratio
+                instance.wake()  # a replay starts without waiting for the next read to return
 
     def segment_loads(self, task: str) -> list[int]:
         """Records sent so far into each key segment of ``task`` (cumulative), over its ``SESSION_TABLE``
@@ -533,6 +557,7 @@ class Job:
             dead_lettered=len(self._env.dead_letters),
             discarded=sum(d.sent for d in plan.discards) if plan else 0,
             late=sum(i.late_records() for i in everything if isinstance(i, TaskInstance)),
+            shed=sum(i.counters.shed for i in everything if isinstance(i, SourceInstance)),
             restarts=sum(i.failures for i in everything if isinstance(i, TaskInstance)),
             checkpoints=coordinator.completed if coordinator else 0,
             last_checkpoint=coordinator.last if coordinator else None,

@@ -7,7 +7,7 @@ from typing import Any
 
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.record import Batch, FiredWindowRecord, Marker, Record, Watermark, WindowRecord
-from streamlet.core.runtime.routing import Route
+from streamlet.core.runtime.routing import DiscardRoute, Route
 from streamlet.errors import PortError
 
 
@@ -27,11 +27,13 @@ class RoutedOutputs:
         adders: list[Callable[[Record], None]] | None = None,
         *,
         late: bool = False,
+        side: int = LATE,
         where: str = "this task",
     ) -> None:
-        # Ports by number: the declared ones from 0, and (with ``late``) the last one as LATE (-1). A dict
+        # Ports by number: the declared ones from 0, and (with ``late``) the last one as the side output
+        # ``side`` (a task's LATE, -1; a source's SHED, -2). A dict
         # rather than a list, so a port that was never declared (5, or -2) is a KeyError, never another port.
-        self._numbers = [*range(len(routes_by_port) - late), *([LATE] if late else [])]
+        self._numbers = [*range(len(routes_by_port) - late), *([side] if late else [])]
         self._ports = dict(zip(self._numbers, routes_by_port, strict=True))
         self._adders: dict[int, Callable[[Record], None]] = {}
         self.set_adders(adders if adders is not None else [routes[0].add for routes in routes_by_port])
@@ -74,9 +76,13 @@ class RoutedOutputs:
         except KeyError:
             raise self.no_port(port) from None
 
+    def connected(self, port: int) -> bool:
+        """Something is connected to ``port`` (records emitted there are not just discarded)."""
+        return not all(isinstance(route, DiscardRoute) for route in self._ports[port])
+
     def no_port(self, port: Any) -> PortError:
         """The error for emitting on ``port``, which this task did not declare."""
-        declared = [number for number in self._numbers if number != LATE]
+        declared = [number for number in self._numbers if number >= 0]
         late = " and LATE (-1)" if LATE in self._numbers else ""
         return PortError(
             f"{self.where}: emitted on output port {port!r}, but it has {len(declared)} output "

@@ -10,6 +10,7 @@ from typing import Any
 import anyio.abc
 
 from streamlet.core.model import graph
+from streamlet.core.model.constants import LATE, SHED
 from streamlet.core.model.record import Record
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sources import QueueSource, SourceContext
@@ -157,12 +158,13 @@ class _Builder:
             self.placement.expose(self.channel_name(edge_index, sender, receiver), inbox, channel)
 
     def make_outputs(self, node: Node, sender: int) -> RoutedOutputs:
-        port_count = node.outputs + (1 if node.kind == "task" else 0)  # tasks: + the late side output
+        side = {"task": LATE, "source": SHED}.get(node.kind)  # the side output, last: late or shed records
+        port_count = node.outputs + (0 if side is None else 1)
         routes: list[list[Route]] = [[] for _ in range(port_count)]
         edges: list[list[Edge | None]] = [[] for _ in range(port_count)]
         for edge_index, edge in enumerate(self.topology.edges):
             if edge.upstream == node.name:
-                port = edge.out_port % port_count
+                port = port_count - 1 if edge.out_port == side else edge.out_port
                 routes[port].append(self._route(edge_index, edge, sender))
                 edges[port].append(edge)
         for port in range(port_count):
@@ -173,7 +175,7 @@ class _Builder:
                 edges[port].append(None)
         where = f"{node.describe()} instance {sender}"
         outputs = (WindowOutputs if node.window is not None else RoutedOutputs)(
-            routes, late=node.kind == "task", where=where
+            routes, late=side is not None, side=LATE if side is None else side, where=where
         )
         adders = [
             [self._adder(edge, route, outputs) for edge, route in zip(edges[port], routes[port], strict=True)]

@@ -29,7 +29,8 @@ class JobStatistics:
     emitted on output ports nothing is connected to; ``late`` counts records
     that reached an event-time window after it closed (they went to the late
     output). ``checkpoints`` counts completed checkpoints and
-    ``last_checkpoint`` describes the newest (epoch, size, seconds).
+    ``last_checkpoint`` describes the newest (epoch, size, seconds); ``shed``
+    counts records the sources shed under the job's QoS.
     """
 
     job: str
@@ -43,6 +44,7 @@ class JobStatistics:
     last_checkpoint: Any
     wall_time: float
     running: bool
+    shed: int = 0  # records the sources shed to keep the job's QoS (held ones included)
 
 
 class QueueState(StrEnum):
@@ -114,10 +116,11 @@ class InstanceCounters:
     the input queue to the end of its processing. All are per batch, never per record.
     """
 
-    __slots__ = ("batches", "blocked", "busy", "latency", "records_in")
+    __slots__ = ("batches", "blocked", "busy", "latency", "records_in", "shed")
 
     def __init__(self) -> None:
         self.records_in = 0
+        self.shed = 0  # records a source shed (load shedding under a QoS)
         self.batches = 0
         self.busy = 0.0
         self.blocked = 0.0
@@ -147,6 +150,7 @@ class InstanceSnapshot:
     state: str
     latency: list[int]
     segments: dict[str, list[int]] = field(default_factory=dict)
+    shed: int = 0
 
     def to_data(self) -> dict[str, Any]:
         """Plain data (JSON, msgpack)."""

@@ -145,6 +145,7 @@ class Eager:
 
     stop: ClassVar[asyncio.Event]
     measured: ClassVar[asyncio.Event]
+    later: ClassVar[asyncio.Event] = asyncio.Event()  # 20 batches after that
     emitted: ClassVar[int] = 0
     batches: ClassVar[int] = 0
 
@@ -170,6 +171,8 @@ class Work(sl.Task):
         Eager.batches += 1
         if Eager.batches == 20:
             Eager.measured.set()
+        if Eager.batches == 40:
+            Eager.later.set()
 
 
 async def test_embedded_autoscale_gives_an_io_bound_bottleneck_more_instances() -> None:
@@ -191,3 +194,29 @@ async def test_embedded_autoscale_gives_an_io_bound_bottleneck_more_instances() 
     assert "had 1, bounds 1..3" in decision["reason"]
     assert instances == 3
     assert len(result.sink("out")) == Eager.emitted
+
+
+async def test_embedded_shedding_sheds_at_a_held_back_source_and_accounts_for_every_record() -> None:
+    """'work' holds the eager source back and cannot grow (no autoscale): the shed policy sheds 10% at the
+    source; what 'out' got and what went to the SHED port add up to what the source read."""
+    Eager.stop, Eager.measured, Eager.emitted, Eager.batches = asyncio.Event(), asyncio.Event(), 0, 0
+    Eager.later = asyncio.Event()
+    topology = sl.Topology("overloaded").set_qos(sl.QoS(max_latency=5.0, max_shed_ratio=0.5))
+    source = topology.add_source("feed", EagerSource())
+    work = topology.add_task("work", Work).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(work)
+    topology.add_sink("shed", sl.CollectSink()).set_input(source, out_port=sl.SHED)
+    async with sl.start(topology, batch_size=100) as job:
+        adaptation = LocalAdaptation(job, sl.AdaptSettings(frozenset({"shed"})))
+        await Eager.measured.wait()
+        decision = await adaptation.look()
+        ratio = job.shed_ratio
+        await Eager.later.wait()  # some batches read while shedding
+        Eager.stop.set()
+        result = await job.wait()
+    assert decision is not None
+    assert (decision["policy"], decision["action"]) == ("shed", "shed 10% at the sources")
+    assert decision["reason"].startswith("sources held back ")
+    assert ratio == 0.1
+    assert len(result.sink("shed")) == job.statistics().shed > 0
+    assert len(result.sink("out")) + len(result.sink("shed")) == Eager.emitted

@@ -206,3 +206,41 @@ async def test_the_balance_policy_moves_segments_off_the_crowded_instance(paced:
     for record in outcome.committed["out"]:
         totals.setdefault(record.key, []).append(record.value)
     assert totals == {key: list(range(1, Paced.emitted // len(SKEWED) + 1)) for key in SKEWED}
+
+
+def overloaded() -> sl.Topology:
+    """The bottleneck job with a QoS that lets it shed half its input; shed records kept apart, exactly once."""
+    topology = sl.Topology("overloaded").set_qos(sl.QoS(max_latency=5.0, max_shed_ratio=0.5))
+    source = topology.add_source("feed", PacedSource())
+    work = topology.add_task("work", Work).set_input(source)
+    topology.add_sink("out", ExactlyOnceSink()).set_input(work)
+    topology.add_sink("dropped", ExactlyOnceSink()).set_input(source, out_port=sl.SHED)
+    return topology
+
+
+async def test_the_shed_policy_sheds_at_the_sources_of_every_worker(paced: asyncio.Event) -> None:
+    """'work' holds the source back and may not grow: the leader sets a shed ratio of 10%, the worker
+    running the source applies it, and what 'out' and 'dropped' committed add up to what the source read."""
+    settings = AdaptSettings(frozenset({"shed"}), interval=0.5, cooldown=60)
+    async with SimulatedCluster(workers=1, capacity=8) as cluster:
+        job = await cluster.submit(overloaded, checkpoint_interval=0.2, adapt=settings)
+        await job.wait_for("RUNNING")
+        ratio, version = await cluster.store.wait_changed(paths.shedding("overloaded"), None)
+        while ratio is None:
+            ratio, version = await cluster.store.wait_changed(paths.shedding("overloaded"), version)
+        beat: int | None = None
+        while True:  # the next heartbeats, until one shows the source shedding
+            load, beat = await cluster.store.wait_changed(paths.load("worker-0"), beat)
+            if (load or {}).get("instances", {}).get("overloaded/feed.0", {}).get("shed", 0) > 0:
+                break
+        paced.set()
+        outcome = await job.outcome()
+        decisions = await cluster.store.children(paths.decisions("overloaded"))
+        first = await cluster.store.get(f"{paths.decisions('overloaded')}/{decisions[0]}")
+    assert ratio["ratio"] == 0.1
+    assert first is not None
+    assert (first[0]["policy"], first[0]["action"]) == ("shed", "shed 10% at the sources")
+    assert first[0]["reason"].startswith("sources held back ")
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert len(outcome.committed["dropped"]) > 0
+    assert len(outcome.committed["out"]) + len(outcome.committed["dropped"]) == Paced.emitted

@@ -1,0 +1,162 @@
+"""Zipf keys over 4 instances on a local cluster of 2 workers: SAME_KEY hashing against the session table.
+
+For each exponent (1.1, the headline, and 1.5 under ``s15``) two jobs of
+``benchmarks.balance_job`` run one after the other on the same cluster
+(ZooKeeper, a master, 2 workers, each its own process) for ``SECONDS``:
+``hashed`` (SAME_KEY, contiguous segment ranges, nothing moves) and
+``session`` (SESSION_TABLE with ``--adapt balance``: the leader's loop moves
+segments from the windows the heartbeats carry). Each instance of ``work``
+is a server of fixed capacity (see the job), so the fullest instance limits
+the job. Measured from two heartbeats of every worker, ``MEASURE_FROM`` and
+``MEASURE_TO`` seconds after the job runs (after the balancer converged):
+
+- ``imbalance_*``: max over mean of the records each instance of ``work``
+  processed in that window (``imbalance_pkg``: Partial Key Grouping's
+  routing rule applied to the same key sequence, computed, not run: it splits
+  a key's state over two instances and needs a merge step streamlet's keyed
+  tasks do not have);
+- ``speedstream_s_*``: the seed's S over the workers (CPU as a share of a
+  core, memory as a share of the machine's), from the same heartbeats;
+- ``records_per_s`` / ``baseline_records_per_s``: records processed per
+  second by all instances in the window, session table / hashing;
+- ``convergence_s``: from the job running to the balancer's last decision;
+- ``bound``: what no key -> instance mapping can beat, max(1, 4 x the top
+  key's share).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from benchmarks.balance_job import zipf_keys
+from streamlet.adaptation.session_table import imbalance, partial_key_grouping, speedstream_s
+from streamlet.adaptation.settings import AdaptSettings
+
+SECONDS = 24.0  # each job's run
+MEASURE_FROM, MEASURE_TO = 10.0, 20.0  # seconds after the job runs: the window the figures come from
+ADAPT = AdaptSettings(frozenset({"balance"}), interval=1.0, cooldown=2.0)
+Beat = dict[str, tuple[float, float, int, dict[str, Any]]]  # worker -> (time, cpu seconds, rss, instances)
+
+
+def main(repeats: int) -> dict[str, Any]:
+    """Both exponents, hashing and the session table, on one local cluster."""
+    from streamlet.backends.cluster import local_cluster
+
+    figures: dict[float, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        os.environ.update({
+            "STREAMLET_BENCH_SECONDS": str(SECONDS),
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+        })  # fmt: skip
+        state = local_cluster.up(root / "state", "balance", 2, 1, None, capacity=8)
+        try:
+            anyio.run(_ready, state)
+            for exponent, suffix in ((1.1, "11"), (1.5, "15")):
+                hashed = _run(state, f"hashed_{suffix}", None)
+                session = _run(state, f"session_{suffix}", ADAPT)
+                figures[exponent] = _compare(exponent, hashed, session)
+        finally:
+            local_cluster.down(root / "state")
+    line: dict[str, Any] = {"name": "balance", **figures[1.1], "s15": figures[1.5]}
+    return line
+
+
+async def _ready(state: Any) -> None:
+    from streamlet.backends.cluster.status import wait_until_ready
+
+    await wait_until_ready(state.zk, state.name, 2)
+
+
+def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
+    """Submit ``job``, take the two heartbeats of the window, wait for its end; what they show."""
+    from streamlet.backends.cluster import client
+
+    name = job.replace("_", "-")
+    settings = None if adapt is None else adapt.to_data()
+    submission = client.Submission(f"benchmarks.balance_job:{job}", name, {}, None, None, settings)
+    anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
+    running = _wait_state(state, name, {"RUNNING"})
+    time.sleep(max(0.0, running + MEASURE_FROM - time.time()))  # a benchmark driver waiting for its window
+    first = anyio.run(_beats, state)
+    time.sleep(max(0.0, running + MEASURE_TO - time.time()))
+    last = anyio.run(_beats, state)
+    _wait_state(state, name, {"FINISHED"})
+    status = {s["job"]: s for s in anyio.run(client.list_jobs, state.zk, state.name)}[name]
+    decisions = [d["at"] for d in status.get("decisions", [])]
+    return {
+        "window": _window(name, first, last),
+        "convergence_s": round(max(decisions) - running, 2) if decisions else 0.0,
+        "decisions": len(decisions),
+    }
+
+
+def _wait_state(state: Any, job: str, wanted: set[str]) -> float:
+    from streamlet.backends.cluster import client
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        states = {status["job"]: status["state"] for status in anyio.run(client.list_jobs, state.zk, state.name)}
+        if states.get(job) in wanted:
+            return time.time()
+        time.sleep(0.05)  # a benchmark driver polling the cluster, not a test
+    raise RuntimeError(f"job '{job}' did not reach {wanted}")
+
+
+async def _beats(state: Any) -> Beat:
+    from streamlet.backends.cluster.registry import workers
+    from streamlet.backends.cluster.zk import ZkStore
+
+    async with ZkStore(state.zk, state.name) as store:
+        views = await workers(store)
+    return {
+        view.worker_id: (float(load["ts"]), float(load["cpu_seconds"]), int(load["rss_bytes"]), load["instances"])
+        for view in views
+        if (load := view.load)
+    }
+
+
+def _window(job: str, first: Beat, last: Beat) -> dict[str, Any]:
+    """Per instance of 'work': records per second; per worker: CPU share and memory share."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    rates: dict[str, float] = {}
+    cpu, rss = [], []
+    for worker, (at, cpu_seconds, resident, instances) in last.items():
+        then = first[worker]
+        seconds = at - then[0]
+        cpu.append((cpu_seconds - then[1]) / seconds)
+        rss.append(resident / memory)
+        for name, snapshot in instances.items():
+            if name.startswith(f"{job}/work.") and name in then[3]:
+                rates[name] = (snapshot["records_in"] - then[3][name]["records_in"]) / seconds
+    return {"instances": dict(sorted(rates.items())), "cpu": cpu, "memory": rss}
+
+
+def _compare(exponent: float, hashed: dict[str, Any], session: dict[str, Any]) -> dict[str, Any]:
+    keys = zipf_keys(exponent, 200_000)
+    top = max(keys.count(key) for key in set(keys[:100])) / len(keys)
+    hashed_rates = list(hashed["window"]["instances"].values())
+    session_rates = list(session["window"]["instances"].values())
+    records, baseline = sum(session_rates), sum(hashed_rates)
+    return {
+        "records_per_s": round(records),
+        "baseline_records_per_s": round(baseline),
+        "ratio": round(records / baseline, 3),
+        "imbalance_hash": round(imbalance(hashed_rates), 3),
+        "imbalance_pkg": round(imbalance(partial_key_grouping(keys, 4)), 3),
+        "imbalance_session_table": round(imbalance(session_rates), 3),
+        "bound": round(max(1.0, 4 * top), 3),
+        "speedstream_s_hash": round(speedstream_s(hashed["window"]["cpu"], hashed["window"]["memory"]), 4),
+        "speedstream_s_session_table": round(speedstream_s(session["window"]["cpu"], session["window"]["memory"]), 4),
+        "convergence_s": session["convergence_s"],
+        "decisions": session["decisions"],
+        "instances_hash": [round(rate) for rate in hashed_rates],
+        "instances_session_table": [round(rate) for rate in session_rates],
+        "exponent": exponent,
+    }
