@@ -7,8 +7,9 @@ For each exponent (1.1, the headline, and 1.5 under ``s15``) two jobs of
 ``session`` (SESSION_TABLE with ``--adapt balance``: the leader's loop moves
 segments from the windows the heartbeats carry). Each instance of ``work``
 is a server of fixed capacity (see the job), so the fullest instance limits
-the job. Measured from two heartbeats of every worker, ``MEASURE_FROM`` and
-``MEASURE_TO`` seconds after the job runs (after the balancer converged):
+the job. Measured from heartbeats of every worker, in windows after the
+balancer converged (``LOADS_WINDOW`` in the paced phase, ``RATES_WINDOW`` in
+the closed-loop one, seconds after the job runs):
 
 - ``imbalance_*``: max over mean of the records each instance of ``work``
   processed in that window (``imbalance_pkg``: Partial Key Grouping's
@@ -16,7 +17,8 @@ the job. Measured from two heartbeats of every worker, ``MEASURE_FROM`` and
   a key's state over two instances and needs a merge step streamlet's keyed
   tasks do not have);
 - ``speedstream_s_*``: the seed's S over the workers (CPU as a share of a
-  core, memory as a share of the machine's), from the same heartbeats;
+  core, memory as a share of the machine's), from the heartbeats of the
+  paced phase (the same offered load for both: 20 000 records/s);
 - ``records_per_s`` / ``baseline_records_per_s``: records processed per
   second by all instances in the window, session table / hashing;
 - ``convergence_s``: from the job running to the balancer's last decision;
@@ -38,8 +40,9 @@ from benchmarks.balance_job import zipf_keys
 from streamlet.adaptation.session_table import imbalance, partial_key_grouping, speedstream_s
 from streamlet.adaptation.settings import AdaptSettings
 
-SECONDS = 24.0  # each job's run
-MEASURE_FROM, MEASURE_TO = 10.0, 20.0  # seconds after the job runs: the window the figures come from
+SECONDS = 26.0  # each job's run: paced for PACED_SECONDS, then as fast as it goes
+LOADS_WINDOW = (5.0, 11.0)  # seconds after the job runs: the paced window the workers' loads (S) come from
+RATES_WINDOW = (15.0, 24.0)  # and the closed-loop window of the throughput and imbalance figures
 ADAPT = AdaptSettings(frozenset({"balance"}), interval=1.0, cooldown=2.0)
 Beat = dict[str, tuple[float, float, int, dict[str, Any]]]  # worker -> (time, cpu seconds, rss, instances)
 
@@ -55,7 +58,9 @@ def main(repeats: int) -> dict[str, Any]:
             "STREAMLET_BENCH_SECONDS": str(SECONDS),
             "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
         })  # fmt: skip
-        state = local_cluster.up(root / "state", "balance", 2, 1, None, capacity=8)
+        # room for 3 instances a worker: the source and 4 instances of 'work' spread 3 + 2 (with more room
+        # the dispatcher co-locates all of 'work' with its source, and the second worker idles)
+        state = local_cluster.up(root / "state", "balance", 2, 1, None, capacity=3)
         try:
             anyio.run(_ready, state)
             for exponent, suffix in ((1.1, "11"), (1.5, "15")):
@@ -83,15 +88,16 @@ def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
     submission = client.Submission(f"benchmarks.balance_job:{job}", name, {}, None, None, settings)
     anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
     running = _wait_state(state, name, {"RUNNING"})
-    time.sleep(max(0.0, running + MEASURE_FROM - time.time()))  # a benchmark driver waiting for its window
-    first = anyio.run(_beats, state)
-    time.sleep(max(0.0, running + MEASURE_TO - time.time()))
-    last = anyio.run(_beats, state)
+    beats = []
+    for offset in (*LOADS_WINDOW, *RATES_WINDOW):
+        time.sleep(max(0.0, running + offset - time.time()))  # a benchmark driver waiting for its window
+        beats.append(anyio.run(_beats, state))
     _wait_state(state, name, {"FINISHED"})
     status = {s["job"]: s for s in anyio.run(client.list_jobs, state.zk, state.name)}[name]
     decisions = [d["at"] for d in status.get("decisions", [])]
     return {
-        "window": _window(name, first, last),
+        "loads": _window(name, beats[0], beats[1]),
+        "window": _window(name, beats[2], beats[3]),
         "convergence_s": round(max(decisions) - running, 2) if decisions else 0.0,
         "decisions": len(decisions),
     }
@@ -152,8 +158,10 @@ def _compare(exponent: float, hashed: dict[str, Any], session: dict[str, Any]) -
         "imbalance_pkg": round(imbalance(partial_key_grouping(keys, 4)), 3),
         "imbalance_session_table": round(imbalance(session_rates), 3),
         "bound": round(max(1.0, 4 * top), 3),
-        "speedstream_s_hash": round(speedstream_s(hashed["window"]["cpu"], hashed["window"]["memory"]), 4),
-        "speedstream_s_session_table": round(speedstream_s(session["window"]["cpu"], session["window"]["memory"]), 4),
+        "speedstream_s_hash": round(speedstream_s(hashed["loads"]["cpu"], hashed["loads"]["memory"]), 4),
+        "speedstream_s_session_table": round(speedstream_s(session["loads"]["cpu"], session["loads"]["memory"]), 4),
+        "cpu_hash": [round(share, 3) for share in hashed["loads"]["cpu"]],
+        "cpu_session_table": [round(share, 3) for share in session["loads"]["cpu"]],
         "convergence_s": session["convergence_s"],
         "decisions": session["decisions"],
         "instances_hash": [round(rate) for rate in hashed_rates],
