@@ -317,7 +317,9 @@ def _cluster_options(command: Any) -> Any:
     "--from-savepoint", default=None, type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="start from this savepoint (task names and state shapes must match; needs --checkpoint-interval)",
 )  # fmt: skip
-@click.option("--adapt", default=None, help="adaptation policies, comma-separated: autoscale, balance, rebalance, shed")
+@click.option(
+    "--adapt", default=None, help="adaptation policies, comma-separated: autoscale, balance, migrate, rebalance, shed"
+)
 @click.option("--bounds", multiple=True, help="TASK=LOW:HIGH instances autoscaling may give TASK, repeatable")
 @click.option("--adapt-interval", default=2.0, show_default=True, type=float, help="seconds per statistics window")
 @click.option("--adapt-cooldown", default=6.0, show_default=True, type=float, help="seconds after a decision")

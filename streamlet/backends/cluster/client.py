@@ -40,15 +40,15 @@ async def submit_and_wait(
     hosts: str, cluster: str, submission: Submission, wait: bool, seconds: float, secret: bytes
 ) -> dict[str, Any]:
     """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass)."""
+    spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
+    topology = jobs.topology_of(spec)
+    if "shed" in (submission.adapt or {}).get("policies", ()) and topology.qos is None:
+        raise JobError(f"--adapt shed keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
     async with ZkStore(hosts, cluster, secret=secret) as store:
-        spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
         if submission.from_savepoint is not None:
             if spec["checkpoint"] is None:
                 raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
             spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, spec)
-        topology = jobs.topology_of(spec)
-        if "shed" in (submission.adapt or {}).get("policies", ()) and topology.qos is None:
-            raise JobError(f"--adapt shed keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
         name = jobs.check_job_name(submission.job or topology.name)
         await jobs.submit(store, name, spec, secret)
         status = await jobs.job_status(store, name)

@@ -9,6 +9,8 @@ asked for a policy and has no change under way or waiting:
 - ``autoscale``: DS2 (``adaptation.autoscale``) says which task needs how many
   instances; the first such decision becomes a rescale request, as
   ``streamlet rescale`` would leave it;
+- ``migrate``: an OVERLOADED worker (its heartbeat says so) hands its hottest
+  instance to the least loaded worker (``adaptation.overload``);
 - ``rebalance``: when a worker joined (or the job is uneven), the rebalance
   policy's first move becomes a migration request;
 - ``balance``: for a task fed through ``SESSION_TABLE`` edges, the segment
@@ -35,6 +37,8 @@ import anyio
 import structlog
 
 from streamlet.adaptation.autoscale import ds2, node_rates, windows
+from streamlet.adaptation.overload import hand_off
+from streamlet.adaptation.rebalance import Migration
 from streamlet.adaptation.session_table import balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.adaptation.shedding import decide, window_signals
@@ -155,16 +159,16 @@ class AdaptationLoop:
             decision = await self._shed(job, topology, topology.qos, base, current)
             if decision is not None:
                 return decision
+        if "migrate" in settings.policies:
+            decision = await self._hand_off(job, base, current, now)
+            if decision is not None:
+                return decision
         if "rebalance" in settings.policies:
             moves = await rebalancing.planned_moves(self.store, job, now)
             if moves:
                 move = moves[0]
-                request = reconfigure.request_node(
-                    paths.task_of(move.instance), migrate=(move.index, move.target), by="rebalance"
-                )
                 reason = f"{move.instance}: {move.source} holds most of the job's instances, {move.target} fewest"
-                action = f"migrate {move.instance} to {move.target}"
-                return await self._carry_out(job, "rebalance", request, action, reason)
+                return await self._migrate(job, "rebalance", move, reason)
         return None
 
     async def _autoscale(
@@ -191,6 +195,27 @@ class AdaptationLoop:
             action = f"rescale {scaling.task} {scaling.current} -> {instances}"
             return await self._carry_out(job, "autoscale", request, action, scaling.reason)
         return None
+
+    async def _hand_off(self, job: str, base: Beats, current: Beats, now: float) -> dict[str, Any] | None:
+        views = live(await workers(self.store), now)
+        overloaded = {view.worker_id for view in views if (view.load or {}).get("overloaded")}
+        if not overloaded:
+            return None
+        cpu = {view.worker_id: float((view.load or {}).get("cpu_share", 0.0)) for view in views}
+        busy = {}
+        for worker, (at, snapshots) in current.items():
+            before = base.get(worker)
+            for window in [] if before is None else windows(before[1], snapshots, at - before[0]):
+                busy[f"{window.node}.{window.index}"] = window.busy / window.seconds
+        found = await rebalancing.situation(self.store, job, now)
+        handing = hand_off(cpu, overloaded, found.placed, busy, found.room, found.movable, found.may_run)
+        if handing is None:
+            return None
+        return await self._migrate(job, "migrate", handing.migration, handing.reason)
+
+    async def _migrate(self, job: str, policy: str, move: Migration, reason: str) -> dict[str, Any] | None:
+        request = reconfigure.request_node(paths.task_of(move.instance), migrate=(move.index, move.target), by=policy)
+        return await self._carry_out(job, policy, request, f"migrate {move.instance} to {move.target}", reason)
 
     async def _balance(
         self, job: str, topology: Topology, layout: Any, base: Beats, current: Beats

@@ -12,6 +12,8 @@ restart (it joins the running attempt with the first instance it gets).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from streamlet.adaptation.rebalance import Migration, rebalance
 from streamlet.backends.cluster import jobs, paths
@@ -30,8 +32,19 @@ from streamlet.backends.cluster.store import ClusterStore
 from streamlet.errors import ReconfigurationError
 
 
-async def planned_moves(store: ClusterStore, job: str, now: float) -> list[Migration]:
-    """The migrations that would spread running ``job`` evenly over the live workers (empty: it is even)."""
+@dataclass(frozen=True)
+class Situation:
+    """What the move policies read of a running job: where its instances run (``placed``), how many more
+    each live worker may take (``room``), which instances may move at all and where they may run."""
+
+    placed: dict[str, str]
+    room: dict[str, int]
+    movable: Callable[[str], bool]
+    may_run: Callable[[str, str], bool]
+
+
+async def situation(store: ClusterStore, job: str, now: float) -> Situation:
+    """Running ``job`` as the move policies see it (see :class:`Situation`)."""
     status = await jobs.job_status(store, job)
     if status["state"] != JobState.RUNNING.value:
         raise ReconfigurationError(f"job '{job}' is {status['state']}: only a RUNNING job is rebalanced")
@@ -56,7 +69,16 @@ async def planned_moves(store: ClusterStore, job: str, now: float) -> list[Migra
     def movable(instance: str) -> bool:
         return held[instance] not in finished and unchangeable(topology, paths.task_of(instance)) is None
 
-    return rebalance(held, room, movable, lambda instance, worker: worker in fitting[paths.task_of(instance)])
+    def may_run(instance: str, worker: str) -> bool:
+        return worker in fitting[paths.task_of(instance)]
+
+    return Situation(held, room, movable, may_run)
+
+
+async def planned_moves(store: ClusterStore, job: str, now: float) -> list[Migration]:
+    """The migrations that would spread running ``job`` evenly over the live workers (empty: it is even)."""
+    found = await situation(store, job, now)
+    return rebalance(found.placed, found.room, found.movable, found.may_run)
 
 
 async def carry_out(store: ClusterStore, job: str, moves: list[Migration], seconds: float) -> None:
