@@ -22,7 +22,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test,cluster,spark,kafka]'
+	$(BIN)/python -m pip install -q -e '.[test,cluster,spark,kafka,bench]'
 	@touch $(STAMP)
 
 # The cluster tests need a real ZooKeeper server (and Java); install Debian's when it is missing.

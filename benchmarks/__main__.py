@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import balance, checkpoint, cluster, cpu, latency, rescale, routing, spark, tcp, windows, wordcount
+from benchmarks import (
+    balance,
+    checkpoint,
+    cluster,
+    cpu,
+    latency,
+    rescale,
+    routing,
+    spark,
+    surge,
+    tcp,
+    windows,
+    wordcount,
+)
 from benchmarks.common import emit
 
 
@@ -23,11 +36,13 @@ def main() -> None:
         "rescale",
         "cpu",
         "balance",
+        "surge",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="default 5 (checkpoint: 7)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--plot", default=None, help="surge: write a PNG of the run to this file")
     args = parser.parse_args()
     if args.repeats is None:
         args.repeats = 7 if args.name == "checkpoint" else 5
@@ -41,6 +56,8 @@ def main() -> None:
         line = tcp.main(args.records or 2_000_000, args.repeats)
     elif args.name == "spark":
         line = spark.main(args.records or 200_000, args.repeats)
+    elif args.name == "surge":
+        line = surge.main(args.plot)
     elif args.name == "balance":
         line = balance.main(args.repeats)
     elif args.name == "cpu":

@@ -12,6 +12,11 @@ instance's true rate, rounded up. One decision reaches the right parallelism
 for a step change when rates are linear in instances (DS2 shows ≤ 3 in
 practice); bounds, a cooldown and a dead band keep it from flapping.
 
+Instances are sized to be 85 % busy at the target rate (``UTILIZATION``):
+sized to exactly its need, a task never drains the backlog a surge left,
+and DS2 flaps between too few instances (the backlog makes the source look
+faster) and too many.
+
 Everything here is a pure function: statistics snapshots in, decisions out.
 """
 
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Snapshot = Mapping[str, Any]  # an ``InstanceSnapshot.to_data()``
+UTILIZATION = 0.85  # how busy DS2 sizes instances to be at the target rate: the rest is headroom
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +114,13 @@ def ds2(
     parallelism: Mapping[str, int],
     bounds: Mapping[str, tuple[int, int]],
     dead_band: float = 0.1,
+    utilization: float = UTILIZATION,
 ) -> list[Scaling]:
     """The rescalings DS2 asks for: ``edges`` (upstream, downstream) of the job, ``rates`` from
     :func:`node_rates`, the tasks' ``parallelism`` now and their ``bounds`` (only tasks named there are
-    scaled). A task whose need is within ``dead_band`` (a share of one instance) of what it has, or that
-    measured nothing, keeps it."""
+    scaled). Instances are sized to be ``utilization`` busy at the target rate (headroom: a task sized to
+    exactly its need never drains a backlog, and flaps between too few and too many). A task whose need is
+    within ``dead_band`` (a share of one instance) of what it has, or that measured nothing, keeps it."""
     order = _upstream_first(edges, set(rates) | set(parallelism))
     target_out: dict[str, float] = {}
     decisions = []
@@ -130,13 +138,13 @@ def ds2(
         if name not in bounds or node.true_in <= 0:
             continue
         low, high = bounds[name]
-        need = target_in / node.true_in
+        need = target_in / (node.true_in * utilization)
         have = parallelism.get(name, node.instances)
         wanted = min(high, max(low, math.ceil(need - dead_band)))
         if wanted != have:
             reason = (
                 f"input {target_in:,.0f} rec/s needs {need:.2f} instances at {node.true_in:,.0f} rec/s per busy "
-                f"second each (DS2); had {have}, bounds {low}..{high}"
+                f"second each, {utilization:.0%} busy (DS2); had {have}, bounds {low}..{high}"
             )
             decisions.append(Scaling(name, have, wanted, reason))
     return decisions

@@ -37,6 +37,10 @@ class LoadMeter:
     clock: Callable[[], float] = time.monotonic
     _last: tuple[float, float] | None = field(default=None, init=False)  # (wall clock, cpu seconds)
 
+    def restart(self) -> None:
+        """Forget the last sample: the next report's CPU share is 0 and the one after measures afresh."""
+        self._last = None
+
     def __call__(self) -> dict[str, Any]:
         """The load report: CPU share, memory, per-instance queue depth, and the overload verdict."""
         report = self.sample()

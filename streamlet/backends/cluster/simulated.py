@@ -96,7 +96,7 @@ from streamlet.backends.cluster.election import LeaderElection
 from streamlet.backends.cluster.leader import Leader
 from streamlet.backends.cluster.lifecycle import JobState
 from streamlet.backends.cluster.load import LoadMeter
-from streamlet.backends.cluster.registry import WorkerRegistration
+from streamlet.backends.cluster.registry import WorkerRegistration, process_load
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree, read_all
 from streamlet.backends.cluster.worker import WorkerJobs
 from streamlet.core.model.record import Batch, Record
@@ -384,6 +384,7 @@ class _Worker:
     parts: WorkerJobs | None = None
     group: anyio.abc.TaskGroup | None = None
     alive: bool = True
+    meter: LoadMeter | None = None  # its heartbeats' load report
 
 
 class _JobParts(dict[tuple[str, int], Job]):
@@ -566,6 +567,21 @@ class SimulatedCluster:
         await group.start(self._host, worker)
         return worker_id
 
+    def set_cpu(self, worker_id: str, share: float) -> None:
+        """Make a live worker's heartbeats report ``share`` of a core from now on. Every simulated worker runs
+        in this process, so their CPU cannot tell them apart: a test says which one is busy. The worker's
+        OVERLOADED verdict then follows the real rule (CPU at 90 % of a core or more, and a full queue)."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.meter is None or not worker.alive:
+            raise JobError(f"no live worker called '{worker_id}' (live: {', '.join(self.workers) or 'none'})")
+        meter = worker.meter
+
+        def sample() -> dict[str, Any]:
+            return {**process_load(), "cpu_seconds": share * meter.clock()}  # share of a core per second
+
+        meter.sample, meter.cpu_limit = sample, LoadMeter.cpu_limit
+        meter.restart()
+
     async def _host(
         self, worker: _Worker, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -579,7 +595,7 @@ class SimulatedCluster:
                 registration = WorkerRegistration(worker.session, worker.worker_id, info)
                 worker.parts = WorkerJobs(worker.session, registration, server, client, self.secret)
                 # statistics as a real worker's beat has them; CPU overload never (every worker shares this process)
-                registration.load = LoadMeter(
+                registration.load = worker.meter = LoadMeter(
                     worker.parts.queue_depths, worker.parts.instance_statistics, cpu_limit=math.inf
                 )
                 worker.parts.jobs = _JobParts(partial(self._part_built, worker))

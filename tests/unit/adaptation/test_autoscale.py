@@ -36,15 +36,30 @@ def test_true_rates_come_from_busy_time_and_unblocked_time() -> None:
 
 
 def test_ds2_scales_the_bottleneck_up_and_the_idle_task_down_in_one_decision() -> None:
-    decisions = ds2(EDGES, node_rates(observed()), {"parse": 1, "count": 2}, {"parse": (1, 8), "count": (1, 8)})
+    bounds = {"parse": (1, 8), "count": (1, 8)}
+    decisions = ds2(EDGES, node_rates(observed()), {"parse": 1, "count": 2}, bounds, utilization=1.0)
     assert [(d.task, d.current, d.instances) for d in decisions] == [("parse", 1, 2), ("count", 2, 1)]
     assert decisions[0].reason == (
-        "input 10,000 rec/s needs 2.00 instances at 5,000 rec/s per busy second each (DS2); had 1, bounds 1..8"
+        "input 10,000 rec/s needs 2.00 instances at 5,000 rec/s per busy second each, 100% busy (DS2); "
+        "had 1, bounds 1..8"
     )
 
 
+def test_instances_are_sized_with_headroom() -> None:
+    """At 85 % busy (the default) parse needs 10 000 / (5 000 x 0.85) = 2.35 instances, so 3; count's
+    20 000/s over 20 000/s per instance needs 1.18: it keeps its 2."""
+    decisions = ds2(EDGES, node_rates(observed()), {"parse": 1, "count": 2}, {"parse": (1, 8), "count": (1, 8)})
+    assert decisions == [
+        Scaling(
+            "parse", 1, 3,
+            "input 10,000 rec/s needs 2.35 instances at 5,000 rec/s per busy second each, 85% busy (DS2); "
+            "had 1, bounds 1..8",
+        )
+    ]  # fmt: skip
+
+
 def test_bounds_cap_the_decision_and_unbounded_tasks_are_left_alone() -> None:
-    decisions = ds2(EDGES, node_rates(observed()), {"parse": 1, "count": 2}, {"count": (2, 4)})
+    decisions = ds2(EDGES, node_rates(observed()), {"parse": 1, "count": 2}, {"count": (2, 4)}, utilization=1.0)
     assert decisions == []  # parse is not scaled (no bounds), count needs 1 but may not go below 2
 
 
@@ -52,13 +67,14 @@ def test_a_need_within_the_dead_band_keeps_the_parallelism() -> None:
     busy_parse = [*observed()]
     busy_parse[1] = window("parse", 0, "task", 5_000, 10_000, 0.975)  # true 5 128/s: needs 1.95 -> 2
     busy_parse[0] = window("src", 0, "source", 5_000, 5_000, 0.1, blocked=0.5)
-    assert [d.instances for d in ds2(EDGES, node_rates(busy_parse), {"parse": 2}, {"parse": (1, 8)})] == []
+    assert ds2(EDGES, node_rates(busy_parse), {"parse": 2}, {"parse": (1, 8)}, utilization=1.0) == []
     needs_a_bit_more = [window("src", 0, "source", 10_600, 10_600, 0.1), *observed()[1:]]  # 10 600/s: 2.12
-    decisions = ds2(EDGES, node_rates(needs_a_bit_more), {"parse": 2}, {"parse": (1, 8)})
+    decisions = ds2(EDGES, node_rates(needs_a_bit_more), {"parse": 2}, {"parse": (1, 8)}, utilization=1.0)
     assert decisions == [
         Scaling(
             "parse", 2, 3,
-            "input 10,600 rec/s needs 2.12 instances at 5,000 rec/s per busy second each (DS2); had 2, bounds 1..8",
+            "input 10,600 rec/s needs 2.12 instances at 5,000 rec/s per busy second each, 100% busy (DS2); "
+            "had 2, bounds 1..8",
         )
     ]  # fmt: skip
 

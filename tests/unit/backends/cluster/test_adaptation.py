@@ -119,7 +119,7 @@ async def test_ds2_scales_the_bottleneck_up_to_its_bound_in_one_decision(paced: 
     assert (first[0]["policy"], first[0]["action"]) == ("autoscale", "rescale work 1 -> 3")
     needs = float(first[0]["reason"].split(" needs ")[1].split(" instances")[0])
     assert needs > 3
-    assert "per busy second each (DS2); had 1, bounds 1..3" in first[0]["reason"]
+    assert "per busy second each, 85% busy (DS2); had 1, bounds 1..3" in first[0]["reason"]
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
     assert len(outcome.committed["out"]) == Paced.emitted  # every record once
 
@@ -244,3 +244,30 @@ async def test_the_shed_policy_sheds_at_the_sources_of_every_worker(paced: async
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
     assert len(outcome.committed["dropped"]) > 0
     assert len(outcome.committed["out"]) + len(outcome.committed["dropped"]) == Paced.emitted
+
+
+async def test_an_overloaded_worker_hands_its_hottest_instance_to_the_least_loaded(paced: asyncio.Event) -> None:
+    """The whole job runs on worker-0, whose beats say 97 % of a core with 'work' backed up (OVERLOADED);
+    worker-1 says 10 %. With the migrate policy the loop moves work.0 (the only movable, and busiest,
+    instance) to worker-1, live, once; nothing lost or doubled."""
+    settings = AdaptSettings(frozenset({"migrate"}), interval=0.5, cooldown=60)
+    async with SimulatedCluster(workers=1, capacity=8) as cluster:
+        job = await cluster.submit(bottleneck, checkpoint_interval=0.2, adapt=settings)
+        await job.wait_for("RUNNING")
+        await cluster.add_worker()
+        cluster.set_cpu("worker-0", 0.97)
+        cluster.set_cpu("worker-1", 0.1)
+        await job.wait_for("RECONFIGURING")
+        _, reason = await job.wait_for("RUNNING")
+        paced.set()
+        outcome = await job.outcome()
+        decisions = await cluster.store.children(paths.decisions("bottleneck"))
+        first = await cluster.store.get(f"{paths.decisions('bottleneck')}/{decisions[0]}")
+    assert reason == "change 1 done: work.0 runs on worker-1"
+    assert first is not None
+    assert len(decisions) == 1
+    assert (first[0]["policy"], first[0]["action"]) == ("migrate", "migrate work.0 to worker-1")
+    assert first[0]["reason"].startswith("worker-0 is overloaded (CPU 97%, full queues): its hottest instance work.0")
+    assert first[0]["reason"].endswith("goes to worker-1 (CPU 10%)")
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert len(outcome.committed["out"]) == Paced.emitted
