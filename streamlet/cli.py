@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -169,14 +170,19 @@ def master_command(zk: str, name: str, master_id: str | None) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="address other workers reach this one on")
 @click.option("--capacity", default=8, show_default=True, type=click.IntRange(min=1), help="instances it takes")
 @click.option("--label", "labels", multiple=True, help="a label tasks can ask for (add_task(labels=...)), repeatable")
+@click.option(
+    "--heartbeat", default=1.0, show_default=True, type=click.FloatRange(min=0.1, max=2.0),
+    help="seconds between heartbeats (the adaptation loop's finest window)",
+)  # fmt: skip
 def worker_command(
-    zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...]
+    zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...], heartbeat: float
 ) -> None:
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
     from streamlet.backends.cluster.processes import run_worker
 
+    run = partial(run_worker, heartbeat=heartbeat)
     anyio.run(
-        run_worker, zk, name, worker_id or f"worker-{os.getpid()}", host, _secret(), capacity, sorted(labels),
+        run, zk, name, worker_id or f"worker-{os.getpid()}", host, _secret(), capacity, sorted(labels),
         backend_options={"use_uvloop": True},
     )  # fmt: skip
 

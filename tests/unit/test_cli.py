@@ -722,16 +722,6 @@ def test_submit_with_bad_adaptation_options_is_refused(tmp_path: Path, options: 
     assert (result.exit_code, result.stderr.strip()) == (1, f"error: {error}")
 
 
-def test_shedding_a_job_without_a_qos_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--adapt shed needs the topology's QoS: refused once the job's code is loaded, before ZooKeeper."""
-    monkeypatch.setenv("STREAMLET_SECRET", "00" * 32)
-    result = invoke("submit", str(WORDCOUNT), "--adapt", "shed", "--zk", "127.0.0.1:1", "--state-dir", str(tmp_path))
-    assert (result.exit_code, result.stderr.strip()) == (
-        1,
-        "error: JobError: --adapt shed keeps a QoS: topology 'wordcount' has none (topology.set_qos(...))",
-    )
-
-
 def test_kill_without_the_secret_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """kill needs the secret: from STREAMLET_SECRET or the state dir; without either, a clear error."""
     monkeypatch.delenv("STREAMLET_SECRET", raising=False)

@@ -40,16 +40,13 @@ async def submit_and_wait(
     hosts: str, cluster: str, submission: Submission, wait: bool, seconds: float, secret: bytes
 ) -> dict[str, Any]:
     """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass)."""
-    spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
-    topology = jobs.topology_of(spec)
-    if "shed" in (submission.adapt or {}).get("policies", ()) and topology.qos is None:
-        raise JobError(f"--adapt shed keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
-    async with ZkStore(hosts, cluster, secret=secret) as store:
+    async with ZkStore(hosts, cluster, secret=secret) as store:  # the secret is checked before any code is loaded
+        spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
         if submission.from_savepoint is not None:
             if spec["checkpoint"] is None:
                 raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
             spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, spec)
-        name = jobs.check_job_name(submission.job or topology.name)
+        name = jobs.check_job_name(submission.job or jobs.topology_of(spec).name)
         await jobs.submit(store, name, spec, secret)
         status = await jobs.job_status(store, name)
         if not wait:

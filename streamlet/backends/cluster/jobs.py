@@ -66,7 +66,9 @@ def check_job_name(job: str) -> str:
 async def submit(store: ClusterStore, job: str, spec: JobSpec, secret: bytes) -> None:
     """Record a signed job, SUBMITTED; the leader schedules it. The topology is loaded here first, to fail early."""
     check_job_name(job)
-    topology_of(spec)
+    topology = topology_of(spec)
+    if "shed" in (spec.get("adapt") or {}).get("policies", ()) and topology.qos is None:
+        raise JobError(f"--adapt shed keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
     await store.ensure(paths.JOBS)
     steps = [
         Create(paths.job(job), {"uid": spec["uid"]}),

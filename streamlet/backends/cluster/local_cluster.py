@@ -81,6 +81,7 @@ def up(
     zk: str | None,
     capacity: int = 8,
     labels: dict[str, list[str]] | None = None,
+    heartbeat: float = 1.0,
 ) -> ClusterState:
     """Start ZooKeeper (unless ``zk``), masters and workers (``labels`` by worker id); record them in ``state_dir``."""
     refuse_if_recorded(state_dir)
@@ -108,6 +109,7 @@ def up(
             state.processes.append({"role": "master", "id": f"master-{index}", "pid": process.pid})
         for index in range(workers):
             args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}", "--capacity", str(capacity)]
+            args += ["--heartbeat", str(heartbeat)]
             for label in (labels or {}).get(f"worker-{index}", []):
                 args += ["--label", label]
             process = start_process("worker", args, secret, state_dir / f"worker-{index}.log")

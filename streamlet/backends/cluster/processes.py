@@ -81,8 +81,9 @@ async def run_worker(
     capacity: int,
     labels: list[str] | None = None,
     session_timeout: float = SESSION_TIMEOUT,
+    heartbeat: float = 1.0,
 ) -> None:
-    """Serve data connections, register, and heartbeat until stopped."""
+    """Serve data connections, register, and heartbeat (every ``heartbeat`` seconds) until stopped."""
     async with (
         ZkStore(zk_hosts, cluster, session_timeout, secret=secret) as zk,
         DataServer(secret, host=host) as server,
@@ -91,7 +92,7 @@ async def run_worker(
         info: dict[str, Any] = {
             "host": host, "data_port": server.port, "capacity": capacity, "labels": labels or [], "pid": os.getpid(),
         }  # fmt: skip
-        registration = WorkerRegistration(zk, worker_id, info)
+        registration = WorkerRegistration(zk, worker_id, info, heartbeat=heartbeat)
         jobs = WorkerJobs(zk, registration, server, client, secret)
         registration.load = LoadMeter(jobs.queue_depths, jobs.instance_statistics)
         await registration.register()

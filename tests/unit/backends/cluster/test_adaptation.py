@@ -14,6 +14,7 @@ import streamlet as sl
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.backends.cluster import paths
 from streamlet.core.model.segments import SegmentTable, segment_of
+from streamlet.errors import JobError
 from streamlet.testing import ExactlyOnceSink, SimulatedCluster
 
 BATCH = 100
@@ -271,3 +272,9 @@ async def test_an_overloaded_worker_hands_its_hottest_instance_to_the_least_load
     assert first[0]["reason"].endswith("goes to worker-1 (CPU 10%)")
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
     assert len(outcome.committed["out"]) == Paced.emitted
+
+
+async def test_the_shed_policy_needs_a_qos() -> None:
+    async with SimulatedCluster(workers=1) as cluster:
+        with pytest.raises(JobError, match=r"--adapt shed keeps a QoS: topology 'bottleneck' has none"):
+            await cluster.submit(bottleneck, adapt=AdaptSettings(frozenset({"shed"})))
