@@ -108,8 +108,9 @@ def cpu_turns(scheduling: str | None) -> Callable[[float], int] | None:
 
 def check_adapt(adapt: AdaptSettings | None, topology: Topology) -> None:
     """Refuse what an embedded job cannot adapt by (before anything starts)."""
-    if adapt is not None and "rebalance" in adapt.policies:
-        raise JobError("the rebalance policy spreads instances over workers: it needs a cluster")
+    between_workers = sorted({"migrate", "rebalance"} & set(adapt.policies if adapt is not None else ()))
+    if between_workers:
+        raise JobError(f"the {between_workers[0]} policy moves instances between workers: it needs a cluster")
     if adapt is not None and "shed" in adapt.policies and topology.qos is None:
         raise JobError(f"the shed policy keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
 

@@ -132,9 +132,10 @@ async def test_the_adaptation_loop_balances_a_running_job() -> None:
     assert all(totals == list(range(1, len(totals) + 1)) for totals in finals.values())
 
 
-def test_rebalance_needs_a_cluster() -> None:
-    with pytest.raises(sl.JobError, match="the rebalance policy spreads instances over workers: it needs a cluster"):
-        sl.run(counting(), adapt=sl.AdaptSettings(frozenset({"rebalance"})))
+@pytest.mark.parametrize("policy", ["rebalance", "migrate"])
+def test_moving_instances_between_workers_needs_a_cluster(policy: str) -> None:
+    with pytest.raises(sl.JobError, match=f"the {policy} policy moves instances between workers: it needs a cluster"):
+        sl.run(counting(), adapt=sl.AdaptSettings(frozenset({policy})))
 
 
 WORK_RATE = 4_000  # records a second one instance of 'work' gets through: it awaits per batch (I/O-bound)
