@@ -81,7 +81,7 @@ class NodeRates:
     instances: int
     observed_in: float  # records per second, all instances
     observed_out: float
-    true_in: float  # records processed per busy second, per instance (sources: emitted per unblocked second)
+    true_in: float  # records processed per busy second, per instance (sources: read per unblocked second)
     selectivity: float  # records out per record in
 
 
@@ -96,9 +96,9 @@ def node_rates(observed: Sequence[InstanceWindow]) -> dict[str, NodeRates]:
         records_in = sum(w.records_in for w in group)
         records_out = sum(w.records_out for w in group)
         kind = group[0].kind
-        if kind == "source":  # what it emits when nothing holds it back
+        if kind == "source":  # what it reads when nothing holds it back (shed records too: offered input)
             free = sum(max(w.seconds - w.blocked, 0.0) for w in group)
-            true = records_out / free if free > 0 else 0.0
+            true = records_in / free if free > 0 else 0.0
             selectivity = 1.0
         else:
             busy = sum(w.busy for w in group)

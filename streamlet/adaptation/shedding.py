@@ -74,34 +74,37 @@ def decide(qos: QoS, current: float, latency: float, held_back: float, can_grow:
     still be added (then the autoscaler acts, not shedding)."""
     over = latency > qos.max_latency
     if (over or held_back >= HELD_BACK) and not can_grow:
-        ratio = min(qos.max_shed_ratio, max(current * 1.5, current + STEP))
+        ratio = min(qos.max_shed_ratio, round(max(current * 1.5, current + STEP), 4))
         if ratio <= current:
             return None  # at the QoS's limit already
         why = f"latency {latency:.3f} s over {qos.max_latency:g} s" if over else f"sources held back {held_back:.0%}"
-        return Shedding(current, round(ratio, 4), f"{why} and no capacity to add: shed {ratio:.0%}")
+        return Shedding(current, ratio, f"{why} and no capacity to add: shed {ratio:.0%}")
     if current > 0 and latency < qos.max_latency / 2 and held_back < FLOWING:
-        ratio = max(0.0, current - STEP)
-        return Shedding(current, round(ratio, 4), f"latency {latency:.3f} s, sources flowing: shed {ratio:.0%}")
+        ratio = max(0.0, round(current - STEP, 4))
+        return Shedding(current, ratio, f"latency {latency:.3f} s, sources flowing: shed {ratio:.0%}")
     return None
 
 
-def window_signals(
-    before: Mapping[str, Mapping[str, Any]],
-    after: Mapping[str, Mapping[str, Any]],
-    seconds: float,
-    edges: Sequence[tuple[str, str]],
-) -> tuple[float, float]:
-    """(the job's latency estimate, the largest share of the window a source was held back) from two sets
-    of instance snapshots (``"node.index"`` -> ``InstanceSnapshot.to_data()``) ``seconds`` apart."""
+def window_latency(
+    before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]], edges: Sequence[tuple[str, str]]
+) -> float:
+    """The job's latency estimate over a window, from two sets of instance snapshots (``"node.index"`` ->
+    ``InstanceSnapshot.to_data()``): give it every instance of the job, wherever it runs, so a path that
+    crosses workers sums its nodes."""
     histograms: dict[str, list[LatencyHistogram]] = {}
-    held_back = 0.0
     for name, now in after.items():
         then = before.get(name)
-        if then is None or seconds <= 0:
-            continue
-        window = LatencyHistogram(list(now["latency"])).since(LatencyHistogram(list(then["latency"])))
-        histograms.setdefault(str(now["node"]), []).append(window)
-        if now["kind"] == "source":
-            blocked = float(now["blocked"]) - float(then["blocked"])
-            held_back = max(held_back, blocked / seconds)
-    return path_latency(edges, node_p99(histograms)), held_back
+        if then is not None:
+            window = LatencyHistogram(list(now["latency"])).since(LatencyHistogram(list(then["latency"])))
+            histograms.setdefault(str(now["node"]), []).append(window)
+    return path_latency(edges, node_p99(histograms))
+
+
+def held_back(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]], seconds: float) -> float:
+    """The largest share of a window of ``seconds`` a source instance was blocked (0 with none measured)."""
+    shares = [
+        (float(now["blocked"]) - float(before[name]["blocked"])) / seconds
+        for name, now in after.items()
+        if now["kind"] == "source" and name in before and seconds > 0
+    ]
+    return max(shares, default=0.0)

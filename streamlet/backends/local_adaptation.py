@@ -31,9 +31,9 @@ import structlog
 from streamlet.adaptation.autoscale import ds2, node_rates, windows
 from streamlet.adaptation.session_table import DEFAULT_TOLERANCE, Balancing, balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
-from streamlet.adaptation.shedding import decide, window_signals
+from streamlet.adaptation.shedding import decide, held_back, window_latency
 from streamlet.core.runtime.job import Job
-from streamlet.errors import ReconfigurationError
+from streamlet.errors import JobError, ReconfigurationError
 
 log = structlog.get_logger("streamlet")
 
@@ -62,6 +62,8 @@ class LocalAdaptation:
                 await self.look()
             except ReconfigurationError as exc:  # the job ended or changed meanwhile: the next look sees
                 log.info("adaptation look skipped", job=self.job.topology.name, reason=str(exc))
+            except Exception as exc:  # noqa: BLE001 - a policy's failure must not take the job down with it
+                log.warning("adaptation look failed", job=self.job.topology.name, error=f"{type(exc).__name__}: {exc}")
 
     def restart_window(self) -> None:
         """Begin a new window of statistics now."""
@@ -87,6 +89,8 @@ class LocalAdaptation:
 
     def _window(self) -> Window:
         statistics = {f"{s.node}.{s.index}": s.to_data() for s in self.job.instance_statistics()}
+        if not statistics:
+            return statistics, {}  # nothing runs (the job failed to start: its own error says why)
         loads = {task: self.job.segment_loads(task) for task in session_tasks(self.job.topology)}
         return statistics, loads
 
@@ -117,8 +121,8 @@ class LocalAdaptation:
         if topology.qos is None:
             return None
         edges = sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
-        latency, held_back = window_signals(before, after, seconds, edges)
-        shedding = decide(topology.qos, self.job.shed_ratio, latency, held_back)
+        latency = window_latency(before, after, edges)
+        shedding = decide(topology.qos, self.job.shed_ratio, latency, held_back(before, after, seconds))
         if shedding is None:
             return None
         self.job.shed(shedding.ratio)
@@ -144,6 +148,8 @@ async def balance_segments(
     Returns the decision (``moves``, imbalance ``before`` and ``after``, ``reason``).
     """
     table = job.segment_table(task)
+    if loads is not None and len(loads) != table.segments:
+        raise JobError(f"task '{task}' has {table.segments} segments, but {len(loads)} segment loads were given")
     balancing = balance(job.segment_loads(task) if loads is None else loads, table.owners, table.instances, tolerance)
     if balancing.moves:
         await job.move_segments(task, balancing.table_moves())

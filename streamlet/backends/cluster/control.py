@@ -41,7 +41,7 @@ from streamlet.adaptation.overload import hand_off
 from streamlet.adaptation.rebalance import Migration
 from streamlet.adaptation.session_table import balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
-from streamlet.adaptation.shedding import decide, window_signals
+from streamlet.adaptation.shedding import decide, held_back, window_latency
 from streamlet.backends.cluster import jobs, paths, rebalancing, reconfigure
 from streamlet.backends.cluster.lifecycle import JobState, state_of
 from streamlet.backends.cluster.paths import ReconfigureRequest
@@ -155,10 +155,6 @@ class AdaptationLoop:
             decision = await self._balance(job, topology, layout, base, current)
             if decision is not None:
                 return decision
-        if "shed" in settings.policies and topology.qos is not None:
-            decision = await self._shed(job, topology, topology.qos, base, current)
-            if decision is not None:
-                return decision
         if "migrate" in settings.policies:
             decision = await self._hand_off(job, base, current, now)
             if decision is not None:
@@ -169,6 +165,8 @@ class AdaptationLoop:
                 move = moves[0]
                 reason = f"{move.instance}: {move.source} holds most of the job's instances, {move.target} fewest"
                 return await self._migrate(job, "rebalance", move, reason)
+        if "shed" in settings.policies and topology.qos is not None:  # the last resort: nothing else helped
+            return await self._shed(job, topology, topology.qos, base, current)
         return None
 
     async def _autoscale(
@@ -234,13 +232,17 @@ class AdaptationLoop:
         found = await self.store.get(paths.shedding(job))
         now_shedding = 0.0 if found is None else float(found[0]["ratio"])
         edges = sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
-        latency, held_back = 0.0, 0.0
+        everything_before: dict[str, dict[str, Any]] = {}
+        everything_now: dict[str, dict[str, Any]] = {}
+        blocked = 0.0
         for worker, (at, snapshots) in current.items():
             before = base.get(worker)
             if before is not None:
-                part_latency, part_held = window_signals(before[1], snapshots, at - before[0], edges)
-                latency, held_back = max(latency, part_latency), max(held_back, part_held)
-        shedding = decide(qos, now_shedding, latency, held_back)
+                everything_before.update(before[1])
+                everything_now.update(snapshots)
+                blocked = max(blocked, held_back(before[1], snapshots, at - before[0]))
+        latency = window_latency(everything_before, everything_now, edges)  # a path may cross workers
+        shedding = decide(qos, now_shedding, latency, blocked)
         if shedding is None:
             return None
         data = {"ratio": shedding.ratio, "at": self.clock()}

@@ -43,7 +43,7 @@ from streamlet.core.model.sources import SourceContext, SourceReader
 from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.outputs import RoutedOutputs
-from streamlet.core.runtime.shedding import Shedder, split_snapshot
+from streamlet.core.runtime.shedding import REPLAY_PATIENCE, Shedder, split_snapshot
 from streamlet.core.runtime.statistics import InstanceCounters
 from streamlet.core.runtime.watermarks import InputWatermarks, WatermarkGenerator
 from streamlet.core.state.participant import Section
@@ -201,8 +201,10 @@ class SourceInstance(Instance):
         self._interrupt_read()
 
     def reading(self) -> bool:
-        """The instance waits in its reader's ``read`` (for a queue: with nothing ready)."""
-        return self._read_scope is not None
+        """The instance waits in its reader's ``read`` (for a queue: with nothing ready) and has no held
+        records to replay."""
+        replaying = self.shedder is not None and self.shedder.replaying()
+        return self._read_scope is not None and not replaying
 
     def _interrupt_read(self) -> None:
         self._wake.set()
@@ -217,8 +219,8 @@ class SourceInstance(Instance):
 
     async def acknowledge(self, epoch: int, snapshot: Any) -> None:
         """Checkpoint ``epoch`` is saved with ``snapshot`` (this instance's position): tell the reader."""
-        if self._reader is not None:
-            await maybe_await(self._reader.checkpoint_complete(epoch, snapshot))
+        if self._reader is not None:  # the reader is told its own position, never the records held beside it
+            await maybe_await(self._reader.checkpoint_complete(epoch, split_snapshot(snapshot)[0]))
 
     def restore(self, snapshot: Any) -> None:
         """Start reading at the position ``snapshot`` (seeked when the reader opens), and replay the records
@@ -253,6 +255,7 @@ class SourceInstance(Instance):
             if self.env.event_time:
                 self.watermarks = WatermarkGenerator(self.node.watermarks or Watermarks(), reader)
             await self._pump(reader)
+            await self._replay_all()  # stopped early: what was held back still goes downstream
             await self._inject_barriers(reader)
             self._doing = "closing"
         finally:
@@ -293,11 +296,15 @@ class SourceInstance(Instance):
             if shedder is not None and shedder.preserve_order and shedder.replaying():
                 batch, cancelled = shedder.take_held(size), False  # held records go before any newer one
             else:
-                batch, cancelled = await self._read(reader, size, idle_after, last_data)
+                replaying = shedder is not None and shedder.replaying()  # then a quiet read must not stall it
+                patience = REPLAY_PATIENCE if replaying else None
+                batch, cancelled = await self._read(reader, size, idle_after, last_data, patience)
                 if batch:
                     self.counters.records_in += len(batch)
                     if shedder is not None:
                         batch = await self._shed(shedder, batch, size)
+                elif replaying and shedder is not None and (batch is not None or cancelled):
+                    batch = shedder.take_held(size)
             if batch:
                 read = perf_counter()
                 outputs.emit_batch(batch)
@@ -316,15 +323,18 @@ class SourceInstance(Instance):
                 await self._inject_barriers(reader)
 
     async def _read(
-        self, reader: SourceReader, size: int, idle_after: float | None, last_data: float
+        self, reader: SourceReader, size: int, idle_after: float | None, last_data: float, patience: float | None
     ) -> tuple[Batch | None, bool]:
-        """One read: (the batch, whether it was interrupted); only the read is cancellable, sends never are."""
+        """One read: (the batch, whether it was interrupted); only the read is cancellable, sends never are.
+        With ``patience``, a read that waits longer than that many seconds is interrupted too."""
         timer = None
         if idle_after is not None and not self._idle:  # quiet that long since the last batch: idle
             timer = self.env.clock.call_at(last_data + idle_after, self._idle_timer_fired)
         batch = None
         try:
             with anyio.CancelScope() as scope:
+                if patience is not None:
+                    scope.deadline = anyio.current_time() + patience
                 self._read_scope = scope
                 batch = await reader.read(size)
         finally:
@@ -343,6 +353,7 @@ class SourceInstance(Instance):
                 shedder.held.extend(shed)
             elif self.outputs.connected(SHED):
                 self.outputs.emit_batch(shed, port=SHED)
+                await self.outputs.flush()  # now: at a ratio of 1 nothing else would send them on
         if shedder.replaying():
             kept.extend(shedder.take_held(size))
         return kept

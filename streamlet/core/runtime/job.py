@@ -508,6 +508,7 @@ class Job:
             for instance in plan.all():
                 if isinstance(instance, SourceInstance):
                     instance.shedder = Shedder(qos.recover, qos.preserve_order)
+                    instance.shedder.ratio = self.shed_ratio  # a share set before the plan was built
 
     def shed(self, ratio: float) -> None:
         """Shed ``ratio`` (0..the QoS's ``max_shed_ratio``) of every source's records from now on; 0 stops

@@ -3,8 +3,11 @@
 The share (``ratio``) is set by the shed policy from outside; records are
 shed evenly through the stream (every k-th, by a running credit), so no key
 or stretch of time is singled out. Held records (``recover``) are replayed
-once the ratio is back at 0, and are part of the source's checkpoint, so a
-restore loses none of them.
+once the ratio is back at 0 (and when the source ends or is stopped), and
+are part of the source's checkpoint, so a restore loses none of them; they
+must be msgpack-encodable, as checkpointed state is. Nothing bounds how many
+are held: ``max_shed_ratio`` is the bound on the share, the overload's length
+on the count.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from streamlet.core.model.record import Batch, Record
 
 HELD = "streamlet.held"  # the key of a source snapshot that carries held records beside the reader's position
+REPLAY_PATIENCE = 0.01  # seconds a read may wait while held records are replayed, before the replay goes on
 
 
 class Shedder:

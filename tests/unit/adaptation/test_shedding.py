@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import streamlet as sl
-from streamlet.adaptation.shedding import decide, node_p99, path_latency, window_signals
+from streamlet.adaptation.shedding import decide, held_back, node_p99, path_latency, window_latency
 from streamlet.core.runtime.statistics import LatencyHistogram
 
 QOS = sl.QoS(max_latency=1.0, max_shed_ratio=0.5)
@@ -65,13 +65,27 @@ def snapshot(node: str, kind: str, blocked: float, latencies: list[float]) -> di
     return {"node": node, "kind": kind, "blocked": blocked, "latency": histogram.counts}
 
 
-def test_window_signals_from_two_sets_of_snapshots() -> None:
+def test_window_latency_and_held_back_from_two_sets_of_snapshots() -> None:
     before = {"in.0": snapshot("in", "source", 1.0, []), "work.0": snapshot("work", "task", 0, [0.001])}
     after = {
         "in.0": snapshot("in", "source", 2.5, []),
         "work.0": snapshot("work", "task", 0, [0.001, 0.3, 0.3]),
         "work.1": snapshot("work", "task", 0, [9.0]),  # added during the window: left out
     }
-    latency, held_back = window_signals(before, after, 2.0, [("in", "work")])
-    assert latency == 524288e-6  # the window's two 0.3 s batches, not the 1 ms one before it
-    assert held_back == 0.75  # blocked 1.5 s of 2
+    assert window_latency(before, after, [("in", "work")]) == 524288e-6  # the window's 0.3 s, not the 1 ms
+    assert held_back(before, after, 2.0) == 0.75  # blocked 1.5 s of 2
+
+
+def test_a_path_across_workers_sums_its_nodes() -> None:
+    """Snapshots of every worker merged: in and out on one worker, work on another, the path sums all three."""
+    before = {name: snapshot(name, "task", 0, []) for name in ("in", "work", "out")}
+    after = {name: snapshot(name, "task", 0, [0.1]) for name in ("in", "work", "out")}
+    edges = [("in", "work"), ("work", "out")]
+    merged = window_latency({f"{k}.0": v for k, v in before.items()}, {f"{k}.0": v for k, v in after.items()}, edges)
+    assert merged == pytest.approx(3 * 131072e-6)
+
+
+def test_a_rise_never_passes_the_qos_limit_after_rounding() -> None:
+    shedding = decide(sl.QoS(max_latency=1.0, max_shed_ratio=0.12345), 0.1, latency=2.0, held_back=0.0)
+    assert shedding is not None
+    assert shedding.ratio == 0.12345

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import streamlet as sl
+from streamlet.core.runtime.channel import LocalChannel
 from streamlet.core.runtime.shedding import Shedder, split_snapshot
 
 
@@ -128,3 +131,104 @@ def test_the_shed_policy_needs_a_qos() -> None:
     topology.add_sink("out", sl.CollectSink()).set_input(topology.add_source("in", [1]))
     with pytest.raises(sl.JobError, match="the shed policy keeps a QoS: topology 'plain' has none"):
         sl.run(topology, adapt=sl.AdaptSettings(frozenset({"shed"})))
+
+
+class Counted(sl.Source):
+    """Records 0..n-1 from a queue the test fills; the reader keeps the positions it is told were committed."""
+
+    def __init__(self) -> None:
+        self.committed: list[object] = []
+
+    def open(self, context: sl.SourceContext) -> sl.SourceReader:
+        return _Counted(self)
+
+
+class _Counted(sl.SourceReader):
+    def __init__(self, source: Counted) -> None:
+        self.source, self.sent = source, 0
+        self.queue: list[int] = []
+
+    async def read(self, max_records: int) -> list[sl.Record] | None:
+        batch = [sl.Record(n, n, None) for n in range(self.sent, self.sent + 10)]
+        self.sent += 10
+        return batch if self.sent <= 40 else None
+
+    def position(self) -> int:
+        return self.sent
+
+    def checkpoint_complete(self, epoch: int, position: object) -> None:
+        self.source.committed.append(position)
+
+
+async def test_a_reader_is_told_its_own_position_even_while_records_are_held(tmp_path: Path) -> None:
+    source = Counted()
+    topology = sl.Topology("held").set_qos(sl.QoS(max_latency=1.0, max_shed_ratio=0.5, recover=True))
+    topology.add_sink("out", sl.CollectSink()).set_input(topology.add_source("in", source))
+    async with sl.start(topology, batch_size=10, checkpoint_dir=tmp_path) as job:
+        job.shed(0.5)
+        result = await job.wait()
+    assert source.committed
+    assert all(isinstance(position, int) for position in source.committed)
+    assert sorted(r.value for r in result.sink("out")) == list(range(40))
+
+
+async def test_stopping_a_source_delivers_what_it_held() -> None:
+    qos = sl.QoS(max_latency=1.0, max_shed_ratio=0.5, recover=True, preserve_order=True)
+    async with sl.start(shedding_job(qos), batch_size=10) as job:
+        job.shed(0.5)
+        for value in range(20):
+            await job.send("in", value, value)
+        await job.settle()
+        await job.stop()
+        result = await job.wait()
+    assert [r.value for r in result.sink("out")] == [*range(0, 20, 2), *range(1, 20, 2)]
+
+
+async def test_a_share_set_before_the_job_runs_applies() -> None:
+    topology = sl.Topology("early").set_qos(sl.QoS(max_latency=1.0, max_shed_ratio=0.5))
+    source = topology.add_source("in", list(range(20)))
+    topology.add_sink("out", sl.CollectSink()).set_input(source)
+    topology.add_sink("shed", sl.CollectSink()).set_input(source, out_port=sl.SHED)
+    job = sl.Job(topology, channel_factory=LocalChannel, batch_size=10)
+    job.shed(0.5)  # as a worker does when the part exists but its plan is not built yet
+    result = await job.run()
+    assert [r.value for r in result.sink("shed")] == list(range(1, 20, 2))
+
+
+def watched_job(qos: sl.QoS) -> tuple[sl.Topology, list[int], list[int]]:
+    """in (sent by the test) -> out, and its shed records -> shed; both seen as they arrive."""
+    out: list[int] = []
+    shed: list[int] = []
+    topology = sl.Topology("watched").set_qos(qos)
+    source = topology.add_source("in", sl.QueueSource())
+    topology.add_sink("out", sl.CallbackSink(lambda record: out.append(record.value))).set_input(source)
+    topology.add_sink("shed", sl.CallbackSink(lambda record: shed.append(record.value))).set_input(
+        source, out_port=sl.SHED
+    )
+    return topology, out, shed
+
+
+async def test_a_quiet_source_replays_what_it_held_without_waiting_for_new_input() -> None:
+    topology, out, _ = watched_job(sl.QoS(max_latency=1.0, max_shed_ratio=0.5, recover=True))
+    async with sl.start(topology, batch_size=10) as job:
+        job.shed(0.5)
+        for value in range(20):
+            await job.send("in", value, value)
+        await job.settle()
+        job.shed(0)
+        await job.settle()  # no new input: the replay goes on by itself
+        delivered = sorted(out)
+        await job.close_source("in")
+    assert delivered == list(range(20))
+
+
+async def test_at_a_ratio_of_one_shed_records_reach_the_shed_port_while_the_job_runs() -> None:
+    topology, out, shed = watched_job(sl.QoS(max_latency=1.0, max_shed_ratio=1.0))
+    async with sl.start(topology, batch_size=10) as job:
+        job.shed(1.0)
+        for value in range(30):
+            await job.send("in", value, value)
+        await job.settle()
+        seen = list(shed)
+        await job.close_source("in")
+    assert (seen, out) == (list(range(30)), [])
