@@ -10,6 +10,7 @@ from benchmarks import (
     cluster,
     cpu,
     latency,
+    placement,
     rescale,
     routing,
     spark,
@@ -37,6 +38,7 @@ def main() -> None:
         "cpu",
         "balance",
         "surge",
+        "placement",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -58,6 +60,8 @@ def main() -> None:
         line = spark.main(args.records or 200_000, args.repeats)
     elif args.name == "surge":
         line = surge.main(args.plot)
+    elif args.name == "placement":
+        line = placement.main(args.repeats)
     elif args.name == "balance":
         line = balance.main(args.repeats)
     elif args.name == "cpu":
