@@ -34,7 +34,7 @@ EPS = 1e-9  # slack on CPU comparisons: a task that fits exactly must fit, float
 RATE_EPS = 1e-3  # the same on backup bytes/s (sums of 1e8-sized rates drift by far more than 1e-9)
 DEFAULT_TIME_LIMIT_S = 10.0
 INSTALL_HINT = "pip install 'streamlet[test]'"  # or [bench]: the extras that bring scipy
-SEARCH_PASSES = 2  # measured on 120 seed-like instances: a 3rd barely moved the gap, for up to 1/3 more time
+SEARCH_PASSES = 2  # measured on the benchmark's instances: a 3rd changed no plan (the search's budget is spent)
 ORDERS: tuple[Callable[[Task], tuple[float, ...]], ...] = (  # the greedy's task orders, see greedy_placement
     # the seed's: the tightest latency requirement first; then the largest, as a task placed late may find no
     # server with room; then the costliest to move, as a task placed late may have to restore over a link
@@ -185,6 +185,8 @@ class _State:
     host: list[int]
     rate: list[float]  # each task's backup traffic, bytes/s
     fastest_to: list[list[int]]  # for each server, the servers linked to it, fastest link first
+    inbound: list[float]  # for each server, its fastest link's bytes/s (0.0: none)
+    by_inbound: list[int]  # the servers with a link, fastest link first
 
 
 def _state(problem: Problem) -> _State:
@@ -193,6 +195,7 @@ def _state(problem: Problem) -> _State:
     bandwidth = [[0.0] * len(names) for _ in names]
     for (a, b), rate in problem.bandwidth.items():
         bandwidth[index[a]][index[b]] = bandwidth[index[b]][index[a]] = float(rate)
+    inbound = [max(row, default=0.0) for row in bandwidth]
     return _State(
         names,
         [max(0.0, server.cpu - server.load) for server in problem.servers],
@@ -201,6 +204,8 @@ def _state(problem: Problem) -> _State:
         [index[task.host] for task in problem.tasks],
         [task.backup_bytes / problem.checkpoint_interval_s for task in problem.tasks],
         [_fastest_first(row) for row in bandwidth],
+        inbound,
+        sorted((s for s, rate in enumerate(inbound) if rate > 0), key=lambda s: (-inbound[s], s)),
     )
 
 
@@ -210,16 +215,16 @@ def _fastest_first(links: list[float]) -> list[int]:
 
 def greedy_placement(problem: Problem, replicas: int = 1, *, seed_only: bool = False) -> Plan:
     """The seed's greedy controller, improved. Tasks in order of latency requirement (the seed's) each take
-    their best option with what is left (:func:`_best`); then a local search (:func:`_improve`) moves each
-    task that restores over a link or was left out to a better option, making room for it where that
-    lowers the total. The same again with the largest tasks first, and the better plan of the two is kept
-    (fewest tasks left out, then least restore time). ``seed_only``: the seed's greedy alone, without the
-    search or the second order (to measure what they add). Never proven optimal.
+    their best option with what is left (:func:`_best`); then a local search (``_backup_search.Search``)
+    moves each task that restores over a link or was left out to a better option, making room for it by an
+    ejection chain where that lowers the total. The same again with the largest tasks first, and the better
+    plan of the two is kept (fewest tasks left out, then least restore time). ``seed_only``: the seed's
+    greedy alone, without the search or the second order (to measure what they add). Never proven optimal.
 
-    Why two orders: with the seed's order a large task placed late can find no server with room where the
-    optimum places it (the benchmark: 4 of 59 instances, search included; 1 with both orders); largest
-    first rarely does, but restores more over links when the latency-critical tasks come late. Each run
-    takes a few milliseconds (120 tasks x 30 servers: 5 ms median, 20 ms on the hardest instance).
+    Why two orders: each order's search ends in a different local optimum, and the better of the two is
+    closer to the optimum (the benchmark: mean gap 2.8 % with both, 8.7 % with the seed's order alone). The
+    search's effort is bounded by a count of moves, so a run takes a few milliseconds (120 tasks x 30
+    servers: 6.7 ms median, 14 ms on the hardest instance) and gives the same plan on any machine.
 
     >>> servers = (Server("a", 4), Server("b", 4), Server("c", 4))
     >>> task = Task("count", host="a", cpu=1, backup_bytes=1e6, transfer_bytes=1e9)
@@ -228,14 +233,20 @@ def greedy_placement(problem: Problem, replicas: int = 1, *, seed_only: bool = F
     Placement(task='count', backups=('b',), redeploy='b', source='b', restore_s=0.0)
     """
     _check_replicas(problem, replicas)
-    plans = [
-        _greedy(problem, order, replicas, 0 if seed_only else SEARCH_PASSES) for order in ORDERS[: 1 + (not seed_only)]
-    ]
-    return min(plans, key=lambda plan: (len(plan.unplaced), plan.restore_s))  # the first on a tie: the seed's
+    from streamlet.adaptation._backup_search import Search  # here: it builds on this module's helpers
+
+    runs = [Search(problem, *_greedy(problem, order, replicas), replicas) for order in ORDERS[: 1 + (not seed_only)]]
+    for search in runs:
+        search.run(0 if seed_only else SEARCH_PASSES)
+    search = min(runs, key=lambda search: search.score())  # the first on a tie: the seed's
+    chosen = {i: option[1] for i, option in search.chosen.items()}
+    return _plan(problem, search.state, chosen, replicas, False, "greedy")
 
 
-def _greedy(problem: Problem, order: Callable[[Task], tuple[float, ...]], replicas: int, passes: int) -> Plan:
-    """One greedy run: the tasks in ``order`` each take their best option, then ``passes`` of search."""
+def _greedy(
+    problem: Problem, order: Callable[[Task], tuple[float, ...]], replicas: int
+) -> tuple[_State, dict[int, Option]]:
+    """The seed's greedy: the tasks in ``order`` each take their best option with what is left."""
     state = _state(problem)
     chosen: dict[int, Option] = {}
     for i in sorted(range(len(problem.tasks)), key=lambda i: order(problem.tasks[i])):
@@ -243,14 +254,14 @@ def _greedy(problem: Problem, order: Callable[[Task], tuple[float, ...]], replic
         if option is not None:
             _reserve(state, problem.tasks[i], i, option[1])
             chosen[i] = option
-    _improve(problem, state, chosen, replicas, passes)
-    return _plan(problem, state, {i: option[1] for i, option in chosen.items()}, replicas, False, "greedy")
+    return state, chosen
 
 
-def _best(task: Task, i: int, state: _State, replicas: int) -> Option | None:
+def _best(task: Task, i: int, state: _State, replicas: int, limit: float = math.inf) -> Option | None:
     """Task ``i``'s best option with what is left: a redeploy server that also holds a backup (no
     transfer), the least loaded then the best connected to the host (the seed's server order); else the
-    redeploy server with room that a backup server can restore to soonest, within the deadline."""
+    redeploy server with room that a backup server can restore to soonest, within the deadline; ``None`` if
+    there is none (or none restoring sooner than ``limit``)."""
     host, free, link = state.host[i], state.free, state.bandwidth[state.host[i]]
     room, rate = state.room[host], state.rate[i]
     local, key = -1, (-1.0, -1.0)
@@ -260,12 +271,18 @@ def _best(task: Task, i: int, state: _State, replicas: int) -> Option | None:
     if local >= 0 and (option := _at(task, i, state, local, replicas)) is not None:
         return option
     best: Option | None = None
-    for d, cores in enumerate(free):
-        if d == host or cores + EPS < task.cpu:  # as _at would say: checked here, the hot loop of the search
+    rank = (math.inf, 0.0, 0)  # best's: the soonest restore, then the most room left, then the first server
+    for d in state.by_inbound:
+        # no restore to d is faster than over its fastest link, and the servers come fastest link first: once
+        # even that loses, so do all the rest (the hot loop of the search, which calls this for each task moved)
+        soonest = task.transfer_bytes / state.inbound[d]
+        if soonest >= limit or soonest > rank[0]:
+            break
+        if d == host or free[d] + EPS < task.cpu or soonest > task.deadline_s:  # as _at would say, sooner
             continue
         option = _at(task, i, state, d, replicas)
-        if option is not None and (best is None or (option[0], -cores) < (best[0], -free[best[1][1]])):
-            best = option
+        if option is not None and option[0] < limit and (option[0], -free[d], d) < rank:
+            best, rank = option, (option[0], -free[d], d)
     return best
 
 
@@ -302,123 +319,6 @@ def _reserve(state: _State, task: Task, i: int, choice: Choice, sign: float = 1.
     state.free[redeploy] -= sign * task.cpu
     for s in backups:
         state.room[state.host[i]][s] -= sign * state.rate[i]
-
-
-def _improve(problem: Problem, state: _State, chosen: dict[int, Option], replicas: int, passes: int) -> None:
-    """Local search over ``chosen``, in place: in ``passes`` passes (fewer if one changes nothing), each
-    task that restores over a link or was left out, costliest first, takes a better option if one is free
-    now, or one :func:`_make_room` makes. A task that makes room may push another onto a link; the next
-    pass revisits it. Every change lowers the total restore time (or places one more task)."""
-    on: dict[int, set[int]] = {}  # redeploy server -> the tasks redeployed there
-    for i, (_, (_, d)) in chosen.items():
-        on.setdefault(d, set()).add(i)
-    for _ in range(passes):
-        costly = [i for i in range(len(problem.tasks)) if i not in chosen or chosen[i][0] > 0]
-        changed = [
-            _better(problem, state, chosen, on, i, replicas) for i in sorted(costly, key=lambda i: -_cost(chosen, i))
-        ]
-        if not any(changed):
-            return
-
-
-def _cost(chosen: dict[int, Option], i: int) -> float:
-    return chosen[i][0] if i in chosen else math.inf
-
-
-def _better(
-    problem: Problem, state: _State, chosen: dict[int, Option], on: dict[int, set[int]], i: int, replicas: int
-) -> bool:
-    """Give task ``i`` a better option if there is one (see :func:`_improve`); whether it got one."""
-    task, old, cost = problem.tasks[i], chosen.pop(i, None), _cost(chosen, i)
-    if old is not None:
-        cost = old[0]
-        _reserve(state, task, i, old[1], -1.0)
-        on[old[1][1]].discard(i)
-    new = _best(task, i, state, replicas)
-    if new is None or new[0] > 0:
-        new = _make_room(problem, state, chosen, on, i, cost if new is None else min(cost, new[0]), replicas) or new
-    better = new is not None and new[0] < cost
-    if not better:
-        new = old
-    if new is not None:
-        _reserve(state, task, i, new[1])
-        chosen[i] = new
-        on.setdefault(new[1][1], set()).add(i)
-    return better
-
-
-def _make_room(
-    problem: Problem,
-    state: _State,
-    chosen: dict[int, Option],
-    on: dict[int, set[int]],
-    i: int,
-    cost: float,
-    replicas: int,
-) -> Option | None:
-    """Room for task ``i`` (now costing ``cost``) on a server its host can back up to, made by moving one
-    task redeployed there (the smallest that frees enough) or several (the cheapest to move first) to
-    their best other options, when their added restore time is less than ``i`` saves. Applied (all but
-    ``i``'s own reservation) if found."""
-    tasks, task, host = problem.tasks, problem.tasks[i], state.host[i]
-    servers = [
-        d
-        for d in on
-        if d != host
-        and state.free[d] + EPS < task.cpu <= state.free[d] + math.fsum(tasks[j].cpu for j in on[d]) + EPS
-        and state.room[host][d] + RATE_EPS >= state.rate[i]
-    ]
-    for d in sorted(servers, key=lambda d: (task.cpu - state.free[d], d)):
-        deficit = task.cpu - state.free[d]
-        there = sorted(on[d], key=lambda j: (tasks[j].cpu, tasks[j].transfer_bytes, j))
-        tries = [[j] for j in there if tasks[j].cpu + EPS >= deficit]
-        tries.append(sorted(there, key=lambda j: (tasks[j].transfer_bytes, j)))
-        for moved in tries:
-            if (option := _move_for(problem, state, chosen, on, i, d, cost, moved, replicas)) is not None:
-                return option
-    return None
-
-
-def _move_for(
-    problem: Problem,
-    state: _State,
-    chosen: dict[int, Option],
-    on: dict[int, set[int]],
-    i: int,
-    d: int,
-    cost: float,
-    candidates: list[int],
-    replicas: int,
-) -> Option | None:
-    """Move ``candidates`` (as many as it takes) off ``d`` for task ``i``, if the total restore time drops;
-    else put everything back as it was."""
-    tasks, moved, after = problem.tasks, [], {}
-    for j in candidates:
-        if state.free[d] + EPS >= tasks[i].cpu:
-            break
-        _reserve(state, tasks[j], j, chosen[j][1], -1.0)
-        moved.append(j)
-    mine = _at(tasks[i], i, state, d, replicas)
-    if mine is not None and mine[0] < cost:
-        _reserve(state, tasks[i], i, mine[1])
-        for j in moved:
-            if (option := _best(tasks[j], j, state, replicas)) is None:
-                break
-            _reserve(state, tasks[j], j, option[1])
-            after[j] = option
-        _reserve(state, tasks[i], i, mine[1], -1.0)
-        before = cost + math.fsum(chosen[j][0] for j in moved)
-        if len(after) == len(moved) and mine[0] + math.fsum(o[0] for o in after.values()) < before * (1 - 1e-12):
-            for j, option in after.items():
-                on[chosen[j][1][1]].discard(j)
-                chosen[j] = option
-                on.setdefault(option[1][1], set()).add(j)
-            return mine
-    for j, option in after.items():
-        _reserve(state, tasks[j], j, option[1], -1.0)
-    for j in moved:
-        _reserve(state, tasks[j], j, chosen[j][1])
-    return None
 
 
 def _plan(

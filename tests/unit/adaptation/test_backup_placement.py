@@ -175,7 +175,7 @@ def test_the_greedy_is_deterministic() -> None:
 
 def test_the_greedy_gap_on_small_random_instances() -> None:
     """On 20 seeded 12-task x 9-server instances the greedy places as many tasks as the optimum and restores
-    within 5 % of it in all (measured 3.5 %); the seed's greedy alone, without the local search, leaves one
+    within 1 % of it in all (measured 0.64 %); the seed's greedy alone, without the local search, leaves one
     more task out once and is within 10 % where it does not (measured 9.7 %). The bounds sit just above the
     measured figures (everything here is deterministic) to catch a regression of either part."""
     exact, greedy, plain = [], [], []
@@ -187,7 +187,7 @@ def test_the_greedy_gap_on_small_random_instances() -> None:
     assert all(plan.optimal for plan in exact)
     assert [len(plan.unplaced) for plan in greedy] == [len(plan.unplaced) for plan in exact]
     assert all(e.restore_s <= g.restore_s * (1 + 1e-6) + 1e-9 for e, g in zip(exact, greedy, strict=True))
-    assert gap(greedy, exact) <= 0.05
+    assert gap(greedy, exact) <= 0.01
     assert sum(len(p.unplaced) > len(e.unplaced) for p, e in zip(plain, exact, strict=True)) == 1
     assert gap(plain, exact) <= 0.10
 
