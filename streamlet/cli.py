@@ -199,9 +199,20 @@ def cluster_group() -> None:
 @click.option("--name", default="default", show_default=True)
 @click.option("--capacity", default=8, show_default=True, type=click.IntRange(min=1), help="instances per worker")
 @click.option("--label", "labels", multiple=True, help="WORKER=LABEL, e.g. worker-1=gpu; repeatable")
+@click.option(
+    "--loopback-hosts", is_flag=True,
+    help="each worker on its own loopback address (127.0.0.2, 127.0.0.3, ...), as separate machines",
+)  # fmt: skip
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
 def cluster_up(
-    workers: int, masters: int, zk: str | None, name: str, capacity: int, labels: tuple[str, ...], state_dir: Path
+    workers: int,
+    masters: int,
+    zk: str | None,
+    name: str,
+    capacity: int,
+    labels: tuple[str, ...],
+    loopback_hosts: bool,
+    state_dir: Path,
 ) -> None:
     """Start ZooKeeper (unless --zk), the masters and the workers in the background."""
     from streamlet.backends.cluster import local_cluster
@@ -213,7 +224,9 @@ def cluster_up(
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     try:
-        state = local_cluster.up(state_dir, name, workers, masters, zk, capacity, by_worker)
+        state = local_cluster.up(
+            state_dir, name, workers, masters, zk, capacity, by_worker, loopback_hosts=loopback_hosts
+        )
         status = anyio.run(wait_until_ready, state.zk, name, workers)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         if (state_dir / local_cluster.STATE_FILE).exists():

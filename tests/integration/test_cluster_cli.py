@@ -286,3 +286,44 @@ def test_a_worker_added_while_a_job_runs_takes_a_share_of_it_by_rebalance(tmp_pa
         running.setdefault(key, []).append(value)
     totals = Counter(f"w{index % 41}" for index in range(20_000))
     assert running == {word: list(range(1, total + 1)) for word, total in totals.items()}
+
+
+SPREAD = """
+import streamlet as sl
+
+def build_topology():
+    topology = sl.Topology("spread")
+    source = topology.add_source("in", [(f"k{i % 7}", 1) for i in range(1000)])
+    tag = topology.map("tag", lambda record: (record.key, record.value), workers=["worker-0"]).set_input(source)
+    count = topology.reduce("count", lambda total, one: total + one, parallelism=2, workers=["worker-1"])
+    count.set_input(tag, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(count)
+    return topology
+"""
+
+
+def test_workers_on_loopback_addresses_of_their_own_run_a_job_across_them(tmp_path: Path) -> None:
+    """'cluster up --loopback-hosts': worker-0 serves on 127.0.0.2, worker-1 on 127.0.0.3 (as two machines
+    would); a keyed job whose 'tag' must run on worker-0 and whose count must run on worker-1 sends every
+    record from one address to the other, and ends with exact counts."""
+    with running_cluster(tmp_path, "--workers", "2", "--name", "hosts", "--loopback-hosts") as state:
+        assert [p.get("host") for p in state["processes"] if p["role"] == "worker"] == ["127.0.0.2", "127.0.0.3"]
+        status = json.loads(streamlet("cluster", "status", "--json", cwd=tmp_path).stdout)
+        addresses = {worker["id"]: worker["address"] for worker in status["workers"]}
+        assert addresses["worker-0"].startswith("127.0.0.2:")
+        assert addresses["worker-1"].startswith("127.0.0.3:")
+        job = tmp_path / "spread.py"
+        job.write_text(SPREAD, encoding="utf-8")
+        results = tmp_path / "spread.json"
+        done = streamlet("submit", str(job), "--job", "spread", "--results", str(results), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        listing = {j["name"]: j for j in json.loads(streamlet("jobs", "--json", cwd=tmp_path).stdout)}
+    assert listing["spread"]["state"] == "FINISHED"
+    placed = listing["spread"]["instances"]
+    assert (placed["tag.0"], placed["count.0"], placed["count.1"]) == ("worker-0", "worker-1", "worker-1")
+    running: dict[str, list[int]] = {}
+    for key, value, _ts in json.loads(results.read_text())["out"]:
+        running.setdefault(key, []).append(value)
+    assert {key: sorted(values) for key, values in running.items()} == {
+        f"k{n}": list(range(1, len(range(n, 1000, 7)) + 1)) for n in range(7)
+    }

@@ -73,6 +73,21 @@ def start_process(role: str, args: list[str], secret: bytes, log_file: Path) -> 
         )  # fmt: skip
 
 
+def loopback_host(index: int) -> str:
+    """Worker ``index``'s own loopback address: 127.0.0.2 for the first (127.0.0.1 is ZooKeeper's)."""
+    if not 0 <= index < 250:
+        raise ClusterError(f"no loopback address of its own for worker {index} (at most 250 workers)")
+    return f"127.0.0.{index + 2}"
+
+
+def worker_record(worker_id: str, pid: int, host: str | None) -> dict[str, Any]:
+    """What ``cluster.json`` keeps of a worker process (its own address, when it has one)."""
+    record: dict[str, Any] = {"role": "worker", "id": worker_id, "pid": pid}
+    if host is not None:
+        record["host"] = host
+    return record
+
+
 def up(
     state_dir: Path,
     name: str,
@@ -82,8 +97,13 @@ def up(
     capacity: int = 8,
     labels: dict[str, list[str]] | None = None,
     heartbeat: float = 1.0,
+    loopback_hosts: bool = False,
 ) -> ClusterState:
-    """Start ZooKeeper (unless ``zk``), masters and workers (``labels`` by worker id); record them in ``state_dir``."""
+    """Start ZooKeeper (unless ``zk``), masters and workers (``labels`` by worker id); record them in ``state_dir``.
+
+    With ``loopback_hosts`` each worker serves its data plane on a loopback address of its own
+    (``127.0.0.2``, ``127.0.0.3``, …), as separate machines would: nothing may assume one address.
+    """
     refuse_if_recorded(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     state_dir.chmod(0o700)  # the secret lives here: nobody else may list or read it
@@ -110,10 +130,13 @@ def up(
         for index in range(workers):
             args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}", "--capacity", str(capacity)]
             args += ["--heartbeat", str(heartbeat)]
+            host = loopback_host(index) if loopback_hosts else None
+            if host is not None:
+                args += ["--host", host]
             for label in (labels or {}).get(f"worker-{index}", []):
                 args += ["--label", label]
             process = start_process("worker", args, secret, state_dir / f"worker-{index}.log")
-            state.processes.append({"role": "worker", "id": f"worker-{index}", "pid": process.pid})
+            state.processes.append(worker_record(f"worker-{index}", process.pid, host))
         state.save(state_dir)
     except BaseException:
         down(state_dir)
@@ -126,12 +149,16 @@ def add_worker(state_dir: Path, capacity: int = 8, labels: list[str] | None = No
     registers itself: the leader places new work on it (new jobs, next attempts, stalled jobs) at once."""
     state = ClusterState.load(state_dir)
     taken = [int(p["id"].removeprefix("worker-")) for p in state.processes if str(p["id"]).startswith("worker-")]
-    worker_id = f"worker-{max(taken, default=-1) + 1}"
+    index = max(taken, default=-1) + 1
+    worker_id = f"worker-{index}"
     args = ["--zk", state.zk, "--name", state.name, "--id", worker_id, "--capacity", str(capacity)]
+    host = loopback_host(index) if any("host" in p for p in state.processes) else None  # as its peers
+    if host is not None:
+        args += ["--host", host]
     for label in labels or []:
         args += ["--label", label]
     process = start_process("worker", args, state.secret(), state_dir / f"{worker_id}.log")
-    state.processes.append({"role": "worker", "id": worker_id, "pid": process.pid})
+    state.processes.append(worker_record(worker_id, process.pid, host))
     state.save(state_dir)
     return worker_id
 
