@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from streamlet.core.model.topology import Topology
+
 Snapshot = Mapping[str, Any]  # an ``InstanceSnapshot.to_data()``
 UTILIZATION = 0.85  # how busy DS2 sizes instances to be at the target rate: the rest is headroom
 
@@ -53,6 +55,11 @@ class Scaling:
     current: int
     instances: int
     reason: str
+
+
+def node_edges(topology: Topology) -> list[tuple[str, str]]:
+    """The job's graph as the policies walk it: (upstream, downstream) node pairs, once each, sorted."""
+    return sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
 
 
 def windows(before: Mapping[str, Snapshot], after: Mapping[str, Snapshot], seconds: float) -> list[InstanceWindow]:

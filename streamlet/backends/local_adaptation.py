@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 import structlog
 
-from streamlet.adaptation.autoscale import ds2, node_rates, windows
+from streamlet.adaptation.autoscale import ds2, node_edges, node_rates, windows
 from streamlet.adaptation.session_table import DEFAULT_TOLERANCE, Balancing, balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.adaptation.shedding import decide, held_back, window_latency
@@ -100,7 +100,7 @@ class LocalAdaptation:
         from streamlet.backends.cluster.reconfigure import unchangeable  # the cluster's rule, imported when used
 
         topology = self.job.topology
-        edges = sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
+        edges = node_edges(topology)
         tasks = [name for name, node in topology.nodes.items() if node.kind == "task"]
         parallelism = {name: self.job.segment_table(name).instances for name in tasks}
         bounds = {
@@ -120,7 +120,7 @@ class LocalAdaptation:
         topology = self.job.topology
         if topology.qos is None:
             return None
-        edges = sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
+        edges = node_edges(topology)
         latency = window_latency(before, after, edges)
         shedding = decide(topology.qos, self.job.shed_ratio, latency, held_back(before, after, seconds))
         if shedding is None:

@@ -36,7 +36,7 @@ from typing import Any
 import anyio
 import structlog
 
-from streamlet.adaptation.autoscale import ds2, node_rates, windows
+from streamlet.adaptation.autoscale import ds2, node_edges, node_rates, windows
 from streamlet.adaptation.overload import hand_off
 from streamlet.adaptation.rebalance import Migration
 from streamlet.adaptation.session_table import balance, session_tasks
@@ -177,7 +177,7 @@ class AdaptationLoop:
             before = base.get(worker)
             if before is not None:
                 observed.extend(windows(before[1], snapshots, at - before[0]))
-        edges = sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
+        edges = node_edges(topology)
         parallelism = {name: node.parallelism for name, node in topology.nodes.items() if node.kind == "task"}
         bounds = {
             name: settings.bounds.get(name, (1, topology.nodes[name].max_parallelism))
@@ -231,7 +231,7 @@ class AdaptationLoop:
     async def _shed(self, job: str, topology: Topology, qos: QoS, base: Beats, current: Beats) -> dict[str, Any] | None:
         found = await self.store.get(paths.shedding(job))
         now_shedding = 0.0 if found is None else float(found[0]["ratio"])
-        edges = sorted({(edge.upstream, edge.downstream) for edge in topology.edges})
+        edges = node_edges(topology)
         everything_before: dict[str, dict[str, Any]] = {}
         everything_now: dict[str, dict[str, Any]] = {}
         blocked = 0.0

@@ -107,7 +107,6 @@ class UntilDecided(sl.Source):
 
 class _UntilDecided(sl.SourceReader):
     async def read(self, max_records: int) -> list[sl.Record] | None:
-        await asyncio.sleep(0)  # a turn for the others (the adaptation loop among them), not a pace
         if Feed.job is not None and Feed.job.decisions:
             return None
         Feed.sent.update(KEYS)

@@ -84,13 +84,18 @@ async def test_held_records_are_mixed_in_when_order_is_not_kept() -> None:
     assert (shed, count) == ([], 20)
 
 
-async def test_held_records_still_held_when_the_source_ends_go_out() -> None:
+@pytest.mark.parametrize("ending", ["the source ends", "the job stops it"])
+async def test_records_still_held_when_the_source_ends_or_stops_go_out(ending: str) -> None:
     qos = sl.QoS(max_latency=1.0, max_shed_ratio=0.5, recover=True, preserve_order=True)
     async with sl.start(shedding_job(qos), batch_size=10) as job:
         job.shed(0.5)
         for value in range(20):
             await job.send("in", value, value)
-        await job.close_source("in")
+        if ending == "the source ends":
+            await job.close_source("in")
+        else:
+            await job.settle()
+            await job.stop()
         result = await job.wait()
     assert [r.value for r in result.sink("out")] == [*range(0, 20, 2), *range(1, 20, 2)]
 
@@ -134,7 +139,7 @@ def test_the_shed_policy_needs_a_qos() -> None:
 
 
 class Counted(sl.Source):
-    """Records 0..n-1 from a queue the test fills; the reader keeps the positions it is told were committed."""
+    """Records 0..39 in batches of 10; it keeps the positions its reader is told were committed."""
 
     def __init__(self) -> None:
         self.committed: list[object] = []
@@ -146,7 +151,6 @@ class Counted(sl.Source):
 class _Counted(sl.SourceReader):
     def __init__(self, source: Counted) -> None:
         self.source, self.sent = source, 0
-        self.queue: list[int] = []
 
     async def read(self, max_records: int) -> list[sl.Record] | None:
         batch = [sl.Record(n, n, None) for n in range(self.sent, self.sent + 10)]
@@ -170,18 +174,6 @@ async def test_a_reader_is_told_its_own_position_even_while_records_are_held(tmp
     assert source.committed
     assert all(isinstance(position, int) for position in source.committed)
     assert sorted(r.value for r in result.sink("out")) == list(range(40))
-
-
-async def test_stopping_a_source_delivers_what_it_held() -> None:
-    qos = sl.QoS(max_latency=1.0, max_shed_ratio=0.5, recover=True, preserve_order=True)
-    async with sl.start(shedding_job(qos), batch_size=10) as job:
-        job.shed(0.5)
-        for value in range(20):
-            await job.send("in", value, value)
-        await job.settle()
-        await job.stop()
-        result = await job.wait()
-    assert [r.value for r in result.sink("out")] == [*range(0, 20, 2), *range(1, 20, 2)]
 
 
 async def test_a_share_set_before_the_job_runs_applies() -> None:

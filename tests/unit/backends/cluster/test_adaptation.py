@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
 import streamlet as sl
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.simulated import JobOutcome
 from streamlet.core.model.segments import SegmentTable, segment_of
 from streamlet.errors import JobError
 from streamlet.testing import ExactlyOnceSink, SimulatedCluster
@@ -125,24 +126,35 @@ async def test_ds2_scales_the_bottleneck_up_to_its_bound_in_one_decision(paced: 
     assert len(outcome.committed["out"]) == Paced.emitted  # every record once
 
 
+async def work_moved_by_the_loop(
+    settings: AdaptSettings, checkpoint_interval: float | None, cpu: dict[str, float] | None = None
+) -> tuple[str, dict[str, Any], JobOutcome]:
+    """The bottleneck job on worker-0, then worker-1 joins (with the CPU shares ``cpu`` says, if any); the
+    loop moves an instance, live: (the change's reason, the one decision, the outcome)."""
+    async with SimulatedCluster(workers=1, capacity=8) as cluster:
+        job = await cluster.submit(bottleneck, checkpoint_interval=checkpoint_interval, adapt=settings)
+        await job.wait_for("RUNNING")
+        await cluster.add_worker()
+        for worker, share in (cpu or {}).items():
+            cluster.set_cpu(worker, share)
+        await job.wait_for("RECONFIGURING")
+        _, reason = await job.wait_for("RUNNING")
+        Paced.stop.set()
+        outcome = await job.outcome()
+        decisions = await cluster.store.children(paths.decisions("bottleneck"))
+        first = await cluster.store.get(f"{paths.decisions('bottleneck')}/{decisions[0]}")
+    assert first is not None
+    assert len(decisions) == 1
+    return reason, first[0], outcome
+
+
 async def test_the_rebalance_policy_gives_a_joined_worker_its_share(paced: asyncio.Event) -> None:
     """The job runs on worker-0; worker-1 joins; with the rebalance policy on, the loop moves 'work' (the
     only instance that can move) to it, live, once: then 2 and 1 instances is as even as it gets."""
     settings = AdaptSettings(frozenset({"rebalance"}), interval=0.5, cooldown=0.5)
-    async with SimulatedCluster(workers=1, capacity=8) as cluster:
-        job = await cluster.submit(bottleneck, checkpoint_interval=None, adapt=settings)
-        await job.wait_for("RUNNING")
-        await cluster.add_worker()
-        await job.wait_for("RECONFIGURING")
-        _, reason = await job.wait_for("RUNNING")
-        paced.set()
-        outcome = await job.outcome()
-        decisions = await cluster.store.children(paths.decisions("bottleneck"))
-        first = await cluster.store.get(f"{paths.decisions('bottleneck')}/{decisions[0]}")
+    reason, decision, outcome = await work_moved_by_the_loop(settings, None)
     assert reason == "change 1 done: work.0 runs on worker-1"
-    assert first is not None
-    assert len(decisions) == 1
-    assert (first[0]["policy"], first[0]["action"]) == ("rebalance", "migrate work.0 to worker-1")
+    assert (decision["policy"], decision["action"]) == ("rebalance", "migrate work.0 to worker-1")
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
     assert len(outcome.committed["out"]) == Paced.emitted
 
@@ -153,7 +165,7 @@ SKEWED = CROWDED + [key for key in (f"user{n}" for n in range(2_000)) if segment
 
 
 class SkewedSource(sl.Source):
-    """Every key of SKEWED once per batch, until the test stops it (a turn for the others between batches)."""
+    """Every key of SKEWED once per batch, until the test stops it (backpressure gives the others their turn)."""
 
     def open(self, context: sl.SourceContext) -> sl.SourceReader:
         return _SkewedReader()
@@ -161,7 +173,6 @@ class SkewedSource(sl.Source):
 
 class _SkewedReader(sl.SourceReader):
     async def read(self, max_records: int) -> list[sl.Record] | None:
-        await asyncio.sleep(0)  # the loop's other tasks (the cluster's) get their turn; not a pace
         if Paced.stop.is_set():
             return None
         Paced.emitted += len(SKEWED)
@@ -252,24 +263,12 @@ async def test_an_overloaded_worker_hands_its_hottest_instance_to_the_least_load
     worker-1 says 10 %. With the migrate policy the loop moves work.0 (the only movable, and busiest,
     instance) to worker-1, live, once; nothing lost or doubled."""
     settings = AdaptSettings(frozenset({"migrate"}), interval=0.5, cooldown=60)
-    async with SimulatedCluster(workers=1, capacity=8) as cluster:
-        job = await cluster.submit(bottleneck, checkpoint_interval=0.2, adapt=settings)
-        await job.wait_for("RUNNING")
-        await cluster.add_worker()
-        cluster.set_cpu("worker-0", 0.97)
-        cluster.set_cpu("worker-1", 0.1)
-        await job.wait_for("RECONFIGURING")
-        _, reason = await job.wait_for("RUNNING")
-        paced.set()
-        outcome = await job.outcome()
-        decisions = await cluster.store.children(paths.decisions("bottleneck"))
-        first = await cluster.store.get(f"{paths.decisions('bottleneck')}/{decisions[0]}")
+    cpu = {"worker-0": 0.97, "worker-1": 0.1}
+    reason, decision, outcome = await work_moved_by_the_loop(settings, 0.2, cpu)
     assert reason == "change 1 done: work.0 runs on worker-1"
-    assert first is not None
-    assert len(decisions) == 1
-    assert (first[0]["policy"], first[0]["action"]) == ("migrate", "migrate work.0 to worker-1")
-    assert first[0]["reason"].startswith("worker-0 is overloaded (CPU 97%, full queues): its hottest instance work.0")
-    assert first[0]["reason"].endswith("goes to worker-1 (CPU 10%)")
+    assert (decision["policy"], decision["action"]) == ("migrate", "migrate work.0 to worker-1")
+    assert decision["reason"].startswith("worker-0 is overloaded (CPU 97%, full queues): its hottest instance work.0")
+    assert decision["reason"].endswith("goes to worker-1 (CPU 10%)")
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
     assert len(outcome.committed["out"]) == Paced.emitted
 
