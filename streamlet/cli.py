@@ -154,13 +154,17 @@ def _client_secret(action: str, state_dir: Path) -> bytes:
 @click.option("--zk", required=True, help="ZooKeeper HOST:PORT")
 @click.option("--name", default="default", show_default=True, help="cluster name")
 @click.option("--id", "master_id", default=None, help="this master's name (default: master-<pid>)")
-def master_command(zk: str, name: str, master_id: str | None) -> None:
+@click.option(
+    "--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path),
+    help="its files go under STATE_DIR/<id>/",
+)  # fmt: skip
+def master_command(zk: str, name: str, master_id: str | None, state_dir: Path) -> None:
     """Run one master: a candidate that leads the cluster when elected."""
     from streamlet.backends.cluster.processes import run_master
 
-    anyio.run(
-        run_master, zk, name, master_id or f"master-{os.getpid()}", _secret(), backend_options={"use_uvloop": True}
-    )
+    master_id = master_id or f"master-{os.getpid()}"
+    (state_dir / master_id).mkdir(parents=True, exist_ok=True)
+    anyio.run(run_master, zk, name, master_id, _secret(), backend_options={"use_uvloop": True})
 
 
 @main.command("worker")
@@ -174,17 +178,24 @@ def master_command(zk: str, name: str, master_id: str | None) -> None:
     "--heartbeat", default=1.0, show_default=True, type=click.FloatRange(min=0.1, max=2.0),
     help="seconds between heartbeats (the adaptation loop's finest window)",
 )  # fmt: skip
+@click.option(
+    "--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path),
+    help="its files (checkpoints, other workers' replicas) go under STATE_DIR/<id>/, on its own disk",
+)  # fmt: skip
+@click.option(
+    "--bandwidth", default=1000.0, show_default=True, type=click.FloatRange(min=0, min_open=True), metavar="MBIT/S",
+    help="its network bandwidth, as configured (the backup location controller weighs links by it)",
+)  # fmt: skip
 def worker_command(
-    zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...], heartbeat: float
-) -> None:
+    zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...], heartbeat: float,
+    state_dir: Path, bandwidth: float,
+) -> None:  # fmt: skip
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
     from streamlet.backends.cluster.processes import run_worker
 
-    run = partial(run_worker, heartbeat=heartbeat)
-    anyio.run(
-        run, zk, name, worker_id or f"worker-{os.getpid()}", host, _secret(), capacity, sorted(labels),
-        backend_options={"use_uvloop": True},
-    )  # fmt: skip
+    worker_id = worker_id or f"worker-{os.getpid()}"
+    run = partial(run_worker, heartbeat=heartbeat, state_dir=state_dir / worker_id, bandwidth=bandwidth)
+    anyio.run(run, zk, name, worker_id, host, _secret(), capacity, sorted(labels), backend_options={"use_uvloop": True})
 
 
 @main.group("cluster")
@@ -329,8 +340,8 @@ def _cluster_options(command: Any) -> Any:
     help="take a checkpoint every SECONDS",
 )  # fmt: skip
 @click.option(
-    "--checkpoint-dir", default=None, type=click.Path(path_type=Path),
-    help="where checkpoints go, on a path every worker reaches (default: STATE_DIR/checkpoints)",
+    "--replicas", default=None, type=click.IntRange(min=0),
+    help="copies of each instance's checkpoint on other workers (default 1, or 0 on a one-worker cluster)",
 )  # fmt: skip
 @click.option(
     "--from-savepoint", default=None, type=click.Path(path_type=Path, exists=True, dir_okay=False),
@@ -345,7 +356,7 @@ def _cluster_options(command: Any) -> Any:
 @_cluster_options
 def submit_command(
     target: str, job_name: str | None, parallelism: tuple[str, ...], wait: bool, timeout: float,
-    results: Path | None, checkpoint_interval: float | None, checkpoint_dir: Path | None,
+    results: Path | None, checkpoint_interval: float | None, replicas: int | None,
     from_savepoint: Path | None, adapt: str | None, bounds: tuple[str, ...], adapt_interval: float,
     adapt_cooldown: float, zk: str | None, cluster: str | None, state_dir: Path,
 ) -> None:  # fmt: skip
@@ -361,8 +372,9 @@ def submit_command(
         counts = dict(_parallelism(item) for item in parallelism)
         checkpoint = None
         if checkpoint_interval is not None:
-            directory = (checkpoint_dir or state_dir / "checkpoints").resolve()
-            checkpoint = {"interval": checkpoint_interval, "directory": str(directory)}
+            checkpoint = {"interval": checkpoint_interval, "replicas": replicas}
+        elif replicas is not None:
+            raise click.UsageError("--replicas needs --checkpoint-interval (it copies checkpoints)")
         submission = cluster_client.Submission(target, job_name, counts, checkpoint, from_savepoint, adapting)
         secret = _client_secret("submit", state_dir)
         outcome = anyio.run(cluster_client.submit_and_wait, hosts, name, submission, wait, timeout, secret)

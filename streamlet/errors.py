@@ -14,6 +14,7 @@ instance, the port and, where there is one, the record's key::
     ├── JobError             a job could not start, was stopped, or is misused
     │   └── ReconfigurationError  a rescale or segment move that cannot be done (the job is left as it was)
     ├── CheckpointError      a checkpoint could not be saved (names the epoch, the path and why)
+    │   └── UnusableCheckpoint  no live worker holds an intact copy of some instance's state
     ├── ConnectorError       an outside system (Spark, Kafka) is missing, unreachable or failed
     │   └── KafkaError       a Kafka connector failed
     ├── TransportError       moving batches between processes failed
@@ -100,6 +101,15 @@ class ReconfigurationError(JobError):
 class CheckpointError(StreamletError):
     """A checkpoint could not be saved (a full disk, say: the message names epoch, path and the OS error),
     or is of a format this streamlet does not read (the message names the file and the format version)."""
+
+
+class UnusableCheckpoint(CheckpointError):
+    """No live worker holds an intact copy of some instance's state at cluster checkpoint ``epoch``; it is
+    marked unusable and the next attempt restores from the checkpoint before it."""
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
 
 
 class ConnectorError(StreamletError):

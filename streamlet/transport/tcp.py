@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +103,7 @@ class DataServer:
         self.port = port
         self.max_frame = max_frame
         self._inlets: dict[str, _Inlet] = {}
+        self._acceptors: dict[str, Callable[[str], tuple[Inbox, int]]] = {}
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._drained = asyncio.Event()
@@ -139,6 +141,16 @@ class DataServer:
         inlet = self._inlets[channel_id] = _Inlet(channel_id, inbox, channel)
         inbox.on_pop(channel, lambda: self._consumed(inlet))
 
+    def accept(self, prefix: str, factory: Callable[[str], tuple[Inbox, int]]) -> None:
+        """Channels named ``prefix...`` that nobody registered are made on demand when a sender opens them:
+        ``factory(channel_id)`` gives the inbox channel their frames go to (for one-off transfers, e.g. a
+        checkpoint replica, whose receiver cannot know the name in advance)."""
+        self._acceptors[prefix] = factory
+
+    def unregister(self, channel_id: str) -> None:
+        """Forget a channel (its transfer is over); later frames for it are refused."""
+        self._inlets.pop(channel_id, None)
+
     def statistics(self) -> ServerStatistics:
         """A snapshot of the counters."""
         return ServerStatistics(active=len(self._connections), **self.counts)
@@ -172,12 +184,19 @@ class DataServer:
         for channel_id in channel_ids:
             inlet = self._inlets.get(channel_id) if isinstance(channel_id, str) else None
             if inlet is None:
-                raise FrameError(f"unknown channel {channel_id!r}")
+                inlet = self._accepted(channel_id)
             inlet.link = connection
             inlet.outstanding = max(0, inlet.window - inlet.inbox.queued(inlet.channel))
             inlet.granted = 0
             replies.append([channel_id, inlet.last_seq, inlet.outstanding])
         return replies
+
+    def _accepted(self, channel_id: Any) -> _Inlet:
+        for prefix, factory in self._acceptors.items():
+            if isinstance(channel_id, str) and channel_id.startswith(prefix):
+                self.register(channel_id, *factory(channel_id))
+                return self._inlets[channel_id]
+        raise FrameError(f"unknown channel {channel_id!r}")
 
     def deliver(self, connection: _Connection, kind: FrameType, body: list[Any], flags: int = 0) -> None:
         """One DATA, BARRIER, WATERMARK or EOS frame: drop it if seen, else into the inbox (a batch once its

@@ -147,6 +147,12 @@ class TcpChannel:
     async def aclose(self) -> None:
         """Nothing to release: the link belongs to the client."""
 
+    async def release(self) -> None:
+        """Wait until everything sent is acknowledged, then drop the channel from its link (a one-off
+        transfer is over: the link no longer reopens it after a reconnect)."""
+        await self.wait_acknowledged()
+        self.link.channels.pop(self.channel_id, None)
+
     def _can_send(self) -> bool:
         return self.opened and self.link.up and not self._resend and self.credit > 0
 
@@ -294,10 +300,12 @@ class _Link:
     def _on_reply(self, kind: FrameType, body: list[Any]) -> None:
         if kind is FrameType.ACK:
             for channel_id, seq in body:
-                self.channels[channel_id].acknowledged(seq)
+                if channel_id in self.channels:  # else released: its transfer is over
+                    self.channels[channel_id].acknowledged(seq)
         elif kind is FrameType.CREDIT:
             for channel_id, items in body:
-                self.channels[channel_id].granted(items)
+                if channel_id in self.channels:
+                    self.channels[channel_id].granted(items)
         elif kind is FrameType.OPEN:
             for channel_id, last_seq, credit in body:
                 self.channels[channel_id].reopened(last_seq, credit)

@@ -1,7 +1,8 @@
-"""Disk full under --checkpoint-dir on a real cluster: the job fails naming ENOSPC and the path; no temp file stays.
+"""A worker's disk full on a real cluster: the job fails naming ENOSPC and the path; no temp file stays.
 
-The checkpoint directory is a real 128 KiB tmpfs mounted for the test (the tests run as root, as CI does),
-so the error is the kernel's own ENOSPC, not a simulation.
+Each worker's own directory (``<state-dir>/<worker-id>/``, where its checkpoint parts go) is a real
+128 KiB tmpfs mounted for the test (the tests run as root, as CI does), so the error is the kernel's own
+ENOSPC, not a simulation.
 """
 
 from __future__ import annotations
@@ -37,36 +38,38 @@ def build_topology():
 
 
 @pytest.fixture
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 128 KiB tmpfs, unmounted afterwards."""
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(mount_point)], check=True)
+def tiny_disks(tmp_path: Path) -> Iterator[list[Path]]:
+    """A 128 KiB tmpfs as each worker's own directory, unmounted afterwards."""
+    mounted = []
     try:
-        yield mount_point
+        for worker in ("worker-0", "worker-1"):
+            mount_point = tmp_path / ".streamlet" / worker
+            mount_point.mkdir(parents=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(mount_point)], check=True)
+            mounted.append(mount_point)
+        yield mounted
     finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
+        for mount_point in mounted:
+            subprocess.run(["umount", str(mount_point)], check=True)
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Path]:
-    """ZooKeeper, a master and two workers; every PID stopped afterwards."""
-    with running_cluster(tmp_path, "--workers", "2", "--name", "disk"):
+def cluster(tmp_path: Path, tiny_disks: list[Path]) -> Iterator[Path]:
+    """ZooKeeper, a master and two workers, each on its own loopback address and tiny disk; every PID stopped
+    afterwards (before the disks are unmounted)."""
+    with running_cluster(tmp_path, "--workers", "2", "--name", "disk", "--loopback-hosts"):
         yield tmp_path
 
 
-def test_a_full_checkpoint_disk_fails_the_job_naming_enospc_and_the_path(cluster: Path, tiny_disk: Path) -> None:
+def test_a_full_checkpoint_disk_fails_the_job_naming_enospc_and_the_path(cluster: Path, tiny_disks: list[Path]) -> None:
     """The checkpoint part does not fit: FAILED with 'No space left on device' and the file; no *.tmp left."""
     job_file = cluster / "big_state.py"
     job_file.write_text(BIG_STATE, encoding="utf-8")
-    run = streamlet(
-        "submit", str(job_file), "--job", "big", "--checkpoint-interval", "0.2", "--checkpoint-dir", str(tiny_disk),
-        cwd=cluster,
-    )  # fmt: skip
+    run = streamlet("submit", str(job_file), "--job", "big", "--checkpoint-interval", "0.2", cwd=cluster)
     assert run.returncode == 1
     [job] = json.loads(streamlet("jobs", "--json", cwd=cluster).stdout)
     assert job["state"] == "FAILED"
     assert "CheckpointError: cannot save checkpoint " in job["reason"]
-    assert f"to {tiny_disk}/big/attempt-" in job["reason"]
+    assert any(f"to {disk}/checkpoints/big/attempt-" in job["reason"] for disk in tiny_disks), job["reason"]
     assert "[Errno 28] No space left on device" in job["reason"]
-    assert list(tiny_disk.rglob("*.tmp")) == []
+    assert [path for disk in tiny_disks for path in disk.rglob("*.tmp")] == []

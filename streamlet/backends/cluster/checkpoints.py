@@ -4,9 +4,10 @@ Each worker runs the core's aligned-barrier coordinator for its own
 instances, given a :class:`ZkAgreement` (the core's ``Agreement`` seam) that
 agrees with the other workers of the same attempt through ZooKeeper::
 
-    /jobs/<job>/checkpoints/completed                     {"attempt", "epoch", "workers", "finished"}
+    /jobs/<job>/checkpoints/completed                     {"attempt", "epoch", "workers", "finished", "holders", ...}
     /jobs/<job>/checkpoints/attempt-<n>/trigger           {"epoch": e, "final": bool}
-    /jobs/<job>/checkpoints/attempt-<n>/acks/<e>/<worker> the worker's part of epoch e is saved
+    /jobs/<job>/checkpoints/attempt-<n>/acks/<e>/<worker> the worker's part of epoch e is saved and replicated
+    /jobs/<job>/checkpoints/attempt-<n>/acks/<e>/<w>~<b>  backup b stored its piece of w's part
     /jobs/<job>/checkpoints/attempt-<n>/finished/<worker> all of the worker's instances have completed
 
 One worker (the first of the attempt) writes the trigger every interval
@@ -15,16 +16,16 @@ epochs never repeat across attempts: a new attempt numbers its checkpoints
 after the highest any earlier attempt triggered. Every worker injects the barrier
 at its local sources when it sees it. When all of a worker's instances
 have snapshotted epoch e, it saves its *part* (the snapshots, by instance
-index) under ``<directory>/<job>/attempt-<n>/<worker>/`` and acknowledges.
-The worker whose acknowledgement is the last one publishes ``completed``,
-in one ZooKeeper transaction with a check that the job's assignment is
-still the one it runs: a worker of a replaced attempt (a zombie) can never
-complete a checkpoint. Every worker commits its sinks' output up to the
-published epoch when it sees it. A new attempt restores from the parts of
-the last completed epoch, merged into one checkpoint document.
-
-The directory must be reachable by every worker under the same path (on
-one machine it is; across machines, a shared filesystem).
+index) on its own disk, sends each instance's piece to its backup workers
+and, once they have it stored, acknowledges (``replication``: there is no
+shared disk). The worker whose acknowledgement is the last one publishes
+``completed`` — with who holds each instance's state, the layout it was
+taken with and the checkpoint before it — in one ZooKeeper transaction with
+a check that the job's assignment is still the one it runs: a worker of a
+replaced attempt (a zombie) can never complete a checkpoint. Every worker
+commits its sinks' output up to the published epoch when it sees it. A new
+attempt restores each instance from a holder of the last complete
+checkpoint that no restore found unusable.
 """
 
 from __future__ import annotations
@@ -36,14 +37,20 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import structlog
 
 from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.paths import task_of
+from streamlet.backends.cluster.replication import PartReplicator, instances_to_restore
 from streamlet.backends.cluster.store import Check, ClusterStore, Create, Op, SetData, riding_out
 from streamlet.core.model.clock import Clock
 from streamlet.core.state.checkpoints import Coordinator
+from streamlet.core.state.durable import write_file
 from streamlet.core.state.savepoints import read_savepoint
-from streamlet.core.state.store import DirectoryCheckpointStore, decode
-from streamlet.errors import JobError, NodeExists, VersionConflict
+from streamlet.core.state.store import decode
+from streamlet.errors import CheckpointError, JobError, NodeExists, VersionConflict
+
+log = structlog.get_logger("streamlet")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +64,25 @@ class AttemptInfo:
     assignment_version: int  # the fence: the assignment node's version when the attempt began
 
 
+@dataclass(frozen=True, slots=True)
+class RestoreScope:
+    """What a worker's part of an attempt runs: which instances (``node.index``), each task's parallelism,
+    and the segment tables the job routes by now (``{task: table data}``, from its live changes)."""
+
+    local: frozenset[str]
+    parallelism: dict[str, int]
+    tables: dict[str, Any]
+
+    def wanted(self, completed: dict[str, Any]) -> set[str]:
+        """The instances whose state this part reads from the completed checkpoint ``completed``."""
+        taken = completed.get("layout") or {}
+        regrouped = {task for task, table in self.tables.items() if taken.get(task) != table}
+        return instances_to_restore(completed["holders"], set(self.local), self.parallelism, regrouped)
+
+
 def completed_path(job: str) -> str:
     """Where the job's last completed checkpoint is published."""
     return f"{paths.checkpoints(job)}/completed"
-
-
-def part_store(directory: Path, job: str, attempt: int, worker: str) -> DirectoryCheckpointStore:
-    """Where ``worker`` keeps its parts of ``attempt``'s checkpoints."""
-    return DirectoryCheckpointStore(directory / job / f"attempt-{attempt}" / worker)
 
 
 class ZkAgreement:
@@ -74,7 +92,8 @@ class ZkAgreement:
         self,
         zk: ClusterStore,
         info: AttemptInfo,
-        directory: Path,
+        replicator: PartReplicator,
+        scope: RestoreScope,
         interval: float | None,
         clock: Clock,
         savepoint: str | None = None,
@@ -83,7 +102,10 @@ class ZkAgreement:
         self.zk = zk
         self.info = info
         self.job = info.job
-        self.directory = directory
+        self.replicator = replicator
+        self.scope = scope
+        self.store = replicator.service.parts(info.job, info.attempt)
+        self.exports: dict[int, str] = {}  # epoch -> where a savepoint wants this worker's part too
         self.interval = interval
         self.clock = clock
         self.base = f"{paths.checkpoints(info.job)}/attempt-{info.attempt}"
@@ -98,34 +120,42 @@ class ZkAgreement:
 
     def coordinator(self) -> Coordinator:
         """The core coordinator of this worker's instances, saving parts locally and agreeing through this."""
-        store = part_store(self.directory, self.job, self.info.attempt, self.info.worker)
-        return Coordinator(self.job, store, self.clock, None, agreement=self)
+        return Coordinator(self.job, self.store, self.clock, None, agreement=self)
 
     # -- restoring --------------------------------------------------------------
 
     async def restore_point(self) -> tuple[int, dict[str, Any]] | None:
-        """The parts of the job's last completed checkpoint, merged into one document."""
+        """The state of this part's instances at the job's last usable complete checkpoint, as one document."""
         self._triggered = await self._highest_triggered()  # epochs of a new attempt never repeat an old one's
         found = await self.zk.get(completed_path(self.job))
         if self.joining:
             await self._join(found)
             return None
-        if found is None:
+        done = None if found is None else await self._usable(found[0])
+        if done is None:
             return await self._savepoint()
-        done = found[0]
-        epoch, attempt = int(done["epoch"]), int(done["attempt"])
-
-        def read_parts() -> list[dict[str, Any]]:
-            stores = [part_store(self.directory, self.job, attempt, worker) for worker in done["workers"]]
-            return [decode(store.path(epoch).read_bytes(), str(store.path(epoch))) for store in stores]
-
-        try:
-            parts = await anyio.to_thread.run_sync(read_parts)
-        except (OSError, ValueError) as exc:
-            raise JobError(f"checkpoint {epoch} of job '{self.job}' cannot be read: {exc}") from exc
+        epoch = int(done["epoch"])
+        pieces = await self.replicator.read(done, self.scope.wanted(done))
         self.restored_from = self._published = epoch
         self._triggered = max(self._triggered, epoch)
-        return epoch, merge_parts(parts)
+        return epoch, merge_parts(pieces, done)
+
+    async def _usable(self, completed: dict[str, Any]) -> dict[str, Any] | None:
+        """The newest of the last complete checkpoint and the one before it that no restore found unusable;
+        ``CheckpointError`` when neither is (the job cannot resume without losing state)."""
+        unusable = set(await self.zk.children(paths.unusable(self.job)))
+        for candidate in (completed, completed.get("previous")):
+            if candidate is None:
+                break
+            if str(candidate["epoch"]) not in unusable:
+                if candidate is not completed:
+                    log.warning("restoring from the checkpoint before the last", job=self.job,
+                                unusable=completed["epoch"], epoch=candidate["epoch"])  # fmt: skip
+                return candidate
+        raise CheckpointError(
+            f"job '{self.job}': checkpoints {', '.join(sorted(unusable))} have no intact copy of some instance's "
+            "state on any live worker; it cannot resume without losing state"
+        )
 
     async def _join(self, completed: tuple[dict[str, Any], int] | None) -> None:
         """A part joining the running attempt restores nothing (it has no instances yet: a live change brings
@@ -230,6 +260,8 @@ class ZkAgreement:
             epoch = int(data["epoch"])
             self._triggered = max(self._triggered, epoch)
             self._trigger_seen = (data, version)
+            if data.get("export"):
+                self.exports[epoch] = str(data["export"])
             for missed in range(begun + 1, epoch + 1):  # a watch may fold several changes into one
                 last = missed == epoch
                 await coordinator.begin(
@@ -240,17 +272,36 @@ class ZkAgreement:
     # -- completing -------------------------------------------------------------
 
     async def saved(self, epoch: int, size: int, finished: bool) -> None:
-        """Say this worker's part of ``epoch`` is saved; the last worker to say so publishes it complete."""
-        await riding_out(self._acknowledge, epoch, size, finished)
+        """This worker's part of ``epoch`` is saved: replicate it, then say so; the last worker to say so
+        publishes it complete."""
+        data = await anyio.to_thread.run_sync(self.store.path(epoch).read_bytes)
+        export = self.exports.pop(epoch, None)
+        if export is not None:  # a savepoint: its parts go to the folder the client reads
+            await anyio.to_thread.run_sync(write_file, Path(export) / f"{self.info.worker}.msgpack", data)
+        replicas = await self.replicator.replicate(self.base, epoch, data)
+        layout = decode(data, f"part {epoch}").get("layout", {})
+        await riding_out(self._acknowledge, epoch, {"bytes": size, "replicas": replicas, "layout": layout}, finished)
 
-    async def _acknowledge(self, epoch: int, size: int, finished: bool) -> None:
+    async def _acknowledge(self, epoch: int, ack: dict[str, Any], finished: bool) -> None:
         acks = f"{self.base}/acks/{epoch}"
         with contextlib.suppress(NodeExists):
-            await self.zk.create(f"{acks}/{self.info.worker}", {"bytes": size})
+            await self.zk.create(f"{acks}/{self.info.worker}", ack)
         if set(await self.zk.children(acks)) >= set(self.info.workers):
-            await self._publish_completed(epoch, finished)
+            await self._publish_completed(epoch, finished, await self._holders(acks))
 
-    async def _publish_completed(self, epoch: int, finished: bool) -> None:
+    async def _holders(self, acks: str) -> dict[str, Any]:
+        """Who holds each instance's state (owner first), and the layout, from every worker's acknowledgement."""
+        holders: dict[str, list[str]] = {}
+        layout: dict[str, Any] = {}
+        for worker in self.info.workers:
+            found = await self.zk.get(f"{acks}/{worker}")
+            ack = {} if found is None else found[0]
+            layout = layout or ack.get("layout", {})
+            for instance, backups in ack.get("replicas", {}).items():
+                holders[instance] = [worker, *backups]
+        return {"holders": holders, "layout": layout}
+
+    async def _publish_completed(self, epoch: int, finished: bool, where: dict[str, Any]) -> None:
         path = completed_path(self.job)
         fence = (paths.assignment(self.job), self.info.assignment_version)
         value = {
@@ -259,12 +310,15 @@ class ZkAgreement:
             "workers": self.info.workers,
             "finished": finished,
             "at": time.time(),
+            **where,
         }
         next_trigger = self._next_trigger_if_due(epoch, finished)
         while True:
             found = await self.zk.get(path)
             if found is not None and (found[0]["attempt"], found[0]["epoch"]) >= (self.info.attempt, epoch):
                 return  # a later checkpoint is published already
+            if found is not None:  # kept: a restore falls back to it when this one has an instance nowhere intact
+                value["previous"] = {key: item for key, item in found[0].items() if key != "previous"}
             steps: list[Op] = [Check(*fence), Create(path, value) if found is None else SetData(path, value, found[1])]
             if await self.zk.commit(steps + next_trigger):
                 return
@@ -314,15 +368,20 @@ class ZkAgreement:
             await self._publish_trigger(final=True)  # None when another worker wrote it first
 
 
-def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One checkpoint document from the workers' parts: each node's snapshots in instance order."""
+def merge_parts(parts: list[dict[str, Any]], completed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One checkpoint document from workers' parts (or pieces of them): each node's snapshots in instance
+    order. Without ``completed`` every instance must be there; with it (the completed checkpoint's record)
+    an instance this worker did not read is ``None`` in its place."""
     merged: dict[str, Any] = {
-        "epoch": parts[0]["epoch"],
-        "job": parts[0]["job"],
-        "finished": all(part["finished"] for part in parts),
-        "attempt": parts[0].get("attempt"),  # the run that took it: its sinks' staging is what a restore publishes
-        "layout": parts[0].get("layout", {}),  # every part was taken with the same segment tables
+        "epoch": parts[0]["epoch"] if parts else completed and completed["epoch"],
+        "job": parts[0]["job"] if parts else None,
+        "finished": all(part["finished"] for part in parts) and (completed or {}).get("finished", True),
+        "attempt": parts[0].get("attempt") if parts else None,  # the run that took it: its sinks' staging
+        "layout": parts[0].get("layout", {}) if parts else (completed or {}).get("layout", {}),
     }
+    counts: dict[str, int] = {}
+    for instance in (completed or {}).get("holders", {}):
+        counts[task_of(instance)] = counts.get(task_of(instance), 0) + 1
     for section in ("sources", "tasks"):
         by_node: dict[str, dict[int, Any]] = {}
         for part in parts:
@@ -330,7 +389,8 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 by_node.setdefault(name, {}).update({int(index): snapshot for index, snapshot in entries})
         merged[section] = {}
         for name, snapshots in by_node.items():
-            if sorted(snapshots) != list(range(len(snapshots))):
+            count = counts.get(name, len(snapshots))
+            if completed is None and sorted(snapshots) != list(range(count)):
                 raise JobError(f"checkpoint {merged['epoch']}: instances of '{name}' are missing from its parts")
-            merged[section][name] = [snapshots[index] for index in range(len(snapshots))]
+            merged[section][name] = [snapshots.get(index) for index in range(count)]
     return merged

@@ -4,12 +4,11 @@ The core's reconfiguration sends each importer a part (a task snapshot of the
 keys moving to it) from every exporter (``core.runtime.reconfiguration``).
 Between instances of one worker the part is passed in memory; to an instance
 on another worker it goes as a channel of its own, ``<run>/handoff/<id>/<from>/<to>``:
-the part packed exactly (tuples stay tuples, never pickle), cut into records
-of at most :data:`CHUNK` bytes so every frame stays under the frame limit,
-then end-of-stream. The TCP channel's sequence numbers, acknowledgements and
-credit make it arrive once, whole and in order, across reconnects. The
-receiving worker registers the channel while it wires its part, before any
-worker starts sending.
+the part packed exactly (tuples stay tuples, never pickle), sent as a blob
+(``transport.blobs``: chunks under the frame limit, then end-of-stream;
+once, whole and in order, across reconnects). The receiving worker
+registers the channel while it wires its part, before any worker starts
+sending.
 """
 
 from __future__ import annotations
@@ -18,14 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from streamlet.core.model.encoding import pack_exact, unpackb
-from streamlet.core.model.record import END_OF_STREAM, Record
 from streamlet.core.runtime.channel import UNBOUNDED, Inbox
 from streamlet.core.runtime.reconfiguration import LocalHandoff, ReconfigurationPlan
 from streamlet.errors import ReconfigurationError
+from streamlet.transport.blobs import receive_blob, send_blob
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
-
-CHUNK = 1 << 20
 
 
 class ClusterHandoff:
@@ -78,9 +75,7 @@ class ClusterHandoff:
             return
         data = pack_exact(part, f"the state task '{self.plan.task}' instance {source} hands over")
         channel = self.client.channel(self.addresses[worker], self.channel_name(source, target))
-        for start in range(0, len(data), CHUNK):
-            await channel.send([Record(start, data[start : start + CHUNK], None)])
-        await channel.send(END_OF_STREAM)
+        await send_blob(channel, data)
 
     async def receive(self, target: int, sources: list[int]) -> list[Any]:
         """Every part for ``target``, from this worker's exporters and the others'."""
@@ -99,12 +94,4 @@ class ClusterHandoff:
                 f"task '{self.plan.task}' instance {target} expects state from instance {source}, "
                 "but no channel for it was registered here"
             ) from None
-        chunks: list[bytes] = []
-        while True:
-            while inbox.is_empty(channel):
-                await inbox.wait()
-            item = inbox.pop(channel)
-            if type(item) is not list:
-                break  # end of stream: the part is whole
-            chunks.extend(record.value for record in item)
-        return unpackb(b"".join(chunks))
+        return unpackb(await receive_blob(inbox, channel))

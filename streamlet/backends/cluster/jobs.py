@@ -69,6 +69,7 @@ async def submit(store: ClusterStore, job: str, spec: JobSpec, secret: bytes) ->
     topology = topology_of(spec)
     if "shed" in (spec.get("adapt") or {}).get("policies", ()) and topology.qos is None:
         raise JobError(f"--adapt shed keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
+    await _refuse_replicas_beyond_workers(store, spec.get("checkpoint"))
     await store.ensure(paths.JOBS)
     steps = [
         Create(paths.job(job), {"uid": spec["uid"]}),
@@ -79,6 +80,20 @@ async def submit(store: ClusterStore, job: str, spec: JobSpec, secret: bytes) ->
         raise JobError(
             f"a job called '{job}' already exists on cluster '{store.cluster}' "
             f"(when it has ended, 'streamlet rm {job}' removes it)"
+        )
+
+
+async def _refuse_replicas_beyond_workers(store: ClusterStore, checkpoint: dict[str, Any] | None) -> None:
+    """An explicit replica count needs that many workers besides each instance's own (the default, 1, takes
+    what there is: none on a one-worker cluster)."""
+    wanted = None if checkpoint is None else checkpoint.get("replicas")
+    if wanted is None:
+        return
+    registered = len(await store.children(paths.WORKERS))
+    if int(wanted) > max(registered - 1, 0):
+        raise JobError(
+            f"--replicas {wanted} needs {int(wanted) + 1} workers (each copy on a worker other than the "
+            f"instance's own); the cluster has {registered} registered"
         )
 
 

@@ -311,6 +311,9 @@ class Leader:
     async def _crashed(self, view: JobView, errors: dict[str, dict[str, Any]]) -> str | None:
         """A task failed: instance failover when every error asks for a retry, else the job fails."""
         worker, report = sorted(errors.items())[0]
+        if all("unusable" in entry for entry in errors.values()):
+            why = f"checkpoint {report['unusable']} has an instance with no intact copy on a live worker ({worker})"
+            return await self._next_attempt(view, f"{why}; restoring from the one before", {})
         if not all(entry.get("retry") for entry in errors.values()):
             return await self._move(view, JobState.FAILED, f"{report['error']} (on {worker})")
         instance = str(report["instance"])

@@ -124,12 +124,21 @@ def up(
         state.save(state_dir)
         secret = state.secret()
         for index in range(masters):
-            args = ["--zk", state.zk, "--name", name, "--id", f"master-{index}"]
+            args = [
+                "--zk",
+                state.zk,
+                "--name",
+                name,
+                "--id",
+                f"master-{index}",
+                "--state-dir",
+                str(state_dir.resolve()),
+            ]
             process = start_process("master", args, secret, state_dir / f"master-{index}.log")
             state.processes.append({"role": "master", "id": f"master-{index}", "pid": process.pid})
         for index in range(workers):
             args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}", "--capacity", str(capacity)]
-            args += ["--heartbeat", str(heartbeat)]
+            args += ["--heartbeat", str(heartbeat), "--state-dir", str(state_dir.resolve())]
             host = loopback_host(index) if loopback_hosts else None
             if host is not None:
                 args += ["--host", host]
@@ -152,6 +161,7 @@ def add_worker(state_dir: Path, capacity: int = 8, labels: list[str] | None = No
     index = max(taken, default=-1) + 1
     worker_id = f"worker-{index}"
     args = ["--zk", state.zk, "--name", state.name, "--id", worker_id, "--capacity", str(capacity)]
+    args += ["--state-dir", str(state_dir.resolve())]
     host = loopback_host(index) if any("host" in p for p in state.processes) else None  # as its peers
     if host is not None:
         args += ["--host", host]

@@ -239,6 +239,16 @@ def checkpoints(name: str) -> str:
     return f"{JOBS}/{name}/checkpoints"
 
 
+def backups(name: str) -> str:
+    """Where each instance's checkpoint replicas go, as the leader's backup location controller placed them."""
+    return f"{JOBS}/{name}/backups"
+
+
+def unusable(name: str) -> str:
+    """Checkpoints found with an instance no holder has intact: a restore skips them (one child per epoch)."""
+    return f"{checkpoints(name)}/unusable"
+
+
 def reconfigure_request(name: str) -> str:
     """A client's request for a live change, until the leader takes it up."""
     return f"{JOBS}/{name}/reconfigure"

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -82,8 +83,13 @@ async def run_worker(
     labels: list[str] | None = None,
     session_timeout: float = SESSION_TIMEOUT,
     heartbeat: float = 1.0,
+    state_dir: Path | None = None,
+    bandwidth: float = 1000.0,
 ) -> None:
-    """Serve data connections, register, and heartbeat (every ``heartbeat`` seconds) until stopped."""
+    """Serve data connections, register, and heartbeat (every ``heartbeat`` seconds) until stopped; keep
+    files only under ``state_dir`` (default ``.streamlet/<worker_id>``). ``bandwidth``: Mbit/s, configured."""
+    state_dir = state_dir or Path(".streamlet") / worker_id
+    state_dir.mkdir(parents=True, exist_ok=True)
     async with (
         ZkStore(zk_hosts, cluster, session_timeout, secret=secret) as zk,
         DataServer(secret, host=host) as server,
@@ -91,9 +97,10 @@ async def run_worker(
     ):
         info: dict[str, Any] = {
             "host": host, "data_port": server.port, "capacity": capacity, "labels": labels or [], "pid": os.getpid(),
+            "bandwidth_mbit": bandwidth,
         }  # fmt: skip
         registration = WorkerRegistration(zk, worker_id, info, heartbeat=heartbeat)
-        jobs = WorkerJobs(zk, registration, server, client, secret)
+        jobs = WorkerJobs(zk, registration, server, client, secret, state_dir)
         registration.load = LoadMeter(jobs.queue_depths, jobs.instance_statistics)
         await registration.register()
         log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{host}:{server.port}")

@@ -3,25 +3,29 @@
 A savepoint is one of the job's checkpoints, taken at once: the client writes
 the next epoch into the attempt's trigger node (as the attempt's first worker
 does every interval; it waits while a live change holds the trigger), waits
-until ZooKeeper records that epoch complete, reads the workers' parts and
-writes them merged to the file the user names, in the checkpoint format
-(``core.state.savepoints``). ``stop --savepoint`` asks the sources to stop
+until ZooKeeper records that epoch complete, and writes the workers' parts
+merged to the file the user names, in the checkpoint format
+(``core.state.savepoints``). The trigger names a folder beside that file,
+``<file>.parts/``, where every worker writes its part of that epoch as well
+(the savepoint's path is external storage every worker reaches, as a file
+sink's folder is; their checkpoint files stay on their own disks). ``stop --savepoint`` asks the sources to stop
 reading before that barrier (everything read is in it), then kills the job.
 A job submitted with ``--from-savepoint`` restores its first attempt from the
-file when it has no checkpoint of its own yet. The parts are read from the
-checkpoint directory, a path every worker (and the client) reaches.
+file when it has no checkpoint of its own yet.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from streamlet.backends.cluster import jobs, paths
-from streamlet.backends.cluster.checkpoints import completed_path, merge_parts, part_store
+from streamlet.backends.cluster.checkpoints import completed_path, merge_parts
 from streamlet.backends.cluster.lifecycle import JobState
 from streamlet.backends.cluster.paths import JobSpec
 from streamlet.backends.cluster.store import ClusterStore
@@ -41,25 +45,31 @@ async def take(store: ClusterStore, job: str, path: Path, pause: bool = False, s
     if settings is None:
         raise JobError(f"job '{job}' takes no checkpoints: submit it with --checkpoint-interval to take savepoints")
     attempt = int(status["attempt"])
-    with anyio.fail_after(seconds):
-        asked = await _trigger(store, job, attempt, pause)
-        epoch, workers = await _completed(store, job, attempt, asked)
-    directory = Path(settings["directory"])
-
-    def merged() -> dict[str, Any]:
-        stores = [part_store(directory, job, attempt, worker) for worker in workers]
-        return merge_parts([decode(s.path(epoch).read_bytes(), str(s.path(epoch))) for s in stores])
-
+    folder = Path(await anyio.Path(path).resolve()).with_name(f"{path.name}.parts")
+    await anyio.to_thread.run_sync(partial(folder.mkdir, parents=True, exist_ok=True))
     try:
-        document = await anyio.to_thread.run_sync(merged)
-    except (OSError, ValueError) as exc:
-        raise JobError(f"checkpoint {epoch} of job '{job}' cannot be read for the savepoint: {exc}") from exc
-    await anyio.to_thread.run_sync(write_savepoint, path, document)
+        with anyio.fail_after(seconds):
+            asked = await _trigger(store, job, attempt, pause, str(folder))
+            _, workers = await _completed(store, job, attempt, asked)
+        epoch = asked  # complete (a later one may be too): its parts are in the folder
+
+        def merged() -> dict[str, Any]:
+            files = [folder / f"{worker}.msgpack" for worker in workers]
+            return merge_parts([decode(file.read_bytes(), str(file)) for file in files])
+
+        try:
+            document = await anyio.to_thread.run_sync(merged)
+        except (OSError, ValueError) as exc:
+            raise JobError(f"checkpoint {epoch} of job '{job}' cannot be read for the savepoint: {exc}") from exc
+        await anyio.to_thread.run_sync(write_savepoint, path, document)
+    finally:
+        await anyio.to_thread.run_sync(partial(shutil.rmtree, folder, ignore_errors=True))
     return epoch
 
 
-async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool) -> int:
-    """Write the next epoch into the attempt's trigger (waiting while a live change holds it); returns it."""
+async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, export: str) -> int:
+    """Write the next epoch into the attempt's trigger (waiting while a live change holds it), asking every
+    worker to write its part into ``export`` too; returns the epoch."""
     path = f"{paths.checkpoints(job)}/attempt-{attempt}/trigger"
     while True:
         found = await store.get(path)
@@ -71,7 +81,7 @@ async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool) -> 
         completed = await store.get(completed_path(job))
         done = 0 if completed is None else int(completed[0]["epoch"])
         epoch = max(done, 0 if found is None else int(found[0]["epoch"])) + 1
-        trigger = {"epoch": epoch, "final": False, "pause": pause, "at": time.time()}
+        trigger = {"epoch": epoch, "final": False, "pause": pause, "at": time.time(), "export": export}
         try:
             if found is None:
                 await store.create(path, trigger)

@@ -405,8 +405,10 @@ class SimulatedCluster:
     ``capacity`` is each worker's instance capacity (the scheduler spreads
     instances once a worker is full: a small capacity puts a job's parts on
     several workers). Jobs take a checkpoint every ``checkpoint_interval``
-    seconds (``None``: no checkpoints) into ``checkpoint_dir`` (default: a
-    temporary directory removed at the end). Waits fail with a
+    seconds (``None``: no checkpoints); each worker keeps its files (its
+    checkpoint parts, other workers' replicas) under ``checkpoint_dir/<worker-id>/``
+    (default: a temporary directory removed at the end), as each machine of a
+    real cluster has its own disk. Waits fail with a
     :class:`~streamlet.errors.JobError` naming the job's state after
     ``timeout`` seconds. With ``capture_logs`` (the default) the cluster's
     log entries are kept in :attr:`logs` instead of printed.
@@ -593,7 +595,9 @@ class SimulatedCluster:
                     "labels": worker.labels, "pid": os.getpid(),
                 }  # fmt: skip
                 registration = WorkerRegistration(worker.session, worker.worker_id, info)
-                worker.parts = WorkerJobs(worker.session, registration, server, client, self.secret)
+                assert self.checkpoint_dir is not None
+                own = self.checkpoint_dir / worker.worker_id
+                worker.parts = WorkerJobs(worker.session, registration, server, client, self.secret, own)
                 # statistics as a real worker's beat has them; CPU overload never (every worker shares this process)
                 registration.load = worker.meter = LoadMeter(
                     worker.parts.queue_depths, worker.parts.instance_statistics, cpu_limit=math.inf
@@ -605,6 +609,7 @@ class SimulatedCluster:
                     async with anyio.create_task_group() as group:
                         worker.group = group
                         group.start_soon(registration.run)  # the heartbeat, every second
+                        group.start_soon(worker.parts.replicas.run)  # other workers' checkpoint replicas
                         group.start_soon(self._follow_assignments, worker, worker.parts)
                         task_status.started()
         finally:
@@ -677,7 +682,7 @@ class SimulatedCluster:
             if trigger.worker not in self._workers:
                 raise JobError(f"KillAt names worker '{trigger.worker}'; the workers are {sorted(self._workers)}")
         interval = self.checkpoint_interval if isinstance(checkpoint_interval, EllipsisType) else checkpoint_interval
-        checkpoint = None if interval is None else {"interval": interval, "directory": str(self.checkpoint_dir)}
+        checkpoint: dict[str, Any] | None = None if interval is None else {"interval": interval, "replicas": None}
         adapting = None if adapt is None else adapt.to_data()
         spec = cluster_jobs.new_spec(self._reference(target), dict(parallelism or {}), checkpoint, adapting)
         if from_savepoint is not None:

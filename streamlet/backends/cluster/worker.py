@@ -25,7 +25,7 @@ import anyio.abc
 import structlog
 
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.checkpoints import AttemptInfo, ZkAgreement
+from streamlet.backends.cluster.checkpoints import AttemptInfo, RestoreScope, ZkAgreement
 from streamlet.backends.cluster.election import EpochFence
 from streamlet.backends.cluster.handoff import ClusterHandoff
 from streamlet.backends.cluster.jobs import topology_of
@@ -40,8 +40,10 @@ from streamlet.backends.cluster.lifecycle import state_of, worker_states
 from streamlet.backends.cluster.paths import Assignment, Reconfiguration, instance_id
 from streamlet.backends.cluster.reconfigure import placed_instances, with_layout
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
+from streamlet.backends.cluster.replicas import ReplicaService
+from streamlet.backends.cluster.replication import PartReplicator
 from streamlet.backends.cluster.signing import verify
-from streamlet.backends.cluster.store import ClusterStore, write_fenced
+from streamlet.backends.cluster.store import ClusterStore, riding_out, write_fenced
 from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.topology import Topology
@@ -50,7 +52,7 @@ from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.plan import Placement
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan
-from streamlet.errors import CoordinationError, JobError, NodeExists, SpecError, TaskError
+from streamlet.errors import CoordinationError, JobError, NodeExists, SpecError, TaskError, UnusableCheckpoint
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 
@@ -68,9 +70,12 @@ class WorkerJobs:
         server: DataServer,
         client: TcpClient,
         secret: bytes,
+        state_dir: Path,
     ) -> None:
         self.zk = zk
         self.secret = secret
+        self.replicas = ReplicaService(state_dir, registration.worker_id, server, client)
+        self.replicas.on_stored = self._replica_stored
         self.registration = registration
         self.me = registration.worker_id
         self.server = server
@@ -90,6 +95,7 @@ class WorkerJobs:
     async def run(self) -> None:
         """Poll for assignments and kill requests until cancelled."""
         async with anyio.create_task_group() as group:
+            group.start_soon(self.replicas.run)  # other workers' checkpoint replicas, and fetches of them
             while True:
                 try:
                     await self._poll(group)
@@ -235,6 +241,13 @@ class WorkerJobs:
             agreement.join(change["workers"])
         await self._publish_endpoints(job, self.topologies[job], placement, [*change["placed"]])
 
+    async def _replica_stored(self, piece: dict[str, Any], owner: str, size: int) -> None:
+        """A backup's acknowledgement: ``owner``'s piece is stored here (the owner waits for it to ack its part)."""
+        job, attempt, epoch = str(piece["job_name"]), int(piece["attempt_number"]), int(piece["epoch"])
+        with contextlib.suppress(NodeExists):
+            path = f"{paths.checkpoints(job)}/attempt-{attempt}/acks/{epoch}/{owner}~{self.me}"
+            await riding_out(self.zk.create, path, {"bytes": size})
+
     async def _ended(self, job: str, uid: str) -> bool:
         """The job's state has ended (killed, failed): final, so remembered."""
         if uid in self.ended:
@@ -294,13 +307,17 @@ class WorkerJobs:
             with scope:
                 await self.registration.set_state(*worker_states(len(self.running)))
                 tcp_before = self.server.counts["records"]
+                fetched_before = self.replicas.counts["fetched_bytes"]
                 result, restored_from = await self._execute(job, attempt, version, assignment, joining)
                 payload = {
                     "restored_from": restored_from,
+                    "fetched_bytes": self.replicas.counts["fetched_bytes"] - fetched_before,
                     "sinks": reportable(result),
                     "statistics": _plain(asdict(result.statistics)),
                     "tcp_records_in": self.server.counts["records"] - tcp_before,
                 }
+        except UnusableCheckpoint as exc:  # the leader starts another attempt, which restores an older one
+            payload = {"error": f"CheckpointError: {exc}", "unusable": exc.epoch}
         except TaskError as exc:  # an instance crashed: the leader may restart it elsewhere
             payload = {"error": f"TaskError: {exc}", "instance": instance_id(exc.task, exc.instance)}
             payload["retry"] = self._restartable(job, exc.task)
@@ -362,7 +379,13 @@ class WorkerJobs:
         )
         await self._publish_endpoints(job, topology, instances)
         workers_ = attempt_workers(assignment, joined_workers(layout, attempt, joining))
-        checkpoints = self._checkpoints(job, attempt, version, workers_, spec.get("checkpoint"), joining is not None)
+        scope = RestoreScope(
+            frozenset(instance for instance, worker in instances.items() if worker == self.me),
+            {node.name: node.parallelism for node in topology.nodes.values()},
+            {task: table.to_data() for task, table in tables_of(layout).items()},
+        )
+        settings = spec.get("checkpoint")
+        checkpoints = self._checkpoints(job, attempt, version, workers_, settings, scope, joining is not None)
         if checkpoints is not None:
             self.agreements[job, attempt] = checkpoints
         running = Job(
@@ -398,13 +421,23 @@ class WorkerJobs:
         return topology is not None and topology.nodes[task].on_error == "restart"
 
     def _checkpoints(
-        self, job: str, attempt: int, version: int, workers_: list[str], settings: dict[str, Any] | None, joining: bool
+        self,
+        job: str,
+        attempt: int,
+        version: int,
+        workers_: list[str],
+        settings: dict[str, Any] | None,
+        scope: RestoreScope,
+        joining: bool,
     ) -> ZkAgreement | None:
         if settings is None:
             return None
         info = AttemptInfo(job, attempt, self.me, workers_, version)
+        wanted = settings.get("replicas")  # None: one copy when another worker is live
+        replicator = PartReplicator(self.zk, self.replicas, job, attempt, 1 if wanted is None else int(wanted))
+        replicator.insist = wanted is not None
         return ZkAgreement(
-            self.zk, info, Path(settings["directory"]), settings.get("interval"), SystemClock(),
+            self.zk, info, replicator, scope, settings.get("interval"), SystemClock(),
             settings.get("from_savepoint"), joining=joining,
         )  # fmt: skip
 

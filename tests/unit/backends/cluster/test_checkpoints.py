@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import anyio
 import pytest
 
 from streamlet.backends.cluster import checkpoints, paths
-from streamlet.backends.cluster.checkpoints import AttemptInfo, ZkAgreement, completed_path, merge_parts
+from streamlet.backends.cluster.checkpoints import AttemptInfo, RestoreScope, ZkAgreement, completed_path, merge_parts
+from streamlet.backends.cluster.replicas import ReplicaService
+from streamlet.backends.cluster.replication import PartReplicator
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
+from streamlet.core.state.store import encode
 from streamlet.errors import JobError
 from streamlet.testing import ManualClock
+from streamlet.transport.tcp import DataServer
+from streamlet.transport.tcp_client import TcpClient
+
+SECRET = b"test secret"
 
 
 def part(worker_sources: list[list[object]], worker_tasks: list[list[object]], finished: bool = False) -> dict:
@@ -74,6 +82,12 @@ async def settle_on(store: MemoryClusterStore) -> None:
     await anyio.wait_all_tasks_blocked()
 
 
+@pytest.fixture(autouse=True)
+def files_under_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each agreement's own folder (``tempfile.mkdtemp``) goes under the test's tmp_path, removed with it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
 @pytest.fixture
 def tree() -> MemoryTree:
     """The shared in-memory tree, with the job's assignment at version 0."""
@@ -81,9 +95,25 @@ def tree() -> MemoryTree:
 
 
 def agreement(tree: MemoryTree, worker: str, attempt: int = 1, version: int = 0, interval: float | None = None,
-              clock: ManualClock | None = None) -> ZkAgreement:  # fmt: skip
+              clock: ManualClock | None = None, root: Path | None = None) -> ZkAgreement:  # fmt: skip
+    """Worker ``worker``'s agreement, keeping its files under ``root`` (default: a fresh temporary folder)
+    and no replicas (``test_replication`` has them)."""
     info = AttemptInfo("wc", attempt, worker, ["w0", "w1"], version)
-    return ZkAgreement(MemoryClusterStore(tree), info, Path("/nonexistent"), interval, clock or ManualClock())
+    store = MemoryClusterStore(tree)
+    service = ReplicaService(root or Path(tempfile.mkdtemp(prefix="streamlet-test-")), worker, DataServer(SECRET),
+                             TcpClient(SECRET))  # fmt: skip
+    replicator = PartReplicator(store, service, "wc", attempt, replicas=0)
+    scope = RestoreScope(frozenset(), {}, {})
+    return ZkAgreement(store, info, replicator, scope, interval, clock or ManualClock())
+
+
+async def saved(part_of: ZkAgreement, epoch: int, finished: bool) -> None:
+    """The worker's coordinator saved its part of ``epoch`` (one instance of 'count'): the agreement hears so."""
+    index = part_of.info.workers.index(part_of.info.worker)
+    document = {**part([], [[index, {"state": index}]], finished), "epoch": epoch}
+    data = encode(document)
+    part_of.store.save(epoch, data)
+    await part_of.saved(epoch, len(data), finished)
 
 
 async def test_the_first_worker_triggers_and_the_last_ack_completes_for_both(tree: MemoryTree) -> None:
@@ -97,10 +127,10 @@ async def test_the_first_worker_triggers_and_the_last_ack_completes_for_both(tre
         group.start_soon(second.run, seen["w1"])
         await settle_on(first.zk)
         assert seen["w0"].calls == seen["w1"].calls == [("begin", 1)]
-        await first.saved(1, 10, False)
+        await saved(first, 1, False)
         await settle_on(first.zk)
         assert seen["w1"].calls == [("begin", 1)]  # not complete until w1's part is saved too
-        await second.saved(1, 12, False)
+        await saved(second, 1, False)
         await settle_on(first.zk)
         assert seen["w0"].calls == seen["w1"].calls == [("begin", 1), ("commit", 1)]
         clock.advance(1.0)
@@ -115,8 +145,8 @@ async def test_a_replaced_attempt_cannot_complete_a_checkpoint(tree: MemoryTree)
     await client.create(paths.assignment("wc"), {"attempt": 1})
     await client.set(paths.assignment("wc"), {"attempt": 2})
     zombie_a, zombie_b = agreement(tree, "w0"), agreement(tree, "w1")
-    await zombie_a.saved(1, 10, False)
-    await zombie_b.saved(1, 10, False)
+    await saved(zombie_a, 1, False)
+    await saved(zombie_b, 1, False)
     assert await client.get(completed_path("wc")) is None
 
 
@@ -141,8 +171,8 @@ async def test_the_final_checkpoint_begins_once_every_worker_has_finished(tree: 
         group.start_soon(finish, "w1")
         await settle_on(parts["w0"].zk)
         assert seen["w0"].calls == seen["w1"].calls == [("final", 1)]
-        await parts["w0"].saved(1, 1, True)
-        await parts["w1"].saved(1, 1, True)
+        await saved(parts["w0"], 1, True)
+        await saved(parts["w1"], 1, True)
         await settle_on(parts["w0"].zk)
         assert sorted(ended) == ["w0", "w1"]
         group.cancel_scope.cancel()
@@ -179,10 +209,10 @@ async def test_a_graceful_stop_pauses_every_worker_and_returns_once_complete(tre
         group.start_soon(stop)
         await settle_on(parts["w0"].zk)
         assert seen["w0"].calls == seen["w1"].calls == [("pause", 1)]
-        await parts["w0"].saved(1, 1, False)
+        await saved(parts["w0"], 1, False)
         await settle_on(parts["w0"].zk)
         assert stopped == []  # w1's own part is not saved yet
-        await parts["w1"].saved(1, 1, False)
+        await saved(parts["w1"], 1, False)
         await settle_on(parts["w0"].zk)
         assert stopped == [1]
         group.cancel_scope.cancel()
@@ -203,8 +233,8 @@ async def test_a_checkpoint_slower_than_the_interval_triggers_the_next_with_its_
         group.start_soon(second.run, seen["w1"])
         await settle_on(first.zk)
         wall[0] += 2.0
-        await first.saved(1, 10, False)
-        await second.saved(1, 10, False)
+        await saved(first, 1, False)
+        await saved(second, 1, False)
         await settle_on(first.zk)
         assert seen["w0"].calls == seen["w1"].calls == [("begin", 1), ("commit", 1), ("begin", 2)]
         trigger = await first.zk.get(f"{paths.checkpoints('wc')}/attempt-1/trigger")

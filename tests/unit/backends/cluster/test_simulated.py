@@ -173,23 +173,41 @@ async def test_a_worker_killed_after_a_number_of_records_recovers_exactly_once()
     assert pairs(outcome.committed["totals"]) == RUNNING_COUNTS
 
 
-async def test_killing_every_worker_stalls_the_job_until_a_worker_joins() -> None:
-    """Both workers die as checkpoint 1 completes: STALLED naming them; a new worker takes attempt 2 from it."""
+async def test_killing_every_worker_stalls_the_job_until_one_comes_back_with_its_disk() -> None:
+    """Both workers die as checkpoint 1 completes: STALLED naming them; worker-0 restarts (same id, same
+    folder: its own part and its replica of worker-1's) and takes attempt 2 from checkpoint 1 alone."""
     async with SimulatedCluster(workers=2, capacity=3) as cluster:
         job = await cluster.submit(
             wordcount, kill=[KillAt("worker-0", after_checkpoint=1), KillAt("worker-1", after_checkpoint=1)]
         )
         stalled = await job.wait_for("STALLED")
         assert cluster.workers == []
-        assert await cluster.add_worker() == "worker-2"
+        assert await cluster.add_worker("worker-0") == "worker-0"
         outcome = await job.outcome()
     assert stalled == ("STALLED", "lost worker-0, worker-1; no live worker can take it: no live worker")
     path = [state for index, (state, _) in enumerate(outcome.states) if outcome.states[index - 1][0] != state]
     assert path == ["SUBMITTED", "SCHEDULED", "RUNNING", "STALLED", "RECOVERING", "RUNNING", "FINISHED"]
     assert ("RECOVERING", "attempt 2: a worker can take it again") in outcome.states
     assert [kill.worker for kill in outcome.kills] == ["worker-0", "worker-1"]
-    assert (outcome.attempt, outcome.restored_from, set(outcome.ran_on.values())) == (2, 1, {"worker-2"})
+    assert (outcome.attempt, outcome.restored_from, set(outcome.ran_on.values())) == (2, 1, {"worker-0"})
     assert pairs(outcome.committed["totals"]) == RUNNING_COUNTS
+
+
+async def test_a_job_whose_every_copy_is_gone_fails_saying_so_instead_of_starting_afresh() -> None:
+    """Both workers die with their disks; a new worker holds nothing: checkpoint 1 is marked unusable, the
+    next attempt finds no checkpoint before it, and the job fails naming why (it never silently restarts
+    from nothing, which would lose the state)."""
+    async with SimulatedCluster(workers=2, capacity=3) as cluster:
+        job = await cluster.submit(
+            wordcount, kill=[KillAt("worker-0", after_checkpoint=1), KillAt("worker-1", after_checkpoint=1)]
+        )
+        await job.wait_for("STALLED")
+        await cluster.add_worker()
+        outcome = await job.outcome()
+    assert outcome.state == "FAILED"
+    reasons = [reason for state, reason in outcome.states if state == "RECOVERING"]
+    assert reasons[-1].startswith("attempt 3: checkpoint 1 has an instance with no intact copy on a live worker")
+    assert "checkpoints 1 have no intact copy of some instance's state on any live worker" in outcome.reason
 
 
 async def test_a_worker_killed_by_the_test_while_the_job_is_held(gate: asyncio.Event) -> None:
@@ -323,7 +341,8 @@ async def test_the_harness_leaves_no_task_socket_or_file_behind() -> None:
         outcome: JobOutcome = await cluster.run(lambda: wordcount(), kill=KillAt("worker-0", after_checkpoint=1))
         directory = cluster.checkpoint_dir
         assert directory is not None
-        assert list(directory.iterdir()) == [directory / "wordcount"]
+        assert sorted(directory.iterdir()) == [directory / "worker-0", directory / "worker-1"]  # a folder each
+        assert sorted(path.name for path in (directory / "worker-0").iterdir()) == ["checkpoints", "replicas"]
         assert len(sockets() - before) > 0
     assert (outcome.state, outcome.attempt) == ("FINISHED", 2)
     assert set(asyncio.all_tasks()) == tasks

@@ -48,7 +48,7 @@ async def running_worker(
         registration = WorkerRegistration(session, worker_id, info)
         await registration.register()
         await registration.beat()
-        worker = WorkerJobs(session, registration, server, client, secret)
+        worker = WorkerJobs(session, registration, server, client, secret, cluster.tmp_path / worker_id)
         async with anyio.create_task_group() as group:
             group.start_soon(worker.run)
             yield worker

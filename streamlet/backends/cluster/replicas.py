@@ -1,0 +1,206 @@
+"""Checkpoint replicas on other workers, over the authenticated data plane (no shared disk).
+
+Every worker keeps its files under its own directory (``<state-dir>/<worker-id>/``):
+
+    checkpoints/<job>/attempt-<n>/<worker>/checkpoint-<epoch>.msgpack   its parts, as it saved them
+    replicas/<job>/<owner>/checkpoint-<epoch>.msgpack                   copies of other workers' parts
+
+A *part* is a checkpoint document holding some instances of some nodes (see
+``checkpoints``); a *replica* is the piece of an owner's part that holds the
+instances a backup worker backs up, in the same framed, checksummed format.
+
+Two one-off transfers ride on the data server's on-demand channels:
+
+- **push** (``replica/<id>``): the owner sends a piece as a blob; the backup
+  checks its checksum, writes it (fsync, rename), keeps the newest
+  :data:`KEEP` per owner and job (superseded ones go), then calls
+  ``on_stored`` (which acknowledges it in ZooKeeper);
+- **fetch** (``fetch/<id>``): a restoring worker asks a holder for some
+  instances of a part; the holder answers on a channel the asker registered,
+  with the piece or ``{"error": ...}``.
+
+Nothing but msgpack travels or is stored: never pickle. A request that is not
+what this module sends is dropped and counted (``bad_requests``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgpack
+import structlog
+from anyio.streams.memory import MemoryObjectSendStream
+
+from streamlet.backends.cluster.paths import instance_id
+from streamlet.core.model.encoding import packb, unpackb
+from streamlet.core.runtime.channel import Inbox
+from streamlet.core.state.store import DirectoryCheckpointStore, decode, encode
+from streamlet.errors import CheckpointError, TransportError
+from streamlet.transport.blobs import receive_blob, send_blob
+from streamlet.transport.tcp import DataServer
+from streamlet.transport.tcp_client import TcpClient
+
+log = structlog.get_logger("streamlet")
+KEEP = 3  # replicas per owner and job: the newest complete checkpoint and the one before are always among them
+TRANSFER_TIMEOUT = 10.0  # seconds a push or a fetch may take before the peer counts as unreachable
+PUSH, FETCH, ANSWER = "replica/", "fetch/", "answer/"
+Address = tuple[str, int]
+OnStored = Callable[[dict[str, Any], str, int], Awaitable[None]]  # (piece, owner, bytes)
+
+
+def instances_of(document: dict[str, Any]) -> list[str]:
+    """The instances a part (or piece) holds state of, as ``node.index``."""
+    return [
+        instance_id(name, int(index))
+        for section in ("sources", "tasks")
+        for name, entries in document.get(section, {}).items()
+        for index, _ in entries
+    ]
+
+
+def piece(document: dict[str, Any], instances: Iterable[str]) -> dict[str, Any]:
+    """The part ``document`` cut down to ``instances`` (the header fields stay)."""
+    wanted = set(instances)
+    cut = {key: value for key, value in document.items() if key not in ("sources", "tasks")}
+    for section in ("sources", "tasks"):
+        cut[section] = {}
+        for name, entries in document.get(section, {}).items():
+            kept = [entry for entry in entries if instance_id(name, int(entry[0])) in wanted]
+            if kept:
+                cut[section][name] = kept
+    return cut
+
+
+class ReplicaService:
+    """A worker's checkpoint files, and the replica pushes and fetches its data server takes."""
+
+    def __init__(self, root: Path, me: str, server: DataServer, client: TcpClient) -> None:
+        self.root = root
+        self.me = me
+        self.server = server
+        self.client = client
+        self.counts = {"stored": 0, "served": 0, "fetched_bytes": 0, "bad_requests": 0}
+        self.on_stored: OnStored | None = None
+        self._arrivals: MemoryObjectSendStream[tuple[str, Inbox, int]] | None = None
+
+    # -- files --------------------------------------------------------------------
+
+    def parts(self, job: str, attempt: int) -> DirectoryCheckpointStore:
+        """Where this worker saves its own parts of ``attempt``."""
+        return DirectoryCheckpointStore(self.root / "checkpoints" / job / f"attempt-{attempt}" / self.me)
+
+    def replicas(self, job: str, owner: str) -> DirectoryCheckpointStore:
+        """Where this worker keeps the pieces of ``owner``'s parts it backs up."""
+        return DirectoryCheckpointStore(self.root / "replicas" / job / owner, keep=KEEP)
+
+    def read_local(self, job: str, attempt: int, epoch: int, owner: str) -> dict[str, Any]:
+        """Owner ``owner``'s part (or the piece of it held here) of checkpoint ``epoch``, checksum checked.
+        ``ValueError`` / ``OSError`` when it is missing, torn or corrupt."""
+        store = self.parts(job, attempt) if owner == self.me else self.replicas(job, owner)
+        path = store.path(epoch)
+        document = decode(path.read_bytes(), str(path))
+        if int(document.get("epoch", -1)) != epoch:
+            raise ValueError(f"{path} holds another checkpoint")
+        return document
+
+    # -- serving ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Take pushes and fetch requests until cancelled."""
+        send, receive = anyio.create_memory_object_stream[tuple[str, Inbox, int]](1000)
+        self._arrivals = send
+        self.server.accept(PUSH, self._accept)
+        self.server.accept(FETCH, self._accept)
+        async with send, receive, anyio.create_task_group() as group:
+            async for channel_id, inbox, channel in receive:
+                group.start_soon(self._serve, channel_id, inbox, channel)
+
+    def _accept(self, channel_id: str) -> tuple[Inbox, int]:
+        inbox = Inbox(8)
+        channel = inbox.add_channel(0)
+        assert self._arrivals is not None
+        self._arrivals.send_nowait((channel_id, inbox, channel))
+        return inbox, channel
+
+    async def _serve(self, channel_id: str, inbox: Inbox, channel: int) -> None:
+        try:
+            with anyio.fail_after(TRANSFER_TIMEOUT * 6):
+                blob = await receive_blob(inbox, channel)
+                if channel_id.startswith(PUSH):
+                    await self._store(blob)
+                else:
+                    await self._answer(unpackb(blob))
+        except (ValueError, KeyError, TypeError, TransportError, CheckpointError, OSError, TimeoutError,
+                msgpack.UnpackException) as exc:  # fmt: skip
+            self.counts["bad_requests"] += 1
+            log.warning("dropping a replica transfer", channel=channel_id, reason=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.server.unregister(channel_id)
+
+    async def _store(self, blob: bytes) -> None:
+        document = decode(blob, "a pushed replica")  # the checksum: a corrupt push is never stored
+        job, owner, epoch = str(document["job_name"]), str(document["owner"]), int(document["epoch"])
+        await anyio.to_thread.run_sync(self.replicas(job, owner).save, epoch, blob)
+        self.counts["stored"] += 1
+        if self.on_stored is not None:
+            await self.on_stored(document, owner, len(blob))
+
+    async def _answer(self, request: dict[str, Any]) -> None:
+        job, attempt, epoch = str(request["job"]), int(request["attempt"]), int(request["epoch"])
+        owner, wanted = str(request["owner"]), [str(instance) for instance in request["instances"]]
+        host, port, reply = str(request["reply"][0]), int(request["reply"][1]), str(request["reply"][2])
+        if not reply.startswith(ANSWER):
+            raise ValueError(f"a fetch asks for its answer on {reply!r}")
+        try:
+            found = await anyio.to_thread.run_sync(self.read_local, job, attempt, epoch, owner)
+            missing = set(wanted) - set(instances_of(found))
+            answer = piece(found, wanted) if not missing else {"error": f"{self.me} holds no {sorted(missing)}"}
+        except (OSError, ValueError, CheckpointError, msgpack.UnpackException) as exc:
+            answer = {"error": f"{self.me} cannot read its copy: {exc}"}
+            log.warning("replica unreadable", job=job, epoch=epoch, owner=owner, reason=str(exc))
+        channel = self.client.channel((host, port), reply)
+        await send_blob(channel, encode(answer))
+        with anyio.fail_after(TRANSFER_TIMEOUT):
+            await channel.release()
+        self.counts["served"] += 1
+
+    # -- asking -------------------------------------------------------------------
+
+    async def push(self, address: Address, document: dict[str, Any]) -> None:
+        """Send ``document`` (a piece, with ``owner``, ``job_name`` and ``attempt_number`` set) to the backup
+        at ``address``; returns once it is delivered (the backup acknowledges it in ZooKeeper once stored)."""
+        channel = self.client.channel(address, f"{PUSH}{uuid.uuid4().hex}")
+        with anyio.fail_after(TRANSFER_TIMEOUT):
+            await send_blob(channel, encode(document))
+            await channel.release()
+
+    async def fetch(
+        self, address: Address, job: str, attempt: int, epoch: int, owner: str, instances: list[str]
+    ) -> dict[str, Any]:
+        """``instances`` of ``owner``'s part of ``epoch``, from the holder at ``address``. ``ValueError`` when
+        the holder has no intact copy; ``TimeoutError`` when it does not answer."""
+        reply = f"{ANSWER}{uuid.uuid4().hex}"
+        inbox = Inbox(8)
+        channel = inbox.add_channel(0)
+        self.server.register(reply, inbox, channel)
+        try:
+            request = {
+                "job": job, "attempt": attempt, "epoch": epoch, "owner": owner, "instances": instances,
+                "reply": [self.server.host, self.server.port, reply],
+            }  # fmt: skip
+            asking = self.client.channel(address, f"{FETCH}{uuid.uuid4().hex}")
+            with anyio.fail_after(TRANSFER_TIMEOUT):
+                await send_blob(asking, packb(request))
+                blob = await receive_blob(inbox, channel)
+            await asking.release()
+        finally:
+            self.server.unregister(reply)
+        answer = decode(blob, f"checkpoint {epoch} of {owner} from {address[0]}:{address[1]}")
+        if "error" in answer:
+            raise ValueError(str(answer["error"]))
+        self.counts["fetched_bytes"] += len(blob)
+        return answer
