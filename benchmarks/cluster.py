@@ -84,7 +84,7 @@ async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) ->
     from streamlet.backends.cluster.checkpoints import completed_path
     from streamlet.backends.cluster.zk import ZkStore
 
-    checkpoint = {"interval": CHECKPOINT_INTERVAL, "directory": str(state_dir / "checkpoints")}
+    checkpoint = {"interval": CHECKPOINT_INTERVAL, "replicas": None}
     submission = client.Submission("benchmarks.cluster_job:build_long_topology", "checkpointed", checkpoint=checkpoint)
     await client.submit_and_wait(state.zk, state.name, submission, False, 60, state.secret())
     completions: list[float] = []
@@ -118,7 +118,7 @@ def recovery_seconds() -> dict[str, float]:
         try:
             anyio.run(_wait_ready, state, 2)
             slow = "benchmarks.cluster_slow_job:build_topology"
-            checkpoint = {"interval": 0.2, "directory": str(state_dir / "checkpoints")}
+            checkpoint = {"interval": 0.2, "replicas": None}
             submission = client.Submission(slow, "slow", checkpoint=checkpoint)
             anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
 

@@ -269,7 +269,7 @@ def _cluster_restarts(state: Any, root: Path, changes: list[int]) -> Marks:
 def _submit(state: Any, root: Path, job: str, parallelism: dict[str, int], savepoint: Path | None = None) -> None:
     from streamlet.backends.cluster import client
 
-    checkpoint = {"interval": 1.0, "directory": str(root / "checkpoints")}
+    checkpoint = {"interval": 1.0, "replicas": None}
     submission = client.Submission(f"benchmarks.rescale_job:{job}", job, parallelism, checkpoint, savepoint)
     anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
     _wait_state(state, job, {"RUNNING"})

@@ -31,7 +31,7 @@ class Submission:
     target: str
     job: str | None = None
     parallelism: dict[str, int] = field(default_factory=dict)
-    checkpoint: dict[str, Any] | None = None  # {"interval": seconds, "directory": path every worker reaches}
+    checkpoint: dict[str, Any] | None = None  # {"interval": seconds, "replicas": K or None (one when possible)}
     from_savepoint: Path | None = None  # start from this savepoint (on a path every worker reaches)
     adapt: dict[str, Any] | None = None  # AdaptSettings.to_data(): the adaptation policies it runs under
 

@@ -69,7 +69,7 @@ class JobSpec(TypedDict, total=False):
 
     target: str  # "pkg.module:name" or "path/to/file.py:name"
     parallelism: dict[str, int]
-    checkpoint: dict[str, Any] | None  # {"interval": seconds, "directory": path}
+    checkpoint: dict[str, Any] | None  # {"interval": seconds, "replicas": K or None (one when possible)}
     adapt: dict[str, Any] | None  # AdaptSettings.to_data(): the adaptation policies it runs under
     submitted: float
     uid: str  # tells a job from an earlier one of the same name
