@@ -31,11 +31,14 @@ def assign(
     upstream: dict[Instance, list[Instance]],
     workers: list[WorkerLoad],
     allowed: dict[str, set[str]] | None = None,
+    prefer: dict[Instance, list[str]] | None = None,
 ) -> dict[Instance, str]:
     """Map every instance (in topological order) to a worker id.
 
     ``allowed`` restricts a node's instances to some workers (SpeedStream's
-    task allocation matrix); nodes not in it may run anywhere.
+    task allocation matrix); nodes not in it may run anywhere. ``prefer``
+    names, for some instances, workers to try first in order (where their
+    state already is: a recovery then moves no state); one with room wins.
 
     Example:
         >>> assign([("a", 0), ("b", 0)], {("b", 0): [("a", 0)]}, [WorkerLoad("w1", 4), WorkerLoad("w2", 4)])
@@ -49,7 +52,9 @@ def assign(
     for instance in instances:
         candidates = _candidates(instance[0], used, (allowed or {}).get(instance[0]))
         neighbours = [placed[n] for n in upstream.get(instance, []) if n in placed and placed[n] in candidates]
-        choice = _co_located(neighbours, candidates, by_id) or _least_loaded(candidates, by_id)
+        preferred = [w for w in (prefer or {}).get(instance, []) if w in candidates and _room(w, used, by_id)]
+        choice = next(iter(preferred), None) or _co_located(neighbours, candidates, by_id)
+        choice = choice or _least_loaded(candidates, by_id)
         placed[instance] = choice
         used[choice] += 1
     return placed

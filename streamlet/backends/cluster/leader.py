@@ -39,7 +39,7 @@ from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import JobState, moved, state_of
 from streamlet.backends.cluster.paths import Assignment, JobStateNode, Layout, Reconfiguration, ReconfigureRequest
 from streamlet.backends.cluster.registry import workers
-from streamlet.backends.cluster.scheduler import fitting_workers, live, live_loads, place
+from streamlet.backends.cluster.scheduler import fitting_workers, live, live_loads, place, state_holders
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, Create, Delete, Op, SetData, read_all
 from streamlet.core.model.topology import Topology
@@ -299,7 +299,9 @@ class Leader:
         if isinstance(topology, str):
             return await self._move(view, JobState.FAILED, topology)
         try:
-            mapping = place(topology, await live_loads(self.store, self.clock(), exclude=view.name), avoid)
+            loads = await live_loads(self.store, self.clock(), exclude=view.name)
+            holders = await state_holders(self.store, view.name, view.assignment[0])
+            mapping = place(topology, loads, avoid, holders)  # where the state is: a recovery moves little
         except DispatchError as exc:
             return await self._move(view, JobState.STALLED, f"{why}; no live worker can take it: {exc}")
         current, version = view.assignment

@@ -213,6 +213,15 @@ class PartReplicator:
             await riding_out(self.zk.create, f"{paths.unusable(self.job)}/{epoch}", {"instances": instances})
 
 
+async def acknowledge_stored(zk: ClusterStore, me: str, piece: dict[str, Any], owner: str, size: int) -> None:
+    """A backup's acknowledgement (``ReplicaService.on_stored``): ``owner``'s piece is stored on ``me``; the
+    owner waits for it before it acknowledges its part."""
+    job, attempt, epoch = str(piece["job_name"]), int(piece["attempt_number"]), int(piece["epoch"])
+    with contextlib.suppress(NodeExists):
+        path = f"{paths.checkpoints(job)}/attempt-{attempt}/acks/{epoch}/{owner}~{me}"
+        await riding_out(zk.create, path, {"bytes": size})
+
+
 def _acknowledged(children: list[str], owner: str) -> set[str]:
     """The backups that acknowledged a piece of ``owner``'s part, from the ack node's children."""
     prefix = f"{owner}~"

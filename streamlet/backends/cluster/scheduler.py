@@ -12,6 +12,7 @@ from streamlet.adaptation.dispatch import WorkerLoad, assign
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.jobs import held_instances
 from streamlet.backends.cluster.lifecycle import state_of
+from streamlet.backends.cluster.paths import Assignment
 from streamlet.backends.cluster.registry import WorkerView, workers
 from streamlet.backends.cluster.store import ClusterStore
 from streamlet.core.model.topology import Node, Topology
@@ -47,12 +48,19 @@ def plan_instances(topology: Topology) -> tuple[list[Instance], dict[Instance, l
     return instances, upstream
 
 
-def place(topology: Topology, loads: list[WorkerLoad], avoid: dict[str, set[str]] | None = None) -> dict[str, str]:
+def place(
+    topology: Topology,
+    loads: list[WorkerLoad],
+    avoid: dict[str, set[str]] | None = None,
+    prefer: dict[str, list[str]] | None = None,
+) -> dict[str, str]:
     """Instance id -> worker for every instance of ``topology``.
 
     A node runs only on the workers it names and that carry all its labels;
     it avoids the workers in ``avoid[node]`` (where it failed) while others
-    remain. Raises :class:`DispatchError` when no live worker fits a node.
+    remain; an instance goes to the first worker of ``prefer[instance id]``
+    with room (where its state is). Raises :class:`DispatchError` when no
+    live worker fits a node.
     """
     if not loads:
         raise DispatchError("no live worker")
@@ -66,7 +74,8 @@ def place(topology: Topology, loads: list[WorkerLoad], avoid: dict[str, set[str]
                 f"with labels {list(node.labels)}; none is live"
             )
         allowed[node.name] = (fitting - (avoid or {}).get(node.name, set())) or fitting
-    placed = assign(instances, upstream, loads, allowed)
+    preferred = {(paths.task_of(i), int(i.rsplit(".", 1)[1])): workers for i, workers in (prefer or {}).items()}
+    placed = assign(instances, upstream, loads, allowed, preferred)
     return {paths.instance_id(node, index): worker for (node, index), worker in placed.items()}
 
 
@@ -74,6 +83,19 @@ def fitting_workers(node: Node, loads: list[WorkerLoad]) -> set[str]:
     """The workers of ``loads`` a node may run on: those it names (if it names any) carrying all its labels."""
     fitting = {w.worker_id for w in loads if set(node.labels) <= w.labels}
     return fitting if node.workers is None else fitting & set(node.workers)
+
+
+async def state_holders(store: ClusterStore, job: str, assignment: Assignment | None) -> dict[str, list[str]]:
+    """Instance id -> the workers where its state is, to redeploy it without moving state: where it runs now
+    (its newest local checkpoint part), then the holders of the job's last complete checkpoint."""
+    where: dict[str, list[str]] = {}
+    if assignment is not None:
+        for instance, worker in (await held_instances(store, job, assignment)).items():
+            where[instance] = [worker]
+    found = await store.get(f"{paths.checkpoints(job)}/completed")
+    for instance, holders in ((found[0] if found else {}).get("holders") or {}).items():
+        where[instance] = [*where.get(instance, []), *(h for h in holders if h not in where.get(instance, []))]
+    return where
 
 
 def live(views: list[WorkerView], now: float) -> list[WorkerView]:

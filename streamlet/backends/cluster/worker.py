@@ -17,6 +17,7 @@ import contextlib
 import json
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,9 @@ from streamlet.backends.cluster.paths import Assignment, Reconfiguration, instan
 from streamlet.backends.cluster.reconfigure import placed_instances, with_layout
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
 from streamlet.backends.cluster.replicas import ReplicaService
-from streamlet.backends.cluster.replication import PartReplicator
+from streamlet.backends.cluster.replication import PartReplicator, acknowledge_stored
 from streamlet.backends.cluster.signing import verify
-from streamlet.backends.cluster.store import ClusterStore, riding_out, write_fenced
+from streamlet.backends.cluster.store import ClusterStore, write_fenced
 from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.topology import Topology
@@ -75,7 +76,7 @@ class WorkerJobs:
         self.zk = zk
         self.secret = secret
         self.replicas = ReplicaService(state_dir, registration.worker_id, server, client)
-        self.replicas.on_stored = self._replica_stored
+        self.replicas.on_stored = partial(acknowledge_stored, zk, registration.worker_id)
         self.registration = registration
         self.me = registration.worker_id
         self.server = server
@@ -240,13 +241,6 @@ class WorkerJobs:
         if agreement is not None:  # after the change: checkpoints in flight before it completed without them
             agreement.join(change["workers"])
         await self._publish_endpoints(job, self.topologies[job], placement, [*change["placed"]])
-
-    async def _replica_stored(self, piece: dict[str, Any], owner: str, size: int) -> None:
-        """A backup's acknowledgement: ``owner``'s piece is stored here (the owner waits for it to ack its part)."""
-        job, attempt, epoch = str(piece["job_name"]), int(piece["attempt_number"]), int(piece["epoch"])
-        with contextlib.suppress(NodeExists):
-            path = f"{paths.checkpoints(job)}/attempt-{attempt}/acks/{epoch}/{owner}~{self.me}"
-            await riding_out(self.zk.create, path, {"bytes": size})
 
     async def _ended(self, job: str, uid: str) -> bool:
         """The job's state has ended (killed, failed): final, so remembered."""

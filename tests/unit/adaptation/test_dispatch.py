@@ -64,3 +64,15 @@ def test_a_task_allowed_nowhere_registered_is_an_error() -> None:
     """A restriction to workers that are not there names the task and the workers."""
     with pytest.raises(DispatchError, match=r"^task 'count' may run only on \['w9'\], and none of them is registered$"):
         assign(CHAIN, UPSTREAM, [WorkerLoad("w0", 8)], {"count": {"w9"}})
+
+
+def test_an_instance_goes_where_its_state_is_when_that_worker_has_room() -> None:
+    """count.1's state is on w1 (then w2): it goes there, not beside its upstream on w0; out.0 prefers w2,
+    which is full, so it falls back to w1's other choice rules (co-location with its upstream)."""
+    workers = [WorkerLoad("w0", 8), WorkerLoad("w1", 8), WorkerLoad("w2", 1, used=1)]
+    prefer = {("count", 1): ["w1", "w2"], ("out", 0): ["w2"]}
+    placed = assign(CHAIN, UPSTREAM, workers, prefer=prefer)
+    assert placed == {
+        ("src", 0): "w0", ("split", 0): "w0", ("split", 1): "w0", ("count", 0): "w0", ("count", 1): "w1",
+        ("out", 0): "w0",
+    }  # fmt: skip

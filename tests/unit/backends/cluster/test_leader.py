@@ -91,6 +91,28 @@ async def test_losing_a_worker_starts_the_next_attempt_on_the_survivor(cluster: 
     assert set(assignment["instances"].values()) == {"w0"}  # type: ignore[attr-defined]
 
 
+async def test_a_lost_workers_instances_are_redeployed_where_their_replicas_are(cluster: MemoryCluster) -> None:
+    """w0 and w1 run two instances each (capacity 2), w2 none; the last checkpoint's replicas of w1's are on
+    w2: attempt 2 puts them on w2 (co-location would pick w0), and w0's stay where their state is."""
+    for worker in ("w0", "w1", "w2"):
+        await cluster.add_worker(worker, capacity=2)
+    await cluster.submit("p")
+    await cluster.leader.round()
+    before = (await cluster.assignment("p"))["instances"]
+    assert isinstance(before, dict)
+    lost = sorted(instance for instance, worker in before.items() if worker == "w1")
+    holders = {instance: [worker, "w2" if worker == "w1" else "w1"] for instance, worker in before.items()}
+    completed = {"attempt": 1, "epoch": 3, "workers": ["w0", "w1", "w2"], "finished": False, "holders": holders}
+    await cluster.client.create(f"{paths.checkpoints('p')}/completed", completed)
+    cluster.workers["w1"].expire()
+    await cluster.leader.round()
+    after = (await cluster.assignment("p"))["instances"]
+    assert isinstance(after, dict)
+    assert len(lost) == 2
+    assert {after[instance] for instance in lost} == {"w2"}
+    assert {i: w for i, w in after.items() if i not in lost} == {i: w for i, w in before.items() if i not in lost}
+
+
 async def test_losing_every_worker_stalls_the_job_until_a_new_one_joins(cluster: MemoryCluster) -> None:
     """All workers gone -> STALLED (not RUNNING on a dead worker); a new worker -> RECOVERING there."""
     await cluster.add_worker("w0")
