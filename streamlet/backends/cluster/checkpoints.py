@@ -292,14 +292,17 @@ class ZkAgreement:
     async def _holders(self, acks: str) -> dict[str, Any]:
         """Who holds each instance's state (owner first), and the layout, from every worker's acknowledgement."""
         holders: dict[str, list[str]] = {}
+        sizes: dict[str, int] = {}  # bytes of each instance's state, as its part's size shared out (for placement)
         layout: dict[str, Any] = {}
         for worker in self.info.workers:
             found = await self.zk.get(f"{acks}/{worker}")
             ack = {} if found is None else found[0]
             layout = layout or ack.get("layout", {})
-            for instance, backups in ack.get("replicas", {}).items():
+            replicas = ack.get("replicas", {})
+            for instance, backups in replicas.items():
                 holders[instance] = [worker, *backups]
-        return {"holders": holders, "layout": layout}
+                sizes[instance] = int(ack.get("bytes", 0)) // len(replicas)
+        return {"holders": holders, "sizes": sizes, "layout": layout}
 
     async def _publish_completed(self, epoch: int, finished: bool, where: dict[str, Any]) -> None:
         path = completed_path(self.job)

@@ -35,6 +35,7 @@ import anyio
 import structlog
 
 from streamlet.backends.cluster import paths, reconfigure
+from streamlet.backends.cluster.backup_control import BackupController
 from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import JobState, moved, state_of
 from streamlet.backends.cluster.paths import Assignment, JobStateNode, Layout, Reconfiguration, ReconfigureRequest
@@ -47,6 +48,7 @@ from streamlet.errors import DispatchError, NodeExists, ReconfigurationError
 
 log = structlog.get_logger("streamlet")
 ROUND = 0.2  # seconds between rounds when nothing wakes the leader earlier
+BACKUP_ROUND = 1.0  # seconds between runs of the backup location controller (it reruns only on changes)
 
 
 @dataclass
@@ -118,6 +120,8 @@ class Leader:
         self.epoch = epoch
         self.secret = secret
         self.clock = clock
+        self.backups = BackupController(store, clock)
+        self._backups_placed_at = -BACKUP_ROUND
 
     async def run(self) -> None:
         """Rounds until cancelled: at once when a worker comes or goes, else every ``ROUND``."""
@@ -147,7 +151,24 @@ class Leader:
             if decision is not None:
                 log.info("job decision", job=job, decision=decision, epoch=self.epoch)
                 decisions.append(f"{job}: {decision}")
+        await self._place_backups()
         return decisions
+
+    async def _place_backups(self) -> None:
+        """The backup location controller over the RUNNING jobs, at most every ``BACKUP_ROUND``."""
+        now = self.clock()
+        if now - self._backups_placed_at < BACKUP_ROUND:
+            return
+        self._backups_placed_at = now
+        views = live(await workers(self.store), now)
+        loads = None
+        for job in await self.store.children(paths.JOBS):
+            view = await read_view(self.store, job)
+            if view is None or view.assignment is None or state_of(view.state) != JobState.RUNNING:
+                self.backups.forget(job)
+                continue
+            loads = loads or await live_loads(self.store, now)
+            await self.backups.step(job, view.spec, view.assignment[0], views, loads)
 
     async def _step(self, view: JobView, live_ids: set[str]) -> str | None:
         state = state_of(view.state)

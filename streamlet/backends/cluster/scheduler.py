@@ -87,11 +87,15 @@ def fitting_workers(node: Node, loads: list[WorkerLoad]) -> set[str]:
 
 async def state_holders(store: ClusterStore, job: str, assignment: Assignment | None) -> dict[str, list[str]]:
     """Instance id -> the workers where its state is, to redeploy it without moving state: where it runs now
-    (its newest local checkpoint part), then the holders of the job's last complete checkpoint."""
+    (its newest local checkpoint part), the backup location controller's redeploy worker, then the holders
+    of the job's last complete checkpoint."""
     where: dict[str, list[str]] = {}
     if assignment is not None:
         for instance, worker in (await held_instances(store, job, assignment)).items():
             where[instance] = [worker]
+    planned = await store.get(paths.backups(job))
+    for instance, worker in ((planned[0] if planned else {}).get("redeploy") or {}).items():
+        where[instance] = [*where.get(instance, []), worker]  # the backup location controller's choice
     found = await store.get(f"{paths.checkpoints(job)}/completed")
     for instance, holders in ((found[0] if found else {}).get("holders") or {}).items():
         where[instance] = [*where.get(instance, []), *(h for h in holders if h not in where.get(instance, []))]
