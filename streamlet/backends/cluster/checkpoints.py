@@ -279,8 +279,12 @@ class ZkAgreement:
         if export is not None:  # a savepoint: its parts go to the folder the client reads
             await anyio.to_thread.run_sync(write_file, Path(export) / f"{self.info.worker}.msgpack", data)
         replicas = await self.replicator.replicate(self.base, epoch, data)
-        layout = decode(data, f"part {epoch}").get("layout", {})
-        await riding_out(self._acknowledge, epoch, {"bytes": size, "replicas": replicas, "layout": layout}, finished)
+        part = decode(data, f"part {epoch}")
+        # the run that took it and its job id: a worker restoring only sinks (no state) still needs them to
+        # publish what that run staged for the checkpoint (a sink's staged output is part of the checkpoint)
+        ack = {"bytes": size, "replicas": replicas, "layout": part.get("layout", {}), "run": part.get("attempt"),
+               "job_id": part.get("job")}  # fmt: skip
+        await riding_out(self._acknowledge, epoch, ack, finished)
 
     async def _acknowledge(self, epoch: int, ack: dict[str, Any], finished: bool) -> None:
         acks = f"{self.base}/acks/{epoch}"
@@ -294,15 +298,17 @@ class ZkAgreement:
         holders: dict[str, list[str]] = {}
         sizes: dict[str, int] = {}  # bytes of each instance's state, as its part's size shared out (for placement)
         layout: dict[str, Any] = {}
+        run: dict[str, Any] = {}
         for worker in self.info.workers:
             found = await self.zk.get(f"{acks}/{worker}")
             ack = {} if found is None else found[0]
             layout = layout or ack.get("layout", {})
+            run = {"run": ack.get("run"), "job_id": ack.get("job_id")} if "run" in ack else run
             replicas = ack.get("replicas", {})
             for instance, backups in replicas.items():
                 holders[instance] = [worker, *backups]
                 sizes[instance] = int(ack.get("bytes", 0)) // len(replicas)
-        return {"holders": holders, "sizes": sizes, "layout": layout}
+        return {"holders": holders, "sizes": sizes, "layout": layout, **run}
 
     async def _publish_completed(self, epoch: int, finished: bool, where: dict[str, Any]) -> None:
         path = completed_path(self.job)
@@ -375,15 +381,16 @@ def merge_parts(parts: list[dict[str, Any]], completed: dict[str, Any] | None = 
     """One checkpoint document from workers' parts (or pieces of them): each node's snapshots in instance
     order. Without ``completed`` every instance must be there; with it (the completed checkpoint's record)
     an instance this worker did not read is ``None`` in its place."""
+    record = completed or {}
     merged: dict[str, Any] = {
-        "epoch": parts[0]["epoch"] if parts else completed and completed["epoch"],
-        "job": parts[0]["job"] if parts else None,
-        "finished": all(part["finished"] for part in parts) and (completed or {}).get("finished", True),
-        "attempt": parts[0].get("attempt") if parts else None,  # the run that took it: its sinks' staging
-        "layout": parts[0].get("layout", {}) if parts else (completed or {}).get("layout", {}),
+        "epoch": parts[0]["epoch"] if parts else record.get("epoch"),
+        "job": parts[0]["job"] if parts else record.get("job_id"),
+        "finished": all(part["finished"] for part in parts) and record.get("finished", True),
+        "attempt": parts[0].get("attempt") if parts else record.get("run"),  # the run that took it: its staging
+        "layout": parts[0].get("layout", {}) if parts else record.get("layout", {}),
     }
     counts: dict[str, int] = {}
-    for instance in (completed or {}).get("holders", {}):
+    for instance in record.get("holders", {}):
         counts[task_of(instance)] = counts.get(task_of(instance), 0) + 1
     for section in ("sources", "tasks"):
         by_node: dict[str, dict[int, Any]] = {}

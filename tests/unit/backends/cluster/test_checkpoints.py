@@ -62,6 +62,24 @@ def test_a_missing_instance_is_an_error_naming_the_node() -> None:
         merge_parts([part([[0, 1]], [[0, {}], [2, {}]])])
 
 
+def test_a_worker_restoring_only_a_sink_still_learns_which_run_staged_the_checkpoints_output() -> None:
+    """A sink keeps no state, so its worker reads no piece; the completed record names the run (and job id),
+    so the sink publishes what that run staged for the checkpoint: its output is part of the checkpoint."""
+    completed = {"attempt": 2, "epoch": 4, "workers": ["w0"], "finished": False, "holders": {"lines.0": ["w0"]},
+                 "layout": {}, "run": "wc.u1.2", "job_id": "c.wc"}  # fmt: skip
+    assert merge_parts([], completed) == {
+        "epoch": 4, "job": "c.wc", "finished": False, "attempt": "wc.u1.2", "layout": {}, "sources": {}, "tasks": {},
+    }  # fmt: skip
+
+
+def test_a_piece_leaves_the_instances_another_worker_restores_empty() -> None:
+    """This worker read count.1 only: count.0 and count.2 are None in their places, the count stays 3."""
+    completed = {"attempt": 2, "epoch": 4, "workers": ["w0"], "finished": False,
+                 "holders": {f"count.{i}": ["w0"] for i in range(3)}, "layout": {}}  # fmt: skip
+    merged = merge_parts([part([], [[1, {"state": "s1"}]])], completed)
+    assert merged["tasks"] == {"count": [None, {"state": "s1"}, None]}
+
+
 class FakeCoordinator:
     """What an agreement drives: records the epochs begun and committed, in order."""
 
