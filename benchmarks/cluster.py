@@ -5,14 +5,15 @@ workers) in a temporary state directory, submits ``benchmarks.cluster_job``
 by reference and reads the workers' reports: the job's records/s is the
 word count over the slowest worker's wall time, and ``tcp_share`` the share
 of records received over TCP among all records received by tasks and sinks.
-Baseline: the same job in-process, in the same run.
+Baseline: the same job in-process, in the same run. Recovery without a shared
+disk (a worker killed and its folder deleted, restored from replicas) is
+``benchmarks.recovery``.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import anyio
 
 import streamlet as sl
 from benchmarks.common import report
+from benchmarks.recovery import recovery_with_replicas
 from streamlet.backends.cluster import client, local_cluster
 from streamlet.backends.cluster.processes import SESSION_TIMEOUT
 
@@ -107,45 +109,6 @@ async def _wait_ready(state: local_cluster.ClusterState, workers: int) -> None:
     await wait_until_ready(state.zk, state.name, workers)
 
 
-def recovery_seconds() -> dict[str, float]:
-    """SIGKILL a worker mid-job (a checkpointed slow count); seconds from the kill until the next attempt is
-    assigned to the survivor, and until that attempt completes its first checkpoint (its output resumes)."""
-    from streamlet.backends.cluster.zk import ZkStore
-
-    with tempfile.TemporaryDirectory() as directory:
-        state_dir = Path(directory)
-        state = local_cluster.up(state_dir, "recovery", 2, 1, None, capacity=3)
-        try:
-            anyio.run(_wait_ready, state, 2)
-            slow = "benchmarks.cluster_slow_job:build_topology"
-            checkpoint = {"interval": 0.2, "replicas": None}
-            submission = client.Submission(slow, "slow", checkpoint=checkpoint)
-            anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
-
-            async def progress() -> tuple[int, int]:
-                async with ZkStore(state.zk, state.name) as zk:
-                    found = await zk.get("/jobs/slow/assignment")
-                    done = await zk.get("/jobs/slow/checkpoints/completed")
-                    return (0 if found is None else int(found[0]["attempt"])), (
-                        0 if done is None else int(done[0]["attempt"])
-                    )
-
-            while anyio.run(progress) != (1, 1):  # running, with a checkpoint completed
-                time.sleep(0.05)
-            time.sleep(0.5)
-            [victim] = [p for p in state.processes if p["id"] == "worker-1"]
-            killed = time.monotonic()
-            os.kill(int(victim["pid"]), signal.SIGKILL)
-            while anyio.run(progress)[0] < 2:
-                time.sleep(0.05)
-            reassigned = time.monotonic() - killed
-            while anyio.run(progress)[1] < 2:
-                time.sleep(0.05)
-            return {"reassigned": round(reassigned, 2), "output": round(time.monotonic() - killed, 2)}
-        finally:
-            local_cluster.down(state_dir)
-
-
 def in_process(records: int, repeats: int) -> float:
     """The same job in one process (median records/s)."""
     from benchmarks.cluster_job import build_topology
@@ -168,7 +131,7 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     one = run_on_cluster(1, records, repeats)
     two = run_on_cluster(2, records, repeats)
     local = in_process(records, repeats)
-    recovery = recovery_seconds()
+    recovery = recovery_with_replicas()
     return report(
         "cluster",
         two["rate"],
@@ -178,8 +141,7 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         one_worker_tcp_share=one["tcp_share"],
         idle_master_rss_mb=two["idle"]["master"],
         idle_worker_rss_mb=two["idle"]["worker"],
-        recovery_seconds=recovery["reassigned"],
-        recovery_to_output_seconds=recovery["output"],
+        **recovery,
         checkpoint_interval=CHECKPOINT_INTERVAL,
         checkpoint_gap_median_seconds=two["gap"],
         checkpoint_gaps_measured=two["gaps"],
