@@ -59,6 +59,7 @@ from streamlet.transport.tcp_client import TcpClient
 
 log = structlog.get_logger("streamlet")
 POLL = 0.2
+MAX_REPORT_BYTES = 1_000_000  # ZooKeeper's jute.maxbuffer is 1 MiB for the whole request: leave it some room
 
 
 class WorkerJobs:
@@ -324,7 +325,7 @@ class WorkerJobs:
             self.placements.pop((job, attempt), None)
             self.runs.pop((job, attempt), None)
         if payload is not None:  # None: cancelled (superseded by a newer attempt, or the job ended)
-            await self._report(paths.done(job, attempt), payload, (paths.assignment(job), version))
+            await self._report(paths.done(job, attempt), fitting_report(payload), (paths.assignment(job), version))
         await self.registration.set_state(*worker_states(len(self.running)))
 
     async def _report(self, directory: str, payload: dict[str, Any], fence: tuple[str, int]) -> None:
@@ -452,6 +453,20 @@ class WorkerJobs:
                         await self.zk.create(path, address)
                     except NodeExists:
                         await self.zk.set(path, address)
+
+
+def fitting_report(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload``, or an error saying why when it is too big for a ZooKeeper node (which refuses it and drops
+    the connection, again at every retry): collected sink records are reported through ZooKeeper."""
+    size = len(json.dumps(payload).encode())
+    if size <= MAX_REPORT_BYTES:
+        return payload
+    collected = ", ".join(f"'{name}' {len(rows)}" for name, rows in payload.get("sinks", {}).items())
+    return {
+        "error": f"JobError: this worker's report is {size} bytes, over the {MAX_REPORT_BYTES} a ZooKeeper node "
+        f"holds (records collected by sinks: {collected or 'none'}); collect less, or write large outputs with "
+        "a FileSink or KafkaSink",
+    }
 
 
 def reportable(result: JobResult) -> dict[str, list[list[Any]]]:

@@ -11,7 +11,7 @@ from streamlet.backends.cluster import jobs, paths
 from streamlet.backends.cluster.client import collected
 from streamlet.backends.cluster.registry import WorkerRegistration
 from streamlet.backends.cluster.store import MemoryClusterStore
-from streamlet.backends.cluster.worker import WorkerJobs
+from streamlet.backends.cluster.worker import MAX_REPORT_BYTES, WorkerJobs, fitting_report
 from streamlet.core.runtime.channel import LocalChannel
 from streamlet.core.runtime.job import Job
 from streamlet.loading import load_topology
@@ -156,3 +156,17 @@ async def test_a_loop_spread_over_two_workers_ends_by_itself_with_the_in_process
     assert instances["halve.0"] != instances["halve.1"]  # type: ignore[index]
     dropped = sum(report["statistics"]["dropped"] for report in reports)  # type: ignore[index]
     assert dropped == expected.statistics.dropped == 953
+
+
+def test_a_report_too_big_for_a_zookeeper_node_becomes_an_error_naming_the_sinks() -> None:
+    """100 000 collected rows are ~2 MB: ZooKeeper would drop the connection at every retry; the report says
+    why instead (a small report goes through unchanged)."""
+    small = {"sinks": {"totals": [["a", 1, None]]}, "restored_from": None}
+    assert fitting_report(small) == small
+    big = {"sinks": {"totals": [[f"key-{i}", i, None] for i in range(100_000)]}, "restored_from": None}
+    [error] = fitting_report(big).values()
+    assert error.startswith("JobError: this worker's report is ")
+    assert (
+        f"bytes, over the {MAX_REPORT_BYTES} a ZooKeeper node holds (records collected by sinks: 'totals' 100000)"
+        in error
+    )
