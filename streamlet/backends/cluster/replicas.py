@@ -25,6 +25,7 @@ what this module sends is dropped and counted (``bad_requests``).
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -106,6 +107,43 @@ class ReplicaService:
         if int(document.get("epoch", -1)) != epoch:
             raise ValueError(f"{path} holds another checkpoint")
         return document
+
+    def sweep(self, job: str, keep: dict[int, int] | None) -> int:
+        """Delete this worker's files of ``job`` no restore can need; returns how many went. ``keep``: the
+        epochs a restore may still read (the last complete checkpoint and the one before), each with its
+        attempt; ``None``: the job is over (or gone), so nothing of it is kept."""
+        removed = 0
+        for folder in (self.root / "replicas" / job, self.root / "checkpoints" / job):
+            if keep is None and folder.exists():
+                removed += sum(1 for path in folder.rglob("*") if path.is_file())
+                shutil.rmtree(folder, ignore_errors=True)
+        if keep is None:
+            return removed
+        oldest = min(keep)
+        for store in self._stores_of(job):
+            for epoch in store.epochs():
+                if epoch < oldest:
+                    store.path(epoch).unlink(missing_ok=True)
+                    removed += 1
+        attempts = self.root / "checkpoints" / job
+        needed = {f"attempt-{attempt}" for attempt in keep.values()}
+        for folder in attempts.iterdir() if attempts.exists() else ():
+            newest = max((int(name.removeprefix("attempt-")) for name in needed), default=0)
+            if folder.name not in needed and int(folder.name.removeprefix("attempt-")) < newest:
+                removed += sum(1 for path in folder.rglob("*") if path.is_file())
+                shutil.rmtree(folder, ignore_errors=True)  # an older attempt's parts: superseded
+        return removed
+
+    def jobs(self) -> set[str]:
+        """The jobs this worker keeps files of."""
+        return {
+            folder.name for kind in ("replicas", "checkpoints") if (self.root / kind).is_dir()
+            for folder in (self.root / kind).iterdir()
+        }  # fmt: skip
+
+    def _stores_of(self, job: str) -> list[DirectoryCheckpointStore]:
+        owners = self.root / "replicas" / job
+        return [self.replicas(job, owner.name) for owner in owners.iterdir()] if owners.is_dir() else []
 
     # -- serving ------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from streamlet.transport.tcp_client import TcpClient
 
 log = structlog.get_logger("streamlet")
 POLL = 0.2
+SWEEP = 5.0  # seconds between sweeps of superseded checkpoint files
 MAX_REPORT_BYTES = 1_000_000  # ZooKeeper's jute.maxbuffer is 1 MiB for the whole request: leave it some room
 
 
@@ -98,6 +99,7 @@ class WorkerJobs:
         """Poll for assignments and kill requests until cancelled."""
         async with anyio.create_task_group() as group:
             group.start_soon(self.replicas.run)  # other workers' checkpoint replicas, and fetches of them
+            group.start_soon(self._sweep_files)
             while True:
                 try:
                     await self._poll(group)
@@ -131,6 +133,21 @@ class WorkerJobs:
         for job, attempt in list(self.jobs):
             await self._take_up_changes(job, attempt, group)
             await self._follow_shedding(job, attempt)
+
+    async def _sweep_files(self) -> None:
+        """Every ``SWEEP`` seconds: delete the checkpoint files (own parts, replicas) no restore can need any
+        more: those older than the job's last complete checkpoint and the one before it, older attempts'
+        parts, and everything of jobs that ended or are gone."""
+        while True:
+            await anyio.sleep(SWEEP)
+            for job in self.replicas.jobs():
+                try:
+                    keep = await files_to_keep(self.zk, job)
+                except CoordinationError:
+                    continue  # ZooKeeper away: sweep next time, never on a guess
+                removed = await anyio.to_thread.run_sync(self.replicas.sweep, job, keep)
+                if removed:
+                    log.debug("superseded checkpoint files deleted", job=job, files=removed, worker=self.me)
 
     async def _join_running(
         self, job: str, uid: str, assignment: Assignment, version: int, group: anyio.abc.TaskGroup
@@ -453,6 +470,19 @@ class WorkerJobs:
                         await self.zk.create(path, address)
                     except NodeExists:
                         await self.zk.set(path, address)
+
+
+async def files_to_keep(zk: ClusterStore, job: str) -> dict[int, int] | None:
+    """The checkpoints of ``job`` a restore may still read, epoch -> attempt (the last complete one and the
+    one before it); ``None`` when the job ended or is gone (nothing of it is needed)."""
+    state = await zk.get(paths.state(job))
+    if state is None or state_of(state[0]).ended:
+        return None
+    found = await zk.get(f"{paths.checkpoints(job)}/completed")
+    if found is None:
+        return {0: 0}  # none complete yet: every file may be of the first one
+    records = [found[0], found[0].get("previous")]
+    return {int(record["epoch"]): int(record["attempt"]) for record in records if record is not None}
 
 
 def fitting_report(payload: dict[str, Any]) -> dict[str, Any]:

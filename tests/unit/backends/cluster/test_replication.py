@@ -24,6 +24,7 @@ from streamlet.backends.cluster.replication import (
     instances_to_restore,
 )
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
+from streamlet.backends.cluster.worker import files_to_keep
 from streamlet.core.state.store import encode
 from streamlet.errors import JobError, UnusableCheckpoint
 from streamlet.transport.blobs import send_blob
@@ -209,3 +210,36 @@ async def test_more_replicas_than_other_workers_are_refused_at_submit(cluster: M
         cluster.client, "p", jobs.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": 1}), SECRET
     )
     assert await cluster.client.children(paths.JOBS) == ["p"]
+
+
+def test_a_sweep_keeps_what_a_restore_may_read_and_deletes_the_rest(tmp_path: Path) -> None:
+    """Kept: epochs 4 (last complete, attempt 2) and 3 (the one before, attempt 1) with their attempts'
+    parts; deleted: older replicas, attempt 0's parts; a job that is over loses everything."""
+    service = ReplicaService(tmp_path / "w1", "w1", DataServer(SECRET), TcpClient(SECRET))
+    for epoch in (2, 3, 4):
+        service.replicas("wc", "w0").save(epoch, encode(part(epoch, [0])))
+    for attempt, epoch in ((0, 1), (1, 3), (2, 4)):
+        service.parts("wc", attempt).save(epoch, encode(part(epoch, [1])))
+    assert service.sweep("wc", {4: 2, 3: 1}) == 2
+    assert service.replicas("wc", "w0").epochs() == [3, 4]
+    assert sorted(path.name for path in (tmp_path / "w1" / "checkpoints" / "wc").iterdir()) == [
+        "attempt-1", "attempt-2",
+    ]  # fmt: skip
+    assert service.jobs() == {"wc"}
+    assert service.sweep("wc", None) == 4
+    assert service.jobs() == set()
+
+
+async def test_the_files_to_keep_are_the_last_two_complete_checkpoints_of_a_job_not_over(
+    cluster: MemoryCluster,
+) -> None:
+    """None complete: keep all (epoch 0); then the completed one and its previous; an ended job: nothing."""
+    await cluster.submit("p")
+    assert await files_to_keep(cluster.client, "p") == {0: 0}
+    previous = {"attempt": 1, "epoch": 3}
+    await cluster.client.create(f"{paths.checkpoints('p')}/completed", {"attempt": 2, "epoch": 4, "previous": previous})
+    assert await files_to_keep(cluster.client, "p") == {4: 2, 3: 1}
+    await jobs.kill(cluster.client, "p")
+    await cluster.leader.round()
+    assert await files_to_keep(cluster.client, "p") is None
+    assert await files_to_keep(cluster.client, "gone") is None
