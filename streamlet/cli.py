@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from functools import partial
@@ -12,25 +11,42 @@ from typing import Any, NoReturn
 
 import anyio
 import click
-import structlog
 
 from streamlet.backends.local import run as run_topology
 from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE
 from streamlet.core.state.store import DirectoryCheckpointStore
 from streamlet.errors import StreamletError
 from streamlet.loading import PARAM_RULE, load_topology
+from streamlet.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, LogSettings, configure_logging
 from streamlet.run_report import DEFAULT_ROWS, SORT_CHOICES, ReportOptions, print_report, to_json
 
 
 @click.group()
 @click.version_option(package_name="streamlet")
-def main() -> None:
+@click.option(
+    "--log-level", type=click.Choice(LEVELS), default="warning", show_default=True, envvar=LEVEL_ENV,
+    help=f"log lines at this level and above go to stderr (or set {LEVEL_ENV})",
+)  # fmt: skip
+@click.option(
+    "--log-format", type=click.Choice(FORMATS), default="console", show_default=True, envvar=FORMAT_ENV,
+    help=f"console: readable; json: one JSON object per line (or set {FORMAT_ENV})",
+)  # fmt: skip
+@click.pass_context
+def main(context: click.Context, log_level: str, log_format: str) -> None:
     """streamlet: asyncio-native stream processing."""
-    # The command is an application, so it may set up logging: warnings and errors, on stderr.
-    structlog.configure(
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-    )
+    # The command is an application, so it may set up logging (the library never does).
+    context.obj = LogSettings(log_level, log_format)
+    configure_logging(context.obj)
+
+
+def _log_settings(context: click.Context) -> LogSettings | None:
+    """The log settings given to ``streamlet`` (as options or in the environment); ``None``: the defaults."""
+    root = context.find_root()
+    sources = [root.get_parameter_source(name) for name in ("log_level", "log_format")]
+    if all(source == click.core.ParameterSource.DEFAULT for source in sources):
+        return None
+    settings: LogSettings = root.obj
+    return settings
 
 
 DEFAULT_CHECKPOINT_INTERVAL = 1.0  # seconds; --state-dir alone should still leave something to resume from
@@ -215,7 +231,9 @@ def cluster_group() -> None:
     help="each worker on its own loopback address (127.0.0.2, 127.0.0.3, ...), as separate machines",
 )  # fmt: skip
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
+@click.pass_context
 def cluster_up(
+    context: click.Context,
     workers: int,
     masters: int,
     zk: str | None,
@@ -236,8 +254,9 @@ def cluster_up(
         _fail(exc)
     try:
         state = local_cluster.up(
-            state_dir, name, workers, masters, zk, capacity, by_worker, loopback_hosts=loopback_hosts
-        )
+            state_dir, name, workers, masters, zk, capacity, by_worker, loopback_hosts=loopback_hosts,
+            logs=_log_settings(context),
+        )  # fmt: skip
         status = anyio.run(wait_until_ready, state.zk, name, workers)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         if (state_dir / local_cluster.STATE_FILE).exists():
@@ -266,14 +285,15 @@ def _labels_by_worker(labels: tuple[str, ...], workers: int) -> dict[str, list[s
 @click.option("--capacity", default=8, show_default=True, type=click.IntRange(min=1), help="instances it takes")
 @click.option("--label", "labels", multiple=True, help="a label tasks can ask for, repeatable")
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
-def cluster_add_worker(capacity: int, labels: tuple[str, ...], state_dir: Path) -> None:
+@click.pass_context
+def cluster_add_worker(context: click.Context, capacity: int, labels: tuple[str, ...], state_dir: Path) -> None:
     """Start one more worker for the local cluster and wait until it is live; new work (new jobs, next attempts,
     stalled jobs, live changes, a rebalance) goes to it."""
     from streamlet.backends.cluster import local_cluster
     from streamlet.backends.cluster.status import wait_for_worker
 
     try:
-        worker_id = local_cluster.add_worker(state_dir, capacity, list(labels))
+        worker_id = local_cluster.add_worker(state_dir, capacity, list(labels), logs=_log_settings(context))
         state = local_cluster.ClusterState.load(state_dir)
         anyio.run(wait_for_worker, state.zk, state.name, worker_id)  # live when this returns: rebalance sees it
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from click.testing import CliRunner, Result
 
 import streamlet as sl
 from streamlet.cli import main
 from tests.support import run_output
+from tests.support.logging_state import restored_logging
 from tests.support.run_output import COUNTERS_ZERO, TIMING
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,16 +62,13 @@ topology.add_sink("out", sl.CollectSink()).set_input(exploded)
 
 @pytest.fixture(autouse=True)
 def restore_modules_and_logging(tmp_path: Path) -> Iterator[None]:
-    """Forget the modules ``streamlet run`` registers for the files it loads, and its structlog setup."""
-    modules, configured, config = set(sys.modules), structlog.is_configured(), structlog.get_config()
-    yield
+    """Forget the modules ``streamlet run`` registers for the files it loads, and its logging setup."""
+    modules = set(sys.modules)
+    with restored_logging():
+        yield
     for name in set(sys.modules) - modules:
         if Path(getattr(sys.modules[name], "__file__", None) or "/").parent in {tmp_path, WORDCOUNT.parent}:
             del sys.modules[name]
-    if configured:
-        structlog.configure(**config)
-    else:
-        structlog.reset_defaults()
 
 
 def write(tmp_path: Path, name: str, source: str) -> Path:

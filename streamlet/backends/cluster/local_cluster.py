@@ -25,6 +25,7 @@ from typing import Any
 
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
 from streamlet.errors import ClusterError
+from streamlet.logs import LogSettings
 
 STATE_FILE = "cluster.json"
 SECRET_ENV = "STREAMLET_SECRET"
@@ -38,6 +39,7 @@ class ClusterState:
     zk: str
     secret_file: str
     processes: list[dict[str, Any]] = field(default_factory=list)  # role, id, pid
+    logs: dict[str, str] | None = None  # the log level and format given to 'up', for the workers added later
 
     def save(self, state_dir: Path) -> None:
         """Write the state file."""
@@ -63,9 +65,13 @@ def streamlet_command() -> list[str]:
     return [sys.executable, script] if Path(script).exists() else [sys.executable, "-m", "streamlet.cli"]
 
 
-def start_process(role: str, args: list[str], secret: bytes, log_file: Path) -> subprocess.Popen[bytes]:
-    """A background ``streamlet <role>`` process in its own session (it outlives this command)."""
-    environment = {**os.environ, SECRET_ENV: secret.hex()}
+def start_process(
+    role: str, args: list[str], secret: bytes, log_file: Path, logs: LogSettings | None = None
+) -> subprocess.Popen[bytes]:
+    """A background ``streamlet <role>`` process in its own session (it outlives this command), logging to
+    ``log_file`` with ``logs``' level and format (passed in its environment, like the secret: ``ps`` still
+    shows ``streamlet <role> --zk ...``; ``None``: this process's environment decides)."""
+    environment = {**os.environ, SECRET_ENV: secret.hex(), **(logs.environment() if logs else {})}
     with open(log_file, "ab") as log:
         return subprocess.Popen(
             [*streamlet_command(), role, *args],
@@ -98,11 +104,13 @@ def up(
     labels: dict[str, list[str]] | None = None,
     heartbeat: float = 1.0,
     loopback_hosts: bool = False,
+    logs: LogSettings | None = None,
 ) -> ClusterState:
     """Start ZooKeeper (unless ``zk``), masters and workers (``labels`` by worker id); record them in ``state_dir``.
 
     With ``loopback_hosts`` each worker serves its data plane on a loopback address of its own
     (``127.0.0.2``, ``127.0.0.3``, …), as separate machines would: nothing may assume one address.
+    ``logs``: the masters' and workers' log level and format (recorded: ``add_worker`` uses them too).
     """
     refuse_if_recorded(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -113,6 +121,7 @@ def up(
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(secrets.token_bytes(32))
     state = ClusterState(name=name, zk=zk or "", secret_file=str(secret_file.resolve()))
+    state.logs = None if logs is None else {"level": logs.level, "format": logs.format}
     try:
         if zk is None:
             server = ZooKeeperServer(data_dir=state_dir / "zookeeper")
@@ -134,7 +143,7 @@ def up(
                 "--state-dir",
                 str(state_dir.resolve()),
             ]
-            process = start_process("master", args, secret, state_dir / f"master-{index}.log")
+            process = start_process("master", args, secret, state_dir / f"master-{index}.log", logs)
             state.processes.append({"role": "master", "id": f"master-{index}", "pid": process.pid})
         for index in range(workers):
             args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}", "--capacity", str(capacity)]
@@ -144,7 +153,7 @@ def up(
                 args += ["--host", host]
             for label in (labels or {}).get(f"worker-{index}", []):
                 args += ["--label", label]
-            process = start_process("worker", args, secret, state_dir / f"worker-{index}.log")
+            process = start_process("worker", args, secret, state_dir / f"worker-{index}.log", logs)
             state.processes.append(worker_record(f"worker-{index}", process.pid, host))
         state.save(state_dir)
     except BaseException:
@@ -153,10 +162,14 @@ def up(
     return state
 
 
-def add_worker(state_dir: Path, capacity: int = 8, labels: list[str] | None = None) -> str:
+def add_worker(
+    state_dir: Path, capacity: int = 8, labels: list[str] | None = None, logs: LogSettings | None = None
+) -> str:
     """Start one more worker for the cluster recorded in ``state_dir`` and record it; returns its id. It
-    registers itself: the leader places new work on it (new jobs, next attempts, stalled jobs) at once."""
+    registers itself: the leader places new work on it (new jobs, next attempts, stalled jobs) at once.
+    ``logs``: its log level and format (default: those ``up`` was given)."""
     state = ClusterState.load(state_dir)
+    logs = logs or LogSettings.from_data(state.logs)
     taken = [int(p["id"].removeprefix("worker-")) for p in state.processes if str(p["id"]).startswith("worker-")]
     index = max(taken, default=-1) + 1
     worker_id = f"worker-{index}"
@@ -167,7 +180,7 @@ def add_worker(state_dir: Path, capacity: int = 8, labels: list[str] | None = No
         args += ["--host", host]
     for label in labels or []:
         args += ["--label", label]
-    process = start_process("worker", args, state.secret(), state_dir / f"{worker_id}.log")
+    process = start_process("worker", args, state.secret(), state_dir / f"{worker_id}.log", logs)
     state.processes.append(worker_record(worker_id, process.pid, host))
     state.save(state_dir)
     return worker_id

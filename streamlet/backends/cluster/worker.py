@@ -43,6 +43,7 @@ from streamlet.backends.cluster.reconfigure import placed_instances, with_layout
 from streamlet.backends.cluster.registry import WorkerRegistration, workers
 from streamlet.backends.cluster.replicas import ReplicaService
 from streamlet.backends.cluster.replication import PartReplicator, acknowledge_stored
+from streamlet.backends.cluster.reports import dead_letters_report
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, write_fenced
 from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt
@@ -311,7 +312,16 @@ class WorkerJobs:
         self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None = None
     ) -> None:
         """This worker's part of ``attempt``, until it ends; then its outcome reported. ``joining``: the live
-        change that brings this worker into the running attempt (it builds its part, then carries it out)."""
+        change that brings this worker into the running attempt (it builds its part, then carries it out).
+        Every line logged meanwhile (its instances', its checkpoints') carries ``job`` and ``attempt``."""
+        with structlog.contextvars.bound_contextvars(job=job, attempt=attempt):
+            await self._run_part(job, attempt, version, assignment, joining)
+
+    async def _run_part(
+        self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None
+    ) -> None:
+        part_log = log.bind(job=job, attempt=attempt, worker=self.me)
+        part_log.info("job part starting", joining=joining is not None)
         scope = self.running[job, attempt] = anyio.CancelScope()
         self.changes = {taken for taken in self.changes if taken[0] != job or taken[1] >= attempt}  # older: over
         payload: dict[str, Any] | None = None
@@ -328,11 +338,15 @@ class WorkerJobs:
                     "statistics": _plain(asdict(result.statistics)),
                     "tcp_records_in": self.server.counts["records"] - tcp_before,
                 }
+                dead_letters = dead_letters_report(result.dead_letters)
+                if dead_letters is not None:  # the count and the first few: the report is one ZooKeeper node
+                    payload["dead_letters"] = dead_letters
         except UnusableCheckpoint as exc:  # the leader starts another attempt, which restores an older one
             payload = {"error": f"CheckpointError: {exc}", "unusable": exc.epoch}
         except TaskError as exc:  # an instance crashed: the leader may restart it elsewhere
             payload = {"error": f"TaskError: {exc}", "instance": instance_id(exc.task, exc.instance)}
             payload["retry"] = self._restartable(job, exc.task)
+            part_log.error("task failed", task=exc.task, instance=exc.instance, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - whatever stopped the job is reported to the submitter
             payload = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -342,7 +356,10 @@ class WorkerJobs:
             self.placements.pop((job, attempt), None)
             self.runs.pop((job, attempt), None)
         if payload is not None:  # None: cancelled (superseded by a newer attempt, or the job ended)
+            _log_outcome(part_log, payload)
             await self._report(paths.done(job, attempt), fitting_report(payload), (paths.assignment(job), version))
+        else:
+            part_log.info("job part stopped", reason="the job ended or a newer attempt replaced this one")
         await self.registration.set_state(*worker_states(len(self.running)))
 
     async def _report(self, directory: str, payload: dict[str, Any], fence: tuple[str, int]) -> None:
@@ -403,7 +420,7 @@ class WorkerJobs:
         running = Job(
             topology, channel_factory=LocalChannel, placement=placement,
             coordinator=None if checkpoints is None else checkpoints.coordinator(),
-            job_id=f"{self.zk.cluster}.{job}", attempt=run,  # sinks stage per run; Kafka ids stay per job
+            job_id=f"{self.zk.cluster}.{job}", attempt=run, name=job,  # sinks stage per run; Kafka ids per job
             quiescence=ClusterQuiescence(self.zk, LoopAttempt(job, attempt, self.me, attempt_workers(assignment))),
         )  # fmt: skip
         self.jobs[job, attempt] = running
@@ -483,6 +500,15 @@ async def files_to_keep(zk: ClusterStore, job: str) -> dict[int, int] | None:
         return {0: 0}  # none complete yet: every file may be of the first one
     records = [found[0], found[0].get("previous")]
     return {int(record["epoch"]): int(record["attempt"]) for record in records if record is not None}
+
+
+def _log_outcome(part_log: Any, payload: dict[str, Any]) -> None:
+    """One line for how a part ended (a task's failure was logged with its task and instance already)."""
+    if "error" not in payload:
+        letters = payload.get("dead_letters", {}).get("count", 0)
+        part_log.info("job part finished", dead_letters=letters, restored_from=payload["restored_from"])
+    elif "instance" not in payload:
+        part_log.warning("job part failed", error=payload["error"])
 
 
 def fitting_report(payload: dict[str, Any]) -> dict[str, Any]:

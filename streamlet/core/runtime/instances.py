@@ -83,6 +83,7 @@ class Environment:
     # CPU scheduling: batches an instance takes before letting the others run, by its input queue's fill
     # (``None``: it runs until it waits for input or for room downstream)
     turns: Callable[[float], int] | None = None
+    job: str = ""  # the job's name, on every line its instances log
 
 
 class Instance(ABC):
@@ -95,7 +96,7 @@ class Instance(ABC):
         self.env = env
         self.counters = InstanceCounters()
         self.completed = False
-        self.log = structlog.get_logger("streamlet").bind(task=node.name, instance=index)
+        self.log = structlog.get_logger("streamlet").bind(job=env.job, task=node.name, instance=index)
 
     @abstractmethod
     async def run(self) -> None:

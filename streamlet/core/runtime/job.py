@@ -85,7 +85,8 @@ class Job:
     ``"local.<topology name>"``); ``attempt`` is a token unique to this run
     (default: a new random one). Both reach sinks through ``SinkContext``,
     and checkpoints record the attempt that took them, so a restore
-    publishes what that run staged. A cluster passes its own.
+    publishes what that run staged. A cluster passes its own, and its job's
+    ``name`` for the log lines (default: the topology's name).
 
     ``cpu_turns(fill)`` schedules the instances on the event loop: how many
     batches an instance takes before the others run, given its input queue's
@@ -114,6 +115,7 @@ class Job:
         quiescence: Quiescence | None = None,
         from_savepoint: str | os.PathLike[str] | None = None,
         cpu_turns: Callable[[float], int] | None = None,
+        name: str | None = None,
     ) -> None:
         if not isinstance(topology, Topology):
             raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
@@ -133,7 +135,10 @@ class Job:
         self.clock = clock or SystemClock()
         self._channel_factory = channel_factory
         self._channel_capacity = channel_capacity
-        self._env = Environment(batch_size, self.clock, job_id=self.job_id, attempt=self.attempt, turns=cpu_turns)
+        self.name = name or topology.name  # what its log lines call it (a cluster job may be named apart)
+        self._env = Environment(
+            batch_size, self.clock, job_id=self.job_id, attempt=self.attempt, turns=cpu_turns, job=self.name
+        )
         self._env.event_time = topology.uses_event_time()
         self._coordinator: Coordinator | None = None
         start_from = None  # read and checked before anything that must be closed is made
@@ -163,7 +168,7 @@ class Job:
         self._closed_feeds: set[str] = set()
         self._went_idle: anyio.Event | None = None  # while settle() waits: set when an instance goes idle or ends
         self._began = self._ended = 0.0
-        self.log = structlog.get_logger("streamlet").bind(job=topology.name)
+        self.log = structlog.get_logger("streamlet").bind(job=self.name)
         if placement is None:  # on a cluster the submitting client warns, not every worker
             self._warn_unconsumed_ports()
 
