@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from streamlet.core.model.histogram import LatencyHistogram
 from streamlet.core.model.qos import QoS
-from streamlet.core.runtime.statistics import LatencyHistogram
 
 STEP = 0.1  # the least a rise, and every fall, changes the ratio by
 HELD_BACK = 0.5  # a source blocked this share of the window is held back: the job cannot take its input

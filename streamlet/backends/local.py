@@ -163,12 +163,16 @@ async def start(
     from_savepoint: str | os.PathLike[str] | None = None,
     cpu_scheduling: str | None = None,
     adapt: AdaptSettings | None = None,
+    monitor_port: int | None = None,
 ) -> AsyncIterator[Job]:
     """Run ``topology`` inside the caller's event loop.
 
     ``channel_factory`` replaces the in-memory channels (for instance with
     TCP channels from :func:`streamlet.transport.tcp_client.open_loopback_transport`);
-    ``cpu_scheduling`` and ``adapt`` are as for :func:`run`.
+    ``cpu_scheduling`` and ``adapt`` are as for :func:`run`. With
+    ``monitor_port`` (0: any free port) the job's dashboard view, its JSON and
+    Prometheus ``/metrics`` are served on 127.0.0.1 while it runs; its URL is
+    ``job.endpoints["monitor"]`` (needs ``pip install 'streamlet[monitor]'``).
 
     Example:
         >>> async def service(topology):
@@ -182,5 +186,25 @@ async def start(
     options["cpu_turns"] = cpu_turns(cpu_scheduling)
     check_adapt(adapt, topology)
     factory = channel_factory or LocalChannel
-    async with open_job(topology, channel_factory=factory, **options) as job, adapting(job, adapt):
+    async with (
+        open_job(topology, channel_factory=factory, **options) as job,
+        adapting(job, adapt),
+        monitoring(job, monitor_port),
+    ):
         yield job
+
+
+@asynccontextmanager
+async def monitoring(job: Job, port: int | None) -> AsyncIterator[None]:
+    """Serve the job's dashboard view on ``port`` while the block runs (``None``: nothing is served)."""
+    if port is None:
+        yield
+        return
+    try:
+        from streamlet.backends.monitor.server import Dashboard, serving
+        from streamlet.backends.monitor.sources import JobSource
+    except ImportError as exc:  # aiohttp or prometheus_client missing
+        raise JobError(f"monitor_port needs the monitor extra: pip install 'streamlet[monitor]' ({exc})") from exc
+    async with serving(Dashboard(JobSource(job)), port=port) as url:
+        job.endpoints["monitor"] = url
+        yield

@@ -57,6 +57,7 @@ class ServerStatistics:
     duplicates: int
     bad_frames: int
     auth_failures: int
+    bytes: int = 0  # frames' bytes received, headers included
 
 
 class _Inlet:
@@ -110,6 +111,7 @@ class DataServer:
         self._drained.set()
         self.counts = {
             "connections": 0, "frames": 0, "records": 0, "duplicates": 0, "bad_frames": 0, "auth_failures": 0,
+            "bytes": 0,
         }  # fmt: skip
 
     async def __aenter__(self) -> DataServer:
@@ -253,9 +255,14 @@ async def read_frame(reader: asyncio.StreamReader, max_length: int) -> tuple[Fra
     return kind, body
 
 
-async def read_flagged_frame(reader: asyncio.StreamReader, max_length: int) -> tuple[FrameType, int, list[Any]]:
-    """The next frame with the flags of its header: ``(type, flags, body)``."""
+async def read_flagged_frame(
+    reader: asyncio.StreamReader, max_length: int, counts: dict[str, int] | None = None
+) -> tuple[FrameType, int, list[Any]]:
+    """The next frame with the flags of its header: ``(type, flags, body)``; its size is added to
+    ``counts["bytes"]`` when given."""
     kind, flags, length = parse_header(await reader.readexactly(HEADER.size), max_length)
+    if counts is not None:
+        counts["bytes"] += HEADER.size + length
     body = await reader.readexactly(length) if length else b""
     return kind, flags, decode_body(kind, body)
 
@@ -276,7 +283,7 @@ class _Connection:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                 authenticated = await self._handshake()
             while authenticated:
-                kind, flags, body = await read_flagged_frame(self.reader, self.server.max_frame)
+                kind, flags, body = await read_flagged_frame(self.reader, self.server.max_frame, self.server.counts)
                 self.server.counts["frames"] += 1
                 self._handle(kind, flags, body)
         except FrameError as exc:

@@ -32,6 +32,7 @@ class LoadMeter:
 
     queues: Callable[[], QueueDepths]
     statistics: Callable[[], InstanceStatistics] | None = None  # every local instance's counters
+    jobs: Callable[[], dict[str, dict[str, Any]]] | None = None  # every local job part's job-wide counters
     cpu_limit: float = 0.9
     sample: Callable[[], dict[str, Any]] = process_load  # CPU seconds and memory of this process
     clock: Callable[[], float] = time.monotonic
@@ -59,4 +60,6 @@ class LoadMeter:
         )
         if self.statistics is not None:  # what the adaptation loop reads (rates are differences of two beats)
             report["instances"] = self.statistics()
+        if self.jobs is not None:  # what the dashboard and the cluster's /metrics show per job
+            report["jobs"] = self.jobs()
         return report

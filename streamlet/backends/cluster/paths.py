@@ -39,6 +39,7 @@ LEADER = "/leader"
 EPOCH = "/epoch"
 CANDIDATES = "/candidates"
 WORKERS = "/workers"
+DASHBOARD = "/dashboard"  # ephemeral: the leader's dashboard URL, {"url", "master"}
 LOADS = "/loads"
 JOBS = "/jobs"
 

@@ -51,6 +51,7 @@ class WorkerRegistration:
     zk_state: WorkerState = WorkerState.VOID
     local_state: LocalState = LocalState.WAITING
     beats: int = field(default=0, init=False)
+    last_load: dict[str, Any] = field(default_factory=dict, init=False)  # the last heartbeat's load report
 
     @property
     def node(self) -> str:
@@ -101,6 +102,7 @@ class WorkerRegistration:
     async def beat(self) -> None:
         """Publish the load now."""
         load = {**self.load(), "ts": time.time(), "beat": self.beats}
+        self.last_load = load
         try:
             await self.zk.set(paths.load(self.worker_id), load)
         except CoordinationError:

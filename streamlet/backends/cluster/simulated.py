@@ -600,7 +600,10 @@ class SimulatedCluster:
                 worker.parts = WorkerJobs(worker.session, registration, server, client, self.secret, own)
                 # statistics as a real worker's beat has them; CPU overload never (every worker shares this process)
                 registration.load = worker.meter = LoadMeter(
-                    worker.parts.queue_depths, worker.parts.instance_statistics, cpu_limit=math.inf
+                    worker.parts.queue_depths,
+                    worker.parts.instance_statistics,
+                    worker.parts.job_statistics,
+                    cpu_limit=math.inf,
                 )
                 worker.parts.jobs = _JobParts(partial(self._part_built, worker))
                 with worker.scope:

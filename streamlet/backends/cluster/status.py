@@ -29,8 +29,10 @@ async def read_status(zk: ClusterStore) -> dict[str, Any]:
         found = await zk.get(paths.assignment(job["job"]))
         for instance, worker in ({} if found is None else found[0]["instances"]).items():
             held.setdefault(worker, []).append(f"{job['job']}/{instance}")
+    dashboard = await zk.get(paths.DASHBOARD)
     return {
         "cluster": zk.cluster,
+        "dashboard": None if dashboard is None else dashboard[0]["url"],
         "leader": await leader(zk),
         "candidates": [c.get("name") for c in await candidates(zk)],
         "workers": [_worker_row(view, now, held.get(view.worker_id, [])) for view in await workers(zk)],
@@ -43,6 +45,9 @@ def _worker_row(view: WorkerView, now: float, instances: list[str]) -> dict[str,
     return {
         "id": view.worker_id,
         "address": f"{view.info.get('host')}:{view.info.get('data_port')}",
+        "metrics": None
+        if "metrics_port" not in view.info
+        else f"http://{view.info['host']}:{view.info['metrics_port']}/metrics",
         "state": f"{view.info.get('zk_state')}/{view.info.get('local_state')}",
         "load": "OVERLOADED" if load.get("overloaded") else "NORMAL",
         "cpu": round(100 * float(load.get("cpu_share", 0.0))),
@@ -83,6 +88,7 @@ def format_status(status: dict[str, Any]) -> str:
     lines = [
         f"cluster '{status['cluster']}'",
         f"  leader: {lead['name']} (epoch {lead['epoch']})" if lead else "  leader: none",
+        f"  dashboard: {status.get('dashboard') or 'none'}",
         f"  candidates: {', '.join(status['candidates']) or 'none'}",
         f"  {'worker':<12} {'data address':<22} {'state':<18} {'load':<11} {'cpu%':>4} {'queued':>6} "
         f"{'rss MB':>7}  heartbeat",

@@ -302,6 +302,20 @@ class WorkerJobs:
                 found[f"{job}/{instance_id(snapshot.node, snapshot.index)}"] = snapshot.to_data()
         return found
 
+    def job_statistics(self) -> dict[str, dict[str, Any]]:
+        """Every local job part's job-wide counters: ``job`` -> late, dead-lettered, dropped, discarded, shed,
+        restarts, completed checkpoints and their durations (a histogram's counts), and the attempt."""
+        found = {}
+        for (job, attempt), running in self.jobs.items():
+            stats = running.statistics()
+            found[job] = {
+                "attempt": attempt, "late": stats.late, "dead_lettered": stats.dead_lettered,
+                "dropped": stats.dropped, "discarded": stats.discarded, "shed": stats.shed,
+                "restarts": stats.restarts, "checkpoints": stats.checkpoints,
+                "checkpoint_durations": stats.checkpoint_durations,
+            }  # fmt: skip
+        return found
+
     def _stop_outdated(self, job: str, attempt: int) -> None:
         # a newer attempt replaces this one (a worker was lost): drop it without reporting
         for (running_job, running_attempt), scope in self.running.items():

@@ -93,6 +93,14 @@ class Inbox:
         """Items waiting in ``channel``."""
         return len(self._queues[channel])
 
+    def queued_by_port(self, ports: int) -> list[int]:
+        """Items waiting per input port (``ports`` of them), over every channel into each."""
+        counts = [0] * ports
+        for port, queue in zip(self.ports, self._queues, strict=True):
+            if port < ports:
+                counts[port] += len(queue)
+        return counts
+
     def on_pop(self, channel: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` each time the reader takes an item from ``channel`` (network credit)."""
         self._on_pop[channel] = callback

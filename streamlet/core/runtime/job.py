@@ -131,6 +131,7 @@ class Job:
             refuse_cycles(topology, "a loop split between processes needs a quiescence detector (quiescence=...)")
         self.topology = topology
         self.decisions: list[dict[str, Any]] = []  # what an adaptation loop decided for this job, in order
+        self.endpoints: dict[str, str] = {}  # where the job can be watched, set by whoever serves it ("monitor")
         self.shed_ratio = 0.0  # the share of records the sources shed now (see ``shed``)
         self.clock = clock or SystemClock()
         self._channel_factory = channel_factory
@@ -503,6 +504,7 @@ class Job:
                 instance.records_out(), counters.batches, counters.busy, counters.blocked,
                 0 if inbox is None else inbox.depth(), fill, queue_state(fill).value, list(counters.latency.counts),
                 segment_loads(instance.outputs.routes), counters.shed,
+                [] if inbox is None else inbox.queued_by_port(instance.node.inputs),
             )  # fmt: skip
             snapshots.append(snapshot)
         return snapshots
@@ -567,6 +569,7 @@ class Job:
             restarts=sum(i.failures for i in everything if isinstance(i, TaskInstance)),
             checkpoints=coordinator.completed if coordinator else 0,
             last_checkpoint=coordinator.last if coordinator else None,
+            checkpoint_durations=list(coordinator.durations.counts) if coordinator else [],
             wall_time=end - self._began if self._began else 0.0,
             running=self._started.is_set() and not self._finished.is_set(),
         )

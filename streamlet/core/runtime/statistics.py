@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from streamlet.core.model.histogram import LatencyHistogram
+
 
 @dataclass(frozen=True, slots=True)
 class NodeStatistics:
@@ -45,6 +47,7 @@ class JobStatistics:
     wall_time: float
     running: bool
     shed: int = 0  # records the sources shed to keep the job's QoS (held ones included)
+    checkpoint_durations: list[int] = field(default_factory=list)  # a LatencyHistogram's counts, in seconds
 
 
 class QueueState(StrEnum):
@@ -64,48 +67,6 @@ def queue_state(fill: float, yellow: float = YELLOW_FILL, red: float = RED_FILL)
     if fill >= red:
         return QueueState.RED
     return QueueState.YELLOW if fill >= yellow else QueueState.NORMAL
-
-
-class LatencyHistogram:
-    """Latencies in buckets doubling from 1 µs (bucket b holds [2^(b-1), 2^b) µs): cheap to add to, to merge
-    and to send, and within a factor of two at any quantile."""
-
-    __slots__ = ("counts",)
-
-    BUCKETS = 40  # 2^39 µs is six days: enough for any latency worth reporting
-
-    def __init__(self, counts: list[int] | None = None) -> None:
-        self.counts = counts if counts is not None else [0] * self.BUCKETS
-
-    def add(self, seconds: float) -> None:
-        """Count one latency."""
-        bucket = int(seconds * 1_000_000).bit_length()
-        self.counts[bucket if bucket < self.BUCKETS else self.BUCKETS - 1] += 1
-
-    @property
-    def total(self) -> int:
-        """Latencies counted."""
-        return sum(self.counts)
-
-    def quantile(self, q: float) -> float | None:
-        """The upper bound, in seconds, of the bucket holding quantile ``q`` (``None``: nothing counted)."""
-        total = self.total
-        if not total:
-            return None
-        rank, seen = q * total, 0
-        for bucket, count in enumerate(self.counts):
-            seen += count
-            if seen >= rank and count:
-                return (1 << bucket) / 1_000_000
-        return (1 << (self.BUCKETS - 1)) / 1_000_000
-
-    def since(self, earlier: LatencyHistogram) -> LatencyHistogram:
-        """What was counted after ``earlier`` (a snapshot of this one) was taken."""
-        return LatencyHistogram([now - before for now, before in zip(self.counts, earlier.counts, strict=True)])
-
-    def copy(self) -> LatencyHistogram:
-        """A snapshot of the counts."""
-        return LatencyHistogram(list(self.counts))
 
 
 class InstanceCounters:
@@ -134,7 +95,7 @@ class InstanceSnapshot:
     ``fill`` is the fullest input channel's share of its capacity (0 for a source), ``state`` its
     :class:`QueueState`; ``latency`` the histogram's bucket counts (see :class:`LatencyHistogram`);
     ``segments`` the records this instance sent into each key segment of every task it feeds through a
-    ``SESSION_TABLE`` edge (task -> one count per segment).
+    ``SESSION_TABLE`` edge (task -> one count per segment); ``ports`` the items queued at each input port.
     """
 
     node: str
@@ -151,6 +112,7 @@ class InstanceSnapshot:
     latency: list[int]
     segments: dict[str, list[int]] = field(default_factory=dict)
     shed: int = 0
+    ports: list[int] = field(default_factory=list)  # items queued per input port
 
     def to_data(self) -> dict[str, Any]:
         """Plain data (JSON, msgpack)."""

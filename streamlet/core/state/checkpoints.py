@@ -41,6 +41,7 @@ import structlog
 
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.encoding import encoding_error, first_unencodable
+from streamlet.core.model.histogram import LatencyHistogram
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.state.participant import Participant
 from streamlet.core.state.store import CheckpointStore, encode
@@ -105,6 +106,7 @@ class Coordinator:
         self.attempt = "0"  # the run whose instances are attached (set by attach)
         self.completed = 0
         self.last: CheckpointInfo | None = None
+        self.durations = LatencyHistogram()  # seconds from each checkpoint's start to its completion
         self._pending: dict[int, _Pending] = {}
         self._reporting = anyio.Lock()  # completed instances answer one epoch at a time, in order
         self._saved: dict[int, int] = {}  # epoch -> size of the part saved, awaiting commit_through
@@ -311,6 +313,7 @@ class Coordinator:
         pending = self._pending.pop(epoch)
         self.completed += 1
         self.last = CheckpointInfo(epoch, size, time.perf_counter() - pending.began)
+        self.durations.add(self.last.seconds)
         pending.done.set()
 
     def _document(self, epoch: int, pending: _Pending, finished: bool) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 
 import streamlet as sl
 from streamlet.adaptation.shedding import decide, held_back, node_p99, path_latency, window_latency
-from streamlet.core.runtime.statistics import LatencyHistogram
+from streamlet.core.model.histogram import LatencyHistogram
 
 QOS = sl.QoS(max_latency=1.0, max_shed_ratio=0.5)
 

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 import streamlet as sl
-from streamlet.core.runtime.statistics import LatencyHistogram, QueueState, queue_state
+from streamlet.core.model.histogram import LatencyHistogram
+from streamlet.core.runtime.statistics import QueueState, queue_state
 
 WORK = 0.002  # seconds of (awaited) work per batch in the slow task below
 

@@ -1,0 +1,50 @@
+"""Readings of the whole cluster, from ZooKeeper alone: what the leader's dashboard shows."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.jobs import topology_of
+from streamlet.backends.cluster.registry import workers
+from streamlet.backends.cluster.signing import verify
+from streamlet.backends.cluster.status import read_status
+from streamlet.backends.cluster.store import ClusterStore
+from streamlet.backends.monitor.views import Reading, graph_of
+from streamlet.errors import StreamletError
+
+
+class ClusterSource:
+    """Readings of the whole cluster from ZooKeeper (every worker's heartbeat carries its statistics)."""
+
+    def __init__(self, store: ClusterStore, secret: bytes) -> None:
+        self.store = store
+        self.secret = secret
+        self._graphs: dict[str, dict[str, Any]] = {}  # spec uid -> graph: a job's code is loaded once
+
+    async def read(self) -> Reading:
+        """The cluster now."""
+        status = await read_status(self.store)
+        samples = [{"worker": view.worker_id, "load": view.load or {}} for view in await workers(self.store)]
+        jobs = [await self._job(job) for job in status.pop("jobs")]
+        return Reading(time.time(), status, samples, jobs)
+
+    async def _job(self, status: dict[str, Any]) -> dict[str, Any]:
+        name = status["name"]
+        completed = await self.store.get(f"{paths.checkpoints(name)}/completed")
+        checkpoint = None if completed is None else {key: completed[0].get(key) for key in ("epoch", "attempt", "at")}
+        return {**status, "graph": await self._graph(name), "checkpoint": checkpoint}
+
+    async def _graph(self, job: str) -> dict[str, Any] | None:
+        """The job's topology graph: its spec's signature checked before any of its code is imported."""
+        found = await self.store.get(paths.spec(job))
+        if found is None:
+            return None
+        uid = str(found[0].get("uid"))
+        if uid not in self._graphs:
+            try:
+                self._graphs[uid] = graph_of(topology_of(verify(job, found[0], self.secret)))
+            except (StreamletError, ImportError, OSError, SyntaxError) as exc:  # shown as such, never run
+                self._graphs[uid] = {"nodes": [], "edges": [], "error": f"{type(exc).__name__}: {exc}"}
+        return self._graphs[uid]

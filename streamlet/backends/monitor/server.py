@@ -1,0 +1,163 @@
+"""The dashboard: an aiohttp app serving the page, its data and ``/metrics``, read-only.
+
+Routes (every one a GET; anything else is refused with 405, so nothing here can change the cluster):
+
+- ``/``: the page (``static/index.html``, plain JavaScript shipped in the package: nothing is fetched
+  from elsewhere at run time);
+- ``/api/cluster``, ``/api/jobs/{job}``: the views as JSON (``views``);
+- ``/events``: the same, pushed as server-sent events every ``interval`` seconds (the page's live view);
+- ``/metrics``: Prometheus metrics of every worker (``metrics``).
+
+The leader serves it for the cluster and stops with its leadership (the next leader serves it then);
+``sl.start(topology, monitor_port=...)`` serves the job view of one embedded job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any, Protocol
+
+import anyio
+from aiohttp import web
+
+from streamlet.backends.monitor.metrics import exposition
+from streamlet.backends.monitor.views import Rates, Reading, Timeline, cluster_view, instance_snapshots, job_view
+
+STATIC = {"app.js": "application/javascript", "style.css": "text/css", "index.html": "text/html"}
+
+
+class Source(Protocol):
+    """Where readings come from (``sources``)."""
+
+    async def read(self) -> Reading:
+        """The system now."""
+        ...
+
+
+class Dashboard:
+    """Reads its source every ``interval`` seconds and keeps the views of the latest reading."""
+
+    def __init__(self, source: Source, interval: float = 1.0) -> None:
+        self.source = source
+        self.interval = interval
+        self.rates = Rates()
+        self.timeline = Timeline()
+        self.views: dict[str, Any] | None = None
+        self.reading: Reading | None = None
+        self._updated = anyio.Event()
+        self._closing = anyio.Event()  # the server is shutting down: live feeds end
+
+    async def refresh(self) -> dict[str, Any]:
+        """Read once; the new views."""
+        reading = await self.source.read()
+        snapshots = {key: snapshot for key, (_, snapshot) in instance_snapshots(reading).items()}
+        rates = self.rates.update(reading.at, snapshots)
+        jobs = {
+            job["name"]: job_view(reading, job, rates, self.timeline.observe(reading.at, job)) for job in reading.jobs
+        }
+        self.reading, self.views = reading, {"cluster": cluster_view(reading, rates), "jobs": jobs}
+        self._updated.set()
+        self._updated = anyio.Event()
+        return self.views
+
+    async def run(self) -> None:
+        """Refresh until cancelled."""
+        while True:
+            await self.refresh()
+            await anyio.sleep(self.interval)
+
+    async def updates(self) -> AsyncIterator[dict[str, Any]]:
+        """The views now (once there are any), then after every refresh, until the server shuts down."""
+        while not self._closing.is_set():
+            if self.views is not None:
+                yield self.views
+            updated = self._updated
+            async with anyio.create_task_group() as waiting:
+
+                async def until(event: anyio.Event) -> None:
+                    await event.wait()
+                    waiting.cancel_scope.cancel()
+
+                waiting.start_soon(until, updated)
+                waiting.start_soon(until, self._closing)
+
+    def close(self) -> None:
+        """End every live feed (the server is going away)."""
+        self._closing.set()
+
+    def app(self) -> web.Application:
+        """The aiohttp application (GET routes only)."""
+        app = web.Application()
+        app.router.add_get("/", self._page)
+        app.router.add_get("/static/{name}", self._static)
+        app.router.add_get("/api/cluster", self._cluster)
+        app.router.add_get("/api/jobs/{job}", self._job)
+        app.router.add_get("/events", self._events)
+        app.router.add_get("/metrics", self._metrics)
+
+        async def on_shutdown(_: web.Application) -> None:
+            self.close()
+
+        app.on_shutdown.append(on_shutdown)
+        return app
+
+    async def _current(self) -> dict[str, Any]:
+        return self.views if self.views is not None else await self.refresh()
+
+    async def _page(self, request: web.Request) -> web.Response:
+        return _asset("index.html")
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC:
+            raise web.HTTPNotFound()
+        return _asset(name)
+
+    async def _cluster(self, request: web.Request) -> web.Response:
+        return web.json_response((await self._current())["cluster"])
+
+    async def _job(self, request: web.Request) -> web.Response:
+        found = (await self._current())["jobs"].get(request.match_info["job"])
+        if found is None:
+            raise web.HTTPNotFound(text=f"no job called {request.match_info['job']!r}")
+        return web.json_response(found)
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionResetError):
+            async for views in self.updates():
+                await response.write(f"data: {json.dumps(views)}\n\n".encode())
+        return response
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        await self._current()
+        assert self.reading is not None
+        body = await anyio.to_thread.run_sync(exposition, self.reading.samples)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+def _asset(name: str) -> web.Response:
+    data = resources.files("streamlet.backends.monitor").joinpath("static", name).read_bytes()
+    return web.Response(body=data, content_type=STATIC[name], charset="utf-8")
+
+
+@contextlib.asynccontextmanager
+async def serving(dashboard: Dashboard, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve ``dashboard`` on ``host:port`` (0: any free port) while refreshing it; yields its URL."""
+    runner = web.AppRunner(dashboard.app(), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0]
+        async with anyio.create_task_group() as group:
+            group.start_soon(dashboard.run)
+            yield f"http://{bound[0]}:{bound[1]}/"
+            group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
