@@ -12,7 +12,7 @@ export JAVA_HOME := $(JAVA_17)
 endif
 endif
 
-.PHONY: run test lint typecheck unit bench clean zookeeper java
+.PHONY: run test lint typecheck unit bench clean zookeeper java browser
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "streamlet needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
@@ -37,6 +37,12 @@ java:
 	  echo "installing Java 17 for Spark (apt-get install -y openjdk-17-jre-headless)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >/dev/null; }
 
+# The dashboard test drives Debian's Chromium with Playwright (Playwright's own browser download cannot work here).
+browser:
+	@test -x /usr/bin/chromium || { \
+	  echo "installing Chromium for the dashboard test (apt-get install -y chromium)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null; }
+
 # The flagship: generated sensor readings -> event-time windows -> Spark (Parquet under out/) -> a summary.
 run: $(STAMP) java
 	$(BIN)/python examples/sensor_pipeline.py
@@ -48,7 +54,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) zookeeper java
+unit: $(STAMP) zookeeper java browser
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

@@ -134,9 +134,8 @@ class Dashboard:
         return response
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        await self._current()
-        assert self.reading is not None
-        body = await anyio.to_thread.run_sync(exposition, self.reading.samples)
+        reading = await self.source.read()  # a scrape sees the latest heartbeats, not the last refresh's
+        body = await anyio.to_thread.run_sync(exposition, reading.samples)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 

@@ -91,7 +91,7 @@ function drawGraph(graph) {
   for (const n of graph.nodes) {
     const p = place[n.name];
     parts.push(`<rect x="${p.x}" y="${p.y}" width="140" height="40"></rect>`);
-    parts.push(`<text x="${p.x + 70}" y="${p.y + 17}" text-anchor="middle">${n.name} ×${n.parallelism}</text>`);
+    parts.push(`<text x="${p.x + 70}" y="${p.y + 17}" text-anchor="middle">${n.name} x${n.parallelism}</text>`);
     parts.push(`<text x="${p.x + 70}" y="${p.y + 32}" text-anchor="middle" class="muted">${n.kind}</text>`);
   }
   svg.innerHTML = parts.join("");
