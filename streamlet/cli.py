@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 import click
@@ -19,6 +21,9 @@ from streamlet.errors import StreamletError
 from streamlet.loading import PARAM_RULE, load_topology
 from streamlet.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, LogSettings, configure_logging
 from streamlet.run_report import DEFAULT_ROWS, SORT_CHOICES, ReportOptions, print_report, to_json
+
+if TYPE_CHECKING:
+    from streamlet.backends.cluster.terminal import SubmitProgress
 
 
 @click.group()
@@ -397,7 +402,9 @@ def submit_command(
             raise click.UsageError("--replicas needs --checkpoint-interval (it copies checkpoints)")
         submission = cluster_client.Submission(target, job_name, counts, checkpoint, from_savepoint, adapting)
         secret = _client_secret("submit", state_dir)
-        outcome = anyio.run(cluster_client.submit_and_wait, hosts, name, submission, wait, timeout, secret)
+        with _progress(wait) as watch:
+            run = partial(cluster_client.submit_and_wait, watch=watch)
+            outcome = anyio.run(run, hosts, name, submission, wait, timeout, secret)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     click.echo(cluster_client.describe(outcome))
@@ -405,6 +412,20 @@ def submit_command(
         results.write_text(json.dumps(cluster_client.collected(outcome)), encoding="utf-8")
     if outcome["state"] in ("FAILED", "KILLED"):
         sys.exit(1)
+
+
+@contextmanager
+def _progress(wait: bool) -> Iterator[SubmitProgress | None]:
+    """``submit --wait``'s progress line, on a terminal only: scripts read the same output as before."""
+    if not wait or not sys.stdout.isatty():
+        yield None
+        return
+    from rich.console import Console
+
+    from streamlet.backends.cluster.terminal import SubmitProgress
+
+    with SubmitProgress(Console()) as progress:
+        yield progress
 
 
 def _adapt_settings(
@@ -443,9 +464,29 @@ def jobs_command(zk: str | None, cluster: str | None, state_dir: Path, as_json: 
         click.echo(json.dumps([cluster_client.public(status) for status in listing], indent=2))
         return
     for status in listing:
-        workers = ", ".join(status["workers"]) or "-"
-        click.echo(f"{status['job']:<24} {status['state']:<13} attempt {status['attempt']:<3} workers: {workers}")
-        click.echo(f"{'':<24} {status['reason']}")
+        click.echo(cluster_client.describe_listed(status))
+
+
+@main.command("top")
+@_cluster_options
+@click.option("--once", is_flag=True, help="print one frame and exit (rates once every worker beat twice)")
+@click.option(
+    "--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1), help="seconds between frames"
+)  # fmt: skip
+def top_command(zk: str | None, cluster: str | None, state_dir: Path, once: bool, interval: float) -> None:
+    """A live view of the workers (state, CPU, RSS, instances) and jobs (state, attempt, records in and out
+    per second, from the heartbeats); Ctrl-C leaves it."""
+    from rich.console import Console
+
+    from streamlet.backends.cluster.terminal import run_top
+
+    try:
+        hosts, name = _where(zk, cluster, state_dir)
+        anyio.run(run_top, hosts, name, once, interval, Console())
+    except KeyboardInterrupt:
+        return
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
 
 
 @main.command("kill")

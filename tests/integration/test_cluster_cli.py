@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,6 +206,12 @@ def test_sigterm_to_the_leader_hands_over_at_once(cluster: tuple[Path, list[dict
     assert time.monotonic() - began < 2.0  # well under the 4 s session timeout
     assert new_leader["name"] != name
     assert wait_for_exit(int(str(leader["pid"])), seconds=10)
+    # the dashboard moves with leadership: the new leader serves it and says where
+    dashboard = wait_for_node(directory, "/dashboard", lambda data: data["master"] == new_leader["name"])
+    with urllib.request.urlopen(f"{dashboard['url']}api/cluster", timeout=10) as response:
+        view = json.loads(response.read())
+    assert view["leader"]["name"] == new_leader["name"]
+    assert view["leader"]["epoch"] == new_leader["epoch"]
 
 
 WIDE = """

@@ -69,10 +69,10 @@ def wait_for_exit(pid: int, seconds: float = 30) -> bool:
 
 
 @contextmanager
-def running_cluster(directory: Path, *up_args: str) -> Iterator[dict[str, Any]]:
-    """``streamlet cluster up UP_ARGS`` in ``directory``; yields what it recorded, with ``pids`` by process id.
-    Afterwards every PID it started is stopped by PID, in the order ``cluster down`` uses."""
-    up = streamlet("cluster", "up", *up_args, cwd=directory)
+def running_cluster(directory: Path, *up_args: str, options: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
+    """``streamlet OPTIONS cluster up UP_ARGS`` in ``directory``; yields what it recorded, with ``pids`` by
+    process id. Afterwards every PID it started is stopped by PID, in the order ``cluster down`` uses."""
+    up = streamlet(*options, "cluster", "up", *up_args, cwd=directory)
     state_file = directory / ".streamlet" / "cluster.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {"processes": []}
     try:

@@ -7,7 +7,9 @@ opened with it, and ZooKeeper refuses writes from anyone without it).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from streamlet.adaptation.rebalance import Migration
 from streamlet.backends.cluster import jobs, rebalancing, reconfigure, savepoints
 from streamlet.backends.cluster.lifecycle import JobState
 from streamlet.backends.cluster.paths import ReconfigureRequest
+from streamlet.backends.cluster.reports import dead_letters_of
+from streamlet.backends.cluster.store import ClusterStore
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.errors import CoordinationError, JobError
 
@@ -36,10 +40,15 @@ class Submission:
     adapt: dict[str, Any] | None = None  # AdaptSettings.to_data(): the adaptation policies it runs under
 
 
+Watcher = Callable[[ClusterStore, dict[str, Any]], Awaitable[None]]  # sees each status read while waiting
+
+
 async def submit_and_wait(
-    hosts: str, cluster: str, submission: Submission, wait: bool, seconds: float, secret: bytes
-) -> dict[str, Any]:
-    """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass)."""
+    hosts: str, cluster: str, submission: Submission, wait: bool, seconds: float, secret: bytes,
+    watch: Watcher | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass), showing each
+    status read to ``watch`` (``submit``'s progress line)."""
     async with ZkStore(hosts, cluster, secret=secret) as store:  # the secret is checked before any code is loaded
         spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
         if submission.from_savepoint is not None:
@@ -55,6 +64,9 @@ async def submit_and_wait(
             while not JobState(status["state"]).ended:
                 await anyio.sleep(POLL)
                 status = await _riding_out(store, name, status)
+                if watch is not None:
+                    with contextlib.suppress(CoordinationError):  # ZooKeeper away: shown next time
+                        await watch(store, status)
             return status
         raise JobError(
             f"job '{name}' has not ended after {seconds:g} s; it is {status['state']}: {status['reason']} "
@@ -158,9 +170,26 @@ def describe(status: dict[str, Any]) -> str:
 
 
 def public(status: dict[str, Any]) -> dict[str, Any]:
-    """A status as ``jobs --json`` prints it (without the workers' full reports)."""
+    """A status as ``jobs --json`` prints it (without the workers' full reports): the dead letters as
+    ``{"count": N, "first": [...]}``, added up over the current attempt's reports."""
     keys = (
         "name", "state", "reason", "attempt", "reconfigurations", "workers", "instances", "decisions", "started",
         "ended",
     )  # fmt: skip
-    return {key: status[key] for key in keys}
+    letters = dead_letters_of(status["done"])
+    return {**{key: status[key] for key in keys}, "dead_letters": {"count": letters.count, "first": letters.first}}
+
+
+def describe_listed(status: dict[str, Any]) -> str:
+    """How ``streamlet jobs`` lists a job: state, attempt and workers; why it is in that state (why it failed);
+    its dead letters, when its workers reported some (their count, the first few)."""
+    workers = ", ".join(status["workers"]) or "-"
+    lines = [f"{status['job']:<24} {status['state']:<13} attempt {status['attempt']:<3} workers: {workers}"]
+    why = "failed: " if status["state"] == JobState.FAILED.value else ""
+    lines.append(f"{'':<24} {why}{status['reason']}")
+    letters = dead_letters_of(status["done"])
+    if letters.count:
+        shown = f" (the first {len(letters.first)})" if len(letters.first) < letters.count else ""
+        lines.append(f"{'':<24} dead letters: {letters.count}{shown}")
+        lines.extend(f"{'':<26} {line}" for line in letters.first)
+    return "\n".join(lines)
