@@ -452,7 +452,7 @@ def _parallelism(item: str) -> tuple[str, int]:
 @_cluster_options
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
 def jobs_command(zk: str | None, cluster: str | None, state_dir: Path, as_json: bool) -> None:
-    """Every job on the cluster: state, reason, attempt, workers."""
+    """Every job on the cluster: state, reason (why it failed), attempt, workers, dead letters reported."""
     from streamlet.backends.cluster import client as cluster_client
 
     try:
