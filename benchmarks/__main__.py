@@ -10,6 +10,7 @@ from benchmarks import (
     cluster,
     cpu,
     latency,
+    monitor,
     placement,
     rescale,
     routing,
@@ -39,6 +40,7 @@ def main() -> None:
         "balance",
         "surge",
         "placement",
+        "monitor",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -60,6 +62,8 @@ def main() -> None:
         line = spark.main(args.records or 200_000, args.repeats)
     elif args.name == "surge":
         line = surge.main(args.plot)
+    elif args.name == "monitor":
+        line = monitor.main(args.records or 1_000_000, args.repeats)
     elif args.name == "placement":
         line = placement.main(args.repeats)
     elif args.name == "balance":

@@ -179,13 +179,25 @@ def _client_secret(action: str, state_dir: Path) -> bytes:
     "--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path),
     help="its files go under STATE_DIR/<id>/",
 )  # fmt: skip
-def master_command(zk: str, name: str, master_id: str | None, state_dir: Path) -> None:
+@click.option(
+    "--dashboard-port", default=8780, show_default=True, type=click.IntRange(min=0, max=65535),
+    help="while leading, serve the dashboard and the cluster's /metrics here (0: any free port; "
+    "another when taken; 'cluster status' gives the URL)",
+)  # fmt: skip
+@click.option("--dashboard-host", default="127.0.0.1", show_default=True, help="address the dashboard listens on")
+@click.option("--no-dashboard", is_flag=True, help="serve no dashboard")
+def master_command(
+    zk: str, name: str, master_id: str | None, state_dir: Path, dashboard_port: int, dashboard_host: str,
+    no_dashboard: bool,
+) -> None:  # fmt: skip
     """Run one master: a candidate that leads the cluster when elected."""
     from streamlet.backends.cluster.processes import run_master
 
     master_id = master_id or f"master-{os.getpid()}"
     (state_dir / master_id).mkdir(parents=True, exist_ok=True)
-    anyio.run(run_master, zk, name, master_id, _secret(), backend_options={"use_uvloop": True})
+    dashboard = None if no_dashboard else (dashboard_host, dashboard_port)
+    run = partial(run_master, dashboard=dashboard)
+    anyio.run(run, zk, name, master_id, _secret(), backend_options={"use_uvloop": True})
 
 
 @main.command("worker")
@@ -207,15 +219,23 @@ def master_command(zk: str, name: str, master_id: str | None, state_dir: Path) -
     "--bandwidth", default=1000.0, show_default=True, type=click.FloatRange(min=0, min_open=True), metavar="MBIT/S",
     help="its network bandwidth, as configured (the backup location controller weighs links by it)",
 )  # fmt: skip
+@click.option(
+    "--metrics-port", default=None, type=click.IntRange(min=0, max=65535),
+    help="serve this worker's Prometheus /metrics on its --host (0: any free port; 'cluster status' gives the "
+    "URL); the dashboard's /metrics covers every worker without it",
+)  # fmt: skip
 def worker_command(
     zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...], heartbeat: float,
-    state_dir: Path, bandwidth: float,
+    state_dir: Path, bandwidth: float, metrics_port: int | None,
 ) -> None:  # fmt: skip
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
     from streamlet.backends.cluster.processes import run_worker
 
     worker_id = worker_id or f"worker-{os.getpid()}"
-    run = partial(run_worker, heartbeat=heartbeat, state_dir=state_dir / worker_id, bandwidth=bandwidth)
+    run = partial(
+        run_worker, heartbeat=heartbeat, state_dir=state_dir / worker_id, bandwidth=bandwidth,
+        metrics_port=metrics_port,
+    )  # fmt: skip
     anyio.run(run, zk, name, worker_id, host, _secret(), capacity, sorted(labels), backend_options={"use_uvloop": True})
 
 
