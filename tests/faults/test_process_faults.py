@@ -6,6 +6,10 @@ The job is the gated keyed count (``tests/support/faults.py``): it holds after 3
 until the test releases it, so each fault lands while the job provably runs. Its totals must equal a plain
 count of the words: no record lost or counted twice.
 
+Checkpoints live on the workers' own disks (``.streamlet/<worker>/``, each instance's state replicated to the
+other worker): when every worker is lost, a worker that comes back with its disk resumes the job, while a
+new worker with an empty one cannot, and the job fails rather than resume without its state.
+
 Not here: a zombie worker holding a FileSink and a graceful SIGTERM (issue 11 items 4/5, in
 tests/integration/test_cluster_failover.py), a full disk (tests/faults/test_disk_full.py), cycles running on
 the cluster (item 7).
@@ -17,13 +21,26 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.replicas import instances_of
+from streamlet.core.state.store import decode
 from tests.support.cluster import wait_for_exit
-from tests.support.faults import GatedJob, LocalCluster, expected_totals, totals, watching
+from tests.support.faults import (
+    GatedJob,
+    LocalCluster,
+    NodeHistory,
+    Submission,
+    ZkWatch,
+    expected_totals,
+    totals,
+    watching,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -158,50 +175,146 @@ def test_a_leader_stopped_past_its_session_writes_nothing_stale_when_it_wakes(
     )
 
 
-def test_all_workers_lost_stalls_the_job_until_a_new_worker_joins(
+@dataclass
+class LostWorkers:
+    """A job whose workers were all SIGKILLed: what :func:`lose_every_worker` saw."""
+
+    submit: Submission
+    states: NodeHistory
+    assignments: NodeHistory
+    victims: list[int]
+    killed_at: float
+    stalled: dict[str, Any]
+    stalled_assignment: dict[str, Any]
+    completed: dict[str, Any]  # the last completed checkpoint's record
+
+    def check_stalled(self) -> None:
+        """The STALLED reason names the lost workers of the attempt it stalls (both sessions may not expire in
+        the same tick: the leader may first move the job onto the other, dead, worker)."""
+        named = sorted(set(self.stalled_assignment["instances"].values()))
+        assert self.stalled["reason"] == f"lost {', '.join(named)}; no live worker can take it: no live worker"
+        for victim in self.victims:
+            assert wait_for_exit(victim)
+
+
+def lose_every_worker(cluster: LocalCluster, zk: ZkWatch, job: GatedJob) -> LostWorkers:
+    """Submit the gated count with checkpoints, SIGKILL both workers once two checkpoints completed (the last
+    one's record keeps the one before it), release the gate and wait until the job is STALLED (no live worker)."""
+    submit = cluster.submit(job.file, JOB, "--checkpoint-interval", "0.2")
+    states = zk.follow(paths.state(JOB))
+    assignments = zk.follow(paths.assignment(JOB))
+    states.wait_for(lambda s: s["state"] == "RUNNING")
+    zk.wait_for(f"{paths.checkpoints(JOB)}/completed", lambda c: c["attempt"] == 1 and c["epoch"] >= 2)
+    victims = [cluster.pids["worker-0"], cluster.pids["worker-1"]]
+    killed_at = time.time()
+    for victim in victims:
+        os.kill(victim, signal.SIGKILL)
+    job.release()
+    stalled = states.wait_for(lambda s: s["state"] == "STALLED")
+    stalled_assignment = assignments.wait_for(lambda a: a["attempt"] == stalled["attempt"])
+    completed = zk.data(f"{paths.checkpoints(JOB)}/completed")  # final: no worker is left to complete another
+    return LostWorkers(submit, states, assignments, victims, killed_at, stalled, stalled_assignment, completed)
+
+
+def checkpoint_instances(folder: Path, completed: dict[str, Any]) -> dict[str, set[str]]:
+    """The instances whose state the worker folder ``folder`` holds at the completed checkpoint ``completed``:
+    in its own part and in its replicas of the others' parts, by owner (every file checked against its
+    checksum)."""
+    epoch = int(completed["epoch"])
+    name = f"checkpoint-{epoch:010d}.msgpack"
+    files = {folder.name: folder / "checkpoints" / JOB / f"attempt-{completed['attempt']}" / folder.name / name}
+    files.update({owner.name: owner / name for owner in (folder / "replicas" / JOB).iterdir()})
+    found: dict[str, set[str]] = {}
+    for owner, path in files.items():
+        document = decode(path.read_bytes(), str(path))
+        assert document["epoch"] == epoch
+        found[owner] = set(instances_of(document))
+    return found
+
+
+def test_all_workers_lost_stalls_the_job_until_one_comes_back_with_its_disk(
     new_cluster: Callable[..., LocalCluster], tmp_path: Any, figures: Callable[[str], None]
 ) -> None:
-    """SIGKILL both workers of a checkpointed job: STALLED, the reason naming the lost workers. A new worker
-    process (worker-9) joins: RECOVERING, it restores the last checkpoint, FINISHED with exact totals."""
+    """SIGKILL both workers of a checkpointed job: STALLED, the reason naming the lost workers. worker-0 starts
+    again on its own folder (its machine came back with its disk): RECOVERING, it restores the last completed
+    checkpoint from that disk alone (its part and its replica of worker-1's: nothing fetched), FINISHED with
+    exact totals."""
     cluster = new_cluster()
     job = GatedJob(tmp_path).write()
-    submit = cluster.submit(job.file, JOB, "--checkpoint-interval", "0.2")
     with watching(cluster) as zk:
-        states = zk.follow(paths.state(JOB))
-        assignments = zk.follow(paths.assignment(JOB))
-        states.wait_for(lambda s: s["state"] == "RUNNING")
-        zk.wait_for(f"{paths.checkpoints(JOB)}/completed", lambda c: c["attempt"] == 1)
-        victims = [cluster.pids["worker-0"], cluster.pids["worker-1"]]
-        killed_at = time.time()
-        for victim in victims:
-            os.kill(victim, signal.SIGKILL)
-        job.release()
-        stalled = states.wait_for(lambda s: s["state"] == "STALLED")
-        stalled_assignment = assignments.wait_for(lambda a: a["attempt"] == stalled["attempt"])
+        lost = lose_every_worker(cluster, zk, job)
+        on_disk = checkpoint_instances(cluster.state_dir / "worker-0", lost.completed)
         joined_at = time.time()
-        cluster.start_worker("worker-9")
-        resumed = states.wait_for(lambda s: s["state"] == "RECOVERING" and s["attempt"] > stalled["attempt"])
-        finished = states.wait_for(lambda s: s["state"] == "FINISHED")
+        cluster.start_worker("worker-0")
+        stalled = lost.stalled
+        resumed = lost.states.wait_for(lambda s: s["state"] == "RECOVERING" and s["attempt"] > stalled["attempt"])
+        finished = lost.states.wait_for(lambda s: s["state"] == "FINISHED")
         last = finished["attempt"]
-        report = zk.data(f"{paths.done(JOB, last)}/worker-9")
+        report = zk.data(f"{paths.done(JOB, last)}/worker-0")
         final = zk.data(paths.assignment(JOB))
-        lost = {w for a in assignments.data() if a is not None and a["attempt"] < last for w in a["instances"].values()}
-    submit.finish()
+        earlier = [a for a in lost.assignments.data() if a is not None and a["attempt"] < last]
+        ran = {worker for assignment in earlier for worker in assignment["instances"].values()}
+    submit = lost.submit.finish()
     assert submit.code == 0, submit.err
-    assert submit.out.splitlines()[0] == FINISHED_ON_ONE.format("worker-9")
+    assert submit.out.splitlines()[0] == FINISHED_ON_ONE.format("worker-0")
     assert totals(submit.collected()["totals"]) == expected_totals()
-    # both sessions may not expire in the same tick: the leader may first move the job onto the other (dead)
-    # worker; either way the STALLED reason names the lost workers of the attempt it stalls
-    named = sorted(set(stalled_assignment["instances"].values()))
-    assert stalled["reason"] == f"lost {', '.join(named)}; no live worker can take it: no live worker"
-    assert lost == {"worker-0", "worker-1"}
+    lost.check_stalled()
+    assert ran == {"worker-0", "worker-1"}
     assert resumed["reason"] == f"attempt {last}: a worker can take it again"
-    assert set(final["instances"].values()) == {"worker-9"}
-    assert report["restored_from"] is not None  # from the checkpoint the lost workers completed
-    for victim in victims:
-        assert wait_for_exit(victim)
+    assert set(final["instances"].values()) == {"worker-0"}
+    # every instance's state is on both workers' disks (one replica, on the other worker): worker-0's has it all,
+    # its own instances in its part and worker-1's in its replica of worker-1's part
+    holders = lost.completed["holders"]
+    assert {tuple(sorted(held)) for held in holders.values()} == {("worker-0", "worker-1")}
+    assert on_disk == {
+        owner: {instance for instance, held in holders.items() if held[0] == owner}
+        for owner in ("worker-0", "worker-1")
+    }
+    assert (report["restored_from"], report["fetched_bytes"]) == (lost.completed["epoch"], 0)
     figures(
-        f"row 5 all workers SIGKILL: kill -> STALLED {stalled['at'] - killed_at:.2f} s; "
-        f"worker-9 started -> RECOVERING {resumed['at'] - joined_at:.2f} s, "
+        f"row 5 all workers SIGKILL: kill -> STALLED {stalled['at'] - lost.killed_at:.2f} s; "
+        f"worker-0 started again -> RECOVERING {resumed['at'] - joined_at:.2f} s, "
         f"-> FINISHED {finished['ended'] - joined_at:.2f} s"
     )
+
+
+def test_all_workers_lost_and_a_new_worker_cannot_restore_so_the_job_fails_naming_the_checkpoints(
+    new_cluster: Callable[..., LocalCluster], tmp_path: Any
+) -> None:
+    """SIGKILL both workers of a checkpointed job: STALLED. A new worker (worker-9, an empty folder) joins, but
+    no live worker holds the state of the last completed checkpoint nor of the one before it (each worker
+    kept it on its own disk): each restore marks its checkpoint unusable and the next attempt tries the one
+    before, then the job FAILS naming them rather than resume without that state."""
+    cluster = new_cluster()
+    job = GatedJob(tmp_path).write()
+    with watching(cluster) as zk:
+        lost = lose_every_worker(cluster, zk, job)
+        cluster.start_worker("worker-9")
+        failed = lost.states.wait_for(lambda s: s["state"] == "FAILED")
+        # the attempts after the stall (one may be seen RUNNING before its worker reports the failed restore)
+        after = [
+            s
+            for s in lost.states.data()
+            if s is not None and s["attempt"] > lost.stalled["attempt"] and s["state"] != "RUNNING"
+        ]
+        unusable = zk.children(paths.unusable(JOB))
+    submit = lost.submit.finish()
+    assert submit.code == 1
+    lost.check_stalled()
+    completed, first = lost.completed, lost.stalled["attempt"] + 1
+    tried = [completed["epoch"], completed["previous"]["epoch"]]  # the last checkpoint, then the one before
+    assert sorted(int(epoch) for epoch in unusable) == sorted(tried)
+    why = "has an instance with no intact copy on a live worker (worker-9); restoring from the one before"
+    assert [(s["state"], s["attempt"], s["reason"]) for s in after] == [
+        ("RECOVERING", first, f"attempt {first}: a worker can take it again"),
+        *(
+            ("RECOVERING", first + n, f"attempt {first + n}: checkpoint {epoch} {why}")
+            for n, epoch in enumerate(tried, start=1)
+        ),
+        ("FAILED", first + len(tried), failed["reason"]),
+    ]
+    assert failed["reason"] == (
+        f"CheckpointError: job 'gated': checkpoints {', '.join(sorted(unusable))} have no intact copy of some "
+        "instance's state on any live worker; it cannot resume without losing state (on worker-9)"
+    )
+    assert submit.out.splitlines()[0] == f"job 'gated' FAILED on worker-9: {failed['reason']}"

@@ -233,7 +233,10 @@ def test_a_task_restricted_to_a_worker_runs_there(cluster: Path, tmp_path: Path)
 
 
 def test_checkpoints_across_workers_make_a_file_sink_exactly_once(cluster: Path, tmp_path: Path) -> None:
-    """Checkpoints taken across both workers commit FileSink output by epoch; every record is visible once."""
+    """Checkpoints taken across both workers commit FileSink output by epoch; every record is visible once.
+    No folder is shared (each worker keeps its files under .streamlet/<worker>/, and sweeps those of an ended
+    job): the last checkpoint's record names both workers, and holds each stateful instance on its own worker
+    and on the other, which acknowledged storing its piece."""
     path = tmp_path / "files.py"
     out = tmp_path / "out"
     path.write_text(f"OUT = {str(out)!r}\n{FILES}", encoding="utf-8")
@@ -245,8 +248,44 @@ def test_checkpoints_across_workers_make_a_file_sink_exactly_once(cluster: Path,
     epochs = {int(name.name.split("-")[1]) for name in out.glob("part-*.jsonl")}
     assert len(epochs) >= 2  # periodic checkpoints committed output before the final one
     assert not list((out / ".staging").rglob("*.pending"))
-    parts = cluster / ".streamlet" / "checkpoints" / "files" / "attempt-1"
-    assert sorted(p.name for p in parts.iterdir()) == ["worker-0", "worker-1"]
+    assert not (cluster / ".streamlet" / "checkpoints").exists()  # no shared folder: each worker keeps its own
+    completed = node_data(cluster, "/jobs/files/checkpoints/completed")
+    assert (completed["attempt"], completed["workers"], completed["finished"]) == (1, ["worker-0", "worker-1"], True)
+    instances = job_nodes(cluster, "files")["assignment"]["instances"]
+    other = {"worker-0": "worker-1", "worker-1": "worker-0"}
+    # the source and the tasks keep state (the file sink's is its staged output): each is held by its own
+    # worker and, by default, by one backup, the other worker
+    stateful = ["in.0", "pace.0", "pace.1"]
+    assert set(instances) == {*stateful, "out.0", "out.1"}
+    assert completed["holders"] == {name: [instances[name], other[instances[name]]] for name in stateful}
+    # both workers acknowledged their parts of the last checkpoint, and each backup the piece it stored
+    owners = {instances[name] for name in stateful}
+    acks = children(cluster, f"/jobs/files/checkpoints/attempt-1/acks/{completed['epoch']}")
+    assert set(acks) == {"worker-0", "worker-1", *(f"{owner}~{other[owner]}" for owner in owners)}
+
+
+def node_data(cluster: Path, path: str) -> Any:
+    """The data of the ZooKeeper node at ``path`` (which must exist)."""
+    state = recorded(cluster)
+
+    async def read() -> Any:
+        async with ZkStore(state["zk"], state["name"]) as store:
+            found = await store.get(path)
+            assert found is not None, f"no node {path}"
+            return found[0]
+
+    return anyio.run(read)
+
+
+def children(cluster: Path, path: str) -> list[str]:
+    """The names of the ZooKeeper node's children at ``path``."""
+    state = recorded(cluster)
+
+    async def read() -> list[str]:
+        async with ZkStore(state["zk"], state["name"]) as store:
+            return await store.children(path)
+
+    return anyio.run(read)
 
 
 def job_nodes(cluster: Path, job: str) -> dict[str, Any]:

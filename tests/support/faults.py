@@ -268,8 +268,11 @@ class LocalCluster:
         return Submission(self.adopt(streamlet_process(*args, cwd=self.directory)), results)
 
     def start_worker(self, worker_id: str, capacity: int = 8) -> int:
-        """One more worker process (``streamlet worker``), with the cluster's secret in its environment."""
+        """One more worker process (``streamlet worker``), with the cluster's secret in its environment and its
+        files under ``.streamlet/<worker_id>/`` as ``cluster up`` places them (a worker-N started again finds
+        the files worker-N kept: its machine came back with its disk)."""
         args = ["worker", "--zk", self.zk, "--name", self.name, "--id", worker_id, "--capacity", str(capacity)]
+        args += ["--state-dir", str(self.state_dir)]
         log = self.state_dir / f"{worker_id}.log"
         process = self.adopt(streamlet_process(*args, cwd=self.directory, log=log, secret=self.secret()))
         return process.pid
