@@ -304,7 +304,7 @@ def test_all_workers_lost_and_a_new_worker_cannot_restore_so_the_job_fails_namin
     completed, first = lost.completed, lost.stalled["attempt"] + 1
     tried = [completed["epoch"], completed["previous"]["epoch"]]  # the last checkpoint, then the one before
     assert sorted(int(epoch) for epoch in unusable) == sorted(tried)
-    why = "has an instance with no intact copy on a live worker (worker-9); restoring from the one before"
+    why = "has an instance with no intact copy on a live worker (worker-9); trying the checkpoint before it"
     assert [(s["state"], s["attempt"], s["reason"]) for s in after] == [
         ("RECOVERING", first, f"attempt {first}: a worker can take it again"),
         *(
@@ -314,7 +314,8 @@ def test_all_workers_lost_and_a_new_worker_cannot_restore_so_the_job_fails_namin
         ("FAILED", first + len(tried), failed["reason"]),
     ]
     assert failed["reason"] == (
-        f"CheckpointError: job 'gated': checkpoints {', '.join(sorted(unusable))} have no intact copy of some "
-        "instance's state on any live worker; it cannot resume without losing state (on worker-9)"
+        "CheckpointError: job 'gated': no live worker holds an intact copy of every instance's state at "
+        f"checkpoint {', '.join(str(epoch) for epoch in sorted(tried))}, nor at an earlier one kept; it cannot resume "
+        "without losing state (on worker-9)"
     )
     assert submit.out.splitlines()[0] == f"job 'gated' FAILED on worker-9: {failed['reason']}"

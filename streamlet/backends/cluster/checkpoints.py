@@ -152,9 +152,10 @@ class ZkAgreement:
                     log.warning("restoring from the checkpoint before the last", job=self.job,
                                 unusable=completed["epoch"], epoch=candidate["epoch"])  # fmt: skip
                 return candidate
+        epochs = ", ".join(str(epoch) for epoch in sorted(int(name) for name in unusable))
         raise CheckpointError(
-            f"job '{self.job}': checkpoints {', '.join(sorted(unusable))} have no intact copy of some instance's "
-            "state on any live worker; it cannot resume without losing state"
+            f"job '{self.job}': no live worker holds an intact copy of every instance's state at checkpoint "
+            f"{epochs}, nor at an earlier one kept; it cannot resume without losing state"
         )
 
     async def _join(self, completed: tuple[dict[str, Any], int] | None) -> None:

@@ -336,7 +336,7 @@ class Leader:
         worker, report = sorted(errors.items())[0]
         if all("unusable" in entry for entry in errors.values()):
             why = f"checkpoint {report['unusable']} has an instance with no intact copy on a live worker ({worker})"
-            return await self._next_attempt(view, f"{why}; restoring from the one before", {})
+            return await self._next_attempt(view, f"{why}; trying the checkpoint before it", {})
         if not all(entry.get("retry") for entry in errors.values()):
             return await self._move(view, JobState.FAILED, f"{report['error']} (on {worker})")
         instance = str(report["instance"])

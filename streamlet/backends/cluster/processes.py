@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -93,11 +92,14 @@ async def _serve_dashboard(zk: ClusterStore, secret: bytes, name: str, host: str
 
 
 async def _publish_dashboard(zk: ClusterStore, url: str, name: str) -> None:
-    """Say where the dashboard is (an ephemeral node: it goes with this master's session), then serve on."""
-    with contextlib.suppress(CoordinationError):
+    """Say where the dashboard is (an ephemeral node: it goes with this master's session), then serve on. A
+    session that cannot write it (suspended, expired: leadership is about to go) only leaves it unsaid."""
+    try:
         await zk.delete(paths.DASHBOARD)  # a former leader's, if its session lingers
-    await zk.create(paths.DASHBOARD, {"url": url, "master": name}, ephemeral=True)
-    log.info("dashboard", url=url, master=name)
+        await zk.create(paths.DASHBOARD, {"url": url, "master": name}, ephemeral=True)
+        log.info("dashboard", url=url, master=name)
+    except CoordinationError as exc:
+        log.warning("could not publish the dashboard's URL", url=url, error=str(exc))
     await anyio.sleep_forever()
 
 

@@ -21,11 +21,13 @@ from importlib import resources
 from typing import Any, Protocol
 
 import anyio
+import structlog
 from aiohttp import web
 
 from streamlet.backends.monitor.metrics import exposition
 from streamlet.backends.monitor.views import Rates, Reading, Timeline, cluster_view, instance_snapshots, job_view
 
+log = structlog.get_logger("streamlet")
 STATIC = {"app.js": "application/javascript", "style.css": "text/css", "index.html": "text/html"}
 
 
@@ -64,9 +66,13 @@ class Dashboard:
         return self.views
 
     async def run(self) -> None:
-        """Refresh until cancelled."""
+        """Refresh until cancelled. A reading that fails (ZooKeeper suspended, the session expired) keeps the
+        last views and is tried again: watching must never take down what it watches."""
         while True:
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 - logged; the next interval reads again
+                log.warning("dashboard refresh failed", error=f"{type(exc).__name__}: {exc}")
             await anyio.sleep(self.interval)
 
     async def updates(self) -> AsyncIterator[dict[str, Any]]:

@@ -207,7 +207,10 @@ async def test_a_job_whose_every_copy_is_gone_fails_saying_so_instead_of_startin
     assert outcome.state == "FAILED"
     reasons = [reason for state, reason in outcome.states if state == "RECOVERING"]
     assert reasons[-1].startswith("attempt 3: checkpoint 1 has an instance with no intact copy on a live worker")
-    assert "checkpoints 1 have no intact copy of some instance's state on any live worker" in outcome.reason
+    assert (
+        "no live worker holds an intact copy of every instance's state at checkpoint 1, nor at an earlier one kept"
+        in outcome.reason
+    )
 
 
 async def test_a_worker_killed_by_the_test_while_the_job_is_held(gate: asyncio.Event) -> None:
