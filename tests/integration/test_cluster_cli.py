@@ -59,9 +59,11 @@ def test_up_starts_every_process_and_status_shows_them(cluster: tuple[Path, list
     assert candidates is not None
     assert sorted(candidates.group(1).split(", ")) == ["master-0", "master-1"]  # both race: either may be first
     rows = re.findall(
-        r"^  (worker-\d)\s+127\.0\.0\.1:\d+\s+STANDBY/waiting\s+NORMAL\s+\d+\s+0\s+[\d.]+\s+ok$", status.stdout, re.M
+        r"^  (worker-\d)\s+(127\.0\.0\.\d+):\d+\s+STANDBY/waiting\s+NORMAL\s+\d+\s+0\s+[\d.]+\s+ok$",
+        status.stdout,
+        re.M,
     )
-    assert rows == ["worker-0", "worker-1"]
+    assert rows == [("worker-0", "127.0.0.2"), ("worker-1", "127.0.0.3")]  # each on a loopback address of its own
     as_json = json.loads(streamlet("cluster", "status", "--json", cwd=directory).stdout)
     assert [(w["id"], w["state"], w["stale"]) for w in as_json["workers"]] == [
         ("worker-0", "STANDBY/waiting", False), ("worker-1", "STANDBY/waiting", False),

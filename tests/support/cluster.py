@@ -70,9 +70,12 @@ def wait_for_exit(pid: int, seconds: float = 30) -> bool:
 
 @contextmanager
 def running_cluster(directory: Path, *up_args: str, options: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
-    """``streamlet OPTIONS cluster up UP_ARGS`` in ``directory``; yields what it recorded, with ``pids`` by
-    process id. Afterwards every PID it started is stopped by PID, in the order ``cluster down`` uses."""
-    up = streamlet(*options, "cluster", "up", *up_args, cwd=directory)
+    """``streamlet OPTIONS cluster up UP_ARGS --loopback-hosts`` in ``directory``: each worker on a loopback
+    address of its own with its own folder, as separate machines (nothing may assume one address or one
+    disk); yields what it recorded, with ``pids`` by process id. Afterwards every PID it started is stopped
+    by PID, in the order ``cluster down`` uses."""
+    apart = () if "--loopback-hosts" in up_args else ("--loopback-hosts",)
+    up = streamlet(*options, "cluster", "up", *up_args, *apart, cwd=directory)
     state_file = directory / ".streamlet" / "cluster.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {"processes": []}
     try:
