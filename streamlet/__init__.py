@@ -49,6 +49,7 @@ from streamlet.errors import (
     TopologyError,
     TransportError,
 )
+from streamlet.gc_policy import tune_gc
 
 __all__ = (
     "AdaptSettings",
@@ -56,6 +57,7 @@ __all__ = (
     "QoS",
     "SHED",
     "balance_segments",
+    "tune_gc",
     "LATE",
     "ROUND_ROBIN",
     "SAME_KEY",

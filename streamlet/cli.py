@@ -18,6 +18,7 @@ from streamlet.backends.local import run as run_topology
 from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE
 from streamlet.core.state.store import DirectoryCheckpointStore
 from streamlet.errors import StreamletError
+from streamlet.gc_policy import tune_gc
 from streamlet.loading import PARAM_RULE, load_topology
 from streamlet.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, LogSettings, configure_logging
 from streamlet.run_report import DEFAULT_ROWS, SORT_CHOICES, ReportOptions, print_report, to_json
@@ -107,6 +108,7 @@ def run_command(
         if state_dir is not None:
             interval = checkpoint_interval or DEFAULT_CHECKPOINT_INTERVAL
             checkpoints = {"checkpoint_dir": state_dir, "checkpoint_interval": interval}
+        tune_gc()  # this process is streamlet's own: the streaming GC policy (see streamlet.gc_policy)
         result = run_topology(topology, batch_size=batch_size, **checkpoints)
     except Exception as exc:  # noqa: BLE001 - user code too: one line and a non-zero exit, never a traceback
         _fail(exc)
@@ -197,6 +199,7 @@ def master_command(
     (state_dir / master_id).mkdir(parents=True, exist_ok=True)
     dashboard = None if no_dashboard else (dashboard_host, dashboard_port)
     run = partial(run_master, dashboard=dashboard)
+    tune_gc()
     anyio.run(run, zk, name, master_id, _secret(), backend_options={"use_uvloop": True})
 
 
@@ -236,6 +239,7 @@ def worker_command(
         run_worker, heartbeat=heartbeat, state_dir=state_dir / worker_id, bandwidth=bandwidth,
         metrics_port=metrics_port,
     )  # fmt: skip
+    tune_gc()
     anyio.run(run, zk, name, worker_id, host, _secret(), capacity, sorted(labels), backend_options={"use_uvloop": True})
 
 
