@@ -25,20 +25,23 @@ MIDDLE = 20  # young collections between collections of the middle generation (d
 OLD = 100  # middle collections between full ones (default 10)
 
 
-def tune_gc() -> tuple[int, int, int]:
-    """Apply the streaming policy to this interpreter (see the module docstring); returns the thresholds it
-    replaced, for :func:`restore_gc`."""
-    previous = gc.get_threshold()
+def tune_gc() -> tuple[tuple[int, int, int], int]:
+    """Apply the streaming policy to this interpreter (see the module docstring); returns what it replaced
+    (the thresholds, and how many objects were frozen already), for :func:`restore_gc`."""
+    previous = gc.get_threshold(), gc.get_freeze_count()
     gc.collect()  # what setup left as garbage goes now, not into the permanent generation
     gc.freeze()
     gc.set_threshold(YOUNG, MIDDLE, OLD)
     return previous
 
 
-def restore_gc(previous: tuple[int, int, int]) -> None:
-    """Undo :func:`tune_gc`: the thresholds back, the frozen objects watched again."""
-    gc.set_threshold(*previous)
-    gc.unfreeze()
+def restore_gc(previous: tuple[tuple[int, int, int], int]) -> None:
+    """Undo :func:`tune_gc`: the thresholds back and, unless something had frozen objects before it (they
+    cannot be told apart), the frozen objects watched again."""
+    thresholds, frozen = previous
+    gc.set_threshold(*thresholds)
+    if not frozen:
+        gc.unfreeze()
 
 
 @contextmanager

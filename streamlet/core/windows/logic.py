@@ -74,6 +74,7 @@ class TimeLogic(WindowLogic):
         self.early = early
         self.next_early: float | None = None  # clock time of the next early firing, while a window is dirty
         self.dirty: set[int] = set()  # starts of open windows that took records since they last fired
+        self.whole_seconds = False  # the records' timestamps are ints: whole-second bounds stay ints
 
     def starts(self, tick: int) -> list[int]:
         """Start ticks of every window that contains ``tick``, latest first."""
@@ -88,9 +89,17 @@ class TimeLogic(WindowLogic):
         """The open window starting at tick ``start`` (opened now if need be)."""
         window = self.windows.get(start)
         if window is None:
-            seconds = self.ticks.seconds
-            window = self.windows[start] = ClosedWindow(seconds(start), seconds(start + self.size_ticks), {})
+            window = self.windows[start] = self._new_window(start)
         return window
+
+    def _new_window(self, start: int) -> ClosedWindow:
+        return ClosedWindow(self._bound(start), self._bound(start + self.size_ticks), {})
+
+    def _bound(self, tick: int) -> float:
+        """Tick ``tick`` in seconds, an ``int`` when the timestamps are ints and it is a whole second (a
+        window of int timestamps reports int bounds, as the user's data has them)."""
+        seconds = self.ticks.seconds(tick)
+        return int(seconds) if self.whole_seconds and seconds.is_integer() else seconds
 
     def close_until(self, tick: float) -> list[ClosedWindow]:
         """Windows whose end is at or before ``tick``, oldest first."""
@@ -112,6 +121,8 @@ class TimeLogic(WindowLogic):
 
     def collect_run(self, port: int, run: Batch, starts: list[int], now: float) -> None:
         """Put ``run`` into the open windows starting at ``starts`` (noting them for early firings)."""
+        if run:
+            self.whole_seconds = type(run[0].ts) is int
         for start in starts:
             self.collect(self.window(start), port, run)
         if self.early is not None and run:
@@ -253,10 +264,6 @@ class EventTimeLogic(TimeLogic):
                     window = self.fired[start] = self._new_window(start)
                 self.collect(window, port, run)
                 refired[start] = window
-
-    def _new_window(self, start: int) -> ClosedWindow:
-        seconds = self.ticks.seconds
-        return ClosedWindow(seconds(start), seconds(start + self.size_ticks), {})
 
     def advance(self, watermark: float) -> list[ClosedWindow]:
         tick = self.ticks.of(watermark)

@@ -130,3 +130,18 @@ def test_every_record_lies_inside_the_bounds_reported_for_its_window(
         for ts in times:
             seen[ts] = seen.get(ts, 0) + 1
     assert set(seen) == set(stamps)
+
+
+def test_window_bounds_keep_the_type_of_the_timestamps() -> None:
+    """Int timestamps give int window bounds (whole seconds); float timestamps float ones: a sink storing
+    window_start/window_end keeps the user's type."""
+
+    def bounds(stamps: list[float]) -> list[tuple[object, object, type]]:
+        topology = sl.Topology("typed")
+        source = topology.add_source("e", [sl.Record("a", 1, ts) for ts in stamps])
+        summed = topology.window_reduce("sum", "sum", window=sl.TimeWindow(60, time="event")).set_input(source)
+        topology.add_sink("out", sl.CollectSink()).set_input(summed)
+        return [(r.window_start, r.window_end, type(r.window_start)) for r in sl.run(topology).sink("out")]
+
+    assert bounds([5, 65]) == [(0, 60, int), (60, 120, int)]
+    assert bounds([5.5, 65.0]) == [(0.0, 60.0, float), (60.0, 120.0, float)]
