@@ -127,8 +127,8 @@ class ReplicaService:
                     removed += 1
         attempts = self.root / "checkpoints" / job
         needed = {f"attempt-{attempt}" for attempt in keep.values()}
+        newest = max(keep.values())
         for folder in attempts.iterdir() if attempts.exists() else ():
-            newest = max((int(name.removeprefix("attempt-")) for name in needed), default=0)
             if folder.name not in needed and int(folder.name.removeprefix("attempt-")) < newest:
                 removed += sum(1 for path in folder.rglob("*") if path.is_file())
                 shutil.rmtree(folder, ignore_errors=True)  # an older attempt's parts: superseded

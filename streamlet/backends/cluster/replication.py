@@ -8,7 +8,7 @@ workers after the owner in name order. A backup acknowledges a piece in
 ZooKeeper once it is stored (``acks/<epoch>/<owner>~<backup>``); the owner
 acknowledges its part, with the map of who holds what, only after all of
 its backups did, so a checkpoint completes only when every part has its
-replicas. A backup that does not answer within the transfer timeout is
+replicas. A backup that has not acknowledged within :data:`ACK_TIMEOUT` is
 replaced by another live worker.
 
 Restoring: every instance of the new attempt takes its state from a holder
@@ -33,13 +33,14 @@ import structlog
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.paths import task_of
 from streamlet.backends.cluster.registry import workers
-from streamlet.backends.cluster.replicas import Address, ReplicaService, instances_of, piece
+from streamlet.backends.cluster.replicas import TRANSFER_TIMEOUT, Address, ReplicaService, instances_of, piece
 from streamlet.backends.cluster.store import ClusterStore, riding_out
 from streamlet.core.state.store import decode
 from streamlet.errors import CheckpointError, NodeExists, UnusableCheckpoint
 
 log = structlog.get_logger("streamlet")
 Holders = dict[str, list[str]]  # instance -> the workers holding its state, owner first
+ACK_TIMEOUT = 3 * TRANSFER_TIMEOUT  # seconds a backup has to store a piece and say so (a slow disk, a busy loop)
 
 
 def backups_for(
@@ -129,7 +130,7 @@ class PartReplicator:
                 extra = {"owner": self.me, "job_name": self.job, "attempt_number": self.attempt}
                 group.start_soon(self._push_one, backup, addresses[backup], {**piece(document, held), **extra}, failed)
         waiting = set(by_backup) - failed
-        with anyio.move_on_after(30.0):
+        with anyio.move_on_after(ACK_TIMEOUT):
             while waiting - _acknowledged(await self.zk.children(acks), self.me):
                 await changed.wait()
                 changed.clear()
