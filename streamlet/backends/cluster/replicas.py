@@ -25,6 +25,7 @@ what this module sends is dropped and counted (``bad_requests``).
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -50,7 +51,16 @@ KEEP = 3  # replicas per owner and job: the newest complete checkpoint and the o
 TRANSFER_TIMEOUT = 10.0  # seconds a push or a fetch may take before the peer counts as unreachable
 PUSH, FETCH, ANSWER = "replica/", "fetch/", "answer/"
 Address = tuple[str, int]
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 OnStored = Callable[[dict[str, Any], str, int], Awaitable[None]]  # (piece, owner, bytes)
+
+
+def _name(value: Any) -> str:
+    """A job or worker name from a peer, checked before it becomes part of a path: one plain file name
+    (letters, digits, '_', '-', '.'; never '..' or a separator), so no request reaches outside this folder."""
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or value in (".", ".."):
+        raise ValueError(f"not a job or worker name: {value!r}")
+    return value
 
 
 def instances_of(document: dict[str, Any]) -> list[str]:
@@ -181,15 +191,15 @@ class ReplicaService:
 
     async def _store(self, blob: bytes) -> None:
         document = decode(blob, "a pushed replica")  # the checksum: a corrupt push is never stored
-        job, owner, epoch = str(document["job_name"]), str(document["owner"]), int(document["epoch"])
+        job, owner, epoch = _name(document["job_name"]), _name(document["owner"]), int(document["epoch"])
         await anyio.to_thread.run_sync(self.replicas(job, owner).save, epoch, blob)
         self.counts["stored"] += 1
         if self.on_stored is not None:
             await self.on_stored(document, owner, len(blob))
 
     async def _answer(self, request: dict[str, Any]) -> None:
-        job, attempt, epoch = str(request["job"]), int(request["attempt"]), int(request["epoch"])
-        owner, wanted = str(request["owner"]), [str(instance) for instance in request["instances"]]
+        job, attempt, epoch = _name(request["job"]), int(request["attempt"]), int(request["epoch"])
+        owner, wanted = _name(request["owner"]), [str(instance) for instance in request["instances"]]
         host, port, reply = str(request["reply"][0]), int(request["reply"][1]), str(request["reply"][2])
         if not reply.startswith(ANSWER):
             raise ValueError(f"a fetch asks for its answer on {reply!r}")

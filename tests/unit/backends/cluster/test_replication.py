@@ -243,3 +243,16 @@ async def test_the_files_to_keep_are_the_last_two_complete_checkpoints_of_a_job_
     await cluster.leader.round()
     assert await files_to_keep(cluster.client, "p") is None
     assert await files_to_keep(cluster.client, "gone") is None
+
+
+async def test_a_push_or_fetch_naming_a_path_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    """A piece whose job is '../escape' is dropped and counted; nothing is written outside w1's folder."""
+    async with workers(tmp_path, ["w0", "w1"]) as found:
+        sender, receiver = found["w0"].service, found["w1"].service
+        forged = {**part(1, [0]), "owner": "w0", "job_name": "../escape", "attempt_number": 1}
+        with anyio.fail_after(10):
+            await sender.push(receiver.server.address, forged)
+            await anyio.wait_all_tasks_blocked()
+        assert (receiver.counts["bad_requests"], receiver.counts["stored"]) == (1, 0)
+        assert not (tmp_path / "w1" / "escape").exists()
+        assert not (tmp_path / "escape").exists()
