@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -149,6 +150,7 @@ def _resume_point(state_dir: Path | None, job: str) -> int | None:
 
 
 DEFAULT_STATE_DIR = ".streamlet"
+WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def _secret() -> bytes:
@@ -235,6 +237,8 @@ def worker_command(
     from streamlet.backends.cluster.processes import run_worker
 
     worker_id = worker_id or f"worker-{os.getpid()}"
+    if not WORKER_ID.fullmatch(worker_id):  # it names folders and acknowledgements ('owner~backup')
+        raise click.BadParameter(f"{worker_id!r}: use 1-64 letters, digits, '_', '-' or '.'", param_hint="--id")
     run = partial(
         run_worker, heartbeat=heartbeat, state_dir=state_dir / worker_id, bandwidth=bandwidth,
         metrics_port=metrics_port,

@@ -147,11 +147,15 @@ class TcpChannel:
     async def aclose(self) -> None:
         """Nothing to release: the link belongs to the client."""
 
+    def abandon(self) -> None:
+        """Give the channel up (its transfer failed): its link no longer reopens or resends it."""
+        self.link.channels.pop(self.channel_id, None)
+
     async def release(self) -> None:
         """Wait until everything sent is acknowledged, then drop the channel from its link (a one-off
         transfer is over: the link no longer reopens it after a reconnect)."""
         await self.wait_acknowledged()
-        self.link.channels.pop(self.channel_id, None)
+        self.abandon()
 
     def _can_send(self) -> bool:
         return self.opened and self.link.up and not self._resend and self.credit > 0

@@ -222,8 +222,10 @@ def checkpoint_instances(folder: Path, completed: dict[str, Any]) -> dict[str, s
     checksum)."""
     epoch = int(completed["epoch"])
     name = f"checkpoint-{epoch:010d}.msgpack"
-    files = {folder.name: folder / "checkpoints" / JOB / f"attempt-{completed['attempt']}" / folder.name / name}
-    files.update({owner.name: owner / name for owner in (folder / "replicas" / JOB).iterdir()})
+    [key] = [job.name for job in (folder / "checkpoints").iterdir()]  # the job's folders: '<job>.<uid>'
+    assert key.startswith(f"{JOB}.")
+    files = {folder.name: folder / "checkpoints" / key / f"attempt-{completed['attempt']}" / folder.name / name}
+    files.update({owner.name: owner / name for owner in (folder / "replicas" / key).iterdir()})
     found: dict[str, set[str]] = {}
     for owner, path in files.items():
         document = decode(path.read_bytes(), str(path))

@@ -95,7 +95,7 @@ class BackupController:
         if settings is None or len(loads) < 2:
             return None  # no checkpoints, or nowhere to put a copy
         instances = await held_instances(self.store, job, assignment)
-        found = await self.store.get(f"{paths.checkpoints(job)}/completed")
+        found = await self.store.get(paths.completed(job))
         sizes = {} if found is None else dict(found[0].get("sizes") or {})
         seen = (sorted(load.worker_id for load in loads), sorted(instances.items()), sorted(sizes.items()))
         last = self._last.get(job)

@@ -82,7 +82,7 @@ class RestoreScope:
 
 def completed_path(job: str) -> str:
     """Where the job's last completed checkpoint is published."""
-    return f"{paths.checkpoints(job)}/completed"
+    return paths.completed(job)
 
 
 class ZkAgreement:
@@ -104,7 +104,7 @@ class ZkAgreement:
         self.job = info.job
         self.replicator = replicator
         self.scope = scope
-        self.store = replicator.service.parts(info.job, info.attempt)
+        self.store = replicator.service.parts(replicator.key, info.attempt)
         self.exports: dict[int, str] = {}  # epoch -> where a savepoint wants this worker's part too
         self.interval = interval
         self.clock = clock

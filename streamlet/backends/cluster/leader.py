@@ -44,7 +44,7 @@ from streamlet.backends.cluster.scheduler import fitting_workers, live, live_loa
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, Create, Delete, Op, SetData, read_all
 from streamlet.core.model.topology import Topology
-from streamlet.errors import DispatchError, NodeExists, ReconfigurationError
+from streamlet.errors import CoordinationError, DispatchError, NodeExists, ReconfigurationError
 
 log = structlog.get_logger("streamlet")
 ROUND = 0.2  # seconds between rounds when nothing wakes the leader earlier
@@ -163,12 +163,18 @@ class Leader:
         views = live(await workers(self.store), now)
         loads = None
         for job in await self.store.children(paths.JOBS):
-            view = await read_view(self.store, job)
-            if view is None or view.assignment is None or state_of(view.state) != JobState.RUNNING:
+            state = await self.store.get(paths.state(job))
+            if state is None or state_of(state[0]) != JobState.RUNNING:  # one read for a job not running
                 self.backups.forget(job)
                 continue
+            spec, assignment = await self.store.get(paths.spec(job)), await self.store.get(paths.assignment(job))
+            if spec is None or assignment is None:
+                continue
             loads = loads or await live_loads(self.store, now)
-            await self.backups.step(job, view.spec, view.assignment[0], views, loads)
+            try:
+                await self.backups.step(job, spec[0], assignment[0], views, loads)
+            except CoordinationError as exc:  # another leader's write, a lost session: the next pass retries
+                log.warning("placing backups failed", job=job, error=str(exc))
 
     async def _step(self, view: JobView, live_ids: set[str]) -> str | None:
         state = state_of(view.state)

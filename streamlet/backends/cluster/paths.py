@@ -240,6 +240,11 @@ def checkpoints(name: str) -> str:
     return f"{JOBS}/{name}/checkpoints"
 
 
+def completed(name: str) -> str:
+    """The job's last completed checkpoint (see ``checkpoints``)."""
+    return f"{checkpoints(name)}/completed"
+
+
 def backups(name: str) -> str:
     """Where each instance's checkpoint replicas go, as the leader's backup location controller placed them."""
     return f"{JOBS}/{name}/backups"

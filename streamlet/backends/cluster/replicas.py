@@ -25,10 +25,12 @@ what this module sends is dropped and counted (``bad_requests``).
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +43,36 @@ from streamlet.backends.cluster.paths import instance_id
 from streamlet.core.model.encoding import packb, unpackb
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.state.store import DirectoryCheckpointStore, decode, encode
-from streamlet.errors import CheckpointError, TransportError
+from streamlet.errors import CheckpointError
 from streamlet.transport.blobs import receive_blob, send_blob
 from streamlet.transport.tcp import DataServer
-from streamlet.transport.tcp_client import TcpClient
+from streamlet.transport.tcp_client import TcpChannel, TcpClient
 
 log = structlog.get_logger("streamlet")
 KEEP = 3  # replicas per owner and job: the newest complete checkpoint and the one before are always among them
-TRANSFER_TIMEOUT = 10.0  # seconds a push or a fetch may take before the peer counts as unreachable
+TRANSFER_TIMEOUT = 10.0  # seconds a push or a fetch may take before the peer counts as unreachable (plus size)
+MIN_RATE = 10e6  # bytes per second a transfer is allowed to be as slow as
 PUSH, FETCH, ANSWER = "replica/", "fetch/", "answer/"
 Address = tuple[str, int]
 SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 OnStored = Callable[[dict[str, Any], str, int], Awaitable[None]]  # (piece, owner, bytes)
+
+
+def transfer_timeout(size: int) -> float:
+    """Seconds a transfer of ``size`` bytes may take: :data:`TRANSFER_TIMEOUT`, plus the time at
+    :data:`MIN_RATE` (a large state must not fail on a fixed limit)."""
+    return TRANSFER_TIMEOUT + size / MIN_RATE
+
+
+@contextmanager
+def abandoned_on_failure(channel: TcpChannel) -> Iterator[None]:
+    """A transfer that fails (a timeout, a cancellation) drops its channel from the link, so a reconnect
+    never reopens a transfer the receiver has given up on."""
+    try:
+        yield
+    except BaseException:
+        channel.abandon()
+        raise
 
 
 def _name(value: Any) -> str:
@@ -111,6 +131,13 @@ class ReplicaService:
     def read_local(self, job: str, attempt: int, epoch: int, owner: str) -> dict[str, Any]:
         """Owner ``owner``'s part (or the piece of it held here) of checkpoint ``epoch``, checksum checked.
         ``ValueError`` / ``OSError`` when it is missing, torn or corrupt."""
+        folder = (
+            self.root / "checkpoints" / job / f"attempt-{attempt}" / self.me
+            if owner == self.me
+            else (self.root / "replicas" / job / owner)
+        )
+        if not folder.is_dir():  # asked for what was never here: no folder is made for it
+            raise FileNotFoundError(f"{folder} does not exist")
         store = self.parts(job, attempt) if owner == self.me else self.replicas(job, owner)
         path = store.path(epoch)
         document = decode(path.read_bytes(), str(path))
@@ -159,7 +186,7 @@ class ReplicaService:
 
     async def run(self) -> None:
         """Take pushes and fetch requests until cancelled."""
-        send, receive = anyio.create_memory_object_stream[tuple[str, Inbox, int]](1000)
+        send, receive = anyio.create_memory_object_stream[tuple[str, Inbox, int]](math.inf)  # one per connection
         self._arrivals = send
         self.server.accept(PUSH, self._accept)
         self.server.accept(FETCH, self._accept)
@@ -182,8 +209,7 @@ class ReplicaService:
                     await self._store(blob)
                 else:
                     await self._answer(unpackb(blob))
-        except (ValueError, KeyError, TypeError, TransportError, CheckpointError, OSError, TimeoutError,
-                msgpack.UnpackException) as exc:  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a bad or failed transfer is dropped and counted, never fatal
             self.counts["bad_requests"] += 1
             log.warning("dropping a replica transfer", channel=channel_id, reason=f"{type(exc).__name__}: {exc}")
         finally:
@@ -191,7 +217,7 @@ class ReplicaService:
 
     async def _store(self, blob: bytes) -> None:
         document = decode(blob, "a pushed replica")  # the checksum: a corrupt push is never stored
-        job, owner, epoch = _name(document["job_name"]), _name(document["owner"]), int(document["epoch"])
+        job, owner, epoch = _name(document["job_key"]), _name(document["owner"]), int(document["epoch"])
         await anyio.to_thread.run_sync(self.replicas(job, owner).save, epoch, blob)
         self.counts["stored"] += 1
         if self.on_stored is not None:
@@ -210,9 +236,10 @@ class ReplicaService:
         except (OSError, ValueError, CheckpointError, msgpack.UnpackException) as exc:
             answer = {"error": f"{self.me} cannot read its copy: {exc}"}
             log.warning("replica unreadable", job=job, epoch=epoch, owner=owner, reason=str(exc))
+        data = encode(answer)
         channel = self.client.channel((host, port), reply)
-        await send_blob(channel, encode(answer))
-        with anyio.fail_after(TRANSFER_TIMEOUT):
+        with abandoned_on_failure(channel), anyio.fail_after(transfer_timeout(len(data))):
+            await send_blob(channel, data)
             await channel.release()
         self.counts["served"] += 1
 
@@ -221,9 +248,10 @@ class ReplicaService:
     async def push(self, address: Address, document: dict[str, Any]) -> None:
         """Send ``document`` (a piece, with ``owner``, ``job_name`` and ``attempt_number`` set) to the backup
         at ``address``; returns once it is delivered (the backup acknowledges it in ZooKeeper once stored)."""
+        data = encode(document)
         channel = self.client.channel(address, f"{PUSH}{uuid.uuid4().hex}")
-        with anyio.fail_after(TRANSFER_TIMEOUT):
-            await send_blob(channel, encode(document))
+        with abandoned_on_failure(channel), anyio.fail_after(transfer_timeout(len(data))):
+            await send_blob(channel, data)
             await channel.release()
 
     async def fetch(
@@ -241,10 +269,10 @@ class ReplicaService:
                 "reply": [self.server.host, self.server.port, reply],
             }  # fmt: skip
             asking = self.client.channel(address, f"{FETCH}{uuid.uuid4().hex}")
-            with anyio.fail_after(TRANSFER_TIMEOUT):
+            with abandoned_on_failure(asking), anyio.fail_after(TRANSFER_TIMEOUT * 6):
                 await send_blob(asking, packb(request))
-                blob = await receive_blob(inbox, channel)
-            await asking.release()
+                blob = await receive_blob(inbox, channel)  # the answer may be large: the holder times its send
+                await asking.release()
         finally:
             self.server.unregister(reply)
         answer = decode(blob, f"checkpoint {epoch} of {owner} from {address[0]}:{address[1]}")

@@ -75,10 +75,13 @@ def instances_to_restore(
 class PartReplicator:
     """Replicates one worker's parts of one job attempt, and reads them back for a restore."""
 
-    def __init__(self, zk: ClusterStore, service: ReplicaService, job: str, attempt: int, replicas: int) -> None:
+    def __init__(
+        self, zk: ClusterStore, service: ReplicaService, job: str, attempt: int, replicas: int, uid: str = ""
+    ) -> None:
         self.zk = zk
         self.service = service
         self.job = job
+        self.key = job_key(job, uid)  # its folders: a job removed and submitted again starts with none
         self.attempt = attempt
         self.replicas = replicas
         self.insist = False  # the job asked for this many copies: say so each time fewer are live
@@ -124,16 +127,14 @@ class PartReplicator:
         failed: set[str] = set()
         acks = f"{base}/acks/{epoch}"
         await riding_out(self.zk.ensure, acks)
-        changed = await self.zk.watch_children(acks)
+        extra = {"owner": self.me, "job_name": self.job, "job_key": self.key, "attempt_number": self.attempt}
         async with anyio.create_task_group() as group:
             for backup, held in by_backup.items():
-                extra = {"owner": self.me, "job_name": self.job, "attempt_number": self.attempt}
                 group.start_soon(self._push_one, backup, addresses[backup], {**piece(document, held), **extra}, failed)
         waiting = set(by_backup) - failed
         with anyio.move_on_after(ACK_TIMEOUT):
-            while waiting - _acknowledged(await self.zk.children(acks), self.me):
-                await changed.wait()
-                changed.clear()
+            for backup in sorted(waiting):  # one-shot watches: each returns once its node exists
+                await riding_out(self.zk.wait_changed, f"{acks}/{self.me}~{backup}", None)
         return failed | (waiting - _acknowledged(await self.zk.children(acks), self.me))
 
     async def _push_one(self, backup: str, address: Address, document: dict[str, Any], failed: set[str]) -> None:
@@ -201,12 +202,12 @@ class PartReplicator:
         self, holder: str, epoch: int, attempt: int, owner: str, instances: list[str], addresses: dict[str, Address]
     ) -> dict[str, Any]:
         if holder == self.me:
-            document = await anyio.to_thread.run_sync(self.service.read_local, self.job, attempt, epoch, owner)
+            document = await anyio.to_thread.run_sync(self.service.read_local, self.key, attempt, epoch, owner)
             missing = set(instances) - set(instances_of(document))
             if missing:
                 raise ValueError(f"the copy here lacks {sorted(missing)}")
             return piece(document, instances)
-        return await self.service.fetch(addresses[holder], self.job, attempt, epoch, owner, instances)
+        return await self.service.fetch(addresses[holder], self.key, attempt, epoch, owner, instances)
 
     async def _mark_unusable(self, epoch: int, instances: list[str]) -> None:
         with contextlib.suppress(NodeExists):
@@ -221,6 +222,12 @@ async def acknowledge_stored(zk: ClusterStore, me: str, piece: dict[str, Any], o
     with contextlib.suppress(NodeExists):
         path = f"{paths.checkpoints(job)}/attempt-{attempt}/acks/{epoch}/{owner}~{me}"
         await riding_out(zk.create, path, {"bytes": size})
+
+
+def job_key(job: str, uid: str) -> str:
+    """The name of a job's folders on a worker: the job's name and its submission's uid (epochs restart at 1
+    when a removed job's name is used again; its old files must never be taken for the new one's)."""
+    return f"{job}.{uid}" if uid else job
 
 
 def _acknowledged(children: list[str], owner: str) -> set[str]:

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from streamlet.errors import CoordinationError, NodeExists, VersionConflict
+from streamlet.errors import CoordinationError, NodeExists, NotAuthorized, VersionConflict
 
 T = TypeVar("T")
 
@@ -121,11 +121,15 @@ async def write_fenced(store: ClusterStore, path: str, data: Any, version: int |
 async def riding_out(call: Callable[..., Awaitable[T]], *args: Any) -> T:
     """``call(*args)``, retried while the session is suspended or being re-established.
 
-    A worker whose session is gone for good is replaced by a newer attempt, which cancels this one.
+    A definitive answer (the node exists, its version moved on, no permission) is raised at once: retrying
+    would get the same answer forever. A worker whose session is gone for good is replaced by a newer
+    attempt, which cancels this one.
     """
     while True:
         try:
             return await call(*args)
+        except (NodeExists, VersionConflict, NotAuthorized):
+            raise
         except CoordinationError:
             await anyio.sleep(0.2)
 

@@ -141,12 +141,16 @@ class WorkerJobs:
         parts, and everything of jobs that ended or are gone."""
         while True:
             await anyio.sleep(SWEEP)
-            for job in self.replicas.jobs():
+            for key in self.replicas.jobs():
                 try:
-                    keep = await files_to_keep(self.zk, job)
+                    job, _, uid = key.rpartition(".")
+                    keep = await files_to_keep(self.zk, job, uid)
+                    removed = await anyio.to_thread.run_sync(self.replicas.sweep, key, keep)
                 except CoordinationError:
                     continue  # ZooKeeper away: sweep next time, never on a guess
-                removed = await anyio.to_thread.run_sync(self.replicas.sweep, job, keep)
+                except Exception as exc:  # noqa: BLE001 - a stray file must not stop the worker: said, and left
+                    log.warning("sweeping checkpoint files failed", folder=key, error=f"{type(exc).__name__}: {exc}")
+                    continue
                 if removed:
                     log.debug("superseded checkpoint files deleted", job=job, files=removed, worker=self.me)
 
@@ -428,7 +432,8 @@ class WorkerJobs:
             {task: table.to_data() for task, table in tables_of(layout).items()},
         )
         settings = spec.get("checkpoint")
-        checkpoints = self._checkpoints(job, attempt, version, workers_, settings, scope, joining is not None)
+        uid = str(spec["uid"])
+        checkpoints = self._checkpoints(job, uid, attempt, version, workers_, settings, scope, joining is not None)
         if checkpoints is not None:
             self.agreements[job, attempt] = checkpoints
         running = Job(
@@ -466,6 +471,7 @@ class WorkerJobs:
     def _checkpoints(
         self,
         job: str,
+        uid: str,
         attempt: int,
         version: int,
         workers_: list[str],
@@ -477,7 +483,8 @@ class WorkerJobs:
             return None
         info = AttemptInfo(job, attempt, self.me, workers_, version)
         wanted = settings.get("replicas")  # None: one copy when another worker is live
-        replicator = PartReplicator(self.zk, self.replicas, job, attempt, 1 if wanted is None else int(wanted))
+        replicas = 1 if wanted is None else int(wanted)
+        replicator = PartReplicator(self.zk, self.replicas, job, attempt, replicas, uid=uid)
         replicator.insist = wanted is not None
         return ZkAgreement(
             self.zk, info, replicator, scope, settings.get("interval"), SystemClock(),
@@ -503,13 +510,14 @@ class WorkerJobs:
                         await self.zk.set(path, address)
 
 
-async def files_to_keep(zk: ClusterStore, job: str) -> dict[int, int] | None:
-    """The checkpoints of ``job`` a restore may still read, epoch -> attempt (the last complete one and the
-    one before it); ``None`` when the job ended or is gone (nothing of it is needed)."""
-    state = await zk.get(paths.state(job))
-    if state is None or state_of(state[0]).ended:
+async def files_to_keep(zk: ClusterStore, job: str, uid: str) -> dict[int, int] | None:
+    """The checkpoints of submission ``uid`` of ``job`` a restore may still read, epoch -> attempt (the last
+    complete one and the one before it); ``None`` when the job ended, is gone, or is another submission now
+    (nothing of it is needed)."""
+    header, state = await zk.get(paths.job(job)), await zk.get(paths.state(job))
+    if header is None or state is None or state_of(state[0]).ended or str((header[0] or {}).get("uid")) != uid:
         return None
-    found = await zk.get(f"{paths.checkpoints(job)}/completed")
+    found = await zk.get(paths.completed(job))
     if found is None:
         return {0: 0}  # none complete yet: every file may be of the first one
     records = [found[0], found[0].get("previous")]

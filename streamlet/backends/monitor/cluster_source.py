@@ -32,7 +32,7 @@ class ClusterSource:
 
     async def _job(self, status: dict[str, Any]) -> dict[str, Any]:
         name = status["name"]
-        completed = await self.store.get(f"{paths.checkpoints(name)}/completed")
+        completed = await self.store.get(paths.completed(name))
         checkpoint = None if completed is None else {key: completed[0].get(key) for key in ("epoch", "attempt", "at")}
         return {**status, "graph": await self._graph(name), "checkpoint": checkpoint}
 

@@ -51,6 +51,11 @@ function drawCluster(view) {
   }));
 }
 
+function esc(text) {
+  // node names are the user's strings: never markup
+  return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
 function layers(graph) {
   // each node one column right of its furthest upstream node (back edges of loops ignored)
   const depth = {};
@@ -86,13 +91,13 @@ function drawGraph(graph) {
     const x1 = a.x + 140, y1 = a.y + 20, x2 = b.x, y2 = b.y + 20;
     parts.push(`<line x1="${x1}" y1="${y1}" x2="${x2}" y2="${y2}"></line>`);
     parts.push(`<text class="edge-rate" x="${(x1 + x2) / 2}" y="${(y1 + y2) / 2 - 4}" text-anchor="middle">` +
-      `${e.per_s}/s</text>`);
+      `${esc(e.per_s)}/s</text>`);
   }
   for (const n of graph.nodes) {
     const p = place[n.name];
     parts.push(`<rect x="${p.x}" y="${p.y}" width="140" height="40"></rect>`);
-    parts.push(`<text x="${p.x + 70}" y="${p.y + 17}" text-anchor="middle">${n.name} x${n.parallelism}</text>`);
-    parts.push(`<text x="${p.x + 70}" y="${p.y + 32}" text-anchor="middle" class="muted">${n.kind}</text>`);
+    parts.push(`<text x="${p.x + 70}" y="${p.y + 17}" text-anchor="middle">${esc(n.name)} x${n.parallelism}</text>`);
+    parts.push(`<text x="${p.x + 70}" y="${p.y + 32}" text-anchor="middle" class="muted">${esc(n.kind)}</text>`);
   }
   svg.innerHTML = parts.join("");
   svg.ns = ns;

@@ -152,8 +152,9 @@ async def test_a_corrupt_copy_is_logged_and_the_next_holder_is_asked(tmp_path: P
         assert [(entry["holder"], entry["owner"], entry["epoch"]) for entry in warnings] == [
             ("w0", "w0", 7), ("w1", "w0", 7),
         ]  # fmt: skip
-        assert "No such file or directory" in warnings[0]["reason"]
+        assert warnings[0]["reason"].endswith("/w0/checkpoints/wc/attempt-1/w0 does not exist")
         assert "checksum mismatch" in warnings[1]["reason"]
+        assert not (tmp_path / "w0").exists()  # asking for what is not there makes no folder for it
 
 
 async def test_no_intact_copy_anywhere_marks_the_checkpoint_unusable_and_says_which_instance(tmp_path: Path) -> None:
@@ -233,16 +234,21 @@ def test_a_sweep_keeps_what_a_restore_may_read_and_deletes_the_rest(tmp_path: Pa
 async def test_the_files_to_keep_are_the_last_two_complete_checkpoints_of_a_job_not_over(
     cluster: MemoryCluster,
 ) -> None:
-    """None complete: keep all (epoch 0); then the completed one and its previous; an ended job: nothing."""
+    """None complete: keep all (epoch 0); then the completed one and its previous; another submission of the
+    same name (a removed job's leftovers), an ended job, a job that is gone: nothing."""
     await cluster.submit("p")
-    assert await files_to_keep(cluster.client, "p") == {0: 0}
+    found = await cluster.client.get(paths.job("p"))
+    assert found is not None
+    uid = str(found[0]["uid"])
+    assert await files_to_keep(cluster.client, "p", uid) == {0: 0}
     previous = {"attempt": 1, "epoch": 3}
-    await cluster.client.create(f"{paths.checkpoints('p')}/completed", {"attempt": 2, "epoch": 4, "previous": previous})
-    assert await files_to_keep(cluster.client, "p") == {4: 2, 3: 1}
+    await cluster.client.create(paths.completed("p"), {"attempt": 2, "epoch": 4, "previous": previous})
+    assert await files_to_keep(cluster.client, "p", uid) == {4: 2, 3: 1}
+    assert await files_to_keep(cluster.client, "p", "an-earlier-submission") is None
     await jobs.kill(cluster.client, "p")
     await cluster.leader.round()
-    assert await files_to_keep(cluster.client, "p") is None
-    assert await files_to_keep(cluster.client, "gone") is None
+    assert await files_to_keep(cluster.client, "p", uid) is None
+    assert await files_to_keep(cluster.client, "gone", uid) is None
 
 
 async def test_a_push_or_fetch_naming_a_path_outside_the_folder_is_refused(tmp_path: Path) -> None:
