@@ -182,6 +182,15 @@ class ReplicaService:
         owners = self.root / "replicas" / job
         return [self.replicas(job, owner.name) for owner in owners.iterdir()] if owners.is_dir() else []
 
+    def read_piece(self, job: str, attempt: int, epoch: int, owner: str, instances: list[str]) -> dict[str, Any]:
+        """``instances`` of owner ``owner``'s part of ``epoch`` from this worker's copy (``read_local``);
+        ``ValueError`` when the copy lacks some of them."""
+        document = self.read_local(job, attempt, epoch, owner)
+        missing = set(instances) - set(instances_of(document))
+        if missing:
+            raise ValueError(f"{self.me} holds no {sorted(missing)}")
+        return piece(document, instances)
+
     # -- serving ------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -230,9 +239,7 @@ class ReplicaService:
         if not reply.startswith(ANSWER):
             raise ValueError(f"a fetch asks for its answer on {reply!r}")
         try:
-            found = await anyio.to_thread.run_sync(self.read_local, job, attempt, epoch, owner)
-            missing = set(wanted) - set(instances_of(found))
-            answer = piece(found, wanted) if not missing else {"error": f"{self.me} holds no {sorted(missing)}"}
+            answer = await anyio.to_thread.run_sync(self.read_piece, job, attempt, epoch, owner, wanted)
         except (OSError, ValueError, CheckpointError, msgpack.UnpackException) as exc:
             answer = {"error": f"{self.me} cannot read its copy: {exc}"}
             log.warning("replica unreadable", job=job, epoch=epoch, owner=owner, reason=str(exc))

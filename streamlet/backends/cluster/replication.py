@@ -202,11 +202,8 @@ class PartReplicator:
         self, holder: str, epoch: int, attempt: int, owner: str, instances: list[str], addresses: dict[str, Address]
     ) -> dict[str, Any]:
         if holder == self.me:
-            document = await anyio.to_thread.run_sync(self.service.read_local, self.key, attempt, epoch, owner)
-            missing = set(instances) - set(instances_of(document))
-            if missing:
-                raise ValueError(f"the copy here lacks {sorted(missing)}")
-            return piece(document, instances)
+            read = self.service.read_piece
+            return await anyio.to_thread.run_sync(read, self.key, attempt, epoch, owner, instances)
         return await self.service.fetch(addresses[holder], self.key, attempt, epoch, owner, instances)
 
     async def _mark_unusable(self, epoch: int, instances: list[str]) -> None:
