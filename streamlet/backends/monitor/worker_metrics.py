@@ -26,8 +26,14 @@ class WorkerMetrics:
         self.port: int = self._server.server_port
 
     def _samples(self) -> list[Sample]:
-        """On the server's thread: the worker's sample, taken on its event loop (where the counters change)."""
-        return [asyncio.run_coroutine_threadsafe(self._take(), self._loop).result(SCRAPE_TIMEOUT)]
+        """On the server's thread: the worker's sample, taken on its event loop (where the counters change); a
+        loop too busy to answer in time fails the scrape and the sample is not taken later."""
+        future = asyncio.run_coroutine_threadsafe(self._take(), self._loop)
+        try:
+            return [future.result(SCRAPE_TIMEOUT)]
+        except TimeoutError:
+            future.cancel()
+            raise
 
     async def _take(self) -> Sample:
         return await self._sample()
