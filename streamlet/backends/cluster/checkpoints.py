@@ -40,8 +40,7 @@ import anyio
 import structlog
 
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.paths import task_of
-from streamlet.backends.cluster.replication import PartReplicator, instances_to_restore
+from streamlet.backends.cluster.replication import PartReplicator, instances_per_task, instances_to_restore
 from streamlet.backends.cluster.store import Check, ClusterStore, Create, Op, SetData, riding_out
 from streamlet.core.model.clock import Clock
 from streamlet.core.state.checkpoints import Coordinator
@@ -390,9 +389,7 @@ def merge_parts(parts: list[dict[str, Any]], completed: dict[str, Any] | None = 
         "attempt": parts[0].get("attempt") if parts else record.get("run"),  # the run that took it: its staging
         "layout": parts[0].get("layout", {}) if parts else record.get("layout", {}),
     }
-    counts: dict[str, int] = {}
-    for instance in record.get("holders", {}):
-        counts[task_of(instance)] = counts.get(task_of(instance), 0) + 1
+    counts = instances_per_task(record.get("holders", {}))
     for section in ("sources", "tasks"):
         by_node: dict[str, dict[int, Any]] = {}
         for part in parts:

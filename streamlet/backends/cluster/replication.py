@@ -23,6 +23,7 @@ the next one restores from the checkpoint before it.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,15 +59,18 @@ def backups_for(
     return chosen
 
 
+def instances_per_task(holders: Holders) -> dict[str, int]:
+    """How many instances of each task a checkpoint holds state of (its parallelism when taken)."""
+    return dict(Counter(task_of(instance) for instance in holders))
+
+
 def instances_to_restore(
     holders: Holders, local: set[str], parallelism: Mapping[str, int], regrouped: set[str]
 ) -> set[str]:
     """The instances whose state this worker needs: its own, and every instance of a task it runs whose
     state is regrouped (its parallelism or segment table changed since the checkpoint: keys move between
     instances, so all of them are read)."""
-    counts: dict[str, int] = {}
-    for instance in holders:
-        counts[task_of(instance)] = counts.get(task_of(instance), 0) + 1
+    counts = instances_per_task(holders)
     mine = {task_of(instance) for instance in local}
     whole = {task for task in mine if task in regrouped or counts.get(task) != parallelism.get(task, counts.get(task))}
     return {instance for instance in holders if instance in local or task_of(instance) in whole}
