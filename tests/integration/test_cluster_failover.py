@@ -19,35 +19,10 @@ import streamlet as sl
 from streamlet.backends.cluster.local_cluster import alive
 from streamlet.backends.cluster.zk import ZkStore
 from tests.support.cluster import running_cluster, streamlet, wait_for_exit, wait_for_node, wait_for_state
-from tests.support.faults import COUNT_TASK
+from tests.support.faults import SLOW_COUNT
 
 pytestmark = pytest.mark.integration
 STREAMLET = [sys.executable, "-m", "streamlet.cli"]
-
-SLOW_COUNT = (
-    """
-import asyncio
-import streamlet as sl
-
-WORDS = [f"w{(i * 7919) % 97}" for i in range(40_000)]
-
-class Slow(sl.Task):
-    async def execute(self, inputs, outputs):
-        await asyncio.sleep(0.1)
-        outputs.emit_batch([sl.Record(r.value, 1, r.ts) for r in inputs.get()])
-
-"""
-    + COUNT_TASK
-    + """
-def build_topology():
-    topology = sl.Topology("slow-count")
-    source = topology.add_source("words", WORDS)
-    slow = topology.add_task("slow", Slow).set_input(source)
-    count = topology.add_task("count", Count, parallelism=2).set_input(slow, partitioning=sl.SAME_KEY)
-    topology.add_sink("totals", sl.CollectSink()).set_input(count)
-    return topology
-"""
-)
 
 
 @pytest.fixture

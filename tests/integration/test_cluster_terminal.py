@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import running_cluster, streamlet, wait_for_state
+from tests.support.faults import POISON_EVERY_THIRD
 
 pytestmark = pytest.mark.integration
 
@@ -33,21 +34,6 @@ def build_topology():
     return topology
 """
 
-SKIPS = """
-import streamlet as sl
-
-def parse(record):
-    if record.value % 3 == 0:
-        raise ValueError(f"poison {record.value}")
-    return record.key, record.value
-
-def build_topology():
-    topology = sl.Topology("skips")
-    source = topology.add_source("numbers", [sl.Record(f"k{n}", n, 0.0) for n in range(1, 22)])
-    parsed = topology.map("parse", parse, on_error="skip").set_input(source)
-    topology.add_sink("out", sl.CollectSink()).set_input(parsed)
-    return topology
-"""
 
 FAILS = """
 import streamlet as sl
@@ -70,7 +56,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     directory = tmp_path_factory.mktemp("terminal")
     options = ("--log-level", "info", "--log-format", "json")
     with running_cluster(directory, "--workers", "2", "--name", "terminal", options=options):
-        for name, source in (("skips", SKIPS), ("fails", FAILS)):
+        for name, source in (("skips", POISON_EVERY_THIRD), ("fails", FAILS)):
             (directory / f"{name}.py").write_text(source, encoding="utf-8")
             streamlet("submit", str(directory / f"{name}.py"), "--job", name, cwd=directory)
         yield directory

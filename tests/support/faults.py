@@ -460,3 +460,49 @@ def watching(cluster: LocalCluster) -> Iterator[ZkWatch]:
     """A :class:`ZkWatch` on ``cluster``."""
     with ZkWatch(cluster.zk, cluster.name) as watch:
         yield watch
+
+
+# A keyed count over 40 000 words whose middle task paces itself: the job runs for about 4 s, long enough to act
+# on the cluster while it runs (the tests wait for events, e.g. a completed checkpoint, never for time).
+SLOW_COUNT = (
+    """
+import asyncio
+import streamlet as sl
+
+WORDS = [f"w{(i * 7919) % 97}" for i in range(40_000)]
+
+class Slow(sl.Task):
+    async def execute(self, inputs, outputs):
+        await asyncio.sleep(0.1)  # pacing: 40 batches, about 4 s, so checkpoints complete while it runs
+        outputs.emit_batch([sl.Record(r.value, 1, r.ts) for r in inputs.get()])
+
+"""
+    + COUNT_TASK
+    + """
+def build_topology():
+    topology = sl.Topology("slow-count")
+    source = topology.add_source("words", WORDS)
+    slow = topology.add_task("slow", Slow).set_input(source)
+    count = topology.add_task("count", Count, parallelism=2).set_input(slow, partitioning=sl.SAME_KEY)
+    topology.add_sink("totals", sl.CollectSink()).set_input(count)
+    return topology
+"""
+)
+
+
+# Every third record is poison: a task with on_error="skip" sets 7 of 21 aside as dead letters.
+POISON_EVERY_THIRD = """
+import streamlet as sl
+
+def parse(record):
+    if record.value % 3 == 0:
+        raise ValueError(f"poison {record.value}")
+    return record.key, record.value
+
+def build_topology():
+    topology = sl.Topology("skips")
+    source = topology.add_source("numbers", [sl.Record(f"k{n}", n, 0.0) for n in range(1, 22)])
+    parsed = topology.map("parse", parse, on_error="skip").set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(parsed)
+    return topology
+"""

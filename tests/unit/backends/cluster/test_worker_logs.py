@@ -11,25 +11,10 @@ import pytest
 from streamlet.backends.cluster import jobs
 from streamlet.backends.cluster.reports import dead_letters_of
 from streamlet.logs import LogSettings, configure_logging
+from tests.support.faults import POISON_EVERY_THIRD
 from tests.support.logging_state import restored_logging
 from tests.unit.backends.cluster.conftest import MemoryCluster
 from tests.unit.backends.cluster.test_worker import running_worker, until_done
-
-SKIPPING = """
-import streamlet as sl
-
-def parse(record):
-    if record.value % 3 == 0:
-        raise ValueError(f"poison {record.value}")
-    return record.key, record.value
-
-def build_topology():
-    topology = sl.Topology("skipping")
-    source = topology.add_source("numbers", [sl.Record(f"k{n}", n, 0.0) for n in range(1, 22)])
-    parsed = topology.map("parse", parse, on_error="skip").set_input(source)
-    topology.add_sink("out", sl.CollectSink()).set_input(parsed)
-    return topology
-"""
 
 FAILING = """
 import streamlet as sl
@@ -79,7 +64,7 @@ async def test_an_instance_line_carries_the_cluster_job_name_and_the_attempt(
     """A dead-lettered record's line inside a worker's part: job 'renamed' (not the topology's name), attempt 1,
     task and instance; the part's end is logged with its dead-letter count."""
     async with running_worker(cluster, "w0"):
-        await cluster.submit("renamed", source=SKIPPING)
+        await cluster.submit("renamed", source=POISON_EVERY_THIRD)
         await cluster.leader.round()
         await until_done(cluster, "renamed", 1, "w0")
     entries = [json.loads(line) for line in json_logs.readouterr().err.splitlines()]
@@ -94,7 +79,7 @@ async def test_an_instance_line_carries_the_cluster_job_name_and_the_attempt(
 async def test_a_report_counts_dead_letters_and_describes_the_first_five(cluster: MemoryCluster) -> None:
     """7 records set aside: the report says 7 and describes 3, 6, 9, 12 and 15; the job's status adds it up."""
     async with running_worker(cluster, "w0"):
-        await cluster.submit("skips", source=SKIPPING)
+        await cluster.submit("skips", source=POISON_EVERY_THIRD)
         await cluster.leader.round()
         report = await until_done(cluster, "skips", 1, "w0")
     first = [f"parse.0 key='k{n}' value={n}: ValueError: poison {n}" for n in (3, 6, 9, 12, 15)]
