@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -72,8 +73,18 @@ def report(name: str, records_per_s: float, baseline_records_per_s: float, **ext
     return line
 
 
+def peak_rss_mb() -> float:
+    """The largest resident set, in MB, of this process or of any child it has waited for (as
+    ``getrusage`` reports each; a benchmark's baseline runs in the same process, so this is the peak of
+    the whole run, streamlet's or the baseline's; a cluster's worker processes count once they exit)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return round(max(own, children) / 1024, 1)  # Linux reports kilobytes
+
+
 def emit(line: dict[str, Any], as_json: bool) -> None:
-    """Print the result: one JSON line, or a readable summary."""
+    """Print the result: one JSON line, or a readable summary; every line gets ``peak_rss_mb``."""
+    line = {**line, "peak_rss_mb": peak_rss_mb()}
     if as_json:
         print(json.dumps(line))
     else:
