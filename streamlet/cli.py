@@ -87,10 +87,14 @@ DEFAULT_CHECKPOINT_INTERVAL = 1.0  # seconds; --state-dir alone should still lea
     help="order each sink's records by key, value or ts (-FIELD: descending; ties by key, value, ts) "
     "before taking the first --rows (default: the order the sink received them)",
 )  # fmt: skip
+@click.option(
+    "--processes", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+    help="run the instances in N worker processes of this machine (its cores), over TCP on 127.0.0.1",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="print the same report as JSON, for scripts")
 def run_command(
     target: str, params: dict[str, str], state_dir: Path | None, checkpoint_interval: float | None,
-    batch_size: int, rows: int | None, sort: str | None, as_json: bool,
+    batch_size: int, rows: int | None, sort: str | None, processes: int, as_json: bool,
 ) -> None:  # fmt: skip
     """Run TARGET (path/to/file.py[:NAME]) in-process and show what it produced.
 
@@ -110,7 +114,7 @@ def run_command(
             interval = checkpoint_interval or DEFAULT_CHECKPOINT_INTERVAL
             checkpoints = {"checkpoint_dir": state_dir, "checkpoint_interval": interval}
         tune_gc()  # this process is streamlet's own: the streaming GC policy (see streamlet.gc_policy)
-        result = run_topology(topology, batch_size=batch_size, **checkpoints)
+        result = run_topology(topology, batch_size=batch_size, processes=processes, **checkpoints)
     except Exception as exc:  # noqa: BLE001 - user code too: one line and a non-zero exit, never a traceback
         _fail(exc)
     options = ReportOptions(rows, sort, resumed_from, state_dir)

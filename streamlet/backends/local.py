@@ -34,6 +34,7 @@ def run(
     from_savepoint: str | os.PathLike[str] | None = None,
     cpu_scheduling: str | None = None,
     adapt: AdaptSettings | None = None,
+    processes: int = 1,
 ) -> JobResult:
     """Run ``topology`` to completion in a new event loop and return its result.
 
@@ -47,6 +48,9 @@ def run(
     (each runs until it waits; the default). ``adapt`` runs adaptation
     policies while the job runs (``balance``, ``autoscale``; see
     ``streamlet.backends.local_adaptation``).
+    With ``processes=N`` (N > 1) the instances run in N forked worker
+    processes over TCP on 127.0.0.1 (see ``streamlet.backends.processes``):
+    the same result, computed on N cores.
     Call it from synchronous code; inside a running loop use :func:`start`.
 
     Example:
@@ -67,6 +71,10 @@ def run(
         pass
     else:
         raise JobError("streamlet.run() was called inside a running event loop; use 'async with streamlet.start(...)'")
+    if type(processes) is not int or processes != 1:
+        from streamlet.backends.processes import run_in_processes
+
+        return run_in_processes(topology, processes, options, _backend_options(use_uvloop), adapt)
     check_adapt(adapt, topology)
     run_job = partial(_run_job, topology, options, adapt)
     return anyio.run(run_job, backend="asyncio", backend_options=_backend_options(use_uvloop))
