@@ -9,8 +9,10 @@ plane of ``streamlet.transport``, with a secret drawn for the run). The
 parent runs no instance: it follows the processes over a socket pair each
 (``wire``: msgpack, never pickle), gathers their results into one
 ``JobResult`` (``results``) and raises what the job would raise in one
-process (``failures``). The topology is never sent anywhere: a forked child
-has it already.
+process (``failures``). It also leads what needs every process to agree:
+when a loop has ended (``loops``) and when a checkpoint is complete
+(``checkpoints``: it saves the same document a job in one process saves).
+The topology is never sent anywhere: a forked child has it already.
 """
 
 from streamlet.backends.processes.parent import run_in_processes

@@ -33,14 +33,17 @@ from typing import Any, NoReturn
 import anyio
 import structlog
 
+from streamlet.backends.processes.checkpoints import PartAgreement, RestorePoint
 from streamlet.backends.processes.failures import described
 from streamlet.backends.processes.loops import LoopAnswers
 from streamlet.backends.processes.placement import Where
 from streamlet.backends.processes.wire import CHUNK, Control, record_chunks
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.channel import LocalChannel
+from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.plan import Placement
+from streamlet.core.state.checkpoints import Coordinator
 from streamlet.errors import EncodingError
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpChannel, TcpClient
@@ -61,6 +64,8 @@ class Launch:
     options: dict[str, Any]  # the Job's other keyword arguments (clock, batch_size, channel_capacity, cpu_turns)
     backend_options: dict[str, Any]  # anyio's: uvloop or not
     loops: bool = False  # the topology has loops: the parent detects when they end (``loops``)
+    checkpointed: bool = False  # the job takes checkpoints, the parent leading (``checkpoints``) ...
+    restore: RestorePoint = None  # ... and resumes from this one (read by the parent before the fork)
 
 
 def run_child(launch: Launch, index: int, sock: socket.socket) -> NoReturn:
@@ -104,6 +109,7 @@ class _Part:
         self.scope = anyio.CancelScope()  # the job's: cancelled by stop
         self.channels: list[TcpChannel] = []
         self.loops = LoopAnswers(control.send) if launch.loops else None
+        self.checkpoints = PartAgreement(control.send, launch.restore) if launch.checkpointed else None
 
     async def run(self) -> None:
         async with anyio.create_task_group() as group:
@@ -133,6 +139,8 @@ class _Part:
                 await self.loops.ask(int(message["round"]))
             elif kind == "quiet" and self.loops is not None:
                 self.loops.close([str(name) for name in message["loops"]])
+            elif kind in ("checkpoint", "committed") and self.checkpoints is not None:
+                self.checkpoints.deliver(message)
             self.decided.set()
         self.scope.cancel()  # the parent is gone: stop, and end without waiting for anyone
         self.decided.set()
@@ -157,7 +165,7 @@ class _Part:
             try:
                 job = Job(
                     launch.topology, channel_factory=LocalChannel, placement=placement, attempt=launch.attempt,
-                    quiescence=self.loops, **launch.options,
+                    quiescence=self.loops, coordinator=self._coordinator(), **launch.options,
                 )  # fmt: skip
                 result = await job.run()
                 for channel in self.channels:  # the receivers have it all before this process lets go
@@ -166,6 +174,12 @@ class _Part:
                 return "failed", exc
             return "done", result
         return "stopped", None
+
+    def _coordinator(self) -> Coordinator | None:
+        if self.checkpoints is None:
+            return None
+        clock = self.launch.options.get("clock") or SystemClock()
+        return self.checkpoints.coordinator(self.launch.topology.name, clock)
 
     async def _report(self, kind: str, value: Any) -> None:
         messages: list[dict[str, Any]] = [{"kind": "stopped"}]

@@ -7,14 +7,19 @@ event loop of its own (asyncio, after the fork):
 
 1. every process says ``ready`` with its data port; the parent sends every
    process all the ports (``start``);
-2. each process reports its part (``records``, ``dead_letters``, ``done``);
+2. while they run, the parent leads the loops' rounds (``round``,
+   ``counters``, ``quiet``: see ``loops``) and the checkpoints
+   (``checkpoint``, ``part``, ``committed``, ``finished``: see
+   ``checkpoints``);
+3. each process reports its part (``records``, ``dead_letters``, ``done``);
    once every one is done the parent says ``exit`` and waits for them to end;
-3. the first ``failed`` report, or a process ending before it reported (killed,
-   crashed), stops the run: the parent says ``stop`` to the others (each
-   cancels its part, its sinks abort), then ``exit``; a process that has not
-   ended within :data:`STOP_TIMEOUT` seconds is killed (SIGKILL). Then the
-   parent raises the failure: the error the job would raise in one process,
-   or a :class:`JobError` naming the process that ended and how.
+4. the first ``failed`` report, a checkpoint the store cannot save, or a
+   process ending before it reported (killed, crashed) stops the run: the
+   parent says ``stop`` to the others (each cancels its part, its sinks
+   abort), then ``exit``; a process that has not ended within
+   :data:`STOP_TIMEOUT` seconds is killed (SIGKILL). Then the parent raises
+   the failure: the error the job would raise in one process, or a
+   :class:`JobError` naming the process that ended and how.
 
 Whatever happens (an error, Ctrl-C), every process is ended and reaped by
 its PID before :func:`run_in_processes` returns or raises.
@@ -30,22 +35,29 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import structlog
 
 from streamlet.adaptation.settings import AdaptSettings
+from streamlet.backends.processes.checkpoints import CheckpointLeader, RestorePoint, Send
 from streamlet.backends.processes.child import Launch, run_child
 from streamlet.backends.processes.failures import rebuilt
 from streamlet.backends.processes.loops import LoopRounds
 from streamlet.backends.processes.placement import spread
-from streamlet.backends.processes.results import PartReport, merged
+from streamlet.backends.processes.results import Checkpoints, PartReport, merged
 from streamlet.backends.processes.wire import Control
 from streamlet.core.model.topology import Topology
 from streamlet.core.model.validation import unconsumed_ports
+from streamlet.core.runtime.clock import SystemClock
+from streamlet.core.runtime.cycles import refuse_checkpoints_with_cycles
 from streamlet.core.runtime.job import JobResult, new_attempt
-from streamlet.errors import JobError, TopologyError
+from streamlet.core.state.savepoints import check_fits, read_savepoint
+from streamlet.core.state.store import CheckpointStore
+from streamlet.errors import JobError, StreamletError, TopologyError
 
 log = structlog.get_logger("streamlet")
 STOP_TIMEOUT = 10.0  # seconds a stopped process has to end before it is killed
@@ -62,11 +74,11 @@ def run_in_processes(
     """Run ``topology`` in ``processes`` forked worker processes and return the result of the whole job.
 
     ``options`` are the :class:`~streamlet.core.runtime.job.Job`'s keyword
-    arguments as :func:`streamlet.run` makes them; what a part of a job in
-    another process cannot do yet (checkpoints, a savepoint) is refused
-    with a :class:`JobError` before anything starts; so is ``adapt`` (its
-    policies steer a job in this process). ``backend_options`` are anyio's
-    for the worker processes' event loops (uvloop or not).
+    arguments as :func:`streamlet.run` makes them (with a checkpoint store
+    the parent leads the checkpoints: see ``checkpoints``); ``adapt``, whose
+    policies steer a job in this process, is refused with a
+    :class:`JobError` before anything starts. ``backend_options`` are
+    anyio's for the worker processes' event loops (uvloop or not).
     """
     if adapt is not None:
         raise JobError("adapt= steers a job running in this process: it is not supported with processes > 1")
@@ -76,19 +88,23 @@ def run_in_processes(
             "output port has no consumer", job=resolved.name, node=node, port=port,
             effect="records emitted there are dropped (counted in statistics.discarded)",
         )  # fmt: skip
-    loops = bool(resolved.back_edges())
-    job_options: dict[str, Any] = {
-        k: options[k] for k in ("clock", "batch_size", "channel_capacity", "cpu_turns") if k in options
-    }
+    store: CheckpointStore | None = options.get("checkpoint_store")
+    restore = None if store is None else _restore_point(store, options.get("from_savepoint"), resolved)
+    job_options: dict[str, Any] = {name: options[name] for name in _JOB_OPTIONS if name in options}
     launch = Launch(
         topology, processes, spread(resolved, processes), secrets.token_bytes(32), new_attempt(), job_options,
-        backend_options, loops,
+        backend_options, loops=bool(resolved.back_edges()), checkpointed=store is not None, restore=restore,
     )  # fmt: skip
+    leader = None
+    if store is not None:
+        clock = options.get("clock") or SystemClock()
+        leader = partial(CheckpointLeader, store, options.get("checkpoint_interval"), clock, restore=restore)
     began = time.perf_counter()
     children = _fork_all(launch)
     try:
-        parts = asyncio.run(_Supervisor(launch, children).run())
-        return merged(resolved, launch.where, parts, time.perf_counter() - began)
+        supervisor = _Supervisor(launch, children, leader)
+        parts = asyncio.run(supervisor.run())
+        return merged(resolved, launch.where, parts, time.perf_counter() - began, supervisor.checkpoint_counts())
     finally:
         _reap(children)
 
@@ -99,14 +115,29 @@ def _checked(topology: Topology, processes: int, options: dict[str, Any]) -> Top
         raise JobError(f"processes must be a whole number >= 1, got {processes!r}")
     if not hasattr(os, "fork"):
         raise JobError(f"processes={processes} forks worker processes: this platform ({sys.platform}) cannot fork")
-    if any(options.get(name) is not None for name in ("checkpoint_store", "checkpoint_interval", "from_savepoint")):
-        raise JobError(
-            "checkpoints (checkpoint_dir, checkpoint_store, checkpoint_interval, from_savepoint) are not supported "
-            "with processes > 1 yet: run with processes=1, or submit the job to a cluster"
-        )
-    if not isinstance(topology, Topology):  # as a job in one process says it
+    if not isinstance(topology, Topology):  # as a job in one process says it, and the checks below too
         raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
-    return topology.validate()
+    resolved = topology.validate()
+    if options.get("checkpoint_store") is None:
+        if options.get("from_savepoint") is not None:
+            raise JobError("from_savepoint needs checkpoint_dir= (where the job keeps its own checkpoints)")
+        if options.get("checkpoint_interval") is not None:
+            raise JobError("checkpoint_interval needs a checkpoint store (checkpoint_dir=...)")
+    else:
+        refuse_checkpoints_with_cycles(resolved)
+    return resolved
+
+
+def _restore_point(
+    store: CheckpointStore, savepoint: str | os.PathLike[str] | None, topology: Topology
+) -> RestorePoint:
+    """What the job resumes from, as a job in one process finds it: the savepoint (epochs going on after any
+    the store holds), else the store's newest intact checkpoint."""
+    if savepoint is not None:
+        epoch, document = read_savepoint(savepoint)
+        check_fits(document, topology, f"savepoint {savepoint}")
+        return max([epoch, *store.epochs()]), document
+    return store.latest()
 
 
 @dataclass(eq=False)
@@ -173,11 +204,14 @@ class _Failed(Exception):
 class _Supervisor:
     """Follows every process through the run (see the module docstring)."""
 
-    def __init__(self, launch: Launch, children: list[_Child]) -> None:
+    def __init__(
+        self, launch: Launch, children: list[_Child], leader: Callable[[Send, int], CheckpointLeader] | None = None
+    ) -> None:
         self.launch = launch
         self.children = children
         self.events: asyncio.Queue[tuple[_Child, dict[str, Any] | None]] = asyncio.Queue()
         self.rounds = LoopRounds(self._send_all, len(children)) if launch.loops else None
+        self.checkpoints = None if leader is None else leader(self._send_all, len(children))
         self.tasks: list[asyncio.Task[None]] = []  # the readers, and the loop rounds
 
     async def run(self) -> list[PartReport]:
@@ -202,8 +236,9 @@ class _Supervisor:
         """Start the processes, collect their reports and let them exit; the run's failure, if any."""
         try:
             await self._start()
-            if self.rounds is not None:
-                self.tasks.append(asyncio.create_task(self.rounds.run()))
+            for background in (self.rounds, self.checkpoints):
+                if background is not None:
+                    self.tasks.append(asyncio.create_task(background.run()))
             await self._collect()
         except _Failed as failed:
             return failed.error
@@ -257,8 +292,18 @@ class _Supervisor:
             child, message = await self._next_expected()
             if message["kind"] == "counters" and self.rounds is not None:
                 self.rounds.take(child.index, message)
+            elif message["kind"] in ("part", "finished") and self.checkpoints is not None:
+                try:
+                    await self.checkpoints.take(child.index, message)
+                except StreamletError as exc:  # the store could not save it: the job's error, as in one process
+                    raise _Failed(exc) from None
             else:
                 child.part.take(message)
+
+    def checkpoint_counts(self) -> Checkpoints:
+        """Checkpoints completed, the last one and the histogram of their durations (``None``: none taken)."""
+        leader = self.checkpoints
+        return None if leader is None else (leader.completed, leader.last, list(leader.durations.counts))
 
     async def _stop(self) -> None:
         """Stop every process still running its part, let them report, then make them exit."""

@@ -20,6 +20,9 @@ from streamlet.core.model.record import DeadLetter, Record
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.job import JobResult
 from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
+from streamlet.core.state.checkpoints import CheckpointInfo
+
+Checkpoints = tuple[int, CheckpointInfo | None, list[int]] | None  # completed, the last, duration histogram
 
 
 @dataclass
@@ -46,8 +49,11 @@ class PartReport:
             self.statistics = message["statistics"]
 
 
-def merged(topology: Topology, where: Where, parts: list[PartReport], wall_time: float) -> JobResult:
-    """One result from every process's ``parts`` (in process order) of a run of ``topology`` (validated)."""
+def merged(
+    topology: Topology, where: Where, parts: list[PartReport], wall_time: float, checkpoints: Checkpoints = None
+) -> JobResult:
+    """One result from every process's ``parts`` (in process order) of a run of ``topology`` (validated);
+    ``checkpoints``: how many the parent completed, the last one and the histogram of their durations."""
     sinks: dict[str, list[Record]] = {}
     for name, node in topology.nodes.items():
         if node.kind != "sink":
@@ -56,10 +62,13 @@ def merged(topology: Topology, where: Where, parts: list[PartReport], wall_time:
         if all(name in part.sinks for part in holding):
             sinks[name] = [record for part in holding for record in part.records.get(name, [])]
     dead_letters = [letter for part in parts for letter in part.dead_letters]
-    return JobResult(statistics(topology, [part.statistics for part in parts], wall_time), dead_letters, sinks)
+    counters = statistics(topology, [part.statistics for part in parts], wall_time, checkpoints)
+    return JobResult(counters, dead_letters, sinks)
 
 
-def statistics(topology: Topology, parts: list[dict[str, Any]], wall_time: float) -> JobStatistics:
+def statistics(
+    topology: Topology, parts: list[dict[str, Any]], wall_time: float, checkpoints: Checkpoints = None
+) -> JobStatistics:
     """The job's counters: each node's summed over the processes, and the job's."""
     nodes = {}
     for name, node in topology.nodes.items():
@@ -73,9 +82,10 @@ def statistics(topology: Topology, parts: list[dict[str, Any]], wall_time: float
     def total(counter: str) -> int:
         return sum(int(part[counter]) for part in parts)
 
+    completed, last, durations = checkpoints or (0, None, [])
     return JobStatistics(
         job=topology.name, nodes=nodes, dropped=total("dropped"), dead_lettered=total("dead_lettered"),
-        discarded=total("discarded"), late=total("late"), restarts=total("restarts"),
-        checkpoints=total("checkpoints"), last_checkpoint=None, wall_time=wall_time, running=False,
-        shed=total("shed"),
+        discarded=total("discarded"), late=total("late"), restarts=total("restarts"), checkpoints=completed,
+        last_checkpoint=last, wall_time=wall_time, running=False, shed=total("shed"),
+        checkpoint_durations=durations,
     )  # fmt: skip

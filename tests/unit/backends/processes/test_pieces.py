@@ -14,6 +14,7 @@ from streamlet.backends.processes.results import PartReport, merged
 from streamlet.backends.processes.wire import record_chunks, records_of
 from streamlet.core.model.record import FiredWindowRecord, LoopRecord, WindowRecord
 from streamlet.errors import EncodingError, JobError, TaskError, TopologyError
+from tests.conftest import self_loop
 
 
 def three_nodes(parallelism: int, sink_parallelism: int = 1) -> sl.Topology:
@@ -119,24 +120,39 @@ def _statistics(first: bool) -> dict[str, object]:
         ({"processes": 0}, r"^processes must be a whole number >= 1, got 0$"),
         ({"processes": True}, r"^processes must be a whole number >= 1, got True$"),
         (
-            {"processes": 2, "checkpoint_dir": "CHECKPOINTS"},
-            r"^checkpoints \(checkpoint_dir, checkpoint_store, checkpoint_interval, from_savepoint\) are not "
-            r"supported with processes > 1 yet: run with processes=1, or submit the job to a cluster$",
-        ),
-        (
             {"processes": 2, "adapt": sl.AdaptSettings(policies=frozenset({"balance"}))},
             r"^adapt= steers a job running in this process: it is not supported with processes > 1$",
         ),
     ],
 )
 def test_what_a_multi_process_run_cannot_do_is_refused_before_it_forks(
-    options: dict[str, object], message: str, tmp_path: Path
+    options: dict[str, object], message: str
 ) -> None:
-    """Bad process counts, checkpoints and adaptation are JobErrors raised in the caller's process."""
-    if options.get("checkpoint_dir") == "CHECKPOINTS":
-        options = {**options, "checkpoint_dir": tmp_path}
+    """A bad process count and adaptation are JobErrors raised in the caller's process."""
     with pytest.raises(JobError, match=message):
         sl.run(three_nodes(2), **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"checkpoint_interval": 1.0}, {"from_savepoint": "somewhere.msgpack"}],
+)
+def test_checkpoint_options_without_a_store_are_refused_as_in_one_process(options: dict[str, object]) -> None:
+    """The same JobError as a run in one process, before anything forks."""
+    with pytest.raises(JobError) as one:
+        sl.run(three_nodes(2), **options)  # type: ignore[arg-type]
+    with pytest.raises(JobError) as two:
+        sl.run(three_nodes(2), processes=2, **options)  # type: ignore[arg-type]
+    assert str(two.value) == str(one.value)
+
+
+def test_a_loop_cannot_take_checkpoints_in_several_processes_either(tmp_path: Path) -> None:
+    """The same TopologyError as in one process."""
+    with pytest.raises(TopologyError) as one:
+        sl.run(self_loop(), checkpoint_dir=tmp_path / "one")
+    with pytest.raises(TopologyError) as two:
+        sl.run(self_loop(), checkpoint_dir=tmp_path / "two", processes=2)
+    assert str(two.value) == str(one.value)
 
 
 def test_an_invalid_topology_is_the_same_topology_error_as_in_one_process() -> None:

@@ -16,6 +16,9 @@ from click.testing import CliRunner
 
 import streamlet as sl
 from streamlet.cli import main
+from streamlet.core.state.store import DirectoryCheckpointStore
+from tests.support import exactly_once
+from tests.support.exactly_once import Bomb, expected_output
 from tests.support.logging_state import restored_logging
 from tests.support.run_output import TIMING
 
@@ -195,6 +198,42 @@ def test_a_killed_worker_process_fails_the_run_and_the_other_is_stopped(tmp_path
     assert match is not None, str(failed.value)
     assert match.group(1) in os.listdir(tmp_path)
     assert gone(tmp_path) == [True, True]
+
+
+def written(output: Path) -> list[tuple[str, int]]:
+    return sorted((record.key, record.value) for record in sl.read_file_sink(output))
+
+
+def test_a_crash_after_checkpoints_resumes_exactly_once_in_two_processes(tmp_path: Path, armed_bomb: Path) -> None:
+    """Checkpoints of two processes, a task raising after two of them, a rerun: each count in the FileSink once."""
+    output = tmp_path / "out"
+    with pytest.raises(sl.TaskError, match=r"^task 'bomb' instance 0 failed on a batch of 10 records"):
+        run_exactly_once(armed_bomb, output, processes=2)
+    Bomb.armed = False  # it disarmed itself in the worker process only
+    committed_before_restart = len(sl.read_file_sink(output))
+    assert 0 < committed_before_restart < len(expected_output())
+    result = run_exactly_once(armed_bomb, output, processes=2)
+    assert written(output) == expected_output()
+    assert result.statistics.nodes["in"].records_out < exactly_once.RECORDS  # it resumed, not restarted
+    assert result.statistics.checkpoints >= 1
+
+
+def test_checkpoints_of_two_processes_are_those_of_one(tmp_path: Path) -> None:
+    """The parent writes one document per checkpoint, as a job in one process does: the final ones are equal
+    but for the run that took them, so either resumes from the other's."""
+    finals = []
+    for processes in (1, 2):
+        run_exactly_once(tmp_path / f"checkpoints-{processes}", tmp_path / f"out-{processes}", processes=processes)
+        assert written(tmp_path / f"out-{processes}") == expected_output()
+        finals.append(DirectoryCheckpointStore(tmp_path / f"checkpoints-{processes}").latest())
+    (_, alone), (_, spread) = finals
+    assert spread["finished"] is True
+    assert {**spread, "epoch": 0, "attempt": ""} == {**alone, "epoch": 0, "attempt": ""}
+
+
+def run_exactly_once(checkpoints: Path, output: Path, processes: int) -> sl.JobResult:
+    topology = exactly_once.build(output)
+    return sl.run(topology, checkpoint_dir=checkpoints, checkpoint_interval=0.02, batch_size=10, processes=processes)
 
 
 WORDCOUNT_FILE = """
