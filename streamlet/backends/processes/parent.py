@@ -156,8 +156,9 @@ def _fork_all(launch: Launch) -> list[_Child]:
     """Fork every worker process, each with its own end of a socket pair (the others' ends closed)."""
     pairs = [socket.socketpair() for _ in range(launch.processes)]
     children: list[_Child] = []
-    sys.stdout.flush()  # what the caller has buffered is printed once, not once more by every child
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):  # what the caller has buffered is printed once, not once per child
+        if stream is not None:
+            stream.flush()
     try:
         for index, (_, theirs) in enumerate(pairs):
             pid = os.fork()

@@ -136,6 +136,14 @@ def test_a_sink_with_several_instances_gives_its_records_instance_by_instance() 
     assert [(r.key, r.ts) for r in spread] == [(r.key, r.ts) for r in alone]
 
 
+def test_processes_left_without_an_instance_take_part_and_end() -> None:
+    """Four processes for two instances: two of them run nothing, and the job ends as in one process."""
+    topology = sl.Topology("small")
+    numbers = topology.add_source("numbers", [sl.Record(n, n, 0.0) for n in range(100)])
+    topology.add_sink("out", sl.CollectSink()).set_input(numbers)
+    assert outcome(sl.run(topology, processes=4)) == outcome(sl.run(topology))
+
+
 class RecordsPid(sl.Task):
     """Notes its process's PID in ``config["pids"]``; kills its own process (SIGKILL) on ``config["kill"]``,
     raises on ``config["fail"]``."""
