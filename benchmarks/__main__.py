@@ -11,6 +11,7 @@ from benchmarks import (
     cpu,
     latency,
     monitor,
+    parallel,
     placement,
     rescale,
     routing,
@@ -41,6 +42,7 @@ def main() -> None:
         "surge",
         "placement",
         "monitor",
+        "parallel",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -64,6 +66,8 @@ def main() -> None:
         line = surge.main(args.plot)
     elif args.name == "monitor":
         line = monitor.main(args.records or 1_000_000, args.repeats)
+    elif args.name == "parallel":
+        line = parallel.main(args.records or 200_000, args.repeats)
     elif args.name == "placement":
         line = placement.main(args.repeats)
     elif args.name == "balance":
