@@ -194,14 +194,6 @@ def _reap(children: list[_Child]) -> None:
         child.sock.close()
 
 
-class _Failed(Exception):
-    """A process failed or ended too early: ``error`` is what the run raises."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class _Supervisor:
     """Follows every process through the run (see the module docstring)."""
 
@@ -213,7 +205,8 @@ class _Supervisor:
         self.events: asyncio.Queue[tuple[_Child, dict[str, Any] | None]] = asyncio.Queue()
         self.rounds = LoopRounds(self._send_all, len(children)) if launch.loops else None
         self.checkpoints = None if leader is None else leader(self._send_all, len(children))
-        self.tasks: list[asyncio.Task[None]] = []  # the readers, and the loop rounds
+        self.tasks: list[asyncio.Task[None]] = []  # the readers, the loop rounds, the checkpoint ticks
+        self.failure: BaseException | None = None  # what stops the run: raised once every process is stopped
 
     async def run(self) -> list[PartReport]:
         try:
@@ -235,16 +228,14 @@ class _Supervisor:
 
     async def _follow(self) -> BaseException | None:
         """Start the processes, collect their reports and let them exit; the run's failure, if any."""
-        try:
-            await self._start()
+        if await self._start():
             for background in (self.rounds, self.checkpoints):
                 if background is not None:
                     self.tasks.append(asyncio.create_task(background.run()))
             await self._collect()
-        except _Failed as failed:
-            return failed.error
-        await self._exit()
-        return None
+        if self.failure is None:
+            await self._exit()
+        return self.failure
 
     async def _read(self, child: _Child) -> None:
         assert child.control is not None
@@ -267,37 +258,51 @@ class _Supervisor:
             child.final = message["kind"]
         return child, message
 
-    async def _next_expected(self) -> tuple[_Child, dict[str, Any]]:
-        """The next message, while the run goes well: a failure or an early end raises :class:`_Failed`."""
+    async def _next_expected(self) -> tuple[_Child, dict[str, Any]] | None:
+        """The next message while the run goes well; ``None`` once a process failed or ended early (the
+        run's failure is then :attr:`failure`)."""
         child, message = await self._next()
         if message is None:
-            raise _Failed(await self._ended_early(child))
-        if message["kind"] == "failed":
-            raise _Failed(rebuilt(message["error"], child.part.where))
-        if message["kind"] == "stopped":  # nobody asked it to: it lost its control channel's other end
+            self.failure = await self._ended_early(child)
+        elif message["kind"] == "failed":
+            self.failure = rebuilt(message["error"], child.part.where)
+        elif message["kind"] == "stopped":  # nobody asked it to: it lost its control channel's other end
             name = self.launch.topology.name
-            raise _Failed(JobError(f"{child.part.where} of job '{name}' stopped before its part of the job ended"))
-        return child, message
+            self.failure = JobError(f"{child.part.where} of job '{name}' stopped before its part of the job ended")
+        else:
+            return child, message
+        return None
 
-    async def _start(self) -> None:
+    async def _start(self) -> bool:
+        """Every process's port, then every process started; ``False`` when one failed first."""
         ports: dict[int, int] = {}
         while len(ports) < len(self.children):
-            child, message = await self._next_expected()
+            found = await self._next_expected()
+            if found is None:
+                return False
+            child, message = found
             if message["kind"] == "ready":
                 ports[child.index] = int(message["port"])
         for child in self.children:
             await self._send(child, {"kind": "start", "ports": [ports[index] for index in range(len(ports))]})
+        return True
 
     async def _collect(self) -> None:
+        """Every process's report, the loops' answers and the checkpoints' parts, until all are done or the
+        run fails."""
         while any(child.final != "done" for child in self.children):
-            child, message = await self._next_expected()
+            found = await self._next_expected()
+            if found is None:
+                return
+            child, message = found
             if message["kind"] == "counters" and self.rounds is not None:
                 self.rounds.take(child.index, message)
             elif message["kind"] in ("part", "finished") and self.checkpoints is not None:
                 try:
                     await self.checkpoints.take(child.index, message)
                 except StreamletError as exc:  # the store could not save it: the job's error, as in one process
-                    raise _Failed(exc) from None
+                    self.failure = exc
+                    return
             else:
                 child.part.take(message)
 
