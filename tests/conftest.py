@@ -14,14 +14,14 @@ from streamlet.backends.cluster.zookeeper import ZooKeeperServer
 from tests.support.exactly_once import Bomb
 
 
-def values(records: Iterable[sl.Record]) -> list[Any]:
-    """The values of ``records``, in order."""
-    return [record.value for record in records]
+def values(records: Iterable[sl.Record | tuple[Any, ...]]) -> list[Any]:
+    """The values of ``records`` (records, or elements as the runtime carries them), in order."""
+    return [record[1] if isinstance(record, tuple) else record.value for record in records]
 
 
-def pairs(records: Iterable[sl.Record]) -> list[tuple[Any, Any]]:
-    """``(key, value)`` of ``records``, in order."""
-    return [(record.key, record.value) for record in records]
+def pairs(records: Iterable[sl.Record | tuple[Any, ...]]) -> list[tuple[Any, Any]]:
+    """``(key, value)`` of ``records`` (records, or elements as the runtime carries them), in order."""
+    return [record[:2] if isinstance(record, tuple) else (record.key, record.value) for record in records]
 
 
 def self_loop() -> sl.Topology:

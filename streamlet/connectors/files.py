@@ -89,7 +89,7 @@ class _FileReader(SourceReader):
         if not lines:
             return None
         ts = self._clock.now()
-        return [Record(None, line, ts) for line in lines]
+        return [(None, line, ts) for line in lines]
 
     def position(self) -> int:
         return self._offset
@@ -152,9 +152,11 @@ class _FileWriter(SinkWriter):
         self._current = self.staging / f"{index:04d}.inprogress"
         self._file: IO[str] = open(self._current, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
-    def write(self, batch: Batch) -> None:
+    takes_elements = True
+
+    def write(self, batch: Batch) -> None:  # type: ignore[override]  # takes elements
         dumps = json.dumps
-        self._file.write("".join(dumps([r.key, r.value, r.ts]) + "\n" for r in batch))
+        self._file.write("".join(dumps([e[0], e[1], e[2]]) + "\n" for e in batch))
 
     async def prepare_commit(self, epoch: int) -> None:
         await anyio.to_thread.run_sync(self._stage, epoch)

@@ -64,7 +64,7 @@ import structlog
 
 from streamlet.connectors.kafka_common import Serializer, broker_errors, encode, require_aiokafka, servers
 from streamlet.connectors.kafka_staging import StagedEpochs, StagedRecord, Staging
-from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.record import Record, Records
 from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.errors import KafkaError
 
@@ -137,7 +137,7 @@ class KafkaSink(Sink):
             return f"{self.transactional_id}-{context.index}"
         return f"streamlet.{context.job_id}.{context.node}.{context.index}"
 
-    def serialize(self, batch: Batch) -> list[StagedRecord]:
+    def serialize(self, batch: Records) -> list[StagedRecord]:
         """``[key, value, timestamp_ms, headers]`` per record, as they will be produced."""
         key_of, value_of, headers_of = self.key_serializer, self.value_serializer, self.headers
         return [
@@ -188,7 +188,7 @@ class _IdempotentWriter(SinkWriter):
         self.producer: Any = None
         self.pending: list[asyncio.Future[Any]] = []
 
-    async def write(self, batch: Batch) -> None:
+    async def write(self, batch: Records) -> None:
         with broker_errors(self.what):
             if self.producer is None:
                 self.producer = await _started(self.sink.make_producer())
@@ -244,7 +244,7 @@ class _TransactionalWriter(SinkWriter):
         self.recovering: StagedEpochs | None = None  # a restore left completed epochs there to check and redo
         self.recover_through = -1
 
-    def write(self, batch: Batch) -> None:
+    def write(self, batch: Records) -> None:
         self.staging.append(self.sink.serialize(batch))
 
     async def prepare_commit(self, epoch: int) -> None:

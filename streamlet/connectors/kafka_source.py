@@ -201,7 +201,7 @@ class _KafkaReader(SourceReader):
                     continue
                 if headers:
                     value = {"value": value, "headers": [(name, data) for name, data in message.headers]}
-                append(Record(key, value, clock.now() if ts is None else ts))
+                append((key, value, clock.now() if ts is None else ts))
             if top > self.newest.get(partition, -math.inf):
                 self.newest[partition] = top
         if self.ends:

@@ -73,7 +73,7 @@ import anyio
 
 from streamlet.connectors.spark_rows import read_chunks, remove, seal, to_arrow, with_epoch, write_chunk
 from streamlet.connectors.spark_session import spark_session
-from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.record import Batch
 from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.errors import ConnectorError
 
@@ -181,6 +181,8 @@ def _insert_overwrite(spark: Any, table: str, format_: str, rows: Any, epoch: in
 
 
 class _SparkWriter(SinkWriter):
+    takes_elements = True  # rows go straight from the runtime's tuples into Arrow columns
+
     def __init__(self, sink: SparkSink, context: SinkContext) -> None:
         self.sink = sink
         self.index = context.index
@@ -192,7 +194,7 @@ class _SparkWriter(SinkWriter):
         self.staging = self._attempt_staging(context.attempt)
         self.staging.mkdir(parents=True, exist_ok=True)
         self._open = self.staging / f"{self.index:04d}-open"
-        self._rows: list[Record] = []
+        self._rows: Batch = []
         self._handing_over: anyio.Event | None = None
 
     def _attempt_staging(self, attempt: str) -> Path:
@@ -201,15 +203,15 @@ class _SparkWriter(SinkWriter):
     def _sealed(self, epoch: int, staging: Path | None = None) -> Path:
         return (staging or self.staging) / f"{self.index:04d}-{epoch:08d}"
 
-    def _take(self) -> list[Record]:
+    def _take(self) -> Batch:
         rows, self._rows = self._rows, []
         return rows
 
-    def _spill(self, rows: list[Record]) -> None:
+    def _spill(self, rows: Batch) -> None:
         if rows:
             write_chunk(self._open, to_arrow(rows, self.where))
 
-    async def write(self, batch: Batch) -> None:
+    async def write(self, batch: Batch) -> None:  # type: ignore[override]  # takes elements
         self._rows.extend(batch)
         if len(self._rows) >= self.sink.max_rows:
             if self._handing_over is not None:
@@ -219,7 +221,7 @@ class _SparkWriter(SinkWriter):
     async def prepare_commit(self, epoch: int) -> None:
         await anyio.to_thread.run_sync(self._stage, self._take(), epoch)
 
-    def _stage(self, rows: list[Record], epoch: int) -> None:
+    def _stage(self, rows: Batch, epoch: int) -> None:
         self._spill(rows)
         seal(self._open, self._sealed(epoch))
 
@@ -275,7 +277,7 @@ class _SparkWriter(SinkWriter):
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self._finish, self._take())
 
-    def _finish(self, rows: list[Record]) -> None:
+    def _finish(self, rows: Batch) -> None:
         """Without checkpoints everything is handed over now, as epoch 0 (with them, nothing is left)."""
         self._spill(rows)
         if self._open.exists():

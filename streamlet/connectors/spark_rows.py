@@ -23,17 +23,18 @@ RESERVED = ("key", "ts", "epoch", "window_start", "window_end")
 
 
 def to_arrow(records: Batch, where: str) -> Any:
-    """``records`` as a ``pyarrow.Table`` without the ``epoch`` column (``where`` names the sink in errors).
+    """``records`` (the runtime's elements) as a ``pyarrow.Table`` without the ``epoch`` column (``where``
+    names the sink in errors).
 
     The epoch is added when the rows are handed to Spark (:func:`with_epoch`):
     rows are staged before the barrier that closes their epoch arrives.
     """
     pa = import_pyarrow()
     try:
-        columns: dict[str, Any] = {"key": pa.array([r.key for r in records])}
-        columns.update(_value_columns(pa, [r.value for r in records], where))
-        columns["ts"] = pa.array([r.ts for r in records], pa.float64())
-        windows = [r.window for r in records]
+        columns: dict[str, Any] = {"key": pa.array([e[0] for e in records])}
+        columns.update(_value_columns(pa, [e[1] for e in records], where))
+        columns["ts"] = pa.array([e[2] for e in records], pa.float64())
+        windows = [e[4] if len(e) > 3 else None for e in records]
         if any(window is not None for window in windows):
             columns["window_start"] = pa.array([w and w[0] for w in windows], pa.float64())
             columns["window_end"] = pa.array([w and w[1] for w in windows], pa.float64())

@@ -9,7 +9,7 @@ for checkpoint replicas.
 
 from __future__ import annotations
 
-from streamlet.core.model.record import END_OF_STREAM, Record
+from streamlet.core.model.record import END_OF_STREAM
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import TransportError
 from streamlet.transport.tcp_client import TcpChannel
@@ -20,7 +20,7 @@ CHUNK = 1 << 20
 async def send_blob(channel: TcpChannel, data: bytes) -> None:
     """``data`` in chunks, then the end of the stream."""
     for start in range(0, len(data), CHUNK):
-        await channel.send([Record(start, data[start : start + CHUNK], None)])
+        await channel.send([(start, data[start : start + CHUNK], None)])
     await channel.send(END_OF_STREAM)
 
 
@@ -33,7 +33,8 @@ async def receive_blob(inbox: Inbox, channel: int) -> bytes:
         item = inbox.pop(channel)
         if type(item) is not list:
             return b"".join(chunks)  # end of stream: the blob is whole
-        for record in item:
-            if not isinstance(record.value, bytes):
-                raise TransportError(f"a blob chunk of {type(record.value).__name__}, not bytes")
-            chunks.append(record.value)
+        for element in item:
+            chunk = element[1]
+            if not isinstance(chunk, bytes):
+                raise TransportError(f"a blob chunk of {type(chunk).__name__}, not bytes")
+            chunks.append(chunk)

@@ -38,7 +38,7 @@ from typing import Any
 import msgpack
 
 from streamlet.core.model.encoding import ExtensionError, encoding_error, first_unencodable, packb, unpackb
-from streamlet.core.model.record import Batch, FiredWindowRecord, LoopRecord, Record, WindowRecord
+from streamlet.core.model.record import Batch
 from streamlet.errors import EncodingError, FrameError
 
 MAGIC = b"SL"
@@ -102,30 +102,37 @@ def data_body(channel: str, epoch: int, seq: int, batch: Batch) -> bytes:
     one with tuples in keys or values costs about 0.3 µs more per tuple to
     encode and 0.4 µs to decode.
     """
-    keys = [r.key for r in batch]
-    values = [r.value for r in batch]
-    stamps = [r.ts for r in batch]
+    keys = [e[0] for e in batch]
+    values = [e[1] for e in batch]
+    stamps = [e[2] for e in batch]
     body = [channel, epoch, seq, keys, values, stamps]
-    kinds = set(map(type, batch))
-    if LoopRecord in kinds:  # inside a cycle: the loop counts travel too
-        body.append([r.iteration for r in batch])
-    elif WindowRecord in kinds or FiredWindowRecord in kinds:  # results of windows: their bounds travel too
-        windows = [r.window for r in batch]  # (None for other records)
-        body += [None, [w and w[0] for w in windows], [w and w[1] for w in windows]]
-        if FiredWindowRecord in kinds:  # early or late firings: which (None for on-time results)
-            body.append([r.firing if type(r) is FiredWindowRecord else None for r in batch])
+    if batch and max(map(len, batch)) > 3:  # loop or window elements among them
+        body += _extra_columns(batch)
     try:
         return packb(body)
     except (TypeError, ValueError, OverflowError) as exc:
         raise unencodable_record(channel, batch) from exc
 
 
+def _extra_columns(batch: Batch) -> list[Any]:
+    """Inside a cycle the loop counts travel too; for results of windows, their bounds (and, for early or
+    late firings, which firing: ``None`` for on-time results and for other records)."""
+    windows = [e[4] if len(e) > 3 else None for e in batch]
+    if not any(windows):
+        return [[e[3] if len(e) > 3 else 0 for e in batch]]
+    columns: list[Any] = [None, [w and w[0] for w in windows], [w and w[1] for w in windows]]
+    firings = [e[5] if len(e) > 3 and e[5] != "on_time" else None for e in batch]
+    if any(firings):
+        columns.append(firings)
+    return columns
+
+
 def unencodable_record(channel: str, batch: Batch) -> EncodingError:
     """The error naming the first record of ``batch`` that cannot go over ``channel``, and what in it."""
-    for record in batch:
-        for what, part in (("key", record.key), ("value", record.value), ("ts", record.ts)):
+    for element in batch:
+        for what, part in (("key", element[0]), ("value", element[1]), ("ts", element[2])):
             if first_unencodable(part) is not None:
-                return encoding_error(part, f"channel {channel}: the record with key {record.key!r}", what)
+                return encoding_error(part, f"channel {channel}: the record with key {element[0]!r}", what)
     return EncodingError(f"channel {channel}: a batch of {len(batch)} records cannot be encoded", value_type="unknown")
 
 
@@ -166,7 +173,7 @@ _TS_TYPES = frozenset({float, int, type(None)})
 
 
 def records_from(keys: Any, values: Any, stamps: Any, iterations: Any = None, *windows: Any) -> Batch:
-    """The columns of a DATA frame as records, keys and values of the types they were sent with.
+    """The columns of a DATA frame as elements, keys and values of the types they were sent with.
 
     Keys must be scalars, tuples or lists (a key is a list only if it was
     sent as one), event times numbers or ``None``; msgpack's timestamp type
@@ -185,10 +192,13 @@ def records_from(keys: Any, values: Any, stamps: Any, iterations: Any = None, *w
     if windows:
         return _window_records(keys, values, stamps, *windows)
     if iterations is None:
-        return list(map(Record, keys, values, stamps))
+        return list(zip(keys, values, stamps, strict=True))
     if type(iterations) is not list or len(iterations) != len(keys) or not set(map(type, iterations)) <= {int}:
         raise FrameError("malformed DATA iterations")
-    return list(map(LoopRecord, keys, values, stamps, iterations))
+    return [
+        (key, value, ts, iteration, None, None) if iteration else (key, value, ts)
+        for key, value, ts, iteration in zip(keys, values, stamps, iterations, strict=True)
+    ]
 
 
 def _is_firing(value: Any) -> bool:
@@ -198,7 +208,7 @@ def _is_firing(value: Any) -> bool:
 def _window_records(
     keys: list[Any], values: list[Any], stamps: list[Any], starts: Any, ends: Any, firings: Any = None
 ) -> Batch:
-    """Window records where a record has bounds (both or neither), plain records elsewhere."""
+    """Window elements where a record has bounds (both or neither), plain elements elsewhere."""
     if not (type(starts) is list and type(ends) is list and len(starts) == len(ends) == len(keys)):
         raise FrameError("malformed DATA window bounds")
     if not set(map(type, starts)) | set(map(type, ends)) <= _TS_TYPES:
@@ -213,14 +223,10 @@ def _window_records(
         if start is None and end is None:
             if firing is not None:
                 raise FrameError("DATA window firing without window bounds")
-            records.append(Record(key, value, ts))
+            records.append((key, value, ts))
         elif start is None or end is None:
             raise FrameError("DATA window bounds with one end missing")
         else:
             window = bounds.setdefault((start, end), (start, end))
-            records.append(
-                WindowRecord(key, value, ts, window)
-                if firing is None
-                else FiredWindowRecord(key, value, ts, window, firing)
-            )
+            records.append((key, value, ts, 0, window, firing or "on_time"))
     return records

@@ -138,7 +138,7 @@ class TcpChannel:
                 todo.extendleft((part[len(part) // 2 :], part[: len(part) // 2]))
             else:
                 raise RecordTooLarge(
-                    f"channel '{self.channel_id}' cannot send the record with key {reprlib.repr(part[0].key)}: "
+                    f"channel '{self.channel_id}' cannot send the record with key {reprlib.repr(part[0][0])}: "
                     f"alone it needs a frame of {len(body)} bytes, over the limit of {self.max_frame} (max_frame)"
                 )
         last = len(bodies) - 1

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 import streamlet as sl
-from streamlet.core.model.record import Record
 from streamlet.transport import codec
 
 ENCODABLE = "(use None, bool, int (64-bit), float, str, bytes, list, tuple and dict)"
@@ -413,11 +412,11 @@ def key_not_encodable_for_same_key() -> None:
 
 
 def value_not_encodable_over_tcp() -> None:
-    codec.data_body("job/0/0/1", 1, 1, [Record("a", 1, 1.0), Record("b", {"x": [1, {2}]}, 1.0)])
+    codec.data_body("job/0/0/1", 1, 1, [("a", 1, 1.0), ("b", {"x": [1, {2}]}, 1.0)])
 
 
 def int_too_big_over_tcp() -> None:
-    codec.data_body("job/0/0/1", 1, 1, [Record("a", 2**70, 1.0)])
+    codec.data_body("job/0/0/1", 1, 1, [("a", 2**70, 1.0)])
 
 
 CASES: list[tuple[Callable[..., Any], type[Exception], str]] = [

@@ -99,7 +99,7 @@ from streamlet.backends.cluster.load import LoadMeter
 from streamlet.backends.cluster.registry import WorkerRegistration, process_load
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree, read_all
 from streamlet.backends.cluster.worker import WorkerJobs
-from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.record import Record, Records
 from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.instances import Instance
@@ -185,7 +185,7 @@ class _ExactlyOnceWriter(SinkWriter):
         self.attempt = context.attempt
         self.pending: list[Record] = []  # written since the last barrier: in no checkpoint yet
 
-    def write(self, batch: Batch) -> None:
+    def write(self, batch: Records) -> None:
         self.pending.extend(batch)
 
     def prepare_commit(self, epoch: int) -> None:

@@ -7,9 +7,9 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.record import Batch, Record, Records, records_of
 from streamlet.errors import JobError
 
 _ATTEMPT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -65,8 +65,13 @@ class RestorePoint:
 class SinkWriter(ABC):
     """One instance's writer; ``write`` may be plain or ``async def``."""
 
+    #: ``write`` takes the runtime's elements (plain ``(key, value, ts)`` tuples, six wide for loop and
+    #: window records: see ``streamlet.core.model.record``) instead of :class:`Record` objects; a writer
+    #: that only reads fields sets it and saves making a record per element.
+    takes_elements: ClassVar[bool] = False
+
     @abstractmethod
-    def write(self, batch: Batch) -> Any:
+    def write(self, batch: Records) -> Any:
         """Consume one batch (read-only: the same list may reach other sinks)."""
 
     def close(self) -> Any:
@@ -126,14 +131,16 @@ class CollectSink(Sink):
 
 
 class _CollectWriter(SinkWriter):
-    def __init__(self) -> None:
-        self.records: list[Record] = []
+    takes_elements = True  # kept as elements while the job runs; records are made once, for the result
 
-    def write(self, batch: Batch) -> None:
-        self.records.extend(batch)
+    def __init__(self) -> None:
+        self.elements: Batch = []
+
+    def write(self, batch: Batch) -> None:  # type: ignore[override]
+        self.elements.extend(batch)
 
     def result(self) -> list[Record]:
-        return self.records
+        return records_of(self.elements)
 
 
 class CallbackSink(Sink):
@@ -162,7 +169,7 @@ class _CallbackWriter(SinkWriter):
     def __init__(self, fn: Callable[[Record], Any]) -> None:
         self.fn = fn
 
-    def write(self, batch: Batch) -> None:
+    def write(self, batch: Records) -> None:
         fn = self.fn
         record = None
         try:
@@ -174,7 +181,7 @@ class _CallbackWriter(SinkWriter):
 
 
 class _AsyncCallbackWriter(_CallbackWriter):
-    async def write(self, batch: Batch) -> None:  # type: ignore[override]
+    async def write(self, batch: Records) -> None:  # type: ignore[override]
         fn = self.fn
         record = None
         try:

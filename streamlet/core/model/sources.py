@@ -17,7 +17,7 @@ from typing import Any
 import anyio.abc
 
 from streamlet.core.model.clock import Clock
-from streamlet.core.model.record import Batch, DeadLetter, Record
+from streamlet.core.model.record import Batch, DeadLetter, Record, element_of
 from streamlet.errors import JobError, TopologyError
 
 
@@ -38,8 +38,12 @@ class SourceReader(ABC):
     """One instance's reader; ``read`` returns ``None`` once the source is exhausted."""
 
     @abstractmethod
-    async def read(self, max_records: int) -> Batch | None:
-        """Up to ``max_records`` records, waiting for at least one; ``None`` at the end."""
+    async def read(self, max_records: int) -> Batch | list[Record] | None:
+        """Up to ``max_records`` records, waiting for at least one; ``None`` at the end.
+
+        A list of :class:`Record` objects, or of plain ``(key, value, ts)``
+        tuples (cheaper: the runtime carries records as such tuples; see
+        :func:`to_elements`)."""
 
     def position(self) -> Any:
         """Where the reader stands, msgpack-able, for checkpoints (``None``: not replayable)."""
@@ -78,24 +82,22 @@ class Source(ABC):
         """Start reading for instance ``context.index`` of ``context.parallelism``."""
 
 
-def to_records(items: list[Any], ts: float | None) -> Batch:
-    """Items to records: a ``Record`` stays, a ``(key, value)`` pair gets ``ts``,
-    anything else becomes the value of a record with key ``None``."""
+def to_elements(items: list[Any], ts: float | None) -> Batch:
+    """Items to the runtime's elements: a ``Record`` is taken apart, a ``(key, value)`` pair gets ``ts``,
+    anything else becomes the value of an element with key ``None``."""
     kinds = set(map(type, items))
-    if kinds == {Record}:
-        return items  # already records: nothing to make
     if tuple not in kinds and not any(issubclass(kind, Record) for kind in kinds):
-        return [Record(None, item, ts) for item in items]  # plain values, without per-item checks
-    records: Batch = []
-    append = records.append
+        return [(None, item, ts) for item in items]  # plain values, without per-item checks
+    elements: Batch = []
+    append = elements.append
     for item in items:
         if isinstance(item, Record):
-            append(item)
+            append(element_of(item))
         elif type(item) is tuple and len(item) == 2:
-            append(Record(item[0], item[1], ts))
+            append((item[0], item[1], ts))
         else:
-            append(Record(None, item, ts))
-    return records
+            append((None, item, ts))
+    return elements
 
 
 class IterableSource(Source):
@@ -140,7 +142,7 @@ class _IteratorReader(SourceReader):
     async def read(self, max_records: int) -> Batch | None:
         items = list(itertools.islice(self._iterator, max_records))
         self._read += len(items)
-        return to_records(items, self._clock.now()) if items else None
+        return to_elements(items, self._clock.now()) if items else None
 
     def position(self) -> int:
         return self._read
@@ -171,7 +173,7 @@ class _QueueReader(SourceReader):
             items.pop()
             if not items:
                 return None
-        return to_records(items, self._clock.now())
+        return to_elements(items, self._clock.now())
 
 
 class _AsyncIterableReader(_QueueReader):

@@ -37,6 +37,8 @@ from streamlet.core.model.record import (
     Marker,
     Reconfigure,
     Watermark,
+    elements_of,
+    records_of,
 )  # fmt: skip
 from streamlet.core.model.sinks import RestorePoint, SinkContext, SinkWriter, WriteFailed
 from streamlet.core.model.sources import SourceContext, SourceReader
@@ -308,7 +310,7 @@ class SourceInstance(Instance):
                     batch = shedder.take_held(size)
             if batch:
                 read = perf_counter()
-                outputs.emit_batch(batch)
+                outputs.emit_elements(batch)
                 await outputs.flush()
                 count_batch(self.counters, read, began, read, perf_counter())
                 if self.watermarks is not None:
@@ -331,13 +333,15 @@ class SourceInstance(Instance):
         timer = None
         if idle_after is not None and not self._idle:  # quiet that long since the last batch: idle
             timer = self.env.clock.call_at(last_data + idle_after, self._idle_timer_fired)
-        batch = None
+        batch: Batch | None = None
         try:
             with anyio.CancelScope() as scope:
                 if patience is not None:
                     scope.deadline = anyio.current_time() + patience
                 self._read_scope = scope
-                batch = await reader.read(size)
+                read: Any = await reader.read(size)
+                # a reader returning records (its documented right) has them taken apart here
+                batch = elements_of(read) if read and type(read[0]) is not tuple else read
         finally:
             if timer is not None:
                 timer.cancel()
@@ -353,7 +357,7 @@ class SourceInstance(Instance):
             if shedder.recover:
                 shedder.held.extend(shed)
             elif self.outputs.connected(SHED):
-                self.outputs.emit_batch(shed, port=SHED)
+                self.outputs.emit_elements(shed, port=SHED)
                 await self.outputs.flush()  # now: at a ratio of 1 nothing else would send them on
         if shedder.replaying():
             kept.extend(shedder.take_held(size))
@@ -363,7 +367,7 @@ class SourceInstance(Instance):
         """The source ended: records still held go out now (the load that made them wait is over)."""
         shedder = self.shedder
         while shedder is not None and shedder.held:
-            self.outputs.emit_batch(shedder.take_held(self.env.batch_size))
+            self.outputs.emit_elements(shedder.take_held(self.env.batch_size))
             await self.outputs.flush()
 
     def _idle_timer_fired(self) -> None:
@@ -646,21 +650,23 @@ class SinkInstance(Receiver):
         with self._failing("to open"):
             self.writer: SinkWriter = node.sink.open(context)
         self._async = inspect.iscoroutinefunction(self.writer.write)
+        self._elements = self.writer.takes_elements
 
     async def process(self, port: int, batch: Batch) -> None:
         """Write the batch."""
         try:
+            records: Any = batch if self._elements else records_of(batch)
             if self._async:
-                await self.writer.write(batch)
+                await self.writer.write(records)
             else:
-                self.writer.write(batch)
+                self.writer.write(records)
         except StreamletError:
             raise  # a connector's own error says what failed already
         except WriteFailed as failed:
             key = failed.record.key
             raise self._error(f"writing the record with key {key!r}", failed.__cause__, key) from failed.__cause__
         except Exception as exc:
-            key = batch[0].key if batch else None
+            key = batch[0][0] if batch else None
             what = f"a batch of {len(batch)} records starting with key" if len(batch) > 1 else "the record with key"
             raise self._error(f"writing {what} {key!r}", exc, key) from exc
 
@@ -723,9 +729,10 @@ def count_batch(counters: InstanceCounters, arrived: float, began: float, proces
 
 def _runs_by_iteration(batch: Batch) -> list[tuple[int, Batch]]:
     runs: list[tuple[int, Batch]] = []
-    for record in batch:
-        if runs and runs[-1][0] == record.iteration:
-            runs[-1][1].append(record)
+    for element in batch:
+        iteration = element[3] if len(element) > 3 else 0
+        if runs and runs[-1][0] == iteration:
+            runs[-1][1].append(element)
         else:
-            runs.append((record.iteration, [record]))
+            runs.append((iteration, [element]))
     return runs

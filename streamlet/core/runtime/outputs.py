@@ -6,7 +6,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamlet.core.model.constants import LATE
-from streamlet.core.model.record import Batch, FiredWindowRecord, Marker, Record, Watermark, WindowRecord
+from streamlet.core.model.record import (
+    Batch,
+    Element,
+    Marker,
+    Record,
+    Records,
+    Watermark,
+    element_of,
+    elements_of,
+)
 from streamlet.core.runtime.routing import DiscardRoute, Route
 from streamlet.errors import PortError
 
@@ -24,7 +33,7 @@ class RoutedOutputs:
     def __init__(
         self,
         routes_by_port: list[list[Route]],
-        adders: list[Callable[[Record], None]] | None = None,
+        adders: list[Callable[[Element], None]] | None = None,
         *,
         late: bool = False,
         side: int = LATE,
@@ -35,7 +44,7 @@ class RoutedOutputs:
         # rather than a list, so a port that was never declared (5, or -2) is a KeyError, never another port.
         self._numbers = [*range(len(routes_by_port) - late), *([side] if late else [])]
         self._ports = dict(zip(self._numbers, routes_by_port, strict=True))
-        self._adders: dict[int, Callable[[Record], None]] = {}
+        self._adders: dict[int, Callable[[Element], None]] = {}
         self.set_adders(adders if adders is not None else [routes[0].add for routes in routes_by_port])
         self.routes = [route for routes in routes_by_port for route in routes]
         self.ts: float | None = None
@@ -50,7 +59,7 @@ class RoutedOutputs:
             add = self._adders[port]
         except KeyError:
             raise self.no_port(port) from None
-        add(Record(key, value, self.ts if ts is None else ts))
+        add((key, value, self.ts if ts is None else ts))
 
     def emit_record(self, record: Record, port: int = 0) -> None:
         """Send an existing record unchanged (a filter passing records through)."""
@@ -58,9 +67,9 @@ class RoutedOutputs:
             add = self._adders[port]
         except KeyError:
             raise self.no_port(port) from None
-        add(record)
+        add(element_of(record))
 
-    def set_adders(self, adders: list[Callable[[Record], None]]) -> None:
+    def set_adders(self, adders: list[Callable[[Element], None]]) -> None:
         """Runtime: the per-port functions that take an emitted record, in port order."""
         self._adders = dict(zip(self._numbers, adders, strict=True))
 
@@ -69,7 +78,7 @@ class RoutedOutputs:
         whose adders wrap the routes' (a reconfiguration never touches one)."""
         self.set_adders([fan_out([route.add for route in routes]) for routes in self._ports.values()])
 
-    def _adder(self, port: int) -> Callable[[Record], None]:
+    def _adder(self, port: int) -> Callable[[Element], None]:
         """The function taking records emitted on ``port`` (per call, not per record: emit inlines it)."""
         try:
             return self._adders[port]
@@ -90,24 +99,28 @@ class RoutedOutputs:
             "declare more with ports.set_outputs(n) in declare_ports"
         )
 
-    def emit_batch(self, records: Batch, port: int = 0) -> None:
+    def emit_batch(self, records: Records, port: int = 0) -> None:
         """Send many records at once; cheaper than one ``emit`` per record."""
+        self.emit_elements(elements_of(records), port)
+
+    def emit_elements(self, batch: Batch, port: int = 0) -> None:
+        """Runtime and built-in tasks: send a batch of elements (tuples) as they are."""
         try:
             routes = self._ports[port]
         except KeyError:
             raise self.no_port(port) from None
         if len(routes) == 1 and routes[0].add is self._adders[port]:
-            routes[0].add_batch(records)
+            routes[0].add_batch(batch)
             return
         add = self._adders[port]
-        for record in records:
-            add(record)
+        for element in batch:
+            add(element)
 
     def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
         """Emit every ``(key, value)`` pair of ``pairs``."""
         add, ts = self._adder(port), self.ts
         for key, value in pairs:
-            add(Record(key, value, ts))
+            add((key, value, ts))
 
     @property
     def port_count(self) -> int:
@@ -161,7 +174,7 @@ class WindowOutputs(RoutedOutputs):
     __slots__ = ()
 
     def emit(self, key: Any, value: Any, port: int = 0, ts: float | None = None) -> None:
-        """Send ``(key, value)`` out of output ``port`` (a :class:`WindowRecord` inside a window)."""
+        """Send ``(key, value)`` out of output ``port`` (a window's element inside a window)."""
         if ts is None:
             ts = self.ts
         try:
@@ -170,11 +183,9 @@ class WindowOutputs(RoutedOutputs):
             raise self.no_port(port) from None
         window = self.window
         if window is None:
-            add(Record(key, value, ts))
-        elif self.firing == "on_time":
-            add(WindowRecord(key, value, ts, window))
+            add((key, value, ts))
         else:
-            add(FiredWindowRecord(key, value, ts, window, self.firing or "on_time"))
+            add((key, value, ts, 0, window, self.firing or "on_time"))
 
     def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
         """Emit every ``(key, value)`` pair of ``pairs``."""
@@ -182,19 +193,18 @@ class WindowOutputs(RoutedOutputs):
         if window is None:
             super().emit_all(pairs, port)
             return
-        add, ts, firing = self._adder(port), self.ts, self.firing
+        add, ts, firing = self._adder(port), self.ts, self.firing or "on_time"
         for key, value in pairs:
-            add(WindowRecord(key, value, ts, window) if firing == "on_time" else
-                FiredWindowRecord(key, value, ts, window, firing or "on_time"))  # fmt: skip
+            add((key, value, ts, 0, window, firing))
 
 
-def fan_out(adders: list[Callable[[Record], None]]) -> Callable[[Record], None]:
+def fan_out(adders: list[Callable[[Element], None]]) -> Callable[[Element], None]:
     """One function giving a record to every one of ``adders`` (the one itself when there is one)."""
     if len(adders) == 1:
         return adders[0]
 
-    def add_to_all(record: Record) -> None:
+    def add_to_all(element: Element) -> None:
         for add in adders:
-            add(record)
+            add(element)
 
     return add_to_all

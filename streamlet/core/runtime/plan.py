@@ -11,7 +11,7 @@ import anyio.abc
 
 from streamlet.core.model import graph
 from streamlet.core.model.constants import LATE, SHED
-from streamlet.core.model.record import Record
+from streamlet.core.model.record import Element
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sources import QueueSource, SourceContext
 from streamlet.core.model.topology import Edge, Node, Topology
@@ -184,7 +184,7 @@ class _Builder:
         outputs.set_adders([fan_out(port_adders) for port_adders in adders])
         return outputs
 
-    def _adder(self, edge: Edge | None, route: Route, sender: RoutedOutputs) -> Callable[[Record], None]:
+    def _adder(self, edge: Edge | None, route: Route, sender: RoutedOutputs) -> Callable[[Element], None]:
         if edge is None or not self.in_loop(edge):
             return route.add
         tracker = self.tracker_of[edge.downstream]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, PartitionSpec
-from streamlet.core.model.record import END_OF_STREAM, Batch, LoopRecord, Marker, Reconfigure, Record, Watermark
+from streamlet.core.model.record import END_OF_STREAM, Batch, Element, Marker, Reconfigure, Record, Watermark, record_of
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable, segment_of
 from streamlet.core.runtime.channel import Channel
 from streamlet.errors import EncodingError, TopologyError
@@ -53,7 +53,7 @@ class Route(ABC):
     )  # fmt: skip
 
     #: Buffers one record: the hot path, bound by each subclass to a list append or a small closure.
-    add: Callable[[Record], None]
+    add: Callable[[Element], None]
 
     def __init__(self, channels: list[Channel], buffers: int) -> None:
         self.channels = channels
@@ -190,15 +190,15 @@ class PartitionedRoute(Route):
         self._appenders = appenders = [buffer.append for buffer in self.buffers]
         self._count = count = [len(channels)]  # a cell, so a rescale reaches the closure
 
-        def add(record: Record) -> None:
+        def add(element: Element) -> None:
             parts = count[0]
             try:
-                index = fn(record, parts)
+                index = fn(record_of(element), parts)  # user code: it sees a record
             except Exception as exc:
                 raise TopologyError(f"{label}: the partition function raised {type(exc).__name__}: {exc}") from exc
             if type(index) is not int or not 0 <= index < parts:
                 raise TopologyError(f"{label}: the partition function returned {index!r}, expected 0..{parts - 1}")
-            appenders[index](record)
+            appenders[index](element)
 
         self.add = add
 
@@ -245,14 +245,15 @@ class KeyedRoute(Route):
                 pass
             return index
 
-        def add(record: Record) -> None:
+        def add(element: Element) -> None:
+            key = element[0]
             try:
-                index = cache.get(record.key)
+                index = cache.get(key)
             except TypeError:
                 index = None
             if index is None:
-                index = place(record.key)
-            appenders[index](record)
+                index = place(key)
+            appenders[index](element)
 
         self._by_key = add
         self._set_add()
@@ -309,8 +310,8 @@ class SessionTableRoute(KeyedRoute):
         self._cache = cache
         self._owners = owners = [table.owners]
 
-        def add(record: Record) -> None:
-            key = record.key
+        def add(element: Element) -> None:
+            key = element[0]
             try:
                 segment = cache.get(key)
             except TypeError:  # an unhashable key (a list): correct, just not cached
@@ -324,7 +325,7 @@ class SessionTableRoute(KeyedRoute):
                 except TypeError:
                     pass
             loads[segment] += 1
-            appenders[owners[0][segment]](record)
+            appenders[owners[0][segment]](element)
 
         self._by_key = self.add = add
 
@@ -368,8 +369,8 @@ def _check_table(table: SegmentTable, channels: list[Channel], label: str) -> No
 
 
 def in_loop_adder(
-    add: Callable[[Record], None], sender: HasIteration, back_edge_limit: int | None, counter: FlowCounter
-) -> Callable[[Record], None]:
+    add: Callable[[Element], None], sender: HasIteration, back_edge_limit: int | None, counter: FlowCounter
+) -> Callable[[Element], None]:
     """Wrap ``add`` of an edge inside a cycle so records carry their iteration.
 
     The count is the sending instance's current one (``sender.iteration``),
@@ -378,18 +379,18 @@ def in_loop_adder(
     """
     if back_edge_limit is None:
 
-        def add_in_loop(record: Record) -> None:
-            add(LoopRecord(record.key, record.value, record.ts, sender.iteration))
+        def add_in_loop(element: Element) -> None:
+            add((element[0], element[1], element[2], sender.iteration, None, None))
 
         return add_in_loop
     limit = back_edge_limit
 
-    def add_looped(record: Record) -> None:
+    def add_looped(element: Element) -> None:
         iteration = sender.iteration + 1
         if iteration > limit:
             counter.dropped += 1
             return
-        add(LoopRecord(record.key, record.value, record.ts, iteration))
+        add((element[0], element[1], element[2], iteration, None, None))
 
     return add_looped
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.record import Batch, Element
 
 HELD = "streamlet.held"  # the key of a source snapshot that carries held records beside the reader's position
 REPLAY_PATIENCE = 0.01  # seconds a read may wait while held records are replayed, before the replay goes on
@@ -30,7 +30,7 @@ class Shedder:
         self.ratio = 0.0
         self.recover = recover
         self.preserve_order = preserve_order
-        self.held: deque[Record] = deque()
+        self.held: deque[Element] = deque()
         self._credit = 0.0
 
     def split(self, batch: Batch) -> tuple[Batch, Batch]:
@@ -65,11 +65,11 @@ class Shedder:
         """The source's checkpoint: its reader's ``position``, and the held records when there are any."""
         if not self.held:
             return position
-        return {HELD: [[r.key, r.value, r.ts] for r in self.held], "position": position}
+        return {HELD: [[e[0], e[1], e[2]] for e in self.held], "position": position}
 
 
-def split_snapshot(snapshot: Any) -> tuple[Any, list[Record]]:
-    """A source snapshot as (the reader's position, the records it held)."""
+def split_snapshot(snapshot: Any) -> tuple[Any, Batch]:
+    """A source snapshot as (the reader's position, the elements it held)."""
     if isinstance(snapshot, dict) and HELD in snapshot:
-        return snapshot.get("position"), [Record(key, value, ts) for key, value, ts in snapshot[HELD]]
+        return snapshot.get("position"), [(key, value, ts) for key, value, ts in snapshot[HELD]]
     return snapshot, []

@@ -12,7 +12,7 @@ from streamlet.core.model.constants import LATE
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.ports import Inputs
-from streamlet.core.model.record import Barrier, Batch, DeadLetter, FiredWindowRecord, Reconfigure, Record, WindowRecord
+from streamlet.core.model.record import Barrier, Batch, DeadLetter, Element, Reconfigure, iteration_of, record_of
 from streamlet.core.model.task import RecordFailure, Task, WindowReduceTask
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import WindowSpec
@@ -256,9 +256,9 @@ class TaskInstance(Receiver):
             bad = _first_bad_timestamp(batch, self.node.window)
             if bad is not None:
                 raise TaskError(
-                    f"{where} input port {port}: the record with key {bad.key!r} has ts {bad.ts!r}; "
-                    f"{_TIMESTAMP_RULE[bad.ts is None]}",
-                    task=self.node.name, instance=self.index, key=bad.key,
+                    f"{where} input port {port}: the record with key {bad[0]!r} has ts {bad[2]!r}; "
+                    f"{_TIMESTAMP_RULE[bad[2] is None]}",
+                    task=self.node.name, instance=self.index, key=bad[0],
                 ) from exc  # fmt: skip
             raise TaskError(
                 f"{where} failed folding a window: {_describe(exc)}", task=self.node.name, instance=self.index, key=None
@@ -285,10 +285,10 @@ class TaskInstance(Receiver):
 
     def _send_late(self, late: Batch) -> None:
         on_late = getattr(self.node.window, "on_late", None)
-        self.outputs.emit_batch(late, port=LATE_PORT)
+        self.outputs.emit_elements(late, port=LATE_PORT)
         if on_late is not None:
-            for record in late:
-                on_late(record)
+            for element in late:
+                on_late(record_of(element))
 
     async def on_watermark(self, watermark: float) -> None:
         """Fire the windows the watermark closed and the event-time timers it reached, then pass it on
@@ -344,7 +344,7 @@ class TaskInstance(Receiver):
     def _timer_failed(self, key: Any, when: float, time: TimeDomain, error: BaseException) -> bool:
         """Apply the policy to a failed timer; whether to run it again. A dead letter's record is
         ``Record(key, None, when)``: a timer has no record of its own."""
-        timer = Record(key, None, when)
+        timer = (key, None, when)
         what = f"the {time}-time timer at {when!r} for key"
         if self.node.on_error == "skip":
             self._dead_letter(timer, error)
@@ -365,13 +365,12 @@ class TaskInstance(Receiver):
         by_port = window.records
         if window.folded is not None:  # a new dict: a window kept for late firings still folds into its own
             ts = window.last_ts if stamp is None else stamp
-            make = WindowRecord if firing == "on_time" else partial(FiredWindowRecord, firing=firing)
-            by_port = {0: [make(key, value, ts, bounds) for key, value in window.folded.items()]}
-        records = [record for port in sorted(by_port) for record in by_port[port]]
+            by_port = {0: [(key, value, ts, 0, bounds, firing) for key, value in window.folded.items()]}
+        records = [element for port in sorted(by_port) for element in by_port[port]]
         if stamp is not None:
             self.outputs.ts = stamp
         elif records:
-            self.outputs.ts = records[-1].ts
+            self.outputs.ts = records[-1][2]
         batches = [by_port.get(port, []) for port in range(self.node.inputs)]
         if len(by_port) == 1 and not self.node.sync:
             [port] = by_port
@@ -388,11 +387,7 @@ class TaskInstance(Receiver):
         stamp = self.window.result_ts(window)
         ts = window.last_ts if stamp is None else stamp
         bounds, firing = (window.start, window.end), window.firing
-        if firing == "on_time":
-            results: Batch = [WindowRecord(key, value, ts, bounds) for key, value in window.folded.items()]
-        else:
-            results = [FiredWindowRecord(key, value, ts, bounds, firing) for key, value in window.folded.items()]
-        self.outputs.emit_batch(results)
+        self.outputs.emit_elements([(key, value, ts, 0, bounds, firing) for key, value in window.folded.items()])
 
     async def _call(self) -> None:
         if self._async:
@@ -402,7 +397,7 @@ class TaskInstance(Receiver):
 
     async def _execute_batch(self, port: int, batch: Batch) -> None:
         """Execute one batch under the error policy, isolating the failing record."""
-        self.outputs.ts = batch[-1].ts
+        self.outputs.ts = batch[-1][2]
         while batch:
             marks = self.outputs.marks() if self.node.on_error != "fail" else None
             self.inputs.set_one(port, batch)
@@ -462,7 +457,7 @@ class TaskInstance(Receiver):
             except Exception as exc:  # noqa: BLE001 - user code
                 self.outputs.rollback(marks)
                 error = exc.__cause__ if isinstance(exc, RecordFailure) and exc.__cause__ else exc
-                first = records[0] if records else Record(None, None)
+                first: Element = records[0] if records else (None, None, None)
                 if self.node.on_error == "skip":
                     for record in records:
                         self._dead_letter(record, error)
@@ -474,25 +469,25 @@ class TaskInstance(Receiver):
 
     # -- policies ---------------------------------------------------------------
 
-    def _dead_letter(self, record: Record, error: BaseException) -> None:
+    def _dead_letter(self, element: Element, error: BaseException) -> None:
+        record = record_of(element)
         self.env.dead_letters.append(DeadLetter(self.node.name, self.index, record, _describe(error), error))
         self.log.warning("record dead-lettered", key=record.key, error=_describe(error))
 
-    def _restart(self, record: Record, error: BaseException, *, what: str = "record with key") -> None:
+    def _restart(self, element: Element, error: BaseException, *, what: str = "record with key") -> None:
         self.failures += 1
         if self.failures > self.node.max_failures:
-            raise self._task_error(record, error, what=what, after=f" after {self.node.max_failures} restarts")
-        self.log.warning("restarting instance", key=record.key, error=_describe(error), failures=self.failures)
+            raise self._task_error(element, error, what=what, after=f" after {self.node.max_failures} restarts")
+        self.log.warning("restarting instance", key=element[0], error=_describe(error), failures=self.failures)
         self.task = self._new_task()
         self._prepare()
 
     def _task_error(
-        self, record: Record, error: BaseException, *, what: str = "record with key", after: str = ""
+        self, element: Element, error: BaseException, *, what: str = "record with key", after: str = ""
     ) -> TaskError:
-        message = (
-            f"task '{self.node.name}' instance {self.index} failed on {what} {record.key!r}{after}: {_describe(error)}"
-        )
-        task_error = TaskError(message, task=self.node.name, instance=self.index, key=record.key)
+        key = element[0]
+        message = f"task '{self.node.name}' instance {self.index} failed on {what} {key!r}{after}: {_describe(error)}"
+        task_error = TaskError(message, task=self.node.name, instance=self.index, key=key)
         task_error.__cause__ = error
         return task_error
 
@@ -514,11 +509,11 @@ class TaskInstance(Receiver):
                 for channel in picks:
                     if channel is not None:
                         self.watermarks.activate(channel)
-            records = [record for batch in batches for record in batch]
+            records = [element for batch in batches for element in batch]
             self.counters.records_in += len(records)
-            self.outputs.ts = records[-1].ts
+            self.outputs.ts = records[-1][2]
             if self.cycle is not None:
-                self.outputs.iteration = max(record.iteration for record in records)
+                self.outputs.iteration = max(map(iteration_of, records))
             if self.windowed_ports:
                 for port, batch in enumerate(batches):
                     if batch:
@@ -597,16 +592,16 @@ _TIMESTAMP_RULE = {
 }
 
 
-def _first_bad_timestamp(batch: Batch, window: WindowSpec | None) -> Record | None:
-    """The first record an event-time window cannot place: ts not a number, or missing where that is refused."""
+def _first_bad_timestamp(batch: Batch, window: WindowSpec | None) -> Element | None:
+    """The first element an event-time window cannot place: ts not a number, or missing where that is refused."""
     if getattr(window, "time", None) != "event":  # an event-time TimeWindow or SessionWindow
         return None
     missing_ts = getattr(window, "missing_ts", "clock")
-    for record in batch:
-        ts = record.ts
+    for element in batch:
+        ts = element[2]
         if ts is None:
             if missing_ts == "fail":
-                return record
+                return element
         elif type(ts) is bool or not isinstance(ts, int | float):
-            return record
+            return element
     return None

@@ -9,14 +9,14 @@ back (open, not idle, not a loop's back edge). See ``core.model.watermarks``.
 from __future__ import annotations
 
 import math
-from operator import attrgetter
+from operator import itemgetter
 from typing import Any
 
-from streamlet.core.model.record import Batch
+from streamlet.core.model.record import Batch, records_of
 from streamlet.core.model.sources import SourceReader
 from streamlet.core.model.watermarks import Watermarks
 
-_ts = attrgetter("ts")
+_ts = itemgetter(2)
 
 
 class WatermarkGenerator:
@@ -36,7 +36,7 @@ class WatermarkGenerator:
         """The watermark to send after ``batch``, or ``None`` when it did not rise."""
         progress = self.reader.event_time_progress()
         if self.fn is not None:
-            candidate = _largest(self.fn(record) for record in batch)
+            candidate = _largest(map(self.fn, records_of(batch)))  # user code: it sees records
         elif progress is not None:
             candidate = progress - self.bound
         else:
@@ -54,7 +54,7 @@ class WatermarkGenerator:
         except TypeError:  # some ts is None: those do not move event time
             top = None
         if top is None:
-            top = _largest(record.ts for record in batch)
+            top = _largest(element[2] for element in batch)
             if top is None:
                 return self.top
         if top > self.top:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamlet.core.model.encoding import hashable
-from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.record import Batch
 from streamlet.core.model.windows import FoldHow
 
 _MISSING: Any = object()
@@ -36,25 +36,25 @@ def fold_into(folded: dict[Any, Any], records: Batch, how: FoldHow) -> None:
     get = folded.get
     if how == "sum":
         for record in records:
-            folded[record.key] = get(record.key, 0) + record.value
+            folded[record[0]] = get(record[0], 0) + record[1]
     elif how == "count":
         for record in records:
-            folded[record.key] = get(record.key, 0) + 1
+            folded[record[0]] = get(record[0], 0) + 1
     elif how == "min":
         for record in records:
-            current = get(record.key, _MISSING)
-            if current is _MISSING or record.value < current:
-                folded[record.key] = record.value
+            current = get(record[0], _MISSING)
+            if current is _MISSING or record[1] < current:
+                folded[record[0]] = record[1]
     elif how == "max":
         for record in records:
-            current = get(record.key, _MISSING)
-            if current is _MISSING or record.value > current:
-                folded[record.key] = record.value
+            current = get(record[0], _MISSING)
+            if current is _MISSING or record[1] > current:
+                folded[record[0]] = record[1]
     else:
         fn: Any = how
         for record in records:
-            current = get(record.key, _MISSING)
-            folded[record.key] = record.value if current is _MISSING else fn(current, record.value)
+            current = get(record[0], _MISSING)
+            folded[record[0]] = record[1] if current is _MISSING else fn(current, record[1])
 
 
 class WindowLogic(ABC):
@@ -81,7 +81,7 @@ class WindowLogic(ABC):
         if window.folded is None:
             window.folded = {}
         fold_into(window.folded, records, self.fold)
-        window.last_ts = records[-1].ts
+        window.last_ts = records[-1][2]
 
     @abstractmethod
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
@@ -121,7 +121,7 @@ class WindowLogic(ABC):
 
 def window_data(window: ClosedWindow) -> list[Any]:
     """A window as msgpack-able data."""
-    ports = [[port, [[r.key, r.value, r.ts] for r in records]] for port, records in window.records.items()]
+    ports = [[port, [[r[0], r[1], r[2]] for r in records]] for port, records in window.records.items()]
     folded = None if window.folded is None else [[key, value] for key, value in window.folded.items()]
     return [window.start, window.end, ports, folded, window.last_ts]
 
@@ -129,7 +129,7 @@ def window_data(window: ClosedWindow) -> list[Any]:
 def window_from(data: list[Any]) -> ClosedWindow:
     """Back from :func:`window_data` (tuple keys come back as tuples)."""
     start, end, ports, folded, last_ts = data
-    records = {port: [Record(hashable(k), v, ts) for k, v, ts in batch] for port, batch in ports}
+    records = {port: [(hashable(k), v, ts) for k, v, ts in batch] for port, batch in ports}
     pairs = None if folded is None else {hashable(key): value for key, value in folded}
     return ClosedWindow(start, end, records, pairs, last_ts)
 

@@ -40,8 +40,8 @@ class KeyedCountLogic(WindowLogic):
         # arrival order keeps the windows in the order they filled.
         start = 0
         for index in range(1, len(batch) + 1):
-            if index == len(batch) or batch[index].key != batch[start].key:
-                filled, _ = self._of(batch[start].key).add(port, batch[start:index], now)
+            if index == len(batch) or batch[index][0] != batch[start][0]:
+                filled, _ = self._of(batch[start][0]).add(port, batch[start:index], now)
                 closed.extend(filled)
                 start = index
         return closed, []

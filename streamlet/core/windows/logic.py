@@ -122,7 +122,7 @@ class TimeLogic(WindowLogic):
     def collect_run(self, port: int, run: Batch, starts: list[int], now: float) -> None:
         """Put ``run`` into the open windows starting at ``starts`` (noting them for early firings)."""
         if run:
-            self.whole_seconds = type(run[0].ts) is int
+            self.whole_seconds = type(run[0][2]) is int
         for start in starts:
             self.collect(self.window(start), port, run)
         if self.early is not None and run:
@@ -201,7 +201,7 @@ class EventTimeLogic(TimeLogic):
         self.overdue = False
 
     def _check_timestamps(self, batch: Batch) -> None:
-        if self.refuse_missing_ts and any(record.ts is None for record in batch):
+        if self.refuse_missing_ts and any(record[2] is None for record in batch):
             raise ValueError("a record has no ts")  # the task instance names it
 
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
@@ -227,7 +227,7 @@ class EventTimeLogic(TimeLogic):
         run_key = math.nan  # the span the run's records fall in: they share its windows
         run_late = run_mixed = False
         for record in batch:
-            ts = record.ts
+            ts = record[2]
             u = now_u if ts is None else ts * per_second + shift
             key = u - u % span
             if key != run_key:  # another span: other windows

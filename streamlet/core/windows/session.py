@@ -253,7 +253,7 @@ class ProcessingTimeSessionLogic(SessionLogic):
         closed = self.fire_through(tick)  # what the clock closed goes first, as if on_time had run
         by_key: dict[Any, Batch] = {}  # every record of the batch has the same time: one session per key
         for record in batch:
-            by_key.setdefault(record.key, []).append(record)
+            by_key.setdefault(record[0], []).append(record)
         end = tick + self.gap
         for key, records in by_key.items():
             self.collect(self.merge(key, tick, end, self.touching(key, tick, end)).window, port, records)
@@ -282,7 +282,7 @@ class EventTimeSessionLogic(SessionLogic):
         self.overdue = False
 
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
-        if self.refuse_missing_ts and any(record.ts is None for record in batch):
+        if self.refuse_missing_ts and any(record[2] is None for record in batch):
             raise ValueError("a record has no ts")  # the task instance names it
         fired: list[ClosedWindow] = self._catch_up() if self.overdue else []
         late: Batch = []
@@ -290,9 +290,9 @@ class EventTimeSessionLogic(SessionLogic):
         run: Batch = []
         run_session: Session | None = None
         for record in batch:
-            tick = self.ticks.of(now if record.ts is None else record.ts)
+            tick = self.ticks.of(now if record[2] is None else record[2])
             end = tick + self.gap
-            touching = self.touching(record.key, tick, end)
+            touching = self.touching(record[0], tick, end)
             if not touching and end + self.lateness <= self.watermark:
                 late.append(record)
                 continue
@@ -300,7 +300,7 @@ class EventTimeSessionLogic(SessionLogic):
                 assert run_session is not None
                 self.collect(run_session.window, port, run)
                 run = []
-            session = self.merge(record.key, tick, end, touching)
+            session = self.merge(record[0], tick, end, touching)
             if session.end <= self.watermark:  # behind the watermark: within lateness, so it fires now
                 self.collect(session.window, port, [record])
                 fired.append(self.fire(session, "late", self.watermark))

@@ -100,10 +100,9 @@ def split_window_snapshot(
     open window, for ``home`` outside the parts, and for an owner outside them.
 
     Example:
-        >>> from streamlet.core.model.record import Record
         >>> from streamlet.core.windows.build import logic_for
         >>> logic = logic_for(CountWindow(2, per_key=True))
-        >>> _ = logic.add(0, [Record("a", 1), Record("b", 2)], 0.0)
+        >>> _ = logic.add(0, [("a", 1, None), ("b", 2, None)], 0.0)
         >>> mine, yours = split_window_snapshot(CountWindow(2, per_key=True), logic.snapshot(), "ab".index, 2, 0)
         >>> [key for key, _ in mine["keys"]], [key for key, _ in yours["keys"]]
         (['a'], ['b'])
@@ -240,11 +239,11 @@ def _split_windows(windows: list[Any], part_of: _PartOf, parts: int) -> list[lis
     """Each window's keys per part (as window data); a part gets no window where it has no key."""
     out: list[list[Any]] = [[] for _ in range(parts)]
     for data in windows:
-        window = window_from(data)  # keys back as tuples, records as Records
+        window = window_from(data)  # keys back as tuples
         cut = [ClosedWindow(window.start, window.end, {}, None, window.last_ts) for _ in range(parts)]
         for port, records in window.records.items():
             for record in records:
-                cut[part_of(record.key)].records.setdefault(port, []).append(record)
+                cut[part_of(record[0])].records.setdefault(port, []).append(record)
         for key, value in (window.folded or {}).items():
             piece = cut[part_of(key)]
             if piece.folded is None:
@@ -283,7 +282,7 @@ def _joined_windows(groups: list[list[Any]]) -> list[Any]:
 
 
 def _keys(window: ClosedWindow) -> set[Any]:
-    keys = {record.key for records in window.records.values() for record in records}
+    keys = {record[0] for records in window.records.values() for record in records}
     return keys.union(window.folded or ())
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import streamlet as sl
 from tests.conftest import values
+from tests.support.elements import el
 from tests.support.exactly_once import Bomb, RunningCount, Throttle
 
 
@@ -101,7 +102,7 @@ def opener() -> Iterator[Opener]:
 
 async def stage(writer: sl.SinkWriter, epoch: int, *values: str) -> None:
     """Write ``values`` (key "k") and stage them as ``epoch``."""
-    writer.write([sl.Record("k", value, 0.0) for value in values])
+    writer.write([el("k", value, 0.0) for value in values])
     await writer.prepare_commit(epoch)
 
 
@@ -148,8 +149,8 @@ async def test_file_sink_interleaved_attempts_publish_each_completed_epoch_once(
     await stage(zombie, 1, "a1")  # checkpoint 1 of run A completes; A stops before its commit
     replacement = opener(output, "run-b")
     replacement.restore(sl.RestorePoint(1, "run-a"))
-    zombie.write([sl.Record("k", "a2", 0.0)])
-    replacement.write([sl.Record("k", "b2", 0.0)])
+    zombie.write([el("k", "a2", 0.0)])
+    replacement.write([el("k", "b2", 0.0)])
     await replacement.prepare_commit(2)
     await zombie.commit(1)  # the stale run wakes up and publishes what the restore published already
     await replacement.commit(2)
@@ -203,6 +204,6 @@ async def test_file_sink_restore_after_the_commit_changes_nothing(tmp_path: Path
 def test_file_sink_stages_apart_per_attempt(tmp_path: Path, opener: Opener) -> None:
     """Writers of the same instance in two runs keep their in-progress files apart."""
     output = tmp_path / "out"
-    opener(output, "run-a").write([sl.Record("k", "a", 0.0)])
+    opener(output, "run-a").write([el("k", "a", 0.0)])
     opener(output, "run-b")
     assert staged_files(output) == ["run-a/0000.inprogress", "run-b/0000.inprogress"]

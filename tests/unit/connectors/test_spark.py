@@ -16,6 +16,8 @@ import pytest
 import streamlet as sl
 from streamlet.connectors import spark_session
 from streamlet.connectors.spark_rows import read_chunks, to_arrow, with_epoch, write_chunk
+from streamlet.core.model.record import Element
+from tests.support.elements import el
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -41,7 +43,7 @@ def test_missing_pyarrow_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     message = r"^SparkSink needs pyarrow, which is not installed: pip install 'streamlet\[spark\]'$"
     with pytest.raises(sl.ConnectorError, match=message):
-        to_arrow([sl.Record("k", 1, 0.0)], "sink 'out' instance 0")
+        to_arrow([el("k", 1, 0.0)], "sink 'out' instance 0")
 
 
 def test_missing_java_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,15 +77,15 @@ def test_exactly_one_destination(arguments: dict[str, str], given: str) -> None:
 
 def test_rows_of_plain_values() -> None:
     """key, value, ts; the epoch is added after ts; no window columns for records without bounds."""
-    table = with_epoch(to_arrow([sl.Record("a", 1, 0.5), sl.Record("b", 2, 1.5)], "sink"), 7)
+    table = with_epoch(to_arrow([el("a", 1, 0.5), el("b", 2, 1.5)], "sink"), 7)
     assert table.to_pydict() == {"key": ["a", "b"], "value": [1, 2], "ts": [0.5, 1.5], "epoch": [7, 7]}
 
 
 def test_rows_of_dict_values_from_a_window() -> None:
     """Dict values become one column per field (a missing field is null); window bounds become columns."""
     records = [
-        sl.WindowRecord("a", {"n": 1, "max": 3.0}, 10.0, (0.0, 10.0)),
-        sl.WindowRecord("b", {"n": 2}, 10.0, (0.0, 10.0)),
+        ("a", {"n": 1, "max": 3.0}, 10.0, 0, (0.0, 10.0), "on_time"),
+        ("b", {"n": 2}, 10.0, 0, (0.0, 10.0), "on_time"),
     ]
     assert to_arrow(records, "sink").to_pydict() == {
         "key": ["a", "b"], "n": [1, 2], "max": [3.0, None], "ts": [10.0, 10.0],
@@ -94,19 +96,19 @@ def test_rows_of_dict_values_from_a_window() -> None:
 def test_dict_fields_named_like_row_columns_are_refused() -> None:
     """A dict value with a field called 'ts' would shadow a row column: the error names it and the sink."""
     with pytest.raises(sl.ConnectorError, match=r"^sink 'out' instance 1: dict values have fields named like row"):
-        to_arrow([sl.Record("a", {"ts": 1}, 0.0)], "sink 'out' instance 1")
+        to_arrow([el("a", {"ts": 1}, 0.0)], "sink 'out' instance 1")
 
 
 def test_values_arrow_cannot_hold_are_refused() -> None:
     """Mixed value types that fit no Arrow type fail with the sink named."""
     with pytest.raises(sl.ConnectorError, match=r"^sink 'out' instance 0: records do not fit an Arrow table: "):
-        to_arrow([sl.Record("a", 1, 0.0), sl.Record("b", "x", 0.0)], "sink 'out' instance 0")
+        to_arrow([el("a", 1, 0.0), el("b", "x", 0.0)], "sink 'out' instance 0")
 
 
 def test_staged_chunks_read_back_as_one_table_with_types_promoted(tmp_path: Path) -> None:
     """Chunks spilled separately come back in order as one table; int and float chunks unify to float."""
-    write_chunk(tmp_path, to_arrow([sl.Record("a", 1, 0.0)], "sink"))
-    write_chunk(tmp_path, to_arrow([sl.Record("b", 2.5, 1.0)], "sink"))
+    write_chunk(tmp_path, to_arrow([el("a", 1, 0.0)], "sink"))
+    write_chunk(tmp_path, to_arrow([el("b", 2.5, 1.0)], "sink"))
     assert read_chunks(tmp_path).to_pydict() == {"key": ["a", "b"], "value": [1.0, 2.5], "ts": [0.0, 1.0]}
     assert read_chunks(tmp_path / "empty") is None
 
@@ -125,8 +127,8 @@ class Recording(sl.SparkSink):
         self.handed.append((epoch, index, rows.to_pydict()))
 
 
-def records(*values: int) -> list[sl.Record]:
-    return [sl.Record("k", value, float(value)) for value in values]
+def records(*values: int) -> list[Element]:
+    return [el("k", value, float(value)) for value in values]
 
 
 def open_writer(sink: sl.SparkSink, attempt: str = "run-a") -> Any:

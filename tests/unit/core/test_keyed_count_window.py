@@ -15,13 +15,14 @@ from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.core.windows.keyed_count import KeyedCountLogic
 from tests.conftest import pairs, values
+from tests.support.elements import el
 
 PAIRS = sl.CountWindow(2, per_key=True)
 
 
-def keyed(*keys: Any) -> list[sl.Record]:
+def keyed(*keys: Any) -> list[Any]:
     """One record per key in ``keys``; each value names its key and its place in the stream (``"a3"``)."""
-    return [sl.Record(key, f"{key}{index}") for index, key in enumerate(keys)]
+    return [el(key, f"{key}{index}") for index, key in enumerate(keys)]
 
 
 def shown(windows: list[ClosedWindow]) -> list[tuple[float, float, list[Any]]]:
@@ -29,7 +30,7 @@ def shown(windows: list[ClosedWindow]) -> list[tuple[float, float, list[Any]]]:
     return [(w.start, w.end, values(w.all_records())) for w in windows]
 
 
-def add(logic: WindowLogic, batch: list[sl.Record]) -> list[Any]:
+def add(logic: WindowLogic, batch: list[Any]) -> list[Any]:
     """The windows ``add`` closed, as :func:`shown`; nothing is ever late."""
     closed, late = logic.add(0, batch, 0.0)
     assert late == []
@@ -81,36 +82,36 @@ def test_per_key_windows_fold_per_key() -> None:
     """With window_reduce's fold each window holds its one key's value."""
     logic = logic_for(PAIRS)
     logic.fold = "sum"
-    closed, _ = logic.add(0, [sl.Record(key, value) for key, value in [("a", 1), ("b", 10), ("a", 2), ("b", 20)]], 0.0)
+    closed, _ = logic.add(0, [el(key, value) for key, value in [("a", 1), ("b", 10), ("a", 2), ("b", 20)]], 0.0)
     assert [(w.start, w.end, w.folded) for w in closed] == [(0, 2, {"a": 3}), (0, 2, {"b": 30})]
 
 
 def test_window_keeps_records_per_port() -> None:
     """Records of two input ports go to the same per-key window, listed port by port."""
     logic = logic_for(PAIRS)
-    logic.add(1, [sl.Record("a", "one")], 0.0)
-    [window], _ = logic.add(0, [sl.Record("b", "x"), sl.Record("a", "zero")], 0.0)
-    assert window.records == {1: [sl.Record("a", "one")], 0: [sl.Record("a", "zero")]}
+    logic.add(1, [el("a", "one")], 0.0)
+    [window], _ = logic.add(0, [el("b", "x"), el("a", "zero")], 0.0)
+    assert window.records == {1: [el("a", "one")], 0: [el("a", "zero")]}
 
 
 def test_results_carry_the_last_event_time() -> None:
     """Like CountWindow, a per-key window's results carry its last record's event time (result_ts is None)."""
     logic = logic_for(PAIRS)
-    [window], _ = logic.add(0, [sl.Record("a", 1, 5.0), sl.Record("b", 2, 6.0), sl.Record("a", 3, 7.0)], 0.0)
-    assert (logic.result_ts(window), window.all_records()[-1].ts) == (None, 7.0)
+    [window], _ = logic.add(0, [el("a", 1, 5.0), el("b", 2, 6.0), el("a", 3, 7.0)], 0.0)
+    assert (logic.result_ts(window), window.all_records()[-1][2]) == (None, 7.0)
 
 
 SPECS = [PAIRS, sl.CountWindow(3, slide=2, per_key=True)]
 BATCHES = [
-    [sl.Record(("u", 1), ("v", 0)), sl.Record("b", (1, [2])), sl.Record(("u", 1), ("v", 2))],
-    [sl.Record("c", (3,)), sl.Record(("u", 1), ("v", 4)), sl.Record("b", (5, [6]))],
-    [sl.Record("c", (7,)), sl.Record(("u", 1), ("v", 8))],
-    [sl.Record("b", (9,)), sl.Record(("u", 1), ("v", 10)), sl.Record("c", (11,)), sl.Record("d", (12,))],
-    [sl.Record(("u", 1), ("v", 13)), sl.Record("b", (14,))],
+    [el(("u", 1), ("v", 0)), el("b", (1, [2])), el(("u", 1), ("v", 2))],
+    [el("c", (3,)), el(("u", 1), ("v", 4)), el("b", (5, [6]))],
+    [el("c", (7,)), el(("u", 1), ("v", 8))],
+    [el("b", (9,)), el(("u", 1), ("v", 10)), el("c", (11,)), el("d", (12,))],
+    [el(("u", 1), ("v", 13)), el("b", (14,))],
 ]
 
 
-def drive(logic: WindowLogic, batches: list[list[sl.Record]], close: bool = True) -> list[Any]:
+def drive(logic: WindowLogic, batches: list[list[Any]], close: bool = True) -> list[Any]:
     """What each batch closed, then (with ``close``) what close_all gives, with records and folded values."""
     out: list[Any] = []
     for batch in [*batches, None] if close else batches:
@@ -135,10 +136,10 @@ def test_restored_logic_continues_exactly_like_the_original(spec: sl.CountWindow
 def test_snapshot_through_plain_msgpack_keeps_tuple_keys() -> None:
     """Plain msgpack gives lists for tuple keys; restore makes them tuples, so the key's count goes on."""
     logic = logic_for(PAIRS)
-    logic.add(0, [sl.Record(("user", 1), 1)], 0.0)
+    logic.add(0, [el(("user", 1), 1)], 0.0)
     restored = logic_for(PAIRS)
     restored.restore(msgpack.unpackb(msgpack.packb(logic.snapshot()), strict_map_key=False))
-    [window], _ = restored.add(0, [sl.Record(("user", 1), 2)], 0.0)
+    [window], _ = restored.add(0, [el(("user", 1), 2)], 0.0)
     assert (window.start, window.end, pairs(window.all_records())) == (0, 2, [(("user", 1), 1), (("user", 1), 2)])
 
 

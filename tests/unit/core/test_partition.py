@@ -128,7 +128,7 @@ def test_keyed_route_caches_and_clears_at_its_limit() -> None:
     channels: list[Any] = [LocalChannel(inbox, inbox.add_channel(0)) for _ in range(4)]
     route = KeyedRoute(channels, SegmentTable.contiguous(DEFAULT_SEGMENTS, 4), cache_limit=2)
     for key in ["a", "b", "a", "c"]:
-        route.add(sl.Record(key, 1))
+        route.add((key, 1, None))
     assert route._cache == {"c": owner_of("c", 4)}
     assert [len(b) for b in route.buffers] == [sum(owner_of(k, 4) == i for k in "abac") for i in range(4)]
 
@@ -140,9 +140,9 @@ def test_same_key_answer_does_not_depend_on_earlier_keys() -> None:
         KeyedRoute([LocalChannel(inbox, inbox.add_channel(0)) for _ in range(3)], SegmentTable.contiguous(128, 3))
         for _ in range(2)
     )
-    warmed.add(sl.Record(1, None))
-    warmed.add(sl.Record(1.0, None))
-    fresh.add(sl.Record(1.0, None))
+    warmed.add((1, None, None))
+    warmed.add((1.0, None, None))
+    fresh.add((1.0, None, None))
     assert [len(b) for b in fresh.buffers] == [len(b) // 2 for b in warmed.buffers]
 
 

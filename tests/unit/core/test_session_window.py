@@ -16,19 +16,20 @@ from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.core.windows.session import EventTimeSessionLogic, ProcessingTimeSessionLogic
 from tests.conftest import pairs, values
+from tests.support.elements import el
 
 EVENT = sl.SessionWindow(10, time="event")
 LATE_5 = sl.SessionWindow(10, time="event", allowed_lateness=5)
 
 
-def ev(key: Any, *times: float) -> list[sl.Record]:
+def ev(key: Any, *times: float) -> list[Any]:
     """Records of ``key`` at event times ``times``; each value names its key and time (``"a3"``)."""
-    return [sl.Record(key, f"{key}{ts:g}", ts) for ts in times]
+    return [el(key, f"{key}{ts:g}", ts) for ts in times]
 
 
-def now_records(*keys: str) -> list[sl.Record]:
+def now_records(*keys: str) -> list[Any]:
     """Records without event time, one per key in ``keys``; the value is the key and its position."""
-    return [sl.Record(key, f"{key}{index}") for index, key in enumerate(keys)]
+    return [el(key, f"{key}{index}") for index, key in enumerate(keys)]
 
 
 def shown(windows: list[ClosedWindow]) -> list[tuple[float, float, list[Any], str]]:
@@ -41,7 +42,7 @@ def folds(windows: list[ClosedWindow]) -> list[tuple[float, float, dict[Any, Any
     return [(w.start, w.end, w.folded, w.firing) for w in windows]
 
 
-def add(logic: WindowLogic, batch: list[sl.Record], now: float = 0.0) -> tuple[list[Any], list[Any]]:
+def add(logic: WindowLogic, batch: list[Any], now: float = 0.0) -> tuple[list[Any], list[Any]]:
     """Windows fired by ``add`` as :func:`shown`, and the late records' values."""
     closed, late = logic.add(0, batch, now)
     return shown(closed), values(late)
@@ -108,8 +109,8 @@ def test_processing_sessions_with_equal_bounds_go_in_key_arrival_order() -> None
 def test_processing_session_folds_one_value_per_session() -> None:
     """With window_reduce's fold, a session holds {key: value}; each key's sum is its own session's."""
     logic = folding(sl.SessionWindow(10), "sum")
-    logic.add(0, [sl.Record("a", 1), sl.Record("b", 10), sl.Record("a", 2)], 0.0)
-    logic.add(0, [sl.Record("a", 3)], 6.0)
+    logic.add(0, [el("a", 1), el("b", 10), el("a", 2)], 0.0)
+    logic.add(0, [el("a", 3)], 6.0)
     assert folds(logic.on_time(16.0)) == [(0.0, 10.0, {"b": 10}, "on_time"), (0.0, 16.0, {"a": 6}, "on_time")]
 
 
@@ -182,8 +183,8 @@ def test_a_record_a_gap_away_opens_a_second_session() -> None:
 def test_bridged_sessions_fold_into_one_value(how: Any, expected: int) -> None:
     """Folded sessions {a: 1} and {a: 20} bridged by a record of value 10 fold to one value of all three."""
     logic = folding(EVENT, how)
-    logic.add(0, [sl.Record("a", 1, 1.0), sl.Record("a", 20, 20.0)], 0.0)
-    logic.add(0, [sl.Record("a", 10, 10.0)], 0.0)
+    logic.add(0, [el("a", 1, 1.0), el("a", 20, 20.0)], 0.0)
+    logic.add(0, [el("a", 10, 10.0)], 0.0)
     assert folds(logic.advance(30.0)) == [(1.0, 30.0, {"a": expected}, "on_time")]
 
 
@@ -252,10 +253,10 @@ def test_record_extending_a_fired_session_past_the_watermark_reopens_it() -> Non
 def test_late_firings_of_a_folded_session_accumulate() -> None:
     """Folding with lateness: each firing has the whole sum so far; the values handed over stay as they were."""
     logic = folding(LATE_5, "sum")
-    logic.add(0, [sl.Record("a", 1, 1.0), sl.Record("a", 2, 3.0)], 0.0)
+    logic.add(0, [el("a", 1, 1.0), el("a", 2, 3.0)], 0.0)
     on_time = logic.advance(15.0)
-    first, _ = logic.add(0, [sl.Record("a", 10, 2.0)], 0.0)
-    second, _ = logic.add(0, [sl.Record("a", 100, 0.0)], 0.0)
+    first, _ = logic.add(0, [el("a", 10, 2.0)], 0.0)
+    second, _ = logic.add(0, [el("a", 100, 0.0)], 0.0)
     assert folds([*on_time, *first, *second]) == [
         (1.0, 13.0, {"a": 3}, "on_time"),
         (1.0, 13.0, {"a": 13}, "late"),
@@ -275,7 +276,7 @@ def test_record_without_event_time_is_placed_at_now() -> None:
     """missing_ts="clock": a ts-less record joins the session of ``now``."""
     logic = logic_for(EVENT)
     add(logic, ev("a", 95))
-    logic.add(0, [sl.Record("a", "no ts")], 100.0)
+    logic.add(0, [el("a", "no ts")], 100.0)
     assert shown(logic.advance(110.0)) == [(95.0, 110.0, ["a95", "no ts"], "on_time")]
 
 
@@ -283,7 +284,7 @@ def test_missing_ts_fail_refuses_a_record_without_event_time() -> None:
     """missing_ts="fail": add raises (the task instance names the record)."""
     logic = logic_for(sl.SessionWindow(10, time="event", missing_ts="fail"))
     with pytest.raises(ValueError, match=r"^a record has no ts$"):
-        logic.add(0, [sl.Record("a", 1)], 0.0)
+        logic.add(0, [el("a", 1)], 0.0)
 
 
 def test_many_updates_keep_the_deadline_heap_small() -> None:
@@ -300,18 +301,18 @@ def test_many_updates_keep_the_deadline_heap_small() -> None:
 # -- snapshots ---------------------------------------------------------------------------------------
 
 # (now, watermark or None, batch); the snapshot is taken after the first three steps
-STEPS: list[tuple[float, float | None, list[sl.Record]]] = [
-    (0.0, None, [sl.Record(("u", 1), ("v", 1), 1.0), sl.Record("b", ("w", [2]), 3.0)]),
-    (2.0, 5.0, [sl.Record(("u", 1), ("v", 2), 20.0), sl.Record("b", ("w", [3]), 4.0)]),
-    (3.0, 16.0, [sl.Record(("u", 1), ("v", 3), 2.0), sl.Record("c", ("x",), 17.0)]),
-    (14.0, 25.0, [sl.Record(("u", 1), ("v", 4), 10.0), sl.Record("b", ("w", [4]), 9.0)]),
-    (15.0, 31.0, [sl.Record("c", ("x", 2), 26.0), sl.Record("b", ("w", [5]), 1.0)]),
-    (26.0, 33.0, [sl.Record(("u", 1), ("v", 5), 40.0)]),
+STEPS: list[tuple[float, float | None, list[Any]]] = [
+    (0.0, None, [el(("u", 1), ("v", 1), 1.0), el("b", ("w", [2]), 3.0)]),
+    (2.0, 5.0, [el(("u", 1), ("v", 2), 20.0), el("b", ("w", [3]), 4.0)]),
+    (3.0, 16.0, [el(("u", 1), ("v", 3), 2.0), el("c", ("x",), 17.0)]),
+    (14.0, 25.0, [el(("u", 1), ("v", 4), 10.0), el("b", ("w", [4]), 9.0)]),
+    (15.0, 31.0, [el("c", ("x", 2), 26.0), el("b", ("w", [5]), 1.0)]),
+    (26.0, 33.0, [el(("u", 1), ("v", 5), 40.0)]),
 ]
 SPECS = [sl.SessionWindow(10), EVENT, LATE_5, sl.SessionWindow(10, time="event", allowed_lateness=20)]
 
 
-def drive(logic: WindowLogic, steps: list[tuple[float, float | None, list[sl.Record]]]) -> list[Any]:
+def drive(logic: WindowLogic, steps: list[tuple[float, float | None, list[Any]]]) -> list[Any]:
     """Feed ``steps``: add at ``now``, then advance to the watermark, then on_time half a second later."""
     out: list[Any] = []
     for now, watermark, batch in steps:
@@ -349,12 +350,12 @@ def test_snapshot_through_plain_msgpack_keeps_tuple_keys_and_the_watermark() -> 
     """Plain msgpack turns tuple keys into lists; restore makes them tuples again, so the fired session kept for
     lateness still takes its key's records; the watermark (12) came back: a session ending at 10 fires late."""
     logic = logic_for(LATE_5)
-    logic.add(0, [sl.Record(("user", 1), 1, 1.0)], 0.0)
+    logic.add(0, [el(("user", 1), 1, 1.0)], 0.0)
     logic.advance(12.0)
     restored = logic_for(LATE_5)
     restored.restore(msgpack.unpackb(msgpack.packb(logic.snapshot()), strict_map_key=False))
-    assert add(restored, [sl.Record("b", "b0", 0.0)]) == ([(0.0, 10.0, ["b0"], "late")], [])
-    assert restored.add(0, [sl.Record(("user", 1), 2, 5.0)], 0.0) == ([], [])
+    assert add(restored, [el("b", "b0", 0.0)]) == ([(0.0, 10.0, ["b0"], "late")], [])
+    assert restored.add(0, [el(("user", 1), 2, 5.0)], 0.0) == ([], [])
     [window] = restored.advance(15.0)
     assert (window.start, window.end, pairs(window.all_records())) == (1.0, 15.0, [(("user", 1), 1), (("user", 1), 2)])
 
@@ -406,7 +407,7 @@ def test_job_sessions_by_a_still_clock_close_at_end_of_stream() -> None:
     assert pairs(result.sink("out")) == [((1000.0, 1010.0), [1, 3]), ((1000.0, 1010.0), [2])]
 
 
-def sums(seen: list[sl.Record]) -> sl.Topology:
+def sums(seen: list[Any]) -> sl.Topology:
     """QueueSource 'in' -> window_reduce sum per processing-time session (gap 10) -> sink appending to ``seen``."""
     topology = sl.Topology("session-sums")
     source = topology.add_source("in", sl.QueueSource())
@@ -417,7 +418,7 @@ def sums(seen: list[sl.Record]) -> sl.Topology:
 
 async def test_job_session_sums_close_by_the_manual_clock(manual_clock: sl.ManualClock) -> None:
     """a at 0 and 5, b at 0: b's session [0, 10) closes at 10; a's [0, 15) at 15, with the sum of both."""
-    seen: list[sl.Record] = []
+    seen: list[Any] = []
     async with sl.start(sums(seen), clock=manual_clock) as job:
         await job.send("in", "a", 1)
         await job.send("in", "b", 10)

@@ -12,16 +12,17 @@ import streamlet as sl
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from tests.conftest import values
+from tests.support.elements import el
 
 
-def numbers(*items: int) -> list[sl.Record]:
+def numbers(*items: int) -> list[Any]:
     """Records whose value is the item, without an event time."""
-    return [sl.Record("k", item) for item in items]
+    return [el("k", item) for item in items]
 
 
-def at(*times: float) -> list[sl.Record]:
+def at(*times: float) -> list[Any]:
     """Records whose value is their event time ``ts``."""
-    return [sl.Record("k", ts, ts) for ts in times]
+    return [el("k", ts, ts) for ts in times]
 
 
 def spans(windows: list[ClosedWindow]) -> list[tuple[float, float, list[Any]]]:
@@ -29,7 +30,7 @@ def spans(windows: list[ClosedWindow]) -> list[tuple[float, float, list[Any]]]:
     return [(window.start, window.end, values(window.all_records())) for window in windows]
 
 
-def add(logic: WindowLogic, batch: list[sl.Record], now: float = 0.0) -> tuple[list[Any], list[Any]]:
+def add(logic: WindowLogic, batch: list[Any], now: float = 0.0) -> tuple[list[Any], list[Any]]:
     """Closed windows as spans and late records as values."""
     closed, late = logic.add(0, batch, now)
     return spans(closed), values(late)
@@ -130,7 +131,7 @@ def test_allowed_lateness_fires_a_window_again_for_each_late_record() -> None:
     [on_time] = logic.advance(12)
     assert (spans([on_time]), on_time.firing) == ([(0, 10, [1])], "on_time")
     fired, late = logic.add(0, at(8), 0.0)
-    assert ([(w.start, w.end, [r.ts for r in w.all_records()], w.firing) for w in fired], late) == (
+    assert ([(w.start, w.end, [r[2] for r in w.all_records()], w.firing) for w in fired], late) == (
         [(0, 10, [1, 8], "late")],
         [],
     )
@@ -307,10 +308,10 @@ def test_snapshot_restore_continues_identically(spec: sl.WindowSpec, through_msg
 def test_snapshot_through_msgpack_keeps_tuple_keys() -> None:
     """A record with a tuple key in an open window still has a tuple key after a msgpack round trip."""
     logic = logic_for(sl.CountWindow(3))
-    logic.add(0, [sl.Record(("user", 1), "v")], 0.0)
+    logic.add(0, [el(("user", 1), "v")], 0.0)
     restored = logic_for(sl.CountWindow(3))
     restored.restore(msgpack.unpackb(msgpack.packb(logic.snapshot()), strict_map_key=False))
-    assert [record.key for record in restored.close_all()[0].all_records()] == [("user", 1)]
+    assert [record[0] for record in restored.close_all()[0].all_records()] == [("user", 1)]
 
 
 def test_restore_keeps_the_idle_deadline() -> None:

@@ -20,6 +20,7 @@ from streamlet.core.model.segments import SegmentTable
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.core.windows.split import merge_window_snapshots, split_window_snapshot, unsplittable
+from tests.support.elements import el
 
 KEYS: tuple[Any, ...] = ("a", "b", ("t", 1), 7, "e")
 
@@ -69,7 +70,7 @@ def emissions(windows: list[ClosedWindow]) -> list[Emission]:
         records: dict[Any, list[tuple[int, Any, Any]]] = {}
         for port in sorted(window.records):
             for record in window.records[port]:
-                records.setdefault(record.key, []).append((port, record.value, record.ts))
+                records.setdefault(record[0], []).append((port, record[1], record[2]))
         out.extend((key, window.start, window.end, window.firing, tuple(got)) for key, got in records.items())
         out.extend(
             (key, window.start, window.end, window.firing, value) for key, value in (window.folded or {}).items()
@@ -90,8 +91,8 @@ class Run:
         """Apply ``op``; the emissions it gave."""
         if op[0] == "add":
             _, now, port, records = op
-            closed, late = self.logic.add(port, [r for r in records if self.keep(r.key)], now)
-            self.late.extend((r.key, r.value, r.ts) for r in late)
+            closed, late = self.logic.add(port, [r for r in records if self.keep(r[0])], now)
+            self.late.extend((r[0], r[1], r[2]) for r in late)
         elif op[0] == "advance":
             closed = self.logic.advance(op[1])
         else:
@@ -170,7 +171,7 @@ def op_lists(draw: st.DrawFn) -> list[Op]:
         now += draw(st.integers(0, 6)) / 2
         if kind == "add":
             record = st.builds(
-                sl.Record,
+                el,
                 st.sampled_from(KEYS),
                 st.integers(-5, 20),
                 st.integers(-8, 12).map(partial(halves_after, watermark)),
@@ -299,7 +300,7 @@ def spans(windows: list[ClosedWindow]) -> list[tuple[float, float, str, list[tup
     """``(start, end, firing, [(key, value)...])`` of every window (folded values or records)."""
     shown = []
     for window in windows:
-        got = list((window.folded or {}).items()) or [(r.key, r.value) for r in window.all_records()]
+        got = list((window.folded or {}).items()) or [(r[0], r[1]) for r in window.all_records()]
         shown.append((window.start, window.end, window.firing, got))
     return shown
 
@@ -308,15 +309,13 @@ def test_a_split_event_time_window_goes_to_the_parts_of_its_keys_with_the_late_c
     """Open and fired-but-kept windows are cut per key; the watermark goes to both parts, the late count to
     home; a late record then fires its part's keys only."""
     logic = fresh(LATE_5, None)
-    logic.add(
-        0, [sl.Record("a", 1, 1.0), sl.Record("b", 2, 2.0), sl.Record("a", 3, 12.0), sl.Record("b", 4, 14.0)], 100
-    )
+    logic.add(0, [el("a", 1, 1.0), el("b", 2, 2.0), el("a", 3, 12.0), el("b", 4, 14.0)], 100)
     assert spans(logic.advance(10)) == [(0.0, 10.0, "on_time", [("a", 1), ("b", 2)])]
-    assert logic.add(0, [sl.Record("b", 9, -10.0)], 101)[1] == [sl.Record("b", 9, -10.0)]  # past lateness
+    assert logic.add(0, [el("b", 9, -10.0)], 101)[1] == [el("b", 9, -10.0)]  # past lateness
     mine, yours = split_window_snapshot(LATE_5, logic.snapshot(), BY_LETTER, 2, home=1)
     assert (mine["late"], yours["late"], mine["watermark"], yours["watermark"]) == (0, 1, 10000, 10000)
     a, b = fresh(LATE_5, None, mine), fresh(LATE_5, None, yours)
-    closed, late = a.add(0, [sl.Record("a", 5, 3.0)], 102)
+    closed, late = a.add(0, [el("a", 5, 3.0)], 102)
     assert (spans(closed), late) == ([(0.0, 10.0, "late", [("a", 1), ("a", 5)])], [])
     assert spans(b.advance(20)) == [(10.0, 20.0, "on_time", [("b", 4)])]
     assert spans(a.close_all()) == [(10.0, 20.0, "on_time", [("a", 3)])]
@@ -327,14 +326,14 @@ def test_tuple_keys_and_values_stay_tuples(codec: str) -> None:
     """Records keep their types through a split and a merge."""
     spec = sl.TimeWindow(10, time="event", allowed_lateness=5)
     logic = fresh(spec, None)
-    logic.add(0, [sl.Record(("u", 1), ("x", 1), 1.0), sl.Record(("u", 2), ("y", 2), 12.0)], 100)
+    logic.add(0, [el(("u", 1), ("x", 1), 1.0), el(("u", 2), ("y", 2), 12.0)], 100)
     logic.advance(10)
     owner = {("u", 1): 0, ("u", 2): 1}.__getitem__
     pieces = [
         CODECS[codec](piece) for piece in split_window_snapshot(spec, CODECS[codec](logic.snapshot()), owner, 2, 0)
     ]
     restored = fresh(spec, None, CODECS[codec](merge_window_snapshots(spec, pieces)))
-    closed, _ = restored.add(0, [sl.Record(("u", 1), ("z", 3), 2.0)], 101)
+    closed, _ = restored.add(0, [el(("u", 1), ("z", 3), 2.0)], 101)
     assert spans(closed) == [(0.0, 10.0, "late", [(("u", 1), ("x", 1)), (("u", 1), ("z", 3))])]
     assert spans(restored.close_all()) == [(10.0, 20.0, "on_time", [(("u", 2), ("y", 2))])]
 
@@ -343,7 +342,7 @@ def test_split_by_a_segment_table_gives_each_instance_the_keys_it_owns() -> None
     """Owners from ``SegmentTable.owner_function()``: per-key count windows go to their keys' instances."""
     spec = sl.CountWindow(2, per_key=True)
     logic = fresh(spec, "sum")
-    logic.add(0, [sl.Record(key, 1) for key in KEYS], 0.0)
+    logic.add(0, [el(key, 1) for key in KEYS], 0.0)
     table = SegmentTable.contiguous(8, 2).rescaled(3)
     pieces = split_window_snapshot(spec, logic.snapshot(), table.owner_function(), 3, 0)
     held = [fresh(spec, "sum", piece).close_all() for piece in pieces]
@@ -356,7 +355,7 @@ def test_split_keeps_the_early_firing_schedule_and_dirty_windows() -> None:
     """An early firing due at the split comes from each part, with its keys: together the whole's."""
     spec = sl.TimeWindow(10, time="event", early_firing=2)
     logic = fresh(spec, "sum")
-    logic.add(0, [sl.Record("a", 1, 1.0), sl.Record("b", 2, 2.0)], 100.0)
+    logic.add(0, [el("a", 1, 1.0), el("b", 2, 2.0)], 100.0)
     mine, yours = (fresh(spec, "sum", p) for p in split_window_snapshot(spec, logic.snapshot(), BY_LETTER, 2, 0))
     assert mine.next_deadline() == yours.next_deadline() == logic.next_deadline() == 102.0
     assert spans(mine.on_time(102.0)) == [(0.0, 10.0, "early", [("a", 1)])]
@@ -368,7 +367,7 @@ def test_a_restored_logic_keeps_its_early_firing_schedule() -> None:
     """The next early firing is part of the snapshot: a restored logic fires it when the original would."""
     spec = sl.TimeWindow(10, early_firing=2)
     logic = fresh(spec, None)
-    logic.add(0, [sl.Record("a", 1)], 100.5)
+    logic.add(0, [el("a", 1)], 100.5)
     restored = fresh(spec, None, CODECS["plain"](logic.snapshot()))
     assert restored.next_deadline() == 102.5
     assert spans(restored.on_time(102.5)) == spans(logic.on_time(102.5)) == [(100.0, 110.0, "early", [("a", 1)])]
@@ -378,13 +377,13 @@ def test_windows_with_the_same_bounds_merge_into_one() -> None:
     """Two instances' open windows of one span become one window holding both key sets: it fires once."""
     spec = sl.TimeWindow(10)
     first, second = fresh(spec, None), fresh(spec, None)
-    first.add(0, [sl.Record("a", 1)], 100.0)
-    second.add(0, [sl.Record("b", 2)], 101.0)
-    second.add(1, [sl.Record("b", 3)], 101.0)
+    first.add(0, [el("a", 1)], 100.0)
+    second.add(0, [el("b", 2)], 101.0)
+    second.add(1, [el("b", 3)], 101.0)
     merged = fresh(spec, None, merge_window_snapshots(spec, [first.snapshot(), second.snapshot()]))
     [window] = merged.on_time(110.0)
     assert (window.start, window.end, window.records) == (100.0, 110.0, {
-        0: [sl.Record("a", 1), sl.Record("b", 2)], 1: [sl.Record("b", 3)]
+        0: [el("a", 1), el("b", 2)], 1: [el("b", 3)]
     })  # fmt: skip
 
 
@@ -394,7 +393,7 @@ def test_windows_with_the_same_bounds_merge_into_one() -> None:
 def behind_and_ahead(spec: sl.WindowSpec, how: Any = None) -> tuple[WindowLogic, WindowLogic]:
     """Keys a and b in [0, 10): the part of b took watermark 10 (it fired b), the part of a did not."""
     logic = fresh(spec, how)
-    logic.add(0, [sl.Record("a", 1, 1.0), sl.Record("b", 2, 2.0)], 100.0)
+    logic.add(0, [el("a", 1, 1.0), el("b", 2, 2.0)], 100.0)
     behind, ahead = (fresh(spec, how, p) for p in split_window_snapshot(spec, logic.snapshot(), BY_LETTER, 2, 0))
     assert spans(ahead.advance(10)) == [(0.0, 10.0, "on_time", [("b", 2)])]
     return behind, ahead
@@ -406,14 +405,14 @@ def test_a_window_one_part_fired_and_the_other_held_open_fires_the_open_keys_onc
     behind, ahead = behind_and_ahead(LATE_5)
     merged = fresh(LATE_5, None, merge_window_snapshots(LATE_5, [behind.snapshot(), ahead.snapshot()]))
     assert merged.next_deadline() == -math.inf
-    closed, late = merged.add(0, [sl.Record("b", 7, 3.0)], 102.0)
+    closed, late = merged.add(0, [el("b", 7, 3.0)], 102.0)
     assert spans(closed) == [
         (0.0, 10.0, "on_time", [("a", 1)]),
         (0.0, 10.0, "late", [("b", 2), ("a", 1), ("b", 7)]),
     ]
     assert (late, merged.next_deadline(), spans(merged.advance(10)), spans(merged.on_time(103.0))) == ([], None, [], [])
     assert spans(merged.advance(15)) == []  # the kept window expires
-    assert merged.add(0, [sl.Record("a", 8, 4.0)], 104.0) == ([], [sl.Record("a", 8, 4.0)])
+    assert merged.add(0, [el("a", 8, 4.0)], 104.0) == ([], [el("a", 8, 4.0)])
     assert merged.close_all() == []
 
 
@@ -444,9 +443,7 @@ def test_sessions_of_parts_that_saw_different_watermarks() -> None:
     takes a late record; c's and d's expired at 7, so records that would have joined them are late."""
     spec = sl.SessionWindow(4, time="event", allowed_lateness=3)
     logic = fresh(spec, None)
-    logic.add(
-        0, [sl.Record(key, value, ts) for key, value, ts in [("a", 1, 1), ("b", 2, 2), ("c", 3, 0), ("d", 9, -1)]], 100
-    )
+    logic.add(0, [el(key, value, ts) for key, value, ts in [("a", 1, 1), ("b", 2, 2), ("c", 3, 0), ("d", 9, -1)]], 100)
     owner = {"a": 0, "b": 1, "c": 1, "d": 0}.__getitem__
     behind, ahead = (fresh(spec, None, p) for p in split_window_snapshot(spec, logic.snapshot(), owner, 2, 0))
     # c's session ends 4: fired at 7 and, its lateness over, not kept; b's is kept until 9
@@ -455,26 +452,26 @@ def test_sessions_of_parts_that_saw_different_watermarks() -> None:
     assert spans(behind.advance(4)) == [(-1.0, 3.0, "on_time", [("d", 9)])]
     merged = fresh(spec, None, merge_window_snapshots(spec, [behind.snapshot(), ahead.snapshot()]))
     closed, late = merged.add(
-        0, [sl.Record(k, v, ts) for k, v, ts in [("b", 4, 3), ("a", 5, 2), ("c", 6, 0), ("d", 10, 0)]], 101
+        0, [el(k, v, ts) for k, v, ts in [("b", 4, 3), ("a", 5, 2), ("c", 6, 0), ("d", 10, 0)]], 101
     )
     assert spans(closed) == [
         (1.0, 5.0, "on_time", [("a", 1)]),
         (2.0, 7.0, "late", [("b", 2), ("b", 4)]),  # stretched to 7: still behind the watermark
         (1.0, 6.0, "late", [("a", 1), ("a", 5)]),
     ]
-    assert late == [sl.Record("c", 6, 0), sl.Record("d", 10, 0)]  # d's session expired at the catch-up
+    assert late == [el("c", 6, 0), el("d", 10, 0)]  # d's session expired at the catch-up
 
 
 def test_session_ranks_are_renumbered_in_their_order() -> None:
     """Two parts both gave rank 0 to a new key: merged, ranks are distinct and keep the parts' order."""
     spec = sl.SessionWindow(5)
     first, second = fresh(spec, None), fresh(spec, None)
-    first.add(0, [sl.Record("x", 1), sl.Record("y", 2)], 100.0)
-    second.add(0, [sl.Record("z", 3)], 100.0)
+    first.add(0, [el("x", 1), el("y", 2)], 100.0)
+    second.add(0, [el("z", 3)], 100.0)
     merged = merge_window_snapshots(spec, [first.snapshot(), second.snapshot()])
     assert [(key, rank) for key, rank, _ in merged["sessions"]] == [("x", 0), ("z", 1), ("y", 2)]
     assert merged["next_rank"] == 3
-    assert [w.all_records()[0].key for w in fresh(spec, None, merged).on_time(105.0)] == ["x", "z", "y"]
+    assert [w.all_records()[0][0] for w in fresh(spec, None, merged).on_time(105.0)] == ["x", "z", "y"]
 
 
 # -- what cannot be split, and misuse ----------------------------------------------------------------------
@@ -494,10 +491,10 @@ def test_an_instance_count_window_splits_only_while_empty() -> None:
     """CountWindow(3): refused with an open window; empty, it splits into empty copies, its count at home."""
     spec = sl.CountWindow(3)
     logic = fresh(spec, None)
-    logic.add(0, [sl.Record("a", 1), sl.Record("b", 2)], 0.0)
+    logic.add(0, [el("a", 1), el("b", 2)], 0.0)
     with pytest.raises(ValueError, match=r"^a CountWindow\(per_key=False\) counts all"):
         split_window_snapshot(spec, logic.snapshot(), BY_LETTER, 2, 0)
-    logic.add(0, [sl.Record("a", 3)], 0.0)  # the window closed: nothing open
+    logic.add(0, [el("a", 3)], 0.0)  # the window closed: nothing open
     assert split_window_snapshot(spec, logic.snapshot(), BY_LETTER, 2, 1) == [
         {"seen": 0, "open": []},
         {"seen": 3, "open": []},
@@ -509,10 +506,10 @@ def test_merged_count_windows_number_records_after_the_empty_instances() -> None
     those 3; two instances holding open windows cannot be merged."""
     spec = sl.CountWindow(3)
     empty, holding = fresh(spec, None), fresh(spec, None)
-    empty.add(0, [sl.Record("a", n) for n in range(3)], 0.0)
-    holding.add(0, [sl.Record("b", 10), sl.Record("b", 11)], 0.0)
+    empty.add(0, [el("a", n) for n in range(3)], 0.0)
+    holding.add(0, [el("b", 10), el("b", 11)], 0.0)
     merged = fresh(spec, None, merge_window_snapshots(spec, [empty.snapshot(), holding.snapshot()]))
-    closed, _ = merged.add(0, [sl.Record("b", 12)], 0.0)
+    closed, _ = merged.add(0, [el("b", 12)], 0.0)
     assert spans(closed) == [(3, 6, "on_time", [("b", 10), ("b", 11), ("b", 12)])]
     with pytest.raises(ValueError, match="2 of the snapshots hold open windows"):
         merge_window_snapshots(spec, [holding.snapshot(), holding.snapshot()])
@@ -522,23 +519,21 @@ def test_a_count_or_time_window_splits_only_without_a_current_window() -> None:
     """CountOrTimeWindow: refused while a window is open, empty copies once it closed."""
     spec = sl.CountOrTimeWindow(2, 5.0)
     logic = fresh(spec, None)
-    logic.add(0, [sl.Record("a", 1)], 0.0)
+    logic.add(0, [el("a", 1)], 0.0)
     with pytest.raises(ValueError, match="CountOrTimeWindow counts all"):
         split_window_snapshot(spec, logic.snapshot(), BY_LETTER, 2, 0)
     logic.on_time(5.0)
     pieces = split_window_snapshot(spec, logic.snapshot(), BY_LETTER, 2, 0)
     assert [piece["current"] for piece in pieces] == [None, None]
     merged = fresh(spec, None, merge_window_snapshots(spec, pieces))
-    assert spans(merged.add(0, [sl.Record("b", 1), sl.Record("b", 2)], 6.0)[0]) == [
-        (6.0, 6.0, "on_time", [("b", 1), ("b", 2)])
-    ]
+    assert spans(merged.add(0, [el("b", 1), el("b", 2)], 6.0)[0]) == [(6.0, 6.0, "on_time", [("b", 1), ("b", 2)])]
 
 
 def test_misuse_is_refused() -> None:
     """A home outside the parts, an owner outside them, a key in two snapshots, nothing to merge."""
     spec = sl.SessionWindow(5)
     logic = fresh(spec, None)
-    logic.add(0, [sl.Record("a", 1)], 100.0)
+    logic.add(0, [el("a", 1)], 100.0)
     with pytest.raises(ValueError, match="home part 2 is not one of the 2 parts"):
         split_window_snapshot(spec, logic.snapshot(), BY_LETTER, 2, 2)
     with pytest.raises(ValueError, match=r"owner\('a'\) gave 5, not one of the 2 parts"):
@@ -546,7 +541,7 @@ def test_misuse_is_refused() -> None:
     with pytest.raises(ValueError, match="key 'a' is in more than one window snapshot"):
         merge_window_snapshots(spec, [logic.snapshot(), logic.snapshot()])
     timed = fresh(LATE_5, "sum")
-    timed.add(0, [sl.Record("a", 1, 1.0)], 100.0)
+    timed.add(0, [el("a", 1, 1.0)], 100.0)
     with pytest.raises(ValueError, match="key 'a' is in more than one window snapshot"):
         merge_window_snapshots(LATE_5, [timed.snapshot(), timed.snapshot()])
     with pytest.raises(ValueError, match="no window snapshot to merge"):

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-import streamlet as sl
-from streamlet.core.model.record import END_OF_STREAM, Barrier, Item
+from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import RecordTooLarge, TransportError
 from streamlet.transport import auth
@@ -38,9 +37,9 @@ CHANNEL = "job/sink.0@0/source.0"
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-def batch(*numbers: int) -> list[sl.Record]:
-    """Records keyed ``k<n % 7>`` with value ``n`` and event time ``n / 2``."""
-    return [sl.Record(f"k{n % 7}", n, n / 2) for n in numbers]
+def batch(*numbers: int) -> Batch:
+    """Elements keyed ``k<n % 7>`` with value ``n`` and event time ``n / 2``."""
+    return [(f"k{n % 7}", n, n / 2) for n in numbers]
 
 
 def header(kind: int, length: int, magic: bytes = MAGIC) -> bytes:
@@ -116,7 +115,7 @@ async def refusal(reader: asyncio.StreamReader) -> str:
 async def test_channel_delivers_batches_and_markers_in_order() -> None:
     """Batches, a Barrier and EndOfStream arrive in order as equal Records and markers."""
     async with DataServer(SECRET) as server, opened(server) as pipe:
-        items: list[Item] = [batch(1, 2), [sl.Record(("user", 7), {"n": [1, 2]}, None)], Barrier(3), batch(3)]
+        items: list[Item] = [batch(1, 2), [(("user", 7), {"n": [1, 2]}, None)], Barrier(3), batch(3)]
         for item in [*items, END_OF_STREAM]:
             await pipe.sender.send(item)
         assert [await pipe.take() for _ in range(5)] == [*items, END_OF_STREAM]
@@ -127,18 +126,18 @@ async def test_channel_delivers_batches_and_markers_in_order() -> None:
 async def test_values_cross_with_their_types() -> None:
     """A tuple value, an int-keyed dict value, a tuple key and a list key arrive identical, types and all."""
     sent = [
-        sl.Record(("user", 7), (1, (2.5, "x")), 1.0),
-        sl.Record(3, {1: "one", 2: (None, b"b"), -5: {(1, 2): [()]}}, None),
-        sl.Record([1, (2,)], [(3, 4), [5]], 2.5),
+        (("user", 7), (1, (2.5, "x")), 1.0),
+        (3, {1: "one", 2: (None, b"b"), -5: {(1, 2): [()]}}, None),
+        ([1, (2,)], [(3, 4), [5]], 2.5),
     ]
     async with DataServer(SECRET) as server, opened(server) as pipe:
         await pipe.sender.send(sent)
         received = await pipe.take()
     assert received == sent
     assert isinstance(received, list)
-    assert [type(record) for record in received] == [sl.Record, sl.Record, sl.Record]
+    assert [type(element) for element in received] == [tuple, tuple, tuple]
     for got, want in zip(received, sent, strict=True):
-        assert same_shape((got.key, got.value, got.ts), (want.key, want.value, want.ts))
+        assert same_shape(got, want)
 
 
 async def test_wrong_secret_fails_the_send() -> None:
@@ -217,12 +216,12 @@ async def test_credit_blocks_the_sender_until_the_receiver_takes() -> None:
         assert server.statistics().duplicates == 0
 
 
-def frames_of(count: int) -> list[list[sl.Record]]:
+def frames_of(count: int) -> list[Batch]:
     """``count`` batches of 10 records numbered 0, 1, ... in order."""
     return [batch(*range(10 * index, 10 * index + 10)) for index in range(count)]
 
 
-def bytes_before(batches: list[list[sl.Record]], index: int) -> int:
+def bytes_before(batches: list[Batch], index: int) -> int:
     """Bytes a client sends before DATA frame ``index`` (0-based): HELLO response, OPEN, the DATA frames before it."""
     hello = frame(FrameType.HELLO, ["response", bytes(auth.NONCE_BYTES), bytes(32)])
     opening = frame(FrameType.OPEN, [CHANNEL])
@@ -230,10 +229,10 @@ def bytes_before(batches: list[list[sl.Record]], index: int) -> int:
     return len(hello) + len(opening) + sum(map(len, data))
 
 
-async def send_through(proxy: CuttingProxy, server: DataServer, batches: list[list[sl.Record]]) -> list[sl.Record]:
+async def send_through(proxy: CuttingProxy, server: DataServer, batches: list[Batch]) -> Batch:
     """Send ``batches`` via ``proxy`` while a consumer takes them; every record received, in order."""
     async with opened(server, capacity=4, via=proxy.address) as pipe:
-        received: list[sl.Record] = []
+        received: Batch = []
 
         async def consume() -> None:
             while len(received) < 10 * len(batches):
@@ -315,9 +314,9 @@ async def test_stream_of_bad_connections_leaves_nothing_behind() -> None:
 LIMIT = 64 * 1024
 
 
-def big_batch(count: int, size: int = 1024) -> list[sl.Record]:
+def big_batch(count: int, size: int = 1024) -> Batch:
     """``count`` records of ``size`` bytes each, keyed and numbered in order."""
-    return [sl.Record(f"k{n}", bytes([n % 251]) * size, float(n)) for n in range(count)]
+    return [(f"k{n}", bytes([n % 251]) * size, float(n)) for n in range(count)]
 
 
 async def test_batch_over_the_frame_limit_arrives_whole_in_order_once() -> None:
@@ -338,7 +337,7 @@ async def test_batch_over_the_frame_limit_arrives_whole_in_order_once() -> None:
 
 async def test_record_over_the_frame_limit_fails_the_send() -> None:
     """A record that alone needs a frame over the limit: RecordTooLarge naming channel, key, size and limit."""
-    big = sl.Record("big", b"x" * LIMIT, None)
+    big = ("big", b"x" * LIMIT, None)
     size = len(data_body(CHANNEL, 0, 1, [big]))
     async with DataServer(SECRET, max_frame=LIMIT) as server, opened(server) as pipe:
         message = (
@@ -351,7 +350,7 @@ async def test_record_over_the_frame_limit_fails_the_send() -> None:
 
 async def test_batch_with_a_record_over_the_limit_sends_none_of_it() -> None:
     """The batch around a too-big record is not sent at all; the channel goes on with the next batch."""
-    records = [*big_batch(100), sl.Record("big", b"x" * LIMIT, None), *big_batch(100)]
+    records = [*big_batch(100), ("big", b"x" * LIMIT, None), *big_batch(100)]
     async with DataServer(SECRET, max_frame=LIMIT) as server, opened(server) as pipe:
         with pytest.raises(RecordTooLarge):
             await pipe.sender.send(records)
