@@ -25,6 +25,7 @@ from typing import Any
 import streamlet as sl
 from benchmarks.common import alternating, median_rate, report
 from streamlet.core.model.partition import stable_hash
+from streamlet.core.model.record import Batch, Element
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
 from streamlet.core.runtime.channel import Inbox, LocalChannel
 from streamlet.core.runtime.routing import KeyedRoute
@@ -33,35 +34,36 @@ BATCH = 1000
 INSTANCES = 4
 
 
-def _records(count: int, keys: int = 10_000, seed: int = 11) -> list[list[sl.Record]]:
+def _records(count: int, keys: int = 10_000, seed: int = 11) -> list[Batch]:
     rng = random.Random(seed)
     now = time.time()
-    records = [sl.Record(f"key{rng.randrange(keys)}", 1, now) for _ in range(count)]
+    records = [(f"key{rng.randrange(keys)}", 1, now) for _ in range(count)]
     return [records[start : start + BATCH] for start in range(0, count, BATCH)]
 
 
-def _old_router(buffers: list[list[sl.Record]]) -> Callable[[sl.Record], None]:
+def _old_router(buffers: list[Batch]) -> Callable[[Element], None]:
     """The router before segments: ``stable_hash(key) % n`` with a per-key cache."""
     appenders = [buffer.append for buffer in buffers]
     cache: dict[Any, int] = {}
     parts, limit = len(buffers), 1 << 17
 
-    def add(record: sl.Record) -> None:
+    def add(element: Element) -> None:
+        key = element[0]
         try:
-            index = cache.get(record.key)
+            index = cache.get(key)
         except TypeError:
             index = None
         if index is None:
-            index = stable_hash(record.key) % parts
+            index = stable_hash(key) % parts
             if len(cache) >= limit:
                 cache.clear()
-            cache[record.key] = index
-        appenders[index](record)
+            cache[key] = index
+        appenders[index](element)
 
     return add
 
 
-def _drive(batches: list[list[sl.Record]], add: Callable[[sl.Record], None], buffers: list[list[sl.Record]]) -> int:
+def _drive(batches: list[Batch], add: Callable[[Element], None], buffers: list[Batch]) -> int:
     routed = 0
     for batch in batches:
         for record in batch:
@@ -72,15 +74,15 @@ def _drive(batches: list[list[sl.Record]], add: Callable[[sl.Record], None], buf
     return routed
 
 
-def _segments(batches: list[list[sl.Record]]) -> int:
+def _segments(batches: list[Batch]) -> int:
     inbox = Inbox(2)
     channels: list[Any] = [LocalChannel(inbox, inbox.add_channel(0)) for _ in range(INSTANCES)]
     route = KeyedRoute(channels, SegmentTable.contiguous(DEFAULT_SEGMENTS, INSTANCES))
     return _drive(batches, route.add, route.buffers)
 
 
-def _previous(batches: list[list[sl.Record]]) -> int:
-    buffers: list[list[sl.Record]] = [[] for _ in range(INSTANCES)]
+def _previous(batches: list[Batch]) -> int:
+    buffers: list[Batch] = [[] for _ in range(INSTANCES)]
     return _drive(batches, _old_router(buffers), buffers)
 
 
@@ -99,7 +101,7 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     batches = _records(records)
     timings = alternating(repeats, {"segments": lambda: _segments(batches), "previous": lambda: _previous(batches)})
     assert all(result == records for _, result in timings["segments"] + timings["previous"])
-    words = [(record.key, 1) for batch in batches[: max(1, len(batches) // 4)] for record in batch]
+    words = [(element[0], 1) for batch in batches[: max(1, len(batches) // 4)] for element in batch]
     jobs = alternating(max(1, repeats // 2), {"four": lambda: _job(words, INSTANCES), "one": lambda: _job(words, 1)})
     return report(
         "routing",

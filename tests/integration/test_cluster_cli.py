@@ -99,7 +99,8 @@ def build_topology():
     topology = sl.Topology("paced")
     source = topology.add_source("in", list(range(24_000)))
     paced = topology.add_task("paced", Paced).set_input(source)
-    count = topology.reduce("count", lambda a, b: a + b, parallelism=2).set_input(paced, partitioning=sl.SAME_KEY)
+    count = topology.reduce("count", lambda a, b: a + b, parallelism=2, emit="record")
+    count.set_input(paced, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sl.CollectSink()).set_input(count)
     return topology
 """
@@ -222,7 +223,7 @@ import streamlet as sl
 def build_topology():
     topology = sl.Topology("wide")
     source = topology.add_source("in", [(f"k{i % 7}", 1) for i in range(1000)])
-    count = topology.reduce("count", lambda total, one: total + one, parallelism=2, labels=["fast"])
+    count = topology.reduce("count", lambda total, one: total + one, parallelism=2, labels=["fast"], emit="record")
     count.set_input(source, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sl.CollectSink()).set_input(count)
     return topology
@@ -304,7 +305,7 @@ def build_topology():
     topology = sl.Topology("spread")
     source = topology.add_source("in", [(f"k{i % 7}", 1) for i in range(1000)])
     tag = topology.map("tag", lambda record: (record.key, record.value), workers=["worker-0"]).set_input(source)
-    count = topology.reduce("count", lambda total, one: total + one, parallelism=2, workers=["worker-1"])
+    count = topology.reduce("count", lambda total, one: total + one, parallelism=2, workers=["worker-1"], emit="record")
     count.set_input(tag, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sl.CollectSink()).set_input(count)
     return topology

@@ -452,7 +452,7 @@ async def words():
 def build_topology():
     topology = sl.Topology("live")
     source = topology.add_source("words", words())
-    count = topology.reduce("count", lambda total, n: total + n, parallelism=2)
+    count = topology.reduce("count", lambda total, n: total + n, parallelism=2, emit="record")
     count.set_input(source, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sl.CollectSink()).set_input(count)
     return topology

@@ -73,7 +73,7 @@ async def read_instance(source: sl.KafkaSource, index: int, parallelism: int) ->
         reader = source.open(sl.SourceContext("in", index, parallelism, SystemClock(), group))
         try:
             while (batch := await reader.read(100)) is not None:
-                values += [record.value for record in batch]
+                values += [element[1] for element in batch]  # the runtime's tuples: (key, value, ts)
         finally:
             await reader.aclose()
     return values

@@ -25,7 +25,9 @@ def word_counts() -> tuple[sl.Topology, list[sl.Record]]:
     topology = sl.Topology("wordcount")
     lines = topology.add_source("lines", sl.QueueSource())
     words = topology.flat_map("split", lambda r: [(w, 1) for w in r.value.split()]).set_input(lines)
-    count = topology.reduce("count", lambda a, b: a + b, parallelism=3).set_input(words, partitioning=sl.SAME_KEY)
+    count = topology.reduce("count", lambda a, b: a + b, parallelism=3, emit="record").set_input(
+        words, partitioning=sl.SAME_KEY
+    )
     topology.add_sink("counts", called.append).set_input(count)
     topology.add_sink("words", sl.CollectSink()).set_input(words)
     return topology, called

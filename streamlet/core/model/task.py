@@ -5,13 +5,16 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, TypeAlias
 
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.record import Batch, Element, Record, record_of
 from streamlet.core.model.state import StateStore
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import FoldHow
+
+#: When ``reduce`` emits: each key's value once per batch (the default), or after every record.
+ReduceEmit: TypeAlias = Literal["batch", "record"]
 
 
 class Task(ABC):
@@ -245,56 +248,77 @@ class KeyByTask(Task):
 
 
 class ReduceTask(Task):
-    """Per key, ``fn(accumulated, value) -> value``; emits the running value.
+    """Per key, ``fn(accumulated, value) -> value``; emits each key's running value once per batch.
 
-    The first value of a key is its initial accumulator. Route its input by
-    ``SAME_KEY`` when it runs in parallel, so each key lives in one instance.
+    The first value of a key is its initial accumulator. A batch folds all its
+    records first, then emits one record per key it touched (in the order the
+    keys first appear in it) with the key's value after the batch and the event
+    time of the key's last record: what a downstream sees converges to the same
+    values as one emission per record would, with one output per key per batch
+    instead of one per record. With ``emit="record"`` it emits the running value
+    after every record instead (every intermediate value, one output per input).
+    Route its input by ``SAME_KEY`` when it runs in parallel, so each key lives
+    in one instance.
     """
 
     isolates_records = True
 
-    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
+    def __init__(self, fn: Callable[[Any, Any], Any], emit: ReduceEmit = "batch") -> None:
+        if emit not in ("batch", "record"):
+            raise ValueError(f"emit must be 'batch' or 'record', got {emit!r}")
         self.fn = fn
+        self.per_record = emit == "record"
 
     def execute(self, inputs: Inputs, outputs: Outputs) -> None:
-        """Fold every record into its key's running value."""
-        if getattr(self.state, "ttl", None) is not None:
-            self._execute_expiring(inputs, outputs)
+        """Fold the batch into the running values, then emit the keys it touched (or every value)."""
+        if getattr(self.state, "ttl", None) is not None or self.per_record:
+            self._execute_through_store(inputs, outputs)
             return
         fn, totals, batch = self.fn, self.state.values, inputs.elements()
-        out: Batch = []
-        append = out.append
+        touched: dict[Any, Any] = {}  # key -> event time of its last record in the batch
         element: Element = ()
         missing = _MISSING
         try:
             for element in batch:
                 key = element[0]
                 current = totals.get(key, missing)
-                value = element[1] if current is missing else fn(current, element[1])
-                totals[key] = value
-                append((key, value, element[2]))
+                totals[key] = element[1] if current is missing else fn(current, element[1])
+                touched[key] = element[2]
         except Exception as exc:
-            outputs.emit_elements(out)
+            _emit_touched(touched, totals, outputs)
             raise RecordFailure(_index_of(batch, element)) from exc
-        outputs.emit_elements(out)
+        _emit_touched(touched, totals, outputs)
 
-    def _execute_expiring(self, inputs: Inputs, outputs: Outputs) -> None:
-        """:meth:`execute` through ``get``/``put``: with ``state_ttl`` the store times each write (the
-        fast path writes the dict directly, which it would not see)."""
+    def _execute_through_store(self, inputs: Inputs, outputs: Outputs) -> None:
+        """:meth:`execute` through ``get``/``put`` (with ``state_ttl`` the store times each write, which
+        the fast path, writing the dict directly, would hide from it), and with ``emit="record"``."""
         fn, state, batch = self.fn, self.state, inputs.elements()
-        out: Batch = []
+        touched: dict[Any, Any] = {}
+        values: dict[Any, Any] = {}
+        every: Batch = []
         element: Element = ()
         try:
             for element in batch:
                 key = element[0]
                 current = state.get(key, _MISSING)
-                value = element[1] if current is _MISSING else fn(current, element[1])
+                values[key] = value = element[1] if current is _MISSING else fn(current, element[1])
                 state.put(key, value)
-                out.append((key, value, element[2]))
+                if self.per_record:
+                    every.append((key, value, element[2]))
+                else:
+                    touched[key] = element[2]
         except Exception as exc:
-            outputs.emit_elements(out)
+            outputs.emit_elements(every)
+            _emit_touched(touched, values, outputs)
             raise RecordFailure(_index_of(batch, element)) from exc
-        outputs.emit_elements(out)
+        outputs.emit_elements(every)
+        _emit_touched(touched, values, outputs)
+
+
+def _emit_touched(touched: dict[Any, Any], values: Any, outputs: Outputs) -> None:
+    """One element per key of ``touched`` with its value now and the time of its last record."""
+    if touched:
+        outputs.emit_elements([(key, values[key], ts) for key, ts in touched.items()])
 
 
 class WindowReduceTask(Task):

@@ -20,7 +20,16 @@ from streamlet.core.model.record import Record
 from streamlet.core.model.segments import DEFAULT_SEGMENTS
 from streamlet.core.model.sinks import CallbackSink, Sink
 from streamlet.core.model.sources import IterableSource, Source
-from streamlet.core.model.task import FilterTask, FlatMapTask, KeyByTask, MapTask, ReduceTask, Task, WindowReduceTask
+from streamlet.core.model.task import (
+    FilterTask,
+    FlatMapTask,
+    KeyByTask,
+    MapTask,
+    ReduceEmit,
+    ReduceTask,
+    Task,
+    WindowReduceTask,
+)
 from streamlet.core.model.validation import validate
 from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.model.windows import BUILT_IN_FOLDS, FoldHow, WindowSpec
@@ -250,9 +259,14 @@ class Topology:
         """A task re-keying every record with ``fn(record)``."""
         return self.add_task(name, lambda: KeyByTask(fn), **options)
 
-    def reduce(self, name: str, fn: Callable[[Any, Any], Any], **options: Any) -> NodeHandle:
-        """A task folding values per key with ``fn(acc, value)``, emitting the running value."""
-        return self.add_task(name, lambda: ReduceTask(fn), **options)
+    def reduce(
+        self, name: str, fn: Callable[[Any, Any], Any], *, emit: ReduceEmit = "batch", **options: Any
+    ) -> NodeHandle:
+        """A task folding values per key with ``fn(acc, value)``, emitting each key's running value once per
+        batch, or after every record with ``emit="record"`` (see :class:`~streamlet.core.model.task.ReduceTask`)."""
+        if emit not in ("batch", "record"):
+            raise TopologyError(f"task '{name}': emit must be 'batch' or 'record', got {emit!r}")
+        return self.add_task(name, lambda: ReduceTask(fn, emit), **options)
 
     def window_reduce(self, name: str, how: FoldHow, window: WindowSpec, **options: Any) -> NodeHandle:
         """Per window and key, fold the values: ``how`` is ``"sum"``, ``"count"``, ``"min"``, ``"max"``

@@ -24,7 +24,7 @@ def counting(partitioning: sl.Partitioning = sl.SESSION_TABLE) -> sl.Topology:
     """events (sent by the test) -> a running count per key over 4 instances -> collected."""
     topology = sl.Topology("counts")
     events = topology.add_source("events", sl.QueueSource())
-    count = topology.reduce("count", lambda total, one: total + one, parallelism=4)
+    count = topology.reduce("count", lambda total, one: total + one, parallelism=4, emit="record")
     count.set_input(events, partitioning=partitioning)
     topology.add_sink("out", sl.CollectSink()).set_input(count)
     return topology
@@ -117,7 +117,7 @@ async def test_the_adaptation_loop_balances_a_running_job() -> None:
     Feed.job, Feed.sent = None, Counter()
     topology = sl.Topology("until-balanced")
     events = topology.add_source("events", UntilDecided())
-    count = topology.reduce("count", lambda total, one: total + one, parallelism=4)
+    count = topology.reduce("count", lambda total, one: total + one, parallelism=4, emit="record")
     count.set_input(events, partitioning=sl.SESSION_TABLE)
     topology.add_sink("out", sl.CollectSink()).set_input(count)
     settings = sl.AdaptSettings(frozenset({"balance"}), interval=0.05, cooldown=0)

@@ -50,11 +50,32 @@ def test_key_by_rekeys_and_keeps_value() -> None:
     assert pairs(result.sink("out")) == [(1, 3), (0, 4)]
 
 
-def test_reduce_emits_running_value_per_key() -> None:
-    """reduce folds per key and emits the running value after every record."""
+def test_reduce_emits_each_keys_running_value_once_per_batch() -> None:
+    """reduce folds a whole batch per key, then emits one record per key it touched (in the order the keys
+    first appear), with the key's value after the batch and the time of its last record."""
+    items = [sl.Record("a", 1, 1.0), sl.Record("b", 5, 2.0), sl.Record("a", 2, 3.0), sl.Record("a", 3, 4.0)]
+    result = chain([*items, sl.Record("b", 1, 5.0)], lambda t, s: t.reduce("sum", lambda acc, v: acc + v).set_input(s))
+    assert [(r.key, r.value, r.ts) for r in result.sink("out")] == [("a", 6, 4.0), ("b", 6, 5.0)]
+
+
+def test_reduce_carries_running_values_from_batch_to_batch() -> None:
+    """Batches of 2: each batch emits its keys' values so far."""
     items = [("a", 1), ("b", 5), ("a", 2), ("a", 3), ("b", 1)]
-    result = chain(items, lambda t, s: t.reduce("sum", lambda acc, v: acc + v).set_input(s))
+    result = chain(items, lambda t, s: t.reduce("sum", lambda acc, v: acc + v).set_input(s), batch_size=2)
+    assert pairs(result.sink("out")) == [("a", 1), ("b", 5), ("a", 6), ("b", 6)]
+
+
+def test_reduce_with_emit_record_emits_the_running_value_after_every_record() -> None:
+    """emit="record": one output per input, every intermediate value."""
+    items = [("a", 1), ("b", 5), ("a", 2), ("a", 3), ("b", 1)]
+    result = chain(items, lambda t, s: t.reduce("sum", lambda acc, v: acc + v, emit="record").set_input(s))
     assert pairs(result.sink("out")) == [("a", 1), ("b", 5), ("a", 3), ("a", 6), ("b", 6)]
+
+
+def test_reduce_refuses_an_unknown_emit() -> None:
+    topology = sl.Topology("t")
+    with pytest.raises(sl.TopologyError, match=r"^task 'sum': emit must be 'batch' or 'record', got 'key'$"):
+        topology.reduce("sum", lambda acc, v: acc + v, emit="key")  # type: ignore[arg-type]
 
 
 def test_iterable_source_accepts_records_pairs_and_plain_values() -> None:

@@ -155,7 +155,7 @@ async def test_a_rescale_runs_over_tcp_channels() -> None:
     count rescaled 2 -> 3 -> 1 keeps every key's counts exact and in order."""
     topology = sl.Topology("tcp-rescale")
     source = topology.add_source("in", sl.QueueSource())
-    counts = topology.reduce("count", lambda total, one: total + one, parallelism=2)
+    counts = topology.reduce("count", lambda total, one: total + one, parallelism=2, emit="record")
     counts.set_input(source, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sl.CollectSink()).set_input(counts)
     async with (

@@ -51,7 +51,7 @@ def rescaled() -> sl.Topology:
     topology = sl.Topology("rescaled")
     source = topology.add_source("words", words())
     passed = topology.map("pass", lambda record: (record.key, record.value), parallelism=2).set_input(source)
-    count = topology.reduce("count", lambda total, n: total + n, parallelism=2)
+    count = topology.reduce("count", lambda total, n: total + n, parallelism=2, emit="record")
     count.set_input(passed, partitioning=sl.SAME_KEY)
     topology.add_sink("totals", ExactlyOnceSink()).set_input(count)
     topology.add_sink("seen", sl.CollectSink()).set_input(count)
@@ -137,7 +137,7 @@ def stuck() -> sl.Topology:
     topology = sl.Topology("stuck")
     source = topology.add_source("words", [(word, 1) for word in WORDS])
     passed = topology.map("pass", lambda record: (record.key, record.value), parallelism=2).set_input(source)
-    count = topology.reduce("count", lambda total, n: total + n, parallelism=2)
+    count = topology.reduce("count", lambda total, n: total + n, parallelism=2, emit="record")
     count.set_input(passed, partitioning=sl.SAME_KEY)
     held = topology.add_task("held", Hold).set_input(count)  # until the gate opens, the count's output backs up
     topology.add_sink("totals", ExactlyOnceSink()).set_input(held)
@@ -201,7 +201,7 @@ def from_a_savepoint() -> sl.Topology:
     """gated words -> running count per word (SAME_KEY) -> an ExactlyOnceSink."""
     topology = sl.Topology("counted")
     source = topology.add_source("words", GatedWords())
-    count = topology.reduce("count", lambda total, n: total + n, parallelism=2)
+    count = topology.reduce("count", lambda total, n: total + n, parallelism=2, emit="record")
     count.set_input(source, partitioning=sl.SAME_KEY)
     topology.add_sink("totals", ExactlyOnceSink()).set_input(count)
     return topology

@@ -36,7 +36,7 @@ def wordcount() -> sl.Topology:
     topology = sl.Topology("wordcount")
     words = topology.add_source("words", [(word, 1) for word in WORDS])
     passed = topology.map("pass", lambda record: (record.key, record.value), parallelism=2).set_input(words)
-    count = topology.reduce("count", lambda total, n: total + n, parallelism=2)
+    count = topology.reduce("count", lambda total, n: total + n, parallelism=2, emit="record")
     count.set_input(passed, partitioning=sl.SAME_KEY)
     topology.add_sink("totals", ExactlyOnceSink()).set_input(count)
     topology.add_sink("seen", sl.CollectSink()).set_input(count)
