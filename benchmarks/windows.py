@@ -146,11 +146,13 @@ class Total(sl.Sink):
 
 
 class _TotalWriter(sl.SinkWriter):
+    takes_elements = True  # it only reads values: the runtime's tuples, no record made per result
+
     def __init__(self, sink: Total) -> None:
         self.sink = sink
 
-    def write(self, batch: list[sl.Record]) -> None:
-        self.sink.total += sum(record.value for record in batch)
+    def write(self, batch: list[Any]) -> None:
+        self.sink.total += sum(element[1] for element in batch)
 
 
 def run_streamlet(records: list[sl.Record], window: sl.WindowSpec) -> int:

@@ -86,6 +86,8 @@ def to_elements(items: list[Any], ts: float | None) -> Batch:
     """Items to the runtime's elements: a ``Record`` is taken apart, a ``(key, value)`` pair gets ``ts``,
     anything else becomes the value of an element with key ``None``."""
     kinds = set(map(type, items))
+    if kinds == {Record}:  # records made by the caller (event times of its own): taken apart at once
+        return [(r.key, r.value, r.ts) for r in items]
     if tuple not in kinds and not any(issubclass(kind, Record) for kind in kinds):
         return [(None, item, ts) for item in items]  # plain values, without per-item checks
     elements: Batch = []

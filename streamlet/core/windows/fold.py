@@ -32,29 +32,34 @@ class ClosedWindow:
 
 
 def fold_into(folded: dict[Any, Any], records: Batch, how: FoldHow) -> None:
-    """Fold ``records`` into ``folded`` (key -> value so far), one loop per built-in."""
+    """Fold ``records`` (elements) into ``folded`` (key -> value so far), one loop per built-in."""
     get = folded.get
     if how == "sum":
-        for record in records:
-            folded[record[0]] = get(record[0], 0) + record[1]
+        for element in records:
+            key = element[0]
+            folded[key] = get(key, 0) + element[1]
     elif how == "count":
-        for record in records:
-            folded[record[0]] = get(record[0], 0) + 1
+        for element in records:
+            key = element[0]
+            folded[key] = get(key, 0) + 1
     elif how == "min":
-        for record in records:
-            current = get(record[0], _MISSING)
-            if current is _MISSING or record[1] < current:
-                folded[record[0]] = record[1]
+        for element in records:
+            key, value = element[0], element[1]
+            current = get(key, _MISSING)
+            if current is _MISSING or value < current:
+                folded[key] = value
     elif how == "max":
-        for record in records:
-            current = get(record[0], _MISSING)
-            if current is _MISSING or record[1] > current:
-                folded[record[0]] = record[1]
+        for element in records:
+            key, value = element[0], element[1]
+            current = get(key, _MISSING)
+            if current is _MISSING or value > current:
+                folded[key] = value
     else:
         fn: Any = how
-        for record in records:
-            current = get(record[0], _MISSING)
-            folded[record[0]] = record[1] if current is _MISSING else fn(current, record[1])
+        for element in records:
+            key, value = element[0], element[1]
+            current = get(key, _MISSING)
+            folded[key] = value if current is _MISSING else fn(current, value)
 
 
 class WindowLogic(ABC):

@@ -219,35 +219,49 @@ class EventTimeLogic(TimeLogic):
         # nearest tick: exact, without paying for a floor or a round per record.
         shift = 0.5 - self.offset_ticks
         now_u = now * per_second + shift
-        run: Batch = []
         run_starts: list[int] = []
         # Records in one slide share their windows when the size is a whole number of slides; otherwise
-        # only records of one tick do: runs are cut by that span.
+        # only records of one tick do: runs are cut by that span. A run is a slice of the batch, taken when
+        # it ends: a record costs its time's arithmetic and one comparison, never an append.
         span = slide if size % slide == 0 else 1
-        run_key = math.nan  # the span the run's records fall in: they share its windows
+        low = high = math.nan  # the span the run's records fall in (u in [low, high)): they share its windows
         run_late = run_mixed = False
-        for record in batch:
-            ts = record[2]
+        start = index = 0
+        for element in batch:
+            ts = element[2]
             u = now_u if ts is None else ts * per_second + shift
-            key = u - u % span
-            if key != run_key:  # another span: other windows
-                if run:
-                    self._place(port, run, run_starts, run_mixed, refired, now)
-                    run = []
-                run_key = key
+            if not low <= u < high:  # another span: other windows (u - u % span is exact: whole ticks)
+                if index > start:
+                    self._place_run(port, batch[start:index], run_starts, run_late, run_mixed, late, refired, now)
+                start = index
+                low = u - u % span
+                high = low + span
                 run_starts = self.starts(math.floor(u) + self.offset_ticks)
                 first_end = run_starts[0] + size  # the latest window's end
                 run_late = first_end <= kept  # every window of this record is past its lateness
                 run_mixed = run_starts[-1] + size <= watermark  # some of its windows have fired
-            if run_late:
-                late.append(record)
-            else:
-                run.append(record)
-        if run:
-            self._place(port, run, run_starts, run_mixed, refired, now)
+            index += 1
+        if index > start:
+            self._place_run(port, batch[start:index], run_starts, run_late, run_mixed, late, refired, now)
         self.late += len(late)
         refires = [_firing(refired[start], "late") for start in sorted(refired)]
         return caught + refires + self.fire_early(now), late
+
+    def _place_run(
+        self,
+        port: int,
+        run: Batch,
+        starts: list[int],
+        is_late: bool,
+        mixed: bool,
+        late: Batch,
+        refired: dict[int, ClosedWindow],
+        now: float,
+    ) -> None:
+        if is_late:
+            late.extend(run)
+        else:
+            self._place(port, run, starts, mixed, refired, now)
 
     def _place(
         self, port: int, run: Batch, starts: list[int], mixed: bool, refired: dict[int, ClosedWindow], now: float
