@@ -15,7 +15,7 @@ from typing import Any
 
 from streamlet.backends.processes.failures import rebuilt
 from streamlet.backends.processes.placement import Where, holders
-from streamlet.backends.processes.wire import records_of
+from streamlet.backends.processes.wire import records_in
 from streamlet.core.model.record import DeadLetter, Record
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.job import JobResult
@@ -39,9 +39,9 @@ class PartReport:
         """Add a ``records``, ``dead_letters`` or ``done`` message."""
         kind = message["kind"]
         if kind == "records":
-            self.records.setdefault(str(message["sink"]), []).extend(records_of(message["body"]))
+            self.records.setdefault(str(message["sink"]), []).extend(records_in(message["body"]))
         elif kind == "dead_letters":
-            records = [record for body in message["records"] for record in records_of(body)]
+            records = [record for body in message["records"] for record in records_in(body)]
             for (task, instance, error, exception), record in zip(message["letters"], records, strict=True):
                 self.dead_letters.append(DeadLetter(task, instance, record, error, rebuilt(exception, self.where)))
         elif kind == "done":

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamlet.core.model.encoding import packb, unpackb
-from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.record import Record, Records, elements_of, records_of
 from streamlet.errors import JobError
 from streamlet.transport.codec import DEFAULT_MAX_FRAME, FrameType, data_body, decode_body, records_from
 
@@ -70,7 +70,8 @@ class Control:
 def record_chunks(records: Sequence[Record], where: str) -> list[bytes]:
     """``records`` as DATA frame bodies of at most :data:`CHUNK` records and one frame's size each;
     a record that cannot be encoded is an :class:`~streamlet.errors.EncodingError` naming ``where``."""
-    todo = [list(records[start : start + CHUNK]) for start in range(0, len(records), CHUNK)]
+    elements = elements_of(list(records))
+    todo = [elements[start : start + CHUNK] for start in range(0, len(elements), CHUNK)]
     bodies: list[bytes] = []
     while todo:
         part = todo.pop(0)
@@ -82,6 +83,6 @@ def record_chunks(records: Sequence[Record], where: str) -> list[bytes]:
     return bodies
 
 
-def records_of(body: bytes) -> Batch:
+def records_in(body: bytes) -> Records:
     """The records of a body made by :func:`record_chunks`."""
-    return records_from(*decode_body(FrameType.DATA, body)[3:])
+    return records_of(records_from(*decode_body(FrameType.DATA, body)[3:]))

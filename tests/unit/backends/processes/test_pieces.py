@@ -11,7 +11,7 @@ import streamlet as sl
 from streamlet.backends.processes.failures import described, rebuilt
 from streamlet.backends.processes.placement import holders, spread
 from streamlet.backends.processes.results import PartReport, merged
-from streamlet.backends.processes.wire import record_chunks, records_of
+from streamlet.backends.processes.wire import record_chunks, records_in
 from streamlet.core.model.record import FiredWindowRecord, LoopRecord, WindowRecord
 from streamlet.errors import EncodingError, JobError, TaskError, TopologyError
 from tests.conftest import self_loop
@@ -51,11 +51,11 @@ def test_records_cross_the_control_channel_with_their_types() -> None:
         WindowRecord("k", {"count": 3}, 59.999, (0.0, 60.0)),
         FiredWindowRecord("k", 1, 59.999, (0.0, 60.0), "late"),
     ]
-    back = [record for body in record_chunks(records, "test") for record in records_of(body)]
+    back = [record for body in record_chunks(records, "test") for record in records_in(body)]
     assert [(type(r), r.key, r.value, r.ts, r.window, r.firing) for r in back] == [
         (type(r), r.key, r.value, r.ts, r.window, r.firing) for r in records
     ]
-    loop = [record for body in record_chunks([LoopRecord(1, 2, None, 3)], "test") for record in records_of(body)]
+    loop = [record for body in record_chunks([LoopRecord(1, 2, None, 3)], "test") for record in records_in(body)]
     assert [(type(r), r.iteration) for r in loop] == [(LoopRecord, 3)]
 
 

@@ -250,7 +250,8 @@ import streamlet as sl
 topology = sl.Topology("cli-words")
 lines = topology.add_source("lines", [sl.Record(None, line, 0.0) for line in {lines!r}])
 words = topology.flat_map("split", lambda r: [(w, 1) for w in r.value.split()], parallelism=2).set_input(lines)
-count = topology.reduce("count", lambda a, b: a + b, parallelism=2).set_input(words, partitioning=sl.SAME_KEY)
+count = topology.reduce("count", lambda a, b: a + b, parallelism=2, emit="record")
+count.set_input(words, partitioning=sl.SAME_KEY)
 topology.add_sink("totals", sl.CollectSink()).set_input(count)
 """
 
