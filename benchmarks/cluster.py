@@ -39,11 +39,11 @@ def rss_mb(pid: int) -> float:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
-def run_on_cluster(workers: int, records: int, repeats: int) -> dict[str, Any]:
-    """Start a cluster of ``workers`` (capacity 3 each), run the job ``repeats`` times, stop it."""
+def run_on_cluster(workers: int, records: int, repeats: int, target: str = TARGET, capacity: int = 3) -> dict[str, Any]:
+    """Start a cluster of ``workers`` (``capacity`` each), run the job ``target`` ``repeats`` times, stop it."""
     with tempfile.TemporaryDirectory() as directory:
         state_dir = Path(directory)
-        state = local_cluster.up(state_dir, f"bench{workers}", workers, 1, None, capacity=3)
+        state = local_cluster.up(state_dir, f"bench{workers}", workers, 1, None, capacity=capacity)
         try:
             anyio.run(_wait_ready, state, workers)
             time.sleep(2.0)  # let the processes settle before reading idle memory
@@ -54,7 +54,7 @@ def run_on_cluster(workers: int, records: int, repeats: int) -> dict[str, Any]:
                     client.submit_and_wait,
                     state.zk,
                     state.name,
-                    client.Submission(TARGET, f"wc{repeat}"),
+                    client.Submission(target, f"wc{repeat}"),
                     True,
                     300,
                     state.secret(),
@@ -69,7 +69,7 @@ def run_on_cluster(workers: int, records: int, repeats: int) -> dict[str, Any]:
                 )  # fmt: skip
                 rates.append(records / wall)
                 shares.append(sum(r["tcp_records_in"] for r in reports) / received)
-            gaps = anyio.run(checkpoint_gaps, state, state_dir) if workers > 1 else []
+            gaps = anyio.run(checkpoint_gaps, state, state_dir) if workers > 1 and target == TARGET else []
             return {
                 "rate": statistics.median(rates), "tcp_share": round(statistics.median(shares), 3), "idle": idle,
                 "gap": round(statistics.median(gaps), 3) if gaps else None, "gaps": len(gaps),
