@@ -12,6 +12,7 @@ from benchmarks import (
     latency,
     monitor,
     parallel,
+    peers,
     placement,
     rescale,
     routing,
@@ -43,6 +44,7 @@ def main() -> None:
         "placement",
         "monitor",
         "parallel",
+        "peers",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -66,6 +68,8 @@ def main() -> None:
         line = surge.main(args.plot)
     elif args.name == "monitor":
         line = monitor.main(args.records or 1_000_000, args.repeats)
+    elif args.name == "peers":
+        line = peers.main(args.records or 1_000_000, args.repeats)
     elif args.name == "parallel":
         line = parallel.main(args.records or 200_000, args.repeats)
     elif args.name == "placement":
