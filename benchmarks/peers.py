@@ -43,9 +43,10 @@ def run_streamz(words: list[str]) -> dict[str, int]:
 
     source = Stream()
     totals: dict[str, int] = {}
-    source.map(lambda word: (word, 1)).accumulate(add, start=totals)
+    counting = source.map(lambda word: (word, 1)).accumulate(add, start=totals)  # held: streamz links weakly
     for word in words:
         source.emit(word)
+    del counting
     return totals
 
 
