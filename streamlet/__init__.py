@@ -16,6 +16,7 @@ from streamlet.connectors.files import FileSink, FileSource, read_file_sink
 from streamlet.connectors.kafka import KafkaError, KafkaSink, KafkaSource
 from streamlet.connectors.spark import SparkSink
 from streamlet.core.model.clock import Clock
+from streamlet.core.model.columnar import ColumnarSource
 from streamlet.core.model.constants import LATE, SHED
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, Partitioning, stable_hash
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
@@ -39,6 +40,7 @@ from streamlet.errors import (
     CheckpointError,
     ConnectorError,
     EncodingError,
+    FieldError,
     JobError,
     PortError,
     ReconfigurationError,
@@ -66,6 +68,7 @@ __all__ = (
     "CheckpointError",
     "CheckpointStore",
     "Clock",
+    "ColumnarSource",
     "CollectSink",
     "ConnectorError",
     "CountOrTimeWindow",
@@ -73,6 +76,7 @@ __all__ = (
     "DeadLetter",
     "DirectoryCheckpointStore",
     "EncodingError",
+    "FieldError",
     "FileSink",
     "FileSource",
     "InMemoryCheckpointStore",

@@ -6,7 +6,8 @@ instance, the port and, where there is one, the record's key::
 
     StreamletError
     ├── TopologyError        a topology that cannot run (names the node and port)
-    │   └── PortError        a task used a port it did not declare (names task, instance, port)
+    │   ├── PortError        a task used a port it did not declare (names task, instance, port)
+    │   └── FieldError       a columnar node named a field its Arrow batches lack (names node, port, fields)
     ├── TaskError            user code in a task failed under the ``fail`` policy
     ├── SourceError          a source failed to open or read (names source, instance, position)
     ├── SinkError            a sink failed to open, write or commit (names sink, instance, record key)
@@ -50,6 +51,10 @@ class TopologyError(StreamletError):
 
 class PortError(TopologyError):
     """A task emitted on, or read from, a port it did not declare: a wiring mistake, so no error policy applies."""
+
+
+class FieldError(TopologyError):
+    """A columnar node (``where``, ``aggregate``, ``ColumnarSource``) named a field its batches do not have."""
 
 
 class TaskError(StreamletError):

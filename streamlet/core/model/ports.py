@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.record import Batch, Record, Records, records_of
 from streamlet.errors import PortError, TopologyError
 
@@ -175,6 +176,10 @@ class Outputs(Protocol):
 
     def emit_elements(self, batch: Batch, port: int = 0) -> None:
         """Runtime and built-in tasks: send elements (the tuples ``Inputs.elements`` gives) as they are."""
+        ...
+
+    def emit_columns(self, batch: ColumnBatch, port: int = 0) -> None:
+        """Built-in columnar tasks: send a columnar batch (an Arrow record batch with its key/value/ts columns)."""
         ...
 
     @property

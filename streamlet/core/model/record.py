@@ -8,7 +8,10 @@ is delivered after every batch sent before it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+if TYPE_CHECKING:
+    from streamlet.core.model.columns import ColumnBatch
 
 
 class Record:
@@ -247,7 +250,8 @@ class Reconfigure(Marker):
 END_OF_STREAM: Final = EndOfStream()
 CYCLE_END: Final = CycleEnd()
 
-Item: TypeAlias = "Batch | Marker"
+#: What a channel carries: a batch of elements, a columnar batch (between built-in columnar nodes), a marker.
+Item: TypeAlias = "Batch | ColumnBatch | Marker"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from streamlet.core.model import graph
+from streamlet.core.model.columnar import (
+    AggregateEmit,
+    AggregateHow,
+    AggregateTask,
+    WhereTask,
+    check_aggregate,
+    check_expression,
+)
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.partition import ROUND_ROBIN, Partitioning, PartitionSpec
 from streamlet.core.model.ports import PortDeclarer
@@ -75,6 +83,7 @@ class Node:
     on_timer: bool = False  # the task overrides Task.on_timer: watermarks must flow for its event-time timers
     state_ttl: float | None = None  # seconds of the job clock a task's state entry lives after its last write
     max_parallelism: int = DEFAULT_SEGMENTS  # key segments of a keyed input: the most instances it can have
+    columnar: bool = False  # a built-in columnar task: columnar batches reach it as they are (see ``columns``)
 
     def describe(self) -> str:
         """``task 'count'`` style label used in messages."""
@@ -232,6 +241,7 @@ class Topology:
             make_task=make_task, config=dict(config or {}), on_error=on_error, max_failures=max_failures,
             window=window, workers=None if workers is None else tuple(workers), labels=tuple(labels or ()),
             on_timer=type(probe).on_timer is not Task.on_timer, state_ttl=state_ttl, max_parallelism=max_parallelism,
+            columnar=getattr(probe, "columnar", False),
         )  # fmt: skip
         return self._add(node)
 
@@ -285,6 +295,33 @@ class Topology:
         if not (callable(how) or how in BUILT_IN_FOLDS):
             raise TopologyError(f"task '{name}': how must be one of {BUILT_IN_FOLDS} or a function, got {how!r}")
         return self.add_task(name, lambda: WindowReduceTask(how), window=window, **options)
+
+    def where(self, name: str, expression: Any, **options: Any) -> NodeHandle:
+        """A columnar task keeping the rows for which ``expression`` (a ``pyarrow.compute`` expression over the
+        batch's fields, e.g. ``pc.field("celsius") > 30``) is true; see :mod:`streamlet.core.model.columnar`."""
+        check_expression(name, expression)
+        return self.add_task(name, lambda: WhereTask(expression), **options)
+
+    def aggregate(
+        self,
+        name: str,
+        how: AggregateHow,
+        *,
+        key: str | None = None,
+        field: str | None = None,
+        emit: AggregateEmit = "batch",
+        **options: Any,
+    ) -> NodeHandle:
+        """A columnar task folding ``field`` per ``key`` (column names; default: the batch's key and value
+        columns) with ``how`` (``"count"``, ``"sum"``, ``"min"``, ``"max"``, ``"mean"``) in Arrow.
+
+        With ``emit="batch"`` (like ``reduce``) it emits, after each batch, one row per key the batch
+        touched, in the order the keys first appear in it, with the key's value then and the ``ts`` of its
+        last row; with ``emit="end"``, every key's final value once the input ends. Results are columnar
+        batches with the fields ``key``, ``value`` (and ``ts``). Route its input by ``SAME_KEY`` when it
+        runs in parallel."""
+        check_aggregate(name, how, emit)
+        return self.add_task(name, lambda: AggregateTask(how, key, field, emit), **options)
 
     def set_max_iterations(self, limit: int, at: NodeHandle | str | None = None) -> None:
         """Allow cycles: a record goes round a loop at most ``limit`` times.

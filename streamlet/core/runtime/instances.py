@@ -25,6 +25,7 @@ import anyio
 import structlog
 
 from streamlet.core.model.clock import Clock
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.constants import SHED
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.record import (
@@ -295,7 +296,7 @@ class SourceInstance(Instance):
                 on_idle()  # ``settle`` looks once this task waits (here: in read, when nothing is ready)
             began = perf_counter()
             shedder = self.shedder
-            batch: Batch | None
+            batch: Batch | ColumnBatch | None
             if shedder is not None and shedder.preserve_order and shedder.replaying():
                 batch, cancelled = shedder.take_held(size), False  # held records go before any newer one
             else:
@@ -304,13 +305,16 @@ class SourceInstance(Instance):
                 batch, cancelled = await self._read(reader, size, idle_after, last_data, patience)
                 if batch:
                     self.counters.records_in += len(batch)
-                    if shedder is not None:
+                    if shedder is not None and not isinstance(batch, ColumnBatch):  # a columnar source is not shed
                         batch = await self._shed(shedder, batch, size)
                 elif replaying and shedder is not None and (batch is not None or cancelled):
                     batch = shedder.take_held(size)
             if batch:
                 read = perf_counter()
-                outputs.emit_elements(batch)
+                if isinstance(batch, ColumnBatch):
+                    outputs.emit_columns(batch)
+                else:
+                    outputs.emit_elements(batch)
                 await outputs.flush()
                 count_batch(self.counters, read, began, read, perf_counter())
                 if self.watermarks is not None:
@@ -327,13 +331,13 @@ class SourceInstance(Instance):
 
     async def _read(
         self, reader: SourceReader, size: int, idle_after: float | None, last_data: float, patience: float | None
-    ) -> tuple[Batch | None, bool]:
+    ) -> tuple[Batch | ColumnBatch | None, bool]:
         """One read: (the batch, whether it was interrupted); only the read is cancellable, sends never are.
         With ``patience``, a read that waits longer than that many seconds is interrupted too."""
         timer = None
         if idle_after is not None and not self._idle:  # quiet that long since the last batch: idle
             timer = self.env.clock.call_at(last_data + idle_after, self._idle_timer_fired)
-        batch: Batch | None = None
+        batch: Any = None
         try:
             with anyio.CancelScope() as scope:
                 if patience is not None:
@@ -341,7 +345,10 @@ class SourceInstance(Instance):
                 self._read_scope = scope
                 read: Any = await reader.read(size)
                 # a reader returning records (its documented right) has them taken apart here
-                batch = elements_of(read) if read and type(read[0]) is not tuple else read
+                if type(read) is ColumnBatch:
+                    batch = read
+                else:
+                    batch = elements_of(read) if read and type(read[0]) is not tuple else read
         finally:
             if timer is not None:
                 timer.cancel()
@@ -374,10 +381,12 @@ class SourceInstance(Instance):
         self._idle_due = True
         self._interrupt_read()
 
-    async def _send_watermark(self, batch: Batch) -> None:
+    async def _send_watermark(self, batch: Batch | ColumnBatch) -> None:
         """After a batch: the watermark if it rose (or to say this instance reads again after being idle)."""
         generator = self.watermarks
         assert generator is not None
+        if isinstance(batch, ColumnBatch):  # its reader tracks event time: elements only for a user's function
+            batch = batch.elements() if generator.fn is not None else []
         regressions = generator.regressions
         watermark = generator.after_batch(batch)
         if generator.regressions and not regressions:
@@ -480,7 +489,7 @@ class Receiver(Instance):
             if turns is not None and taken == 0:
                 budget = turns(inbox.fill())  # a turn's length is set by the queue as the turn begins
             item = inbox.pop(channel)
-            if type(item) is list:
+            if type(item) is list or type(item) is ColumnBatch:  # a columnar batch reaches columnar nodes only
                 arrived, began = inbox.last_arrival, perf_counter()
                 counters.records_in += len(item)
                 if watermarks.any_idle:  # an idle sender speaks again: it holds the watermark back from now on
@@ -490,6 +499,7 @@ class Receiver(Instance):
                     processed = perf_counter()
                     await outputs.flush(size)
                 else:
+                    assert type(item) is list  # columnar nodes are never inside a cycle
                     for iteration, run in _runs_by_iteration(item):
                         outputs.iteration = iteration  # what the task emits inherits the loop count
                         await self.process(ports[channel], run)
@@ -609,8 +619,8 @@ class Receiver(Instance):
         """Before the first item (prepare, restore)."""
 
     @abstractmethod
-    async def process(self, port: int, batch: Batch) -> None:
-        """Handle one data batch from ``port``."""
+    async def process(self, port: int, batch: Batch | ColumnBatch) -> None:
+        """Handle one data batch from ``port`` (a columnar one only where the node is columnar)."""
 
     async def on_aligned(self, epoch: int) -> None:
         """Every open channel delivered ``Barrier(epoch)``: snapshot, then pass it on."""
@@ -652,8 +662,10 @@ class SinkInstance(Receiver):
         self._async = inspect.iscoroutinefunction(self.writer.write)
         self._elements = self.writer.takes_elements
 
-    async def process(self, port: int, batch: Batch) -> None:
+    async def process(self, port: int, batch: Batch | ColumnBatch) -> None:
         """Write the batch."""
+        if isinstance(batch, ColumnBatch):  # routes give a sink elements; this only guards the type
+            batch = batch.elements()
         try:
             records: Any = batch if self._elements else records_of(batch)
             if self._async:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.record import (
     Batch,
@@ -115,6 +116,15 @@ class RoutedOutputs:
         add = self._adders[port]
         for element in batch:
             add(element)
+
+    def emit_columns(self, batch: ColumnBatch, port: int = 0) -> None:
+        """Built-in columnar tasks: send a columnar batch (each edge takes it whole, split by key, or as elements)."""
+        try:
+            routes = self._ports[port]
+        except KeyError:
+            raise self.no_port(port) from None
+        for route in routes:
+            route.add_columns(batch)
 
     def emit_all(self, pairs: Iterable[tuple[Any, Any]], port: int = 0) -> None:
         """Emit every ``(key, value)`` pair of ``pairs``."""

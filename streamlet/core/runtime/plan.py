@@ -198,6 +198,7 @@ class _Builder:
         route = self.routes[edge_index, sender] = make_route(
             channels, edge.partitioning, label, self.tables[edge.downstream], edge.downstream
         )
+        route.columnar = self.topology.nodes[edge.downstream].columnar  # else columnar batches become elements
         tracker = self.tracker_of.get(edge.downstream)
         if tracker is not None:
             route.cycle = tracker.flow

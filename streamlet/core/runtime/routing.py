@@ -12,10 +12,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, PartitionSpec
 from streamlet.core.model.record import END_OF_STREAM, Batch, Element, Marker, Reconfigure, Record, Watermark, record_of
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable, segment_of
 from streamlet.core.runtime.channel import Channel
+from streamlet.core.runtime.column_routing import split_by_instance
 from streamlet.errors import EncodingError, TopologyError
 
 
@@ -49,7 +51,8 @@ class Route(ABC):
     """One edge from an output port to all instances of a downstream node."""
 
     __slots__ = (
-        "add", "buffers", "channels", "cycle", "label", "send_eos", "send_watermarks", "sent", "switch", "watermark",
+        "add", "buffers", "channels", "columnar", "columns", "cycle", "label", "send_eos", "send_watermarks", "sent",
+        "switch", "watermark",
     )  # fmt: skip
 
     #: Buffers one record: the hot path, bound by each subclass to a list append or a small closure.
@@ -65,6 +68,19 @@ class Route(ABC):
         self.label = "edge"  # "edge 'a' -> 'b' input port 0", for messages
         self.switch: Switch | None = None  # a reconfiguration to apply at the next flush
         self.watermark: Watermark | None = None  # the last one sent: a channel added later gets it first
+        self.columnar = False  # the receiver takes columnar batches as they are (else they become elements here)
+        self.columns: list[tuple[int, ColumnBatch]] = []  # columnar batches to send: (buffer index, batch)
+
+    def add_columns(self, batch: ColumnBatch) -> None:
+        """Buffer a columnar batch: as it is for a columnar receiver, else as its elements (made once)."""
+        if self.columnar:
+            self._add_columns(batch)
+        else:
+            self.add_batch(batch.elements())
+
+    def _add_columns(self, batch: ColumnBatch) -> None:
+        """Buffer a columnar batch for a columnar receiver (whole: index 0 is the next channel)."""
+        self.columns.append((0, batch))
 
     def add_batch(self, records: Batch) -> None:
         """Buffer many records."""
@@ -76,13 +92,15 @@ class Route(ABC):
         return max(len(buffer) for buffer in self.buffers)
 
     def marks(self) -> list[int]:
-        """Buffer lengths now, to roll back to with :meth:`truncate`."""
-        return [len(buffer) for buffer in self.buffers]
+        """Buffer lengths now (the columnar batches' last), to roll back to with :meth:`truncate`."""
+        return [*(len(buffer) for buffer in self.buffers), len(self.columns)]
 
     def truncate(self, marks: list[int]) -> None:
         """Forget records buffered since :meth:`marks` (a failed execute)."""
-        for buffer, mark in zip(self.buffers, marks, strict=True):
+        *lengths, columns = marks
+        for buffer, mark in zip(self.buffers, lengths, strict=True):
             del buffer[mark:]
+        del self.columns[columns:]
 
     async def flush(self, at_least: int = 1) -> None:
         """Send every buffer holding at least ``at_least`` records (all of them first, when a switch waits)."""
@@ -93,6 +111,13 @@ class Route(ABC):
                 batch = buffer.copy()
                 buffer.clear()
                 await self._deliver(index, batch)
+        if self.columns:  # a columnar batch is a batch already: it goes whatever its size
+            await self._deliver_columns()
+
+    async def _deliver_columns(self) -> None:
+        columns, self.columns = self.columns, []
+        for index, batch in columns:
+            await self._deliver(index, batch)
 
     async def end(self) -> None:
         """Flush, then tell every receiver this sender is done."""
@@ -113,6 +138,8 @@ class Route(ABC):
                 batch = buffer.copy()
                 buffer.clear()
                 await self._deliver(index, batch)
+        if self.columns:
+            await self._deliver_columns()
         await self.broadcast(switch.marker)
         old = {id(channel) for channel in self.channels}
         self.retarget(switch.channels, switch.table)
@@ -127,10 +154,10 @@ class Route(ABC):
         self.channels = channels
 
     @abstractmethod
-    async def _deliver(self, index: int, batch: Batch) -> None:
+    async def _deliver(self, index: int, batch: Batch | ColumnBatch) -> None:
         """Send buffer ``index``'s batch to its channel(s)."""
 
-    async def _send(self, channel: Channel, batch: Batch) -> None:
+    async def _send(self, channel: Channel, batch: Batch | ColumnBatch) -> None:
         cycle = self.cycle
         if cycle is not None:
             if cycle.closed:  # the loop already ended: nobody will read this
@@ -158,7 +185,7 @@ class RoundRobinRoute(Route):
         """Buffer many records."""
         self.buffers[0].extend(records)
 
-    async def _deliver(self, index: int, batch: Batch) -> None:
+    async def _deliver(self, index: int, batch: Batch | ColumnBatch) -> None:
         channel = self.channels[self._next]
         self._next = (self._next + 1) % len(self.channels)
         await self._send(channel, batch)
@@ -174,7 +201,7 @@ class BroadcastRoute(RoundRobinRoute):
 
     __slots__ = ()
 
-    async def _deliver(self, index: int, batch: Batch) -> None:
+    async def _deliver(self, index: int, batch: Batch | ColumnBatch) -> None:
         for channel in self.channels:
             await self._send(channel, batch)
         self.sent -= len(batch) * (len(self.channels) - 1)  # count records, not copies
@@ -202,7 +229,10 @@ class PartitionedRoute(Route):
 
         self.add = add
 
-    async def _deliver(self, index: int, batch: Batch) -> None:
+    def _add_columns(self, batch: ColumnBatch) -> None:
+        raise TopologyError(f"{self.label}: a partition function cannot route columnar batches; use SAME_KEY")
+
+    async def _deliver(self, index: int, batch: Batch | ColumnBatch) -> None:
         await self._send(self.channels[index], batch)
 
     def retarget(self, channels: list[Channel], table: SegmentTable | None) -> None:
@@ -222,7 +252,7 @@ class KeyedRoute(Route):
     an LRU's per-hit cost) or the table changes.
     """
 
-    __slots__ = ("_appenders", "_by_key", "_cache", "_owners")
+    __slots__ = ("_appenders", "_by_key", "_cache", "_owners", "_place")
 
     def __init__(
         self, channels: list[Channel], table: SegmentTable, label: str = "edge", cache_limit: int = 1 << 17
@@ -256,7 +286,27 @@ class KeyedRoute(Route):
             appenders[index](element)
 
         self._by_key = add
+        self._place = place
         self._set_add()
+
+    def _instances_of(self, keys: list[Any]) -> list[int]:
+        """The instance each of ``keys`` goes to (the cache first, as :attr:`add` does; one scan for misses)."""
+        get = self._cache.get
+        try:
+            found = [get(key) for key in keys]
+        except TypeError:  # an unhashable key (a list): placed without the cache
+            found = [None] * len(keys)
+        if None not in found:
+            return found  # type: ignore[return-value]  # no None left
+        place = self._place
+        return [place(key) if index is None else index for key, index in zip(keys, found, strict=True)]
+
+    def _add_columns(self, batch: ColumnBatch) -> None:
+        """Split the batch by the instance of each row's key (the same instance as the key's elements)."""
+        if len(self.buffers) == 1:
+            self.columns.append((0, batch))
+        else:
+            self.columns.extend(split_by_instance(batch, self._instances_of, len(self.buffers), self.label))
 
     def _set_add(self) -> None:
         # one instance: every key goes there, so no lookup at all (the outputs re-read ``add`` after a switch)
@@ -271,7 +321,7 @@ class KeyedRoute(Route):
             for record in records:
                 add(record)
 
-    async def _deliver(self, index: int, batch: Batch) -> None:
+    async def _deliver(self, index: int, batch: Batch | ColumnBatch) -> None:
         await self._send(self.channels[index], batch)
 
     def retarget(self, channels: list[Channel], table: SegmentTable | None) -> None:
@@ -331,6 +381,9 @@ class SessionTableRoute(KeyedRoute):
 
     def _set_add(self) -> None:
         self.add = self._by_key  # one instance or many: every record is counted
+
+    def _add_columns(self, batch: ColumnBatch) -> None:
+        raise TopologyError(f"{self.label}: SESSION_TABLE cannot route columnar batches; use SAME_KEY")
 
     def add_batch(self, records: Batch) -> None:
         """Buffer many records (each counted in its segment)."""
@@ -443,5 +496,9 @@ class DiscardRoute(RoundRobinRoute):
         super().__init__([])
         self.send_eos = False
 
-    async def _deliver(self, index: int, batch: Batch) -> None:
+    def add_columns(self, batch: ColumnBatch) -> None:
+        """Nobody listens: count the rows, make nothing of them."""
+        self.sent += len(batch)
+
+    async def _deliver(self, index: int, batch: Batch | ColumnBatch) -> None:
         self.sent += len(batch)

@@ -8,6 +8,7 @@ from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.hooks import maybe_await
@@ -25,7 +26,7 @@ from streamlet.core.state.participant import Section
 from streamlet.core.state.regroup import merge_task_snapshots, split_task_snapshot
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
-from streamlet.errors import EncodingError, StreamletError, TaskError, TopologyError
+from streamlet.errors import EncodingError, FieldError, StreamletError, TaskError, TopologyError
 
 if TYPE_CHECKING:
     from streamlet.core.model.topology import Node
@@ -233,9 +234,11 @@ class TaskInstance(Receiver):
 
     # -- data -------------------------------------------------------------------
 
-    async def process(self, port: int, batch: Batch) -> None:
-        """A batch from ``port``: into its windows, or straight to ``execute``."""
-        if port in self.windowed_ports:
+    async def process(self, port: int, batch: Batch | ColumnBatch) -> None:
+        """A batch from ``port``: into its windows, or to ``execute`` (a columnar one to ``execute_columns``)."""
+        if isinstance(batch, ColumnBatch):
+            self._execute_columns(port, batch)
+        elif port in self.windowed_ports:
             assert self.window is not None
             closed, late = self._add_to_windows(port, batch)
             if late:
@@ -388,6 +391,23 @@ class TaskInstance(Receiver):
         ts = window.last_ts if stamp is None else stamp
         bounds, firing = (window.start, window.end), window.firing
         self.outputs.emit_elements([(key, value, ts, 0, bounds, firing) for key, value in window.folded.items()])
+
+    def _execute_columns(self, port: int, batch: ColumnBatch) -> None:
+        """A built-in columnar task on a columnar batch: its errors stop the job (no record to isolate)."""
+        self.outputs.ts = batch.last_ts()
+        try:
+            self.task.execute_columns(batch, self.outputs)  # type: ignore[attr-defined]  # only columnar nodes get one
+        except FieldError as exc:
+            raise FieldError(f"task '{self.node.name}' input port {port}: {exc}") from None
+        except StreamletError:
+            raise
+        except Exception as exc:
+            first = batch.column(batch.key)[0] if batch.key is not None else None
+            raise TaskError(
+                f"task '{self.node.name}' instance {self.index} failed on a columnar batch of {len(batch)} rows "
+                f"starting with key {first!r}: {_describe(exc)}",
+                task=self.node.name, instance=self.index, key=first,
+            ) from exc  # fmt: skip
 
     async def _call(self) -> None:
         if self._async:

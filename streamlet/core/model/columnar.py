@@ -1,0 +1,279 @@
+"""The columnar path: a source of Arrow batches, and built-in tasks that filter and aggregate them in Arrow.
+
+Between these nodes batches travel as :class:`~streamlet.core.model.columns.ColumnBatch`
+(an Arrow record batch and the columns that are its records' key, value and
+ts) and are computed on with ``pyarrow.compute``, never a Python object per
+row. Any other node they feed (a user ``Task``, a shortcut, a sink) receives
+them as elements, converted once by the sending route; fed by elements, a
+columnar task sees them as the fields ``key``, ``value`` and ``ts``.
+
+Example:
+    >>> import pyarrow as pa, pyarrow.compute as pc
+    >>> import streamlet as sl
+    >>> topology = sl.Topology("counts")
+    >>> words = topology.add_source("words", sl.ColumnarSource(pa.table({"word": ["a", "b", "a"]}), key="word"))
+    >>> counts = topology.aggregate("count", "count", emit="end").set_input(words, partitioning=sl.SAME_KEY)
+    >>> _ = topology.add_sink("out", sl.CollectSink()).set_input(counts)
+    >>> sorted((r.key, r.value) for r in sl.run(topology).sink("out"))
+    [('a', 2), ('b', 1)]
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal, TypeAlias
+
+from streamlet.core.model.columns import ColumnBatch, columns_of, field_names, import_pyarrow
+from streamlet.core.model.ports import Inputs, Outputs
+from streamlet.core.model.sources import Source, SourceContext, SourceReader
+from streamlet.core.model.task import Task
+from streamlet.errors import FieldError, TopologyError
+
+#: What ``Topology.aggregate`` computes per key.
+AggregateHow: TypeAlias = Literal["count", "sum", "min", "max", "mean"]
+#: When ``Topology.aggregate`` emits: each touched key's value after every batch, or every key's at the end.
+AggregateEmit: TypeAlias = Literal["batch", "end"]
+AGGREGATES: tuple[str, ...] = ("count", "sum", "min", "max", "mean")
+
+
+class ColumnarSource(Source):
+    """A source of Arrow data: a ``pyarrow.Table``, a ``pyarrow.RecordBatch``, or an iterable of them.
+
+    Every record batch is emitted as it is (a table as its chunks), with the
+    columns ``key``, ``value`` and ``ts`` naming the records' roles (see
+    :class:`~streamlet.core.model.columns.ColumnBatch`; ``value=None``: the
+    row as a dict). With ``parallelism`` n, instance i reads batches i, i+n,
+    ... The position is the number of batches read, so a restore replays from
+    there (the data must be re-iterable: a table, a batch or a list).
+
+    Example:
+        >>> import pyarrow as pa
+        >>> source = ColumnarSource(pa.table({"sensor": ["s1", "s2"], "celsius": [20.5, 21.0]}), key="sensor")
+    """
+
+    def __init__(self, data: Any, *, key: str | None = None, value: str | None = None, ts: str | None = None) -> None:
+        self.data = data
+        self.key, self.value, self.ts = key, value, ts
+
+    def open(self, context: SourceContext) -> SourceReader:
+        """A reader of this instance's share of the batches."""
+        return ColumnarReader(self, context)
+
+    def batches(self, where: str) -> Iterator[Any]:
+        """Every record batch of the data, in order; a ``TopologyError`` naming ``where`` for anything else."""
+        pa = import_pyarrow()
+        items = [self.data] if isinstance(self.data, pa.Table | pa.RecordBatch) else self.data
+        if not isinstance(items, Iterable):
+            raise TopologyError(f"{where}: expected a pyarrow Table, RecordBatch or an iterable of them")
+        for item in items:
+            if isinstance(item, pa.RecordBatch):
+                yield item
+            elif isinstance(item, pa.Table):
+                yield from item.to_batches()
+            else:
+                raise TopologyError(f"{where}: expected pyarrow Tables or RecordBatches, got {type(item).__name__}")
+
+    def check_fields(self, data: Any, where: str) -> None:
+        """Every named role is a column of ``data``."""
+        names = data.schema.names
+        for role, name in (("key", self.key), ("value", self.value), ("ts", self.ts)):
+            if name is not None and name not in names:
+                raise TopologyError(
+                    f"{where}: {role}={name!r} is not a column of the data (fields: {field_names(data)})"
+                )
+
+
+class ColumnarReader(SourceReader):
+    """One instance's reader of a :class:`ColumnarSource`."""
+
+    def __init__(self, source: ColumnarSource, context: SourceContext) -> None:
+        self.source = source
+        self.where = f"source '{context.node}' output port 0"
+        self.share = (context.index, context.parallelism)
+        self.batches = enumerate(source.batches(self.where))
+        self.read_count = 0  # batches of the whole data passed (this instance's and the others')
+        self.top = -math.inf  # the largest event time read
+
+    async def read(self, max_records: int) -> ColumnBatch | None:  # type: ignore[override]
+        """The next batch of this instance (whole, whatever ``max_records``), ``None`` at the end."""
+        index, parallelism = self.share
+        for number, data in self.batches:
+            self.read_count = number + 1
+            if number % parallelism == index:
+                return self._batch(data)
+        return None
+
+    def _batch(self, data: Any) -> ColumnBatch:
+        source = self.source
+        source.check_fields(data, self.where)
+        if source.ts is not None and data.num_rows:
+            top = import_pyarrow().compute.max(data.column(source.ts)).as_py()
+            if top is not None and top > self.top:
+                self.top = top
+        return ColumnBatch(data, source.key, source.value, source.ts)
+
+    def position(self) -> int:
+        """Batches passed so far."""
+        return self.read_count
+
+    async def seek(self, position: Any) -> None:
+        """Skip the first ``position`` batches."""
+        for number, _ in self.batches:
+            if number + 1 >= position:
+                break
+        self.read_count = int(position)
+
+    def event_time_progress(self) -> float | None:
+        """The largest ``ts`` read (``-inf`` before any, or without a ts column)."""
+        return self.top
+
+
+class ColumnarTask(Task):
+    """Base of the built-in columnar tasks: :meth:`execute_columns` takes a whole columnar batch."""
+
+    columnar = True
+    isolates_records = True
+
+    @abstractmethod
+    def execute_columns(self, batch: ColumnBatch, outputs: Outputs) -> None:
+        """Process one columnar batch."""
+
+    def execute(self, inputs: Inputs, outputs: Outputs) -> None:
+        """Fed by elements (a non-columnar upstream): as columns ``key``, ``value``, ``ts``."""
+        batch = inputs.elements()
+        if batch:
+            self.execute_columns(columns_of(batch), outputs)
+
+
+class WhereTask(ColumnarTask):
+    """Keeps the rows for which a ``pyarrow.compute`` expression is true (see ``Topology.where``)."""
+
+    def __init__(self, expression: Any) -> None:
+        self.expression = expression
+
+    def execute_columns(self, batch: ColumnBatch, outputs: Outputs) -> None:
+        """Filter the batch in Arrow."""
+        pa = import_pyarrow()
+        try:
+            kept = batch.data.filter(self.expression)
+        except pa.ArrowInvalid as exc:
+            if "No match for FieldRef" not in str(exc):
+                raise
+            raise FieldError(
+                f"the expression {self.expression} names a field the batch has not (fields: {field_names(batch.data)})"
+            ) from None
+        if kept.num_rows:
+            outputs.emit_columns(batch.with_data(kept))
+
+
+class AggregateTask(ColumnarTask):
+    """Per key, ``count``/``sum``/``min``/``max``/``mean`` of a field, folded in Arrow batch by batch
+    (see ``Topology.aggregate``). The running values live in the instance's keyed state
+    (``self.state``: ``mean`` keeps ``(sum, count)``), so they checkpoint like any keyed state."""
+
+    def __init__(self, how: AggregateHow, key: str | None, field: str | None, emit: AggregateEmit) -> None:
+        self.how, self.key, self.field, self.emit = how, key, field, emit
+
+    def execute_columns(self, batch: ColumnBatch, outputs: Outputs) -> None:
+        """Aggregate the batch per key, merge into the running values, emit the keys it touched."""
+        if not len(batch):
+            return
+        key, field = self._fields(batch)
+        keys, parts, stamps = _per_key(batch, key, field, self.how)
+        merged = _merge(self.state.values, keys.to_pylist(), parts, self.how)
+        if self.emit == "batch":
+            results = [value[0] / value[1] for value in merged] if self.how == "mean" else merged
+            outputs.emit_columns(_result_batch(keys, results, stamps))
+
+    def _fields(self, batch: ColumnBatch) -> tuple[str, str | None]:
+        key = self.key if self.key is not None else batch.key
+        field = self.field if self.field is not None else batch.value
+        names = batch.data.schema.names
+        if key is None or key not in names:
+            raise FieldError(f"aggregate key={key!r} is not a field of the batch (fields: {field_names(batch.data)})")
+        if self.how != "count" and (field is None or field not in names):
+            raise FieldError(
+                f"aggregate {self.how!r} of field={field!r}, which is not a field of the batch "
+                f"(fields: {field_names(batch.data)})"
+            )
+        return key, field
+
+    def finish(self, outputs: Outputs) -> None:
+        """With ``emit="end"``: every key's value, in the order the keys first came."""
+        if self.emit != "end" or not self.state.values:
+            return
+        totals = self.state.values
+        results = [value[0] / value[1] for value in totals.values()] if self.how == "mean" else list(totals.values())
+        outputs.emit_columns(_result_batch(import_pyarrow().array(list(totals)), results, None))
+
+
+def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple[Any, list[Any], Any]:
+    """The batch's keys (in the order they first appear), the partial aggregate of each (``mean``: sum and
+    count pairs), and the ``ts`` of each key's last row (``None`` without a ts column)."""
+    pa = import_pyarrow()
+    data, ts = batch.data, batch.ts
+    if how == "count" and ts is None:
+        counted = pa.compute.value_counts(data.column(key))
+        return counted.field(0), counted.field(1).to_pylist(), None
+    aggregations: list[Any] = []
+    if how in ("count", "mean"):
+        aggregations.append((key, "count", pa.compute.CountOptions(mode="all")))
+    if how != "count":
+        aggregations.append((field, "sum" if how == "mean" else how))
+    if ts is not None:
+        aggregations.append((ts, "last", pa.compute.ScalarAggregateOptions(skip_nulls=False)))
+    grouped = pa.Table.from_batches([data]).group_by(key, use_threads=False).aggregate(aggregations)
+    keys = grouped.column(key).combine_chunks()
+    stamps = None if ts is None else grouped.column(f"{ts}_last").combine_chunks()
+    if how == "count":
+        return keys, grouped.column(f"{key}_count").to_pylist(), stamps
+    if how == "mean":
+        sums, counts = grouped.column(f"{field}_sum").to_pylist(), grouped.column(f"{key}_count").to_pylist()
+        return keys, list(zip(sums, counts, strict=True)), stamps
+    return keys, grouped.column(f"{field}_{how}").to_pylist(), stamps
+
+
+def _merge(totals: dict[Any, Any], keys: list[Any], parts: list[Any], how: str) -> list[Any]:
+    """Fold each key's partial into its running value in ``totals``; the new values, in ``keys``' order."""
+    get = totals.get
+    merged: list[Any]
+    if how in ("count", "sum"):
+        merged = [part if (now := get(key)) is None else now + part for key, part in zip(keys, parts, strict=True)]
+    elif how == "min":
+        merged = [part if (now := get(key)) is None else min(now, part) for key, part in zip(keys, parts, strict=True)]
+    elif how == "max":
+        merged = [part if (now := get(key)) is None else max(now, part) for key, part in zip(keys, parts, strict=True)]
+    else:  # mean: (sum, count)
+        merged = [
+            part if (now := get(key)) is None else (now[0] + part[0], now[1] + part[1])
+            for key, part in zip(keys, parts, strict=True)
+        ]
+    totals.update(zip(keys, merged, strict=True))
+    return merged
+
+
+def _result_batch(keys: Any, values: list[Any], stamps: Any) -> ColumnBatch:
+    """Results as a columnar batch: fields ``key``, ``value`` (and ``ts``)."""
+    pa = import_pyarrow()
+    columns = {"key": keys, "value": pa.array(values)}
+    if stamps is not None:
+        columns["ts"] = stamps
+    return ColumnBatch(pa.record_batch(columns), "key", "value", None if stamps is None else "ts")
+
+
+def check_aggregate(name: str, how: Any, emit: Any) -> None:
+    """``aggregate``'s arguments, checked when the topology is built."""
+    if how not in AGGREGATES:
+        raise TopologyError(f"task '{name}': how must be one of {AGGREGATES}, got {how!r}")
+    if emit not in ("batch", "end"):
+        raise TopologyError(f"task '{name}': emit must be 'batch' or 'end', got {emit!r}")
+
+
+def check_expression(name: str, expression: Any) -> None:
+    """``where``'s expression is a ``pyarrow.compute.Expression``."""
+    if not isinstance(expression, import_pyarrow().compute.Expression):
+        raise TopologyError(
+            f"task '{name}': where takes a pyarrow.compute expression (pc.field('n') > 1), got {expression!r:.80}"
+        )

@@ -1,0 +1,107 @@
+"""Columnar batches: Arrow record batches travelling between the built-in columnar operators.
+
+A channel carries data batches (lists of elements) or markers; between
+columnar nodes (a :class:`~streamlet.core.model.columnar.ColumnarSource`,
+``Topology.where``, ``Topology.aggregate``) it also carries a
+:class:`ColumnBatch`: a ``pyarrow.RecordBatch`` with the names of the columns
+that play the record's ``key``, ``value`` and ``ts``. Where the receiver is not
+columnar (a user ``Task``, a shortcut, a sink) the sending route turns it into
+elements once (:meth:`ColumnBatch.elements`), so user code always sees records.
+
+pyarrow is optional (``pip install 'streamlet[columnar]'``) and imported only
+here, when a columnar batch is first made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamlet.core.model.record import Batch
+from streamlet.errors import TopologyError
+
+INSTALL_HINT = "pip install 'streamlet[columnar]'"
+
+
+def import_pyarrow() -> Any:
+    """``pyarrow`` with ``pyarrow.compute`` loaded, or a :class:`TopologyError` saying how to install it."""
+    try:
+        import pyarrow
+        import pyarrow.compute  # loads pyarrow.compute for the operators
+    except ImportError as exc:  # pragma: no cover - pyarrow is installed where the tests run
+        raise TopologyError(f"the columnar operators need pyarrow, which is not installed: {INSTALL_HINT}") from exc
+    return pyarrow
+
+
+class ColumnBatch:
+    """One Arrow record batch in a stream, with the columns that are its records' ``key``, ``value`` and ``ts``.
+
+    ``value=None`` makes each record's value the row as a ``dict`` of every
+    column; ``key=None`` or ``ts=None`` give records a ``None`` key or time.
+    Read-only once emitted, like a record: several receivers may hold it.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> batch = ColumnBatch(pa.record_batch({"word": ["a", "b"], "n": [1, 2]}), key="word", value="n")
+        >>> batch.elements()
+        [('a', 1, None), ('b', 2, None)]
+    """
+
+    __slots__ = ("_elements", "data", "key", "ts", "value")
+
+    def __init__(self, data: Any, key: str | None = None, value: str | None = None, ts: str | None = None) -> None:
+        self.data = data  # a pyarrow.RecordBatch
+        self.key = key
+        self.value = value
+        self.ts = ts
+        self._elements: Batch | None = None
+
+    def __len__(self) -> int:
+        return int(self.data.num_rows)
+
+    def __repr__(self) -> str:
+        return f"ColumnBatch({len(self)} rows, key={self.key!r}, value={self.value!r}, ts={self.ts!r})"
+
+    def with_data(self, data: Any) -> ColumnBatch:
+        """The same roles over other rows of the same schema (a filtered or split batch)."""
+        return ColumnBatch(data, self.key, self.value, self.ts)
+
+    def column(self, name: str | None) -> list[Any]:
+        """Column ``name`` as Python values (``None`` per row when there is no such role)."""
+        if name is None:
+            return [None] * len(self)
+        return list(self.data.column(name).to_pylist())
+
+    def elements(self) -> Batch:
+        """The rows as elements ``(key, value, ts)``: made once, then the same list for every receiver."""
+        made = self._elements
+        if made is None:
+            values = self.data.to_pylist() if self.value is None else self.column(self.value)
+            made = self._elements = list(zip(self.column(self.key), values, self.column(self.ts), strict=True))
+        return made
+
+    def last_ts(self) -> Any:
+        """The event time of the last row (what emitted results are stamped with), or ``None``."""
+        if self.ts is None or not len(self):
+            return None
+        return self.data.column(self.ts)[-1].as_py()
+
+
+def columns_of(batch: Batch) -> ColumnBatch:
+    """Elements as a columnar batch with the fields ``key``, ``value`` and ``ts`` (a columnar node fed by
+    an element stream). Raises ``TypeError`` (from pyarrow) for values of mixed types."""
+    pa = import_pyarrow()
+    keys, values, stamps = [], [], []
+    for element in batch:
+        keys.append(element[0])
+        values.append(element[1])
+        stamps.append(element[2])
+    try:
+        data = pa.record_batch({"key": pa.array(keys), "value": pa.array(values), "ts": pa.array(stamps)})
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise TypeError(f"these records do not fit Arrow columns ({exc})") from exc
+    return ColumnBatch(data, "key", "value", "ts")
+
+
+def field_names(data: Any) -> str:
+    """The column names of a record batch, for messages."""
+    return ", ".join(data.schema.names) or "none"

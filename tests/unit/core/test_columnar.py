@@ -1,0 +1,249 @@
+"""The columnar path: Arrow batches through where/aggregate give exactly what the element path and plain Python give."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import streamlet as sl
+from streamlet.core.model.columns import ColumnBatch
+from streamlet.core.runtime.channel import Inbox
+from streamlet.core.runtime.routing import KeyedRoute
+
+ROWS = 1_000
+BATCH = 100
+
+
+def words(seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    return [f"w{rng.randrange(60)}" for _ in range(ROWS)]
+
+
+def readings(seed: int = 3) -> list[tuple[str, int, float]]:
+    """(sensor, celsius, ts): integer readings, so float sums are exact in any order."""
+    rng = random.Random(seed)
+    return [(f"s{rng.randrange(9)}", rng.randrange(-20, 40), float(i)) for i in range(ROWS)]
+
+
+def reading_table() -> pa.Table:
+    sensors, celsius, stamps = zip(*readings(), strict=True)
+    return pa.table({"sensor": list(sensors), "celsius": list(celsius), "ts": list(stamps)})
+
+
+def batches_of(table: pa.Table) -> list[pa.RecordBatch]:
+    return table.to_batches(max_chunksize=BATCH)
+
+
+def collect(topology: sl.Topology, sink: str = "out", **options: Any) -> list[tuple[Any, Any, Any]]:
+    return [(r.key, r.value, r.ts) for r in sl.run(topology, **options).sink(sink)]
+
+
+def columnar_wordcount(emit: str, parallelism: int) -> sl.Topology:
+    topology = sl.Topology("columnar")
+    source = sl.ColumnarSource(batches_of(pa.table({"word": words()})), key="word")
+    rows = topology.add_source("words", source)
+    counts = topology.aggregate("count", "count", emit=emit, parallelism=parallelism)  # type: ignore[arg-type]
+    counts.set_input(rows, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(counts)
+    return topology
+
+
+def test_count_at_end_matches_plain_python_over_two_instances() -> None:
+    """emit="end" over two SAME_KEY instances gives every word's count once, as a Counter does."""
+    result = collect(columnar_wordcount("end", parallelism=2))
+    assert sorted((key, value) for key, value, _ in result) == sorted(Counter(words()).items())
+    assert all(ts is None for _, _, ts in result)
+
+
+def test_count_per_batch_matches_the_element_reduce_exactly() -> None:
+    """emit="batch" emits what reduce emits on the same batches: same keys, values and order."""
+    element = sl.Topology("elements")
+    lines = element.add_source("words", [(word, 1) for word in words()])
+    counts = element.reduce("count", lambda a, b: a + b).set_input(lines, partitioning=sl.SAME_KEY)
+    element.add_sink("out", sl.CollectSink()).set_input(counts)
+    expected = [(key, value) for key, value, _ in collect(element, batch_size=BATCH)]
+    columnar = [(key, value) for key, value, _ in collect(columnar_wordcount("batch", 1), batch_size=BATCH)]
+    assert columnar == expected
+    assert len(columnar) > len(set(words()))  # one row per key per batch, not only totals
+
+
+def test_where_then_sum_matches_filter_then_reduce_including_ts() -> None:
+    """where + aggregate("sum") ends each key where filter + reduce does: the same sum, the ts of its last row."""
+    columnar = sl.Topology("columnar")
+    rows = columnar.add_source("in", sl.ColumnarSource(batches_of(reading_table()), key="sensor", ts="ts"))
+    warm = columnar.where("warm", pc.field("celsius") > 10).set_input(rows)
+    sums = columnar.aggregate("sum", "sum", field="celsius").set_input(warm, partitioning=sl.SAME_KEY)
+    columnar.add_sink("out", sl.CollectSink()).set_input(sums)
+
+    element = sl.Topology("elements")
+    source = element.add_source("in", [sl.Record(s, c, ts) for s, c, ts in readings()])
+    kept = element.filter("warm", lambda r: r.value > 10).set_input(source)
+    reduced = element.reduce("sum", lambda a, b: a + b).set_input(kept, partitioning=sl.SAME_KEY)
+    element.add_sink("out", sl.CollectSink()).set_input(reduced)
+    # the filter's partial batches wait for more on the element path, so compare where the keys end up
+    last = {key: (value, ts) for key, value, ts in collect(columnar, batch_size=BATCH)}
+    assert last == {key: (value, ts) for key, value, ts in collect(element, batch_size=BATCH)}
+    assert last == {
+        sensor: (
+            sum(c for s, c, _ in readings() if s == sensor and c > 10),
+            max(t for s, c, t in readings() if s == sensor and c > 10),
+        )
+        for sensor, _, _ in readings()
+    }
+
+
+@pytest.mark.parametrize("how", ["count", "sum", "min", "max", "mean"])
+def test_every_aggregate_matches_plain_python(how: str) -> None:
+    """Each built-in aggregate's final value per key is the plain-Python one, over two instances."""
+    topology = sl.Topology("how")
+    rows = topology.add_source("in", sl.ColumnarSource(reading_table(), key="sensor", value="celsius"))
+    folded = topology.aggregate("agg", how, emit="end", parallelism=2)  # type: ignore[arg-type]
+    folded.set_input(rows, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(folded)
+    by_sensor: dict[str, list[int]] = {}
+    for sensor, celsius, _ in readings():
+        by_sensor.setdefault(sensor, []).append(celsius)
+    plain = {"count": len, "sum": sum, "min": min, "max": max, "mean": lambda v: sum(v) / len(v)}[how]
+    assert dict((key, value) for key, value, _ in collect(topology)) == {s: plain(v) for s, v in by_sensor.items()}
+
+
+def test_a_user_task_downstream_sees_records() -> None:
+    """A user Task after an aggregate reads Record objects, made at the boundary."""
+    seen: list[str] = []
+
+    class Describe(sl.Task):
+        def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+            for record in inputs.get():
+                seen.append(type(record).__name__)
+                outputs.emit(record.key, f"{record.key}={record.value}")
+
+    topology = columnar_wordcount("end", parallelism=2)
+    described = topology.add_task("describe", Describe).set_input("count")
+    topology.add_sink("described", sl.CollectSink()).set_input(described)
+    got = sorted(value for _, value, _ in collect(topology, "described"))
+    assert got == sorted(f"{word}={count}" for word, count in Counter(words()).items())
+    assert set(seen) == {"Record"}
+
+
+def test_columnar_tasks_fed_by_elements_see_key_value_ts_fields() -> None:
+    """Fed by an element stream, where and aggregate read the fields key, value and ts."""
+    topology = sl.Topology("fed")
+    source = topology.add_source("in", [sl.Record("a", 1, 1.0), sl.Record("b", 5, 2.0), sl.Record("a", 7, 3.0)])
+    big = topology.where("big", pc.field("value") > 2).set_input(source)
+    sums = topology.aggregate("sum", "sum").set_input(big)
+    topology.add_sink("out", sl.CollectSink()).set_input(sums)
+    assert collect(topology) == [("b", 5, 2.0), ("a", 7, 3.0)]
+
+
+def test_same_key_splits_a_columnar_batch_where_its_elements_go() -> None:
+    """A keyed route splits a columnar batch by the segment table: each row reaches its key's instance."""
+    inbox = Inbox(4)
+    channels: list[Any] = [object() for _ in range(3)]
+    table = sl.SegmentTable.contiguous(128, 3)
+    route = KeyedRoute(channels, table)
+    route.columnar = True
+    keys = [f"user{i}" for i in range(200)]
+    route.add_columns(ColumnBatch(pa.record_batch({"k": keys, "n": list(range(200))}), key="k", value="n"))
+    placed = [(index, key) for index, part in route.columns for key in part.data.column("k").to_pylist()]
+    assert sorted(key for _, key in placed) == sorted(keys)
+    assert all(index == table.owner(key) for index, key in placed)
+    assert {index for index, _ in placed} == {0, 1, 2}
+    del inbox
+
+
+def test_aggregate_state_checkpoints_and_restores() -> None:
+    """The running sums and means are keyed state: a restart from a checkpoint continues them exactly."""
+    store = sl.InMemoryCheckpointStore()
+
+    def topology() -> sl.Topology:
+        built = sl.Topology("means")
+        source = built.add_source("in", sl.QueueSource())
+        means = built.aggregate("mean", "mean", emit="end").set_input(source)
+        built.add_sink("out", sl.CollectSink()).set_input(means)
+        return built
+
+    async def first_run() -> None:
+        async with sl.start(topology(), checkpoint_store=store) as job:
+            for key, value in (("a", 1), ("b", 4), ("a", 2)):
+                await job.send("in", key, value)
+            await job.checkpoint()
+            await job.send("in", "a", 100)  # after the checkpoint: lost with the crash
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(first_run())
+
+    async def second_run() -> list[tuple[Any, Any]]:
+        async with sl.start(topology(), checkpoint_store=store) as job:
+            await job.send("in", "a", 6)
+            await job.close_source("in")
+            result = await job.wait()
+        return [(r.key, r.value) for r in result.sink("out")]
+
+    assert asyncio.run(second_run()) == [("a", 3.0), ("b", 4.0)]
+
+
+def test_a_where_on_a_missing_field_names_the_task_and_port() -> None:
+    """An expression over a field the batches lack stops the job with a TopologyError naming node and port."""
+    topology = sl.Topology("bad")
+    rows = topology.add_source("in", sl.ColumnarSource(pa.table({"word": ["a"]}), key="word"))
+    kept = topology.where("keep", pc.field("count") > 1).set_input(rows)
+    topology.add_sink("out", sl.CollectSink()).set_input(kept)
+    with pytest.raises(
+        sl.TopologyError,
+        match=r"^task 'keep' input port 0: the expression \(count > 1\) names a field the batch has not "
+        r"\(fields: word\)$",
+    ):
+        sl.run(topology)
+
+
+def test_an_aggregate_of_a_missing_field_names_the_task_and_port() -> None:
+    """aggregate(field=...) of a column the batches lack names the task, port and fields."""
+    topology = sl.Topology("bad")
+    rows = topology.add_source("in", sl.ColumnarSource(pa.table({"word": ["a"]}), key="word"))
+    sums = topology.aggregate("sum", "sum", field="n").set_input(rows)
+    topology.add_sink("out", sl.CollectSink()).set_input(sums)
+    with pytest.raises(
+        sl.TopologyError,
+        match=r"^task 'sum' input port 0: aggregate 'sum' of field='n', which is not a field of the batch "
+        r"\(fields: word\)$",
+    ):
+        sl.run(topology)
+
+
+def test_a_source_key_that_is_not_a_column_names_the_source() -> None:
+    """ColumnarSource(key=...) naming no column stops the job naming the source, its port and the fields."""
+    topology = sl.Topology("bad")
+    rows = topology.add_source("in", sl.ColumnarSource(pa.table({"word": ["a"]}), key="words"))
+    topology.add_sink("out", sl.CollectSink()).set_input(rows)
+    with pytest.raises(
+        sl.TopologyError, match=r"^source 'in' output port 0: key='words' is not a column of the data \(fields: word\)$"
+    ):
+        sl.run(topology)
+
+
+def test_building_checks_how_emit_and_expression() -> None:
+    """Wrong arguments to aggregate and where are refused when the topology is built."""
+    topology = sl.Topology("bad")
+    with pytest.raises(
+        sl.TopologyError, match=r"^task 'a': how must be one of \('count', 'sum', 'min', 'max', 'mean'\), got 'median'$"
+    ):
+        topology.aggregate("a", "median")  # type: ignore[arg-type]
+    with pytest.raises(sl.TopologyError, match=r"^task 'a': emit must be 'batch' or 'end', got 'record'$"):
+        topology.aggregate("a", "sum", emit="record")  # type: ignore[arg-type]
+    with pytest.raises(sl.TopologyError, match=r"^task 'w': where takes a pyarrow.compute expression"):
+        topology.where("w", lambda r: True)
+
+
+def test_importing_streamlet_does_not_import_pyarrow() -> None:
+    """pyarrow is loaded by the first columnar batch, never by ``import streamlet``."""
+    code = "import sys, streamlet; print('pyarrow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
