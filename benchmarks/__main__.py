@@ -8,6 +8,7 @@ from benchmarks import (
     balance,
     checkpoint,
     cluster,
+    columnar,
     cpu,
     latency,
     monitor,
@@ -30,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     names = [
         "wordcount",
+        "columnar",
         "latency",
         "windows",
         "checkpoint",
@@ -56,6 +58,8 @@ def main() -> None:
         args.repeats = 7 if args.name == "checkpoint" else 5
     if args.name == "wordcount":
         line = wordcount.main(args.records or 1_000_000, args.repeats)
+    elif args.name == "columnar":
+        line = columnar.main(args.records or 1_000_000, args.repeats)
     elif args.name == "windows":
         line = windows.main(args.records or 1_000_000, args.repeats)
     elif args.name == "cluster":
