@@ -4,7 +4,11 @@ Each record becomes a row: ``key``, ``value`` (or one column per field when
 the values are dicts), ``ts``, ``epoch``, and ``window_start``/``window_end``
 when the records come from a window (``window_reduce`` or a windowed task).
 An epoch's rows become one ``pyarrow.Table`` and one DataFrame
-(``spark.createDataFrame(table)``), never one Python row at a time.
+(``spark.createDataFrame(table)``), never one Python row at a time. Arrow
+batches of the columnar operators (``aggregate``, ``where``, a
+``ColumnarSource``) arrive as they are and become the same rows column by
+column: the key column as ``key``, the value column as ``value`` (without
+one, every other column as its own), the ts column as ``ts``.
 
 When rows reach Spark:
 
@@ -67,12 +71,21 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeAlias
 
 import anyio
 
-from streamlet.connectors.spark_rows import read_chunks, remove, seal, to_arrow, with_epoch, write_chunk
+from streamlet.connectors.spark_rows import (
+    columns_to_arrow,
+    read_chunks,
+    remove,
+    seal,
+    to_arrow,
+    with_epoch,
+    write_tables,
+)
 from streamlet.connectors.spark_session import spark_session
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.record import Batch
 from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.errors import ConnectorError
@@ -97,6 +110,8 @@ class SparkSink(Sink):
     Example:
         >>> sink = SparkSink("out/sums")  # topology.add_sink("to-spark", sink).set_input(sums)
     """
+
+    takes_columns: ClassVar[bool] = True  # Arrow batches of the columnar operators become rows column by column
 
     def __init__(
         self,
@@ -180,6 +195,10 @@ def _insert_overwrite(spark: Any, table: str, format_: str, rows: Any, epoch: in
         spark.catalog.dropTempView(view)
 
 
+#: What a writer holds in memory: rows as elements, and columnar batches' rows as Arrow tables.
+Held: TypeAlias = tuple[Batch, list[Any]]
+
+
 class _SparkWriter(SinkWriter):
     takes_elements = True  # rows go straight from the runtime's tuples into Arrow columns
 
@@ -195,6 +214,8 @@ class _SparkWriter(SinkWriter):
         self.staging.mkdir(parents=True, exist_ok=True)
         self._open = self.staging / f"{self.index:04d}-open"
         self._rows: Batch = []
+        self._tables: list[Any] = []  # columnar batches' rows, as Arrow tables
+        self._table_rows = 0
         self._handing_over: anyio.Event | None = None
 
     def _attempt_staging(self, attempt: str) -> Path:
@@ -203,17 +224,27 @@ class _SparkWriter(SinkWriter):
     def _sealed(self, epoch: int, staging: Path | None = None) -> Path:
         return (staging or self.staging) / f"{self.index:04d}-{epoch:08d}"
 
-    def _take(self) -> Batch:
-        rows, self._rows = self._rows, []
-        return rows
+    def _take(self) -> Held:
+        held = (self._rows, self._tables)
+        self._rows, self._tables, self._table_rows = [], [], 0
+        return held
 
-    def _spill(self, rows: Batch) -> None:
-        if rows:
-            write_chunk(self._open, to_arrow(rows, self.where))
+    def _spill(self, held: Held) -> None:
+        rows, tables = held
+        write_tables(self._open, [*tables, to_arrow(rows, self.where)] if rows else tables)
 
     async def write(self, batch: Batch) -> None:  # type: ignore[override]  # takes elements
         self._rows.extend(batch)
-        if len(self._rows) >= self.sink.max_rows:
+        await self._spill_if_full()
+
+    async def write_columns(self, batch: ColumnBatch) -> None:
+        """A columnar batch's rows go into Arrow column by column, never a step per row."""
+        self._tables.append(columns_to_arrow(batch, self.where))
+        self._table_rows += len(batch)
+        await self._spill_if_full()
+
+    async def _spill_if_full(self) -> None:
+        if len(self._rows) + self._table_rows >= self.sink.max_rows:
             if self._handing_over is not None:
                 await self._handing_over.wait()  # Spark is busy: hold the stream back rather than pile up
             await anyio.to_thread.run_sync(self._spill, self._take())
@@ -221,8 +252,8 @@ class _SparkWriter(SinkWriter):
     async def prepare_commit(self, epoch: int) -> None:
         await anyio.to_thread.run_sync(self._stage, self._take(), epoch)
 
-    def _stage(self, rows: Batch, epoch: int) -> None:
-        self._spill(rows)
+    def _stage(self, held: Held, epoch: int) -> None:
+        self._spill(held)
         seal(self._open, self._sealed(epoch))
 
     async def commit(self, epoch: int) -> None:
@@ -267,7 +298,7 @@ class _SparkWriter(SinkWriter):
             _remove_if_empty(staging)
 
     def abort(self) -> None:
-        self._rows = []  # uncommitted: nothing will hand them over
+        self._take()  # uncommitted: nothing will hand them over
         if self._temporary:
             shutil.rmtree(self._base, ignore_errors=True)
         else:
@@ -277,9 +308,9 @@ class _SparkWriter(SinkWriter):
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self._finish, self._take())
 
-    def _finish(self, rows: Batch) -> None:
+    def _finish(self, held: Held) -> None:
         """Without checkpoints everything is handed over now, as epoch 0 (with them, nothing is left)."""
-        self._spill(rows)
+        self._spill(held)
         if self._open.exists():
             seal(self._open, self._sealed(0))
             self._publish(0)

@@ -1,4 +1,4 @@
-"""Records as Arrow tables, and the Arrow IPC files a ``SparkSink`` stages them in.
+"""Records (and columnar batches) as Arrow tables, and the Arrow IPC files a ``SparkSink`` stages them in.
 
 Rows have the columns ``key``, ``value`` (or one column per field when every
 value is a dict), ``ts``, ``epoch``, and ``window_start``/``window_end``
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streamlet.connectors.spark_session import import_pyarrow
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.record import Batch
 from streamlet.core.state.durable import fsync_directory
 from streamlet.errors import ConnectorError
@@ -43,6 +44,28 @@ def to_arrow(records: Batch, where: str) -> Any:
         raise ConnectorError(f"{where}: records do not fit an Arrow table: {exc}") from exc
 
 
+def columns_to_arrow(batch: ColumnBatch, where: str) -> Any:
+    """A columnar batch as the same rows :func:`to_arrow` makes of its elements, column by column (no step
+    per row): its key column as ``key``, its value column as ``value`` (or, without one, each other column
+    as its own, like dict values), its ts column as ``ts`` (float64)."""
+    pa = import_pyarrow()
+    data, rows = batch.data, len(batch)
+    columns: dict[str, Any] = {"key": pa.nulls(rows) if batch.key is None else data.column(batch.key)}
+    if batch.value is not None:
+        columns["value"] = data.column(batch.value)
+    else:
+        others = batch.other_columns()
+        clash = sorted(set(others.schema.names) & set(RESERVED))
+        if clash:
+            raise ConnectorError(f"{where}: columns named like row columns: {clash}")
+        columns.update(zip(others.schema.names, others.columns, strict=True))
+    try:
+        columns["ts"] = pa.nulls(rows, pa.float64()) if batch.ts is None else data.column(batch.ts).cast(pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ConnectorError(f"{where}: the ts column {batch.ts!r} is not a number of seconds: {exc}") from exc
+    return pa.table(columns)
+
+
 def with_epoch(table: Any, epoch: int) -> Any:
     """``table`` with an ``epoch`` column (int64) after ``ts``."""
     pa = import_pyarrow()
@@ -59,6 +82,15 @@ def _value_columns(pa: Any, values: list[Any], where: str) -> dict[str, Any]:
     if clash:
         raise ConnectorError(f"{where}: dict values have fields named like row columns: {clash}")
     return dict(zip(names, struct.flatten(), strict=True))
+
+
+def write_tables(directory: Path, tables: list[Any]) -> None:
+    """Append ``tables`` (rows of one epoch, made from elements or columns) to ``directory`` as one chunk."""
+    if tables:
+        pa = import_pyarrow()
+        write_chunk(
+            directory, tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
+        )
 
 
 def write_chunk(directory: Path, table: Any) -> None:

@@ -44,7 +44,7 @@ class ColumnarSource(Source):
     Every record batch is emitted as it is (a table as its chunks), with the
     columns ``key``, ``value`` and ``ts`` naming the records' roles (see
     :class:`~streamlet.core.model.columns.ColumnBatch`; ``value=None``: the
-    row as a dict). With ``parallelism`` n, instance i reads batches i, i+n,
+    other columns as a dict). With ``parallelism`` n, instance i reads batches i, i+n,
     ... The position is the number of batches read, so a restore replays from
     there (the data must be re-iterable: a table, a batch or a list).
 

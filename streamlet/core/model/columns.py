@@ -35,8 +35,9 @@ def import_pyarrow() -> Any:
 class ColumnBatch:
     """One Arrow record batch in a stream, with the columns that are its records' ``key``, ``value`` and ``ts``.
 
-    ``value=None`` makes each record's value the row as a ``dict`` of every
-    column; ``key=None`` or ``ts=None`` give records a ``None`` key or time.
+    ``value=None`` makes each record's value a ``dict`` of the row's other
+    columns (all but the key and ts columns); ``key=None`` or ``ts=None`` give
+    records a ``None`` key or time.
     Read-only once emitted, like a record: several receivers may hold it.
 
     Example:
@@ -75,9 +76,14 @@ class ColumnBatch:
         """The rows as elements ``(key, value, ts)``: made once, then the same list for every receiver."""
         made = self._elements
         if made is None:
-            values = self.data.to_pylist() if self.value is None else self.column(self.value)
+            values = self.other_columns().to_pylist() if self.value is None else self.column(self.value)
             made = self._elements = list(zip(self.column(self.key), values, self.column(self.ts), strict=True))
         return made
+
+    def other_columns(self) -> Any:
+        """The record batch without its key and ts columns (what a ``value=None`` record's value holds)."""
+        roles = (self.key, self.ts)
+        return self.data.select([name for name in self.data.schema.names if name not in roles])
 
     def last_ts(self) -> Any:
         """The event time of the last row (what emitted results are stamped with), or ``None``."""

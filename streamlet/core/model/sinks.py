@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.record import Batch, Record, Records, records_of
 from streamlet.errors import JobError
 
@@ -84,6 +85,16 @@ class SinkWriter(ABC):
         so keep it short: a writer bounds its own network calls).
         """
 
+    def write_columns(self, batch: ColumnBatch) -> Any:
+        """Consume one columnar batch (only where the sink's ``takes_columns`` is set); plain or ``async def``.
+
+        The default writes its elements (or records) through :meth:`write`; a writer that can use the
+        Arrow record batch itself (``SparkSink``'s) overrides it.
+        """
+        if self.takes_elements:
+            return self.write(batch.elements())  # type: ignore[arg-type]  # such a writer's write takes elements
+        return self.write(records_of(batch.elements()))
+
     def prepare_commit(self, epoch: int) -> Any:
         """Checkpoint ``epoch`` reached this sink: stage what was written since the last one.
 
@@ -112,6 +123,10 @@ class SinkWriter(ABC):
 
 class Sink(ABC):
     """Base class of sinks: configuration that opens one writer per instance."""
+
+    #: Columnar batches (Arrow, from the columnar operators) reach its writers' ``write_columns`` as they are,
+    #: instead of as elements made by the sending edge.
+    takes_columns: ClassVar[bool] = False
 
     @abstractmethod
     def open(self, context: SinkContext) -> SinkWriter:

@@ -251,7 +251,8 @@ class Topology:
             if not callable(sink):
                 raise TopologyError(f"sink '{name}': expected a Sink or a callable, got {sink!r}")
             sink = CallbackSink(sink)
-        return self._add(Node(name, "sink", _parallelism(name, "sink", parallelism), 1, 0, sink=sink))
+        node = Node(name, "sink", _parallelism(name, "sink", parallelism), 1, 0, sink=sink, columnar=sink.takes_columns)
+        return self._add(node)
 
     def map(self, name: str, fn: Callable[[Record], tuple[Any, Any]], **options: Any) -> NodeHandle:
         """A task emitting ``fn(record) -> (key, value)`` for every record."""

@@ -664,8 +664,9 @@ class SinkInstance(Receiver):
 
     async def process(self, port: int, batch: Batch | ColumnBatch) -> None:
         """Write the batch."""
-        if isinstance(batch, ColumnBatch):  # routes give a sink elements; this only guards the type
-            batch = batch.elements()
+        if isinstance(batch, ColumnBatch):  # only a sink that takes columns gets one
+            await self._write_columns(batch)
+            return
         try:
             records: Any = batch if self._elements else records_of(batch)
             if self._async:
@@ -681,6 +682,14 @@ class SinkInstance(Receiver):
             key = batch[0][0] if batch else None
             what = f"a batch of {len(batch)} records starting with key" if len(batch) > 1 else "the record with key"
             raise self._error(f"writing {what} {key!r}", exc, key) from exc
+
+    async def _write_columns(self, batch: ColumnBatch) -> None:
+        try:
+            await maybe_await(self.writer.write_columns(batch))
+        except StreamletError:
+            raise
+        except Exception as exc:
+            raise self._error(f"writing a columnar batch of {len(batch)} rows", exc) from exc
 
     async def on_watermark(self, watermark: float) -> None:
         """A sink has nobody to pass watermarks to."""
