@@ -47,6 +47,7 @@ ERROR 7  ``[reason]``, then the connection closes                 either way
 OPEN 8   ``[channel, ...]`` / ``[[channel, last_seq, credit], ...]`` sender -> receiver -> sender
 WATERMARK 9 ``[channel, epoch, seq, ts, idle]``                   sender -> receiver
 RECONFIGURE 10 ``[channel, epoch, seq, id, task, senders]``       sender -> receiver
+ARROW 11 ``[channel, epoch, seq, key, value, ts, ipc]``            sender -> receiver
 ======== ======================================================= =========================
 
 * **Authentication.** Mutual HMAC-SHA256 over nonces with the shared
@@ -58,7 +59,7 @@ RECONFIGURE 10 ``[channel, epoch, seq, id, task, senders]``       sender -> rece
   processes carries all their channels. ``OPEN`` attaches channels to the
   connection; the reply gives, per channel, the last sequence number
   delivered and the sender's credit.
-* **Flow control.** Credit is counted in items (a DATA, BARRIER, WATERMARK, RECONFIGURE or EOS frame
+* **Flow control.** Credit is counted in items (a DATA, ARROW, BARRIER, WATERMARK, RECONFIGURE or EOS frame
   each). A sender never has more unconfirmed items than its credit, which
   starts at the receiving inbox channel's capacity. The receiver grants one
   item of credit each time the receiving instance takes one out of the inbox,
@@ -85,4 +86,11 @@ RECONFIGURE 10 ``[channel, epoch, seq, id, task, senders]``       sender -> rece
   optional tails: records inside a cycle add an array of iteration counts;
   window results add ``None`` and two arrays of window starts and ends
   (``None`` for records of the batch that have no window).
+* **Arrow.** A columnar batch (the built-in columnar operators') goes as one
+  ARROW frame: the names of its key, value and ts columns and the record
+  batch as Arrow IPC (``streamlet.transport.arrow_frames``). The receiver
+  takes exactly one batch, validates it in full and checks the named
+  columns; anything else is a bad frame. One over the limit goes as several
+  ARROW frames of row ranges, each an item of its own (no ``MORE``); a row
+  that alone is over the limit is refused with ``RecordTooLarge``.
 """

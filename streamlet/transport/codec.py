@@ -24,6 +24,9 @@ few hundred keys before the peer has proved it holds the cluster secret.
 Nothing is ever unpickled. Any violation raises :class:`FrameError`, after
 which the connection is closed.
 
+A columnar batch (Arrow, between the built-in columnar operators) travels in
+an ARROW frame as Arrow IPC: see :mod:`streamlet.transport.arrow_frames`.
+
 One flag exists: :data:`MORE` on a DATA frame says that the next DATA frame
 of the channel continues the same batch (a batch too big for one frame is
 sent in pieces and put back together by the receiver).
@@ -61,6 +64,7 @@ class FrameType(enum.IntEnum):
     OPEN = 8  # [channel, ...]: the sender (re)attaches channels after connecting
     WATERMARK = 9  # [channel, epoch, seq, ts, idle]: event time on the channel has reached ts
     RECONFIGURE = 10  # [channel, epoch, seq, id, task, senders]: the sender switched to a new layout of task
+    ARROW = 11  # [channel, epoch, seq, key, value, ts, ipc]: a columnar batch as Arrow IPC (see arrow_frames)
 
 
 # The lengths a body may have once decoded (None: any)
@@ -75,6 +79,7 @@ _SHAPES: dict[FrameType, tuple[int, ...] | None] = {
     FrameType.OPEN: None,
     FrameType.WATERMARK: (5,),
     FrameType.RECONFIGURE: (6,),
+    FrameType.ARROW: (7,),
 }
 
 

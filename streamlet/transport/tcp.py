@@ -26,10 +26,12 @@ from typing import Any
 
 import structlog
 
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item, Reconfigure, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import FrameError
 from streamlet.transport import auth
+from streamlet.transport.arrow_frames import columns_from
 from streamlet.transport.codec import (
     DEFAULT_MAX_FRAME,
     HEADER,
@@ -217,7 +219,7 @@ class DataServer:
         if inlet.partial is not None and kind is not FrameType.DATA:
             raise FrameError(f"channel {channel_id!r}: {kind.name} inside a batch sent in pieces")
         item = _item(kind, body)
-        if type(item) is list:
+        if type(item) is list or type(item) is ColumnBatch:
             self.counts["records"] += len(item)
         inlet.outstanding -= 1
         inlet.last_seq = seq
@@ -229,9 +231,16 @@ class DataServer:
         connection.acknowledge(inlet)
 
 
+_DELIVERED = frozenset({
+    FrameType.DATA, FrameType.ARROW, FrameType.BARRIER, FrameType.EOS, FrameType.WATERMARK, FrameType.RECONFIGURE,
+})  # fmt: skip
+
+
 def _item(kind: FrameType, body: list[Any]) -> Item:
     if kind is FrameType.DATA:
         return records_from(*body[3:])
+    if kind is FrameType.ARROW:
+        return columns_from(*body[3:])
     if kind is FrameType.BARRIER:
         if not isinstance(body[3], int):
             raise FrameError("malformed BARRIER body")
@@ -307,7 +316,7 @@ class _Connection:
         return True
 
     def _handle(self, kind: FrameType, flags: int, body: list[Any]) -> None:
-        if kind in (FrameType.DATA, FrameType.BARRIER, FrameType.EOS, FrameType.WATERMARK, FrameType.RECONFIGURE):
+        if kind in _DELIVERED:
             self.server.deliver(self, kind, body, flags)
         elif kind is FrameType.OPEN:
             self._write(frame(FrameType.OPEN, self.server.open(self, body)))

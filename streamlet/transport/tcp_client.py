@@ -30,10 +30,12 @@ import anyio
 import anyio.abc
 import structlog
 
+from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.record import Barrier, Batch, EndOfStream, Item, Reconfigure, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import AuthenticationError, FrameError, RecordTooLarge, TransportError
 from streamlet.transport import auth
+from streamlet.transport.arrow_frames import arrow_frames
 from streamlet.transport.codec import (
     DEFAULT_MAX_FRAME,
     HEADER,
@@ -93,6 +95,10 @@ class TcpChannel:
         """
         if not self._can_send():
             await self._credit()
+        if isinstance(item, ColumnBatch):  # Arrow IPC; cut in row ranges when over the limit
+            frames = arrow_frames(self.channel_id, self.epoch, self.seq + 1, item, self.max_frame)
+            await self._send_pieces(frames)
+            return
         data = self._encode(item, self.seq + 1)  # first: an item that cannot be sent spends nothing
         if len(data) - HEADER.size > self.max_frame:  # the length is known anyway: only a big batch pays more
             assert type(item) is list  # markers are a few bytes
