@@ -110,14 +110,6 @@ class Inputs:
             return self._batches[self.port]
         return [element for batch in self._batches for element in batch]
 
-    def forwarded(self, records: Records) -> Batch | None:
-        """Runtime: the batch behind ``records`` when they are exactly what :meth:`get` handed out for
-        the current port (a task passing its input on), else ``None``."""
-        port = self.port
-        if port is not None and records is self._records[port]:
-            return self._batches[port]
-        return None
-
     def set_one(self, port: int, batch: Batch) -> None:
         """Runtime: async mode, ``port`` woke the task with ``batch``."""
         batches = self._batches
