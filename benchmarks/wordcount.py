@@ -11,8 +11,10 @@ the baseline of earlier measurements, kept for comparison.
 from __future__ import annotations
 
 import asyncio
+import operator
 import random
 import time
+import tracemalloc
 from typing import Any
 
 import uvloop
@@ -151,6 +153,51 @@ def run_streamlet(words: list[str], parallelism: int = 1, counter: type[sl.Task]
     return {record.key: record.value for record in result.sink("totals")}
 
 
+class LastValues(sl.Sink):
+    """Keeps the last value of every key (an upsert into a table): memory bounded by the keys."""
+
+    def __init__(self) -> None:
+        self.values: dict[Any, Any] = {}
+
+    def open(self, context: sl.SinkContext) -> sl.SinkWriter:
+        return _LastValuesWriter(self.values)
+
+
+class _LastValuesWriter(sl.SinkWriter):
+    takes_elements = True  # it reads keys and values only
+
+    def __init__(self, values: dict[Any, Any]) -> None:
+        self.values = values
+
+    def write(self, batch: list[Any]) -> None:
+        values = self.values
+        for element in batch:
+            values[element[0]] = element[1]
+
+
+def run_reduce(words: list[str]) -> dict[str, int]:
+    """The count with the ``reduce`` shortcut (each key's value once per batch) into :class:`LastValues`."""
+    topology = sl.Topology("wordcount-reduce")
+    source = topology.add_source("words", words)
+    pairs = topology.map("pair", lambda record: (record.value, 1)).set_input(source)
+    counts = topology.reduce("count", operator.add).set_input(pairs, partitioning=sl.SAME_KEY)
+    totals = LastValues()
+    topology.add_sink("totals", totals).set_input(counts)
+    sl.run(topology)
+    return totals.values
+
+
+def reduce_traced_peak_mb(words: list[str]) -> float:
+    """The most memory Python held at once, beyond what it held before, while :func:`run_reduce` ran (MB,
+    ``tracemalloc``: a separate, untimed run)."""
+    tracemalloc.start()
+    try:
+        run_reduce(words)
+        return round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
+    finally:
+        tracemalloc.stop()
+
+
 def run_streamlet_tuned_gc(words: list[str]) -> dict[str, int]:
     """The streamlet job under the garbage-collector policy of the processes streamlet owns
     (``streamlet.gc_policy``: what ``streamlet run`` and the workers apply)."""
@@ -169,15 +216,18 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     streamlet with the interpreter's defaults (as embedded) against the baseline with them; ``tuned_gc_*``
     are both under the policy ``streamlet run`` and the workers use (``tuned_gc_ratio``: streamlet's over
     the baseline's, both tuned; ``tuned_gc_speedup``: streamlet tuned over streamlet as embedded);
-    ``records_api_*``: the count reading ``inputs.get()`` (a record made per word), as embedded."""
+    ``records_api_*``: the count reading ``inputs.get()`` (a record made per word), as embedded;
+    ``reduce_*``: the count with the ``reduce`` shortcut into a sink keeping each key's last value, and the
+    most memory it held at once beyond its input (a separate run under ``tracemalloc``)."""
     words = make_words(records)
     timings = alternating(repeats, {
         "streamlet": lambda: run_streamlet(words), "baseline": lambda: run_tuple_baseline(words),
         "tuned": lambda: run_streamlet_tuned_gc(words), "baseline_tuned": lambda: run_baseline_tuned_gc(words),
         "slots": lambda: run_baseline(words),
         "records_api": lambda: run_streamlet(words, counter=CountWordsFromRecords),
+        "reduce": lambda: run_reduce(words),
     })  # fmt: skip
-    runs = ("streamlet", "tuned", "baseline_tuned", "slots", "records_api")
+    runs = ("streamlet", "tuned", "baseline_tuned", "slots", "records_api", "reduce")
     if any(counts != timings["baseline"][0][1] for run in runs for _, counts in timings[run]):
         raise AssertionError("streamlet and the baseline disagree on the counts")
     rate = median_rate(records, [seconds for seconds, _ in timings["streamlet"]])
@@ -186,10 +236,13 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     baseline_tuned = median_rate(records, [seconds for seconds, _ in timings["baseline_tuned"]])
     slots = median_rate(records, [seconds for seconds, _ in timings["slots"]])
     from_records = median_rate(records, [seconds for seconds, _ in timings["records_api"]])
+    reduced = median_rate(records, [seconds for seconds, _ in timings["reduce"]])
     return report(
         "wordcount", rate, baseline, slots_baseline_records_per_s=round(slots), slots_ratio=round(rate / slots, 3),
         tuned_gc_records_per_s=round(tuned),
         tuned_gc_baseline_records_per_s=round(baseline_tuned), tuned_gc_ratio=round(tuned / baseline_tuned, 3),
         tuned_gc_speedup=round(tuned / rate, 3), records_api_records_per_s=round(from_records),
-        records_api_ratio=round(from_records / baseline, 3), records=records, repeats=repeats,
+        records_api_ratio=round(from_records / baseline, 3), reduce_records_per_s=round(reduced),
+        reduce_ratio=round(reduced / baseline, 3), reduce_traced_peak_mb=reduce_traced_peak_mb(words),
+        records=records, repeats=repeats,
     )  # fmt: skip
