@@ -100,6 +100,12 @@ class Ticks:
             return tick / self._divisor
         return float(tick * self.unit)
 
+    def bound(self, tick: int, whole_seconds: bool) -> float:
+        """Tick ``tick`` in seconds, an ``int`` when ``whole_seconds`` (the records' timestamps are ints) and
+        it is a whole second: a window of int timestamps reports int bounds, as the user's data has them."""
+        seconds = self.seconds(tick)
+        return int(seconds) if whole_seconds and seconds.is_integer() else seconds
+
     def whole(self, seconds: float) -> int | None:
         """``seconds`` as a whole number of ticks, or ``None`` when it is not one."""
         tick = self.of(seconds)

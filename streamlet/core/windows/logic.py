@@ -96,10 +96,8 @@ class TimeLogic(WindowLogic):
         return ClosedWindow(self._bound(start), self._bound(start + self.size_ticks), {})
 
     def _bound(self, tick: int) -> float:
-        """Tick ``tick`` in seconds, an ``int`` when the timestamps are ints and it is a whole second (a
-        window of int timestamps reports int bounds, as the user's data has them)."""
-        seconds = self.ticks.seconds(tick)
-        return int(seconds) if self.whole_seconds and seconds.is_integer() else seconds
+        """Tick ``tick`` in seconds (see :meth:`Ticks.bound`)."""
+        return self.ticks.bound(tick, self.whole_seconds)
 
     def close_until(self, tick: float) -> list[ClosedWindow]:
         """Windows whose end is at or before ``tick``, oldest first."""

@@ -107,6 +107,7 @@ class SessionLogic(WindowLogic):
     """
 
     lateness = 0  # ticks a fired session is kept for records that rejoin it (event time only)
+    whole_seconds = False  # the records' timestamps are ints: whole-second bounds stay ints (event time only)
 
     def __init__(self, gap: float, ticks: Ticks | None = None) -> None:
         self.ticks = ticks = ticks or Ticks(0.001)
@@ -144,7 +145,8 @@ class SessionLogic(WindowLogic):
                 self._absorb(session, other)
             start, end = min(start, session.start), max(end, session.end)
         session.start, session.end, session.fired = start, end, False
-        session.window.start, session.window.end = self.ticks.seconds(start), self.ticks.seconds(end)
+        whole = self.whole_seconds
+        session.window.start, session.window.end = self.ticks.bound(start, whole), self.ticks.bound(end, whole)
         self.sessions[key].sort(key=_START)
         self.closing.push(end, session, self.ranks[key])
         return session
@@ -285,6 +287,8 @@ class EventTimeSessionLogic(SessionLogic):
         if self.refuse_missing_ts and any(record[2] is None for record in batch):
             raise ValueError("a record has no ts")  # the task instance names it
         fired: list[ClosedWindow] = self._catch_up() if self.overdue else []
+        if batch:
+            self.whole_seconds = type(batch[0][2]) is int  # int timestamps: whole-second bounds stay ints
         late: Batch = []
         # Records are collected in runs (consecutive records of one open session) to fold them at once.
         run: Batch = []

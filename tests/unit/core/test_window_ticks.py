@@ -145,3 +145,18 @@ def test_window_bounds_keep_the_type_of_the_timestamps() -> None:
 
     assert bounds([5, 65]) == [(0, 60, int), (60, 120, int)]
     assert bounds([5.5, 65.0]) == [(0.0, 60.0, float), (60.0, 120.0, float)]
+
+
+def test_session_bounds_keep_the_type_of_the_timestamps() -> None:
+    """Event-time sessions too: int timestamps give int bounds where they are whole seconds."""
+
+    def bounds(stamps: list[float]) -> list[tuple[object, object, type]]:
+        topology = sl.Topology("typed-sessions")
+        source = topology.add_source("e", [sl.Record("a", 1, ts) for ts in stamps])
+        window = sl.SessionWindow(5, time="event")
+        summed = topology.window_reduce("sum", "sum", window=window).set_input(source)
+        topology.add_sink("out", sl.CollectSink()).set_input(summed)
+        return [(r.window_start, r.window_end, type(r.window_start)) for r in sl.run(topology).sink("out")]
+
+    assert bounds([1, 3, 20]) == [(1, 8, int), (20, 25, int)]
+    assert bounds([1.5, 20.0]) == [(1.5, 6.5, float), (20.0, 25.0, float)]
