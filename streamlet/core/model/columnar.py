@@ -46,12 +46,15 @@ class ColumnarSource(Source):
     :class:`~streamlet.core.model.columns.ColumnBatch`; ``value=None``: the
     other columns as a dict). With ``parallelism`` n, instance i reads batches i, i+n,
     ... The position is the number of batches read, so a restore replays from
-    there (the data must be re-iterable: a table, a batch or a list).
+    there. With several instances or a restore the data must be re-iterable
+    (a table, a batch or a list; not a generator, which only one reader can read).
 
     Example:
         >>> import pyarrow as pa
         >>> source = ColumnarSource(pa.table({"sensor": ["s1", "s2"], "celsius": [20.5, 21.0]}), key="sensor")
     """
+
+    columnar = True  # it emits Arrow batches
 
     def __init__(self, data: Any, *, key: str | None = None, value: str | None = None, ts: str | None = None) -> None:
         self.data = data
@@ -120,10 +123,13 @@ class ColumnarReader(SourceReader):
 
     async def seek(self, position: Any) -> None:
         """Skip the first ``position`` batches."""
-        for number, _ in self.batches:
-            if number + 1 >= position:
-                break
-        self.read_count = int(position)
+        if type(position) is not int or position < 0:
+            raise TopologyError(f"{self.where}: cannot seek to {position!r}, not a number of batches")
+        if position:
+            for number, _ in self.batches:
+                if number + 1 >= position:
+                    break
+        self.read_count = position
 
     def event_time_progress(self) -> float | None:
         """The largest ``ts`` read (``-inf`` before any, or without a ts column)."""

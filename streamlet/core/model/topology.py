@@ -83,7 +83,7 @@ class Node:
     on_timer: bool = False  # the task overrides Task.on_timer: watermarks must flow for its event-time timers
     state_ttl: float | None = None  # seconds of the job clock a task's state entry lives after its last write
     max_parallelism: int = DEFAULT_SEGMENTS  # key segments of a keyed input: the most instances it can have
-    columnar: bool = False  # a built-in columnar task: columnar batches reach it as they are (see ``columns``)
+    columnar: bool = False  # a columnar source, task or sink: Arrow batches reach it / leave it as they are
 
     def describe(self) -> str:
         """``task 'count'`` style label used in messages."""
@@ -186,7 +186,7 @@ class Topology:
             watermarks.validate(f"source '{name}'")
         node = Node(
             name, "source", _parallelism(name, "source", parallelism), 0, 1,
-            source=source, window=window, watermarks=watermarks,
+            source=source, window=window, watermarks=watermarks, columnar=getattr(source, "columnar", False),
         )  # fmt: skip
         return self._add(node)
 

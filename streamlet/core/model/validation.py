@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 from streamlet.core.model import graph
 from streamlet.core.model.constants import LATE, SHED
+from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY
 from streamlet.errors import TopologyError
 
 
@@ -49,10 +50,12 @@ def validate(topology: T) -> T:
     _check_edges(topology)
     _check_inputs_connected(topology)
     _check_cycles(topology)
+    _check_columnar_edges(topology)
     resolved = copy.copy(topology)
     # copies of the nodes too: a running job changes its own (a rescale), never the caller's
     resolved.nodes = {**{name: copy.copy(node) for name, node in topology.nodes.items()}, **_resolved_windows(topology)}
     resolved.edges = list(topology.edges)
+    _check_columnar_nodes(resolved)
     return resolved
 
 
@@ -113,6 +116,27 @@ def _check_cycles(topology: TopologyData) -> None:
                 f"topology '{topology.name}' has a cycle {cycle} (back edge into input of "
                 f"'{head}') without an iteration limit; call topology.set_max_iterations(n)"
             )
+
+
+def _check_columnar_edges(topology: TopologyData) -> None:
+    """Arrow batches between columnar nodes are routed whole or by key: never by a function of a record."""
+    for edge in topology.edges:
+        upstream, downstream = topology.nodes[edge.upstream], topology.nodes[edge.downstream]
+        if upstream.columnar and downstream.columnar and edge.partitioning not in (ROUND_ROBIN, SAME_KEY, BROADCAST):
+            raise TopologyError(
+                f"{downstream.describe()} input port {edge.in_port}: the Arrow batches of {upstream.describe()} "
+                "go by ROUND_ROBIN, SAME_KEY or BROADCAST, not by a partition function or SESSION_TABLE"
+            )
+
+
+def _check_columnar_nodes(topology: TopologyData) -> None:
+    """Columnar tasks run neither on windows nor inside a cycle (their batches carry no iteration count)."""
+    in_cycles = {name for component in graph.strongly_connected(topology.successors()) for name in component}
+    for node in topology.nodes.values():
+        if node.kind == "task" and node.columnar and node.window is not None:
+            raise TopologyError(f"{node.describe()}: columnar tasks (where, aggregate) do not run on windows")
+        if node.columnar and node.name in in_cycles:
+            raise TopologyError(f"{node.describe()}: columnar nodes (where, aggregate) cannot be inside a cycle")
 
 
 def _resolved_windows(topology: TopologyData) -> dict[str, Any]:

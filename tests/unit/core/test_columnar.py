@@ -247,3 +247,57 @@ def test_importing_streamlet_does_not_import_pyarrow() -> None:
     """pyarrow is loaded by the first columnar batch, never by ``import streamlet``."""
     code = "import sys, streamlet; print('pyarrow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_a_columnar_task_on_a_window_is_refused() -> None:
+    """aggregate(window=...) is refused when the topology is validated: columnar tasks take no window."""
+    topology = sl.Topology("bad")
+    rows = topology.add_source("in", sl.ColumnarSource(pa.table({"word": ["a"]}), key="word"))
+    topology.aggregate("count", "count", window=sl.CountWindow(2)).set_input(rows)
+    with pytest.raises(
+        sl.TopologyError, match=r"^task 'count': columnar tasks \(where, aggregate\) do not run on windows$"
+    ):
+        topology.validate()
+
+
+def test_a_columnar_task_inside_a_cycle_is_refused() -> None:
+    """A where feeding itself back is refused: columnar batches carry no iteration count."""
+    topology = sl.Topology("bad")
+    rows = topology.add_source("in", sl.ColumnarSource(pa.table({"n": [1]}), key="n"))
+    again = topology.where("again", pc.field("n") > 0).set_input(rows)
+    again.set_input(again, in_port=0)
+    topology.set_max_iterations(3)
+    with pytest.raises(sl.TopologyError, match=r"^task 'again': columnar nodes \(where, aggregate\) cannot be inside"):
+        topology.validate()
+
+
+def test_arrow_batches_are_not_routed_by_a_partition_function() -> None:
+    """A partition function between two columnar nodes is refused, naming the node, port and upstream."""
+    topology = sl.Topology("bad")
+    rows = topology.add_source("in", sl.ColumnarSource(pa.table({"n": [1]}), key="n"))
+    topology.aggregate("count", "count").set_input(rows, partitioning=lambda record, count: 0)
+    with pytest.raises(
+        sl.TopologyError,
+        match=r"^task 'count' input port 0: the Arrow batches of source 'in' go by ROUND_ROBIN, SAME_KEY or "
+        r"BROADCAST, not by a partition function or SESSION_TABLE$",
+    ):
+        topology.validate()
+
+
+async def test_the_source_position_is_the_batches_read_and_seek_resumes_there() -> None:
+    """A reader's position counts batches; a new reader seeking to it reads the next one (0: the first)."""
+    batches = batches_of(reading_table())
+    source = sl.ColumnarSource(batches, key="sensor")
+
+    def reader() -> Any:
+        return source.open(sl.SourceContext("in", 0, 1, sl.ManualClock(), None))  # type: ignore[arg-type]
+
+    first = reader()
+    await first.read(BATCH)
+    await first.read(BATCH)
+    assert first.position() == 2
+    resumed, fresh = reader(), reader()
+    await resumed.seek(2)
+    await fresh.seek(0)
+    assert (await resumed.read(BATCH)).data.equals(batches[2])
+    assert (await fresh.read(BATCH)).data.equals(batches[0])
