@@ -246,7 +246,7 @@ def _merge(totals: dict[Any, Any], keys: list[Any], parts: list[Any], how: str) 
     get = totals.get
     merged: list[Any]
     if how in ("count", "sum"):
-        merged = [part if (now := get(key)) is None else now + part for key, part in zip(keys, parts, strict=True)]
+        merged = [get(key, 0) + part for key, part in zip(keys, parts, strict=True)]
     elif how == "min":
         merged = [part if (now := get(key)) is None else min(now, part) for key, part in zip(keys, parts, strict=True)]
     elif how == "max":

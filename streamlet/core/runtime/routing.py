@@ -17,7 +17,7 @@ from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SES
 from streamlet.core.model.record import END_OF_STREAM, Batch, Element, Marker, Reconfigure, Record, Watermark, record_of
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable, segment_of
 from streamlet.core.runtime.channel import Channel
-from streamlet.core.runtime.column_routing import split_by_instance
+from streamlet.core.runtime.column_routing import ColumnOwners, split_by_instance
 from streamlet.errors import EncodingError, TopologyError
 
 
@@ -252,7 +252,7 @@ class KeyedRoute(Route):
     an LRU's per-hit cost) or the table changes.
     """
 
-    __slots__ = ("_appenders", "_by_key", "_cache", "_owners", "_place")
+    __slots__ = ("_appenders", "_by_key", "_cache", "_column_owners", "_owners", "_place")
 
     def __init__(
         self, channels: list[Channel], table: SegmentTable, label: str = "edge", cache_limit: int = 1 << 17
@@ -287,6 +287,7 @@ class KeyedRoute(Route):
 
         self._by_key = add
         self._place = place
+        self._column_owners = ColumnOwners(self._instances_of)  # the same, for key columns of Arrow batches
         self._set_add()
 
     def _instances_of(self, keys: list[Any]) -> list[int]:
@@ -306,7 +307,7 @@ class KeyedRoute(Route):
         if len(self.buffers) == 1:
             self.columns.append((0, batch))
         else:
-            self.columns.extend(split_by_instance(batch, self._instances_of, len(self.buffers), self.label))
+            self.columns.extend(split_by_instance(batch, self._column_owners, len(self.buffers), self.label))
 
     def _set_add(self) -> None:
         # one instance: every key goes there, so no lookup at all (the outputs re-read ``add`` after a switch)
@@ -333,6 +334,7 @@ class KeyedRoute(Route):
         self._appenders[:] = [buffer.append for buffer in self.buffers]
         self._owners[0] = table.owners
         self._cache.clear()
+        self._column_owners = ColumnOwners(self._instances_of)
         self._set_add()
 
 

@@ -15,7 +15,6 @@ import pytest
 
 import streamlet as sl
 from streamlet.core.model.columns import ColumnBatch
-from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.routing import KeyedRoute
 
 ROWS = 1_000
@@ -144,19 +143,28 @@ def test_columnar_tasks_fed_by_elements_see_key_value_ts_fields() -> None:
 
 
 def test_same_key_splits_a_columnar_batch_where_its_elements_go() -> None:
-    """A keyed route splits a columnar batch by the segment table: each row reaches its key's instance."""
-    inbox = Inbox(4)
+    """A keyed route splits columnar batches by the segment table: each row reaches its key's instance,
+    for new keys, keys seen before (the Arrow cache), a null key, and after the table changes."""
     channels: list[Any] = [object() for _ in range(3)]
     table = sl.SegmentTable.contiguous(128, 3)
     route = KeyedRoute(channels, table)
     route.columnar = True
-    keys = [f"user{i}" for i in range(200)]
-    route.add_columns(ColumnBatch(pa.record_batch({"k": keys, "n": list(range(200))}), key="k", value="n"))
-    placed = [(index, key) for index, part in route.columns for key in part.data.column("k").to_pylist()]
-    assert sorted(key for _, key in placed) == sorted(keys)
-    assert all(index == table.owner(key) for index, key in placed)
-    assert {index for index, _ in placed} == {0, 1, 2}
-    del inbox
+
+    def placed(keys: list[Any]) -> list[tuple[int, Any]]:
+        route.columns.clear()
+        route.add_columns(ColumnBatch(pa.record_batch({"k": keys, "n": list(range(len(keys)))}), key="k"))
+        found = [(index, key) for index, part in route.columns for key in part.data.column("k").to_pylist()]
+        assert sorted(map(repr, (key for _, key in found))) == sorted(map(repr, keys))
+        return found
+
+    first = [f"user{i}" for i in range(200)]
+    for keys in (first, first[::-1], [*first[:50], "new1", None, "new2"], first):
+        assert all(index == table.owner(key) for index, key in placed(keys))
+    assert {index for index, _ in placed(first)} == {0, 1, 2}
+    moved = table.moved_to(dict.fromkeys(range(128), 1))
+    route.retarget(channels, moved)
+    route.columnar = True
+    assert {index for index, _ in placed(first)} == {1}
 
 
 def test_aggregate_state_checkpoints_and_restores() -> None:
