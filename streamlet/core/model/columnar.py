@@ -269,8 +269,10 @@ def _result_batch(keys: Any, values: list[Any], stamps: Any) -> ColumnBatch:
     return ColumnBatch(pa.record_batch(columns), "key", "value", None if stamps is None else "ts")
 
 
-def check_aggregate(name: str, how: Any, emit: Any) -> None:
+def check_aggregate(name: str, how: Any, emit: Any, state_ttl: Any = None) -> None:
     """``aggregate``'s arguments, checked when the topology is built."""
+    if state_ttl is not None:
+        raise TopologyError(f"task '{name}': aggregate takes no state_ttl (its running values last the whole job)")
     if how not in AGGREGATES:
         raise TopologyError(f"task '{name}': how must be one of {AGGREGATES}, got {how!r}")
     if emit not in ("batch", "end"):

@@ -321,7 +321,7 @@ class Topology:
         last row; with ``emit="end"``, every key's final value once the input ends. Results are columnar
         batches with the fields ``key``, ``value`` (and ``ts``). Route its input by ``SAME_KEY`` when it
         runs in parallel."""
-        check_aggregate(name, how, emit)
+        check_aggregate(name, how, emit, options.get("state_ttl"))
         return self.add_task(name, lambda: AggregateTask(how, key, field, emit), **options)
 
     def set_max_iterations(self, limit: int, at: NodeHandle | str | None = None) -> None:

@@ -249,6 +249,10 @@ def test_building_checks_how_emit_and_expression() -> None:
         topology.aggregate("a", "sum", emit="record")  # type: ignore[arg-type]
     with pytest.raises(sl.TopologyError, match=r"^task 'w': where takes a pyarrow.compute expression"):
         topology.where("w", lambda r: True)
+    with pytest.raises(
+        sl.TopologyError, match=r"^task 'a': aggregate takes no state_ttl \(its running values last the whole job\)$"
+    ):
+        topology.aggregate("a", "sum", state_ttl=10)
 
 
 def test_importing_streamlet_does_not_import_pyarrow() -> None:
