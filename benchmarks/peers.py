@@ -1,7 +1,8 @@
 """The word count of ``benchmarks.wordcount`` in streamlet and in its Python peers, Bytewax and streamz.
 
 Not part of the project's dependencies: run it where they are installed
-(``pip install bytewax streamz``), e.g. ``python -m benchmarks peers --json``.
+(``pip install bytewax streamz`` beside the project with its ``bench`` and ``columnar`` extras), e.g.
+``python -m benchmarks peers --json``.
 Every run counts the same 1 M words (10 k vocabulary); the baseline is the
 hand-written asyncio pipeline of plain tuples in batches of 1000
 (``benchmarks.wordcount``), in the same rounds. Bytewax runs its
