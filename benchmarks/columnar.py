@@ -11,6 +11,16 @@ batch of 10 000 here, each turned into a record for the ``CollectSink``: most
 of its time), and ``split_*`` counts over two ``SAME_KEY`` instances (every
 batch split by key in Arrow; in one process on one loop, so it is checked,
 not expected to be faster).
+
+``window_*`` is the windowed count: the same words stamped with an int event
+time (``RATE`` words a second, in order), counted per word in tumbling
+``TimeWindow(WINDOW, time="event")`` windows by
+``aggregate("count", window=...)`` (each batch grouped by window and word in
+Arrow, merged into the window's counts, a window emitted when the watermark
+passes its end), against the careful pyarrow loop: window starts by
+``pc.subtract``/``pc.modulo``, ``group_by`` + ``aggregate`` per batch, merged
+into a dict per window, windows emitted when the watermark (the largest time
+read less ``LAG``) passes them. Results are checked equal.
 """
 
 from __future__ import annotations
@@ -25,6 +35,9 @@ from benchmarks.common import alternating, median_rate, report
 from benchmarks.wordcount import make_words
 
 BATCH = 10_000
+RATE = 1_000  # words a second of event time in the windowed count
+WINDOW = 10  # seconds: the windowed count's tumbling window
+LAG = 1  # seconds: the watermark's bound on out-of-orderness
 
 
 def make_batches(records: int) -> list[pa.RecordBatch]:
@@ -42,6 +55,58 @@ def run_baseline(batches: list[pa.RecordBatch]) -> dict[str, int]:
         words, counts = counted.field(0).to_pylist(), counted.field(1).to_pylist()
         totals.update({word: get(word, 0) + count for word, count in zip(words, counts, strict=True)})
     return totals
+
+
+def make_stamped(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """The same batches with an int ``ts`` column: ``RATE`` words a second, in order."""
+    stamped, first = [], 0
+    for batch in batches:
+        ts = pa.array(range(first, first + batch.num_rows), pa.int64())
+        stamped.append(pa.record_batch({"word": batch.column(0), "ts": pc.divide(ts, RATE)}))
+        first += batch.num_rows
+    return stamped
+
+
+WindowCounts = dict[tuple[int, str], int]  # (window start, word) -> count
+
+
+def run_window_baseline(batches: list[pa.RecordBatch]) -> WindowCounts:
+    """Per batch: window starts in pc, group_by (start, word) + count, merged into each window's dict; a window
+    goes out when the watermark passes its end, the rest at the end."""
+    open_windows: dict[int, dict[str, int]] = {}
+    emitted: WindowCounts = {}
+    watermark = None
+    for batch in batches:
+        ts = batch.column(1)
+        starts = pc.subtract(ts, pc.modulo(ts, WINDOW))
+        grouped = (
+            pa.table({"start": starts, "word": batch.column(0)})
+            .group_by(["start", "word"], use_threads=False)
+            .aggregate([("word", "count")])
+        )
+        columns = (grouped.column(name).to_pylist() for name in ("start", "word", "word_count"))
+        for start, word, count in zip(*columns, strict=True):
+            counts = open_windows.get(start)
+            if counts is None:
+                counts = open_windows[start] = {}
+            counts[word] = counts.get(word, 0) + count
+        top = pc.max(ts).as_py() - LAG
+        watermark = top if watermark is None else max(watermark, top)
+        for start in sorted(start for start in open_windows if start + WINDOW <= watermark):
+            emitted.update(((start, word), count) for word, count in open_windows.pop(start).items())
+    for start in sorted(open_windows):
+        emitted.update(((start, word), count) for word, count in open_windows.pop(start).items())
+    return emitted
+
+
+def run_window_streamlet(batches: list[pa.RecordBatch]) -> WindowCounts:
+    """The windowed columnar count: ``(window_start, word) -> count`` of every result."""
+    topology = sl.Topology("columnar-window-bench")
+    source = sl.ColumnarSource(batches, key="word", ts="ts")
+    words = topology.add_source("words", source, watermarks=sl.Watermarks(out_of_orderness=LAG))
+    counts = topology.aggregate("count", "count", window=sl.TimeWindow(WINDOW, time="event")).set_input(words)
+    topology.add_sink("totals", sl.CollectSink()).set_input(counts)
+    return {(record.window_start, record.key): record.value for record in sl.run(topology).sink("totals")}
 
 
 def build(batches: list[pa.RecordBatch], emit: str = "end", parallelism: int = 1) -> sl.Topology:
@@ -63,13 +128,20 @@ def run_streamlet(batches: list[pa.RecordBatch], emit: str = "end", parallelism:
 def main(records: int, repeats: int) -> dict[str, Any]:
     """Each run ``repeats`` times, alternating which goes first; medians, results checked equal."""
     batches = make_batches(records)
+    stamped = make_stamped(batches)
     timings = alternating(repeats, {
         "streamlet": lambda: run_streamlet(batches), "baseline": lambda: run_baseline(batches),
         "per_batch": lambda: run_streamlet(batches, "batch"), "split": lambda: run_streamlet(batches, "end", 2),
+        "window": lambda: run_window_streamlet(stamped), "window_baseline": lambda: run_window_baseline(stamped),
     })  # fmt: skip
     expected = timings["baseline"][0][1]
     if any(counts != expected for run in ("streamlet", "per_batch", "split") for _, counts in timings[run]):
         raise AssertionError("streamlet and the baseline disagree on the counts")
+    expected_windows = timings["window_baseline"][0][1]
+    if any(counts != expected_windows for _, counts in timings["window"]) or not expected_windows:
+        raise AssertionError("streamlet and the baseline disagree on the windowed counts")
+    window = median_rate(records, [seconds for seconds, _ in timings["window"]])
+    window_baseline = median_rate(records, [seconds for seconds, _ in timings["window_baseline"]])
     rate = median_rate(records, [seconds for seconds, _ in timings["streamlet"]])
     baseline = median_rate(records, [seconds for seconds, _ in timings["baseline"]])
     per_batch = median_rate(records, [seconds for seconds, _ in timings["per_batch"]])
@@ -77,5 +149,7 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     return report(
         "columnar", rate, baseline, per_batch_records_per_s=round(per_batch),
         per_batch_ratio=round(per_batch / baseline, 3), split_records_per_s=round(split),
-        split_ratio=round(split / baseline, 3), batch_rows=BATCH, records=records, repeats=repeats,
+        split_ratio=round(split / baseline, 3), window_records_per_s=round(window),
+        window_baseline_records_per_s=round(window_baseline), window_ratio=round(window / window_baseline, 3),
+        batch_rows=BATCH, records=records, repeats=repeats,
     )  # fmt: skip

@@ -29,6 +29,7 @@ from streamlet.core.model.columns import ColumnBatch, columns_of, field_names, i
 from streamlet.core.model.ports import Inputs, Outputs
 from streamlet.core.model.sources import Source, SourceContext, SourceReader
 from streamlet.core.model.task import Task
+from streamlet.core.model.windows import TimeWindow, WindowSpec
 from streamlet.errors import FieldError, TopologyError
 
 #: What ``Topology.aggregate`` computes per key.
@@ -182,18 +183,23 @@ class AggregateTask(ColumnarTask):
     def __init__(self, how: AggregateHow, key: str | None, field: str | None, emit: AggregateEmit) -> None:
         self.how, self.key, self.field, self.emit = how, key, field, emit
 
+    def check_window(self, where: str, spec: WindowSpec | None) -> None:
+        """Validation: the window is one this task runs on (see :func:`check_window`)."""
+        check_window(where, spec)
+
     def execute_columns(self, batch: ColumnBatch, outputs: Outputs) -> None:
         """Aggregate the batch per key, merge into the running values, emit the keys it touched."""
         if not len(batch):
             return
-        key, field = self._fields(batch)
+        key, field = self.key_and_field(batch)
         keys, parts, stamps = _per_key(batch, key, field, self.how)
-        merged = _merge(self.state.values, keys.to_pylist(), parts, self.how)
+        merged = merge_partials(self.state.values, keys.to_pylist(), parts, self.how)
         if self.emit == "batch":
             results = [value[0] / value[1] for value in merged] if self.how == "mean" else merged
             outputs.emit_columns(_result_batch(keys, results, stamps))
 
-    def _fields(self, batch: ColumnBatch) -> tuple[str, str | None]:
+    def key_and_field(self, batch: ColumnBatch) -> tuple[str, str | None]:
+        """The columns of ``batch`` this task groups by and folds (a ``FieldError`` when one is missing)."""
         key = self.key if self.key is not None else batch.key
         field = self.field if self.field is not None else batch.value
         names = batch.data.schema.names
@@ -241,8 +247,9 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
     return keys, grouped.column(f"{field}_{how}").to_pylist(), stamps
 
 
-def _merge(totals: dict[Any, Any], keys: list[Any], parts: list[Any], how: str) -> list[Any]:
-    """Fold each key's partial into its running value in ``totals``; the new values, in ``keys``' order."""
+def merge_partials(totals: dict[Any, Any], keys: list[Any], parts: list[Any], how: str) -> list[Any]:
+    """Fold each key's partial into its running value in ``totals`` (``mean``: ``(sum, count)`` pairs); the
+    new values, in ``keys``' order."""
     get = totals.get
     merged: list[Any]
     if how in ("count", "sum"):
@@ -269,14 +276,31 @@ def _result_batch(keys: Any, values: list[Any], stamps: Any) -> ColumnBatch:
     return ColumnBatch(pa.record_batch(columns), "key", "value", None if stamps is None else "ts")
 
 
-def check_aggregate(name: str, how: Any, emit: Any, state_ttl: Any = None) -> None:
+def check_aggregate(name: str, how: Any, emit: Any, state_ttl: Any = None, window: Any = None) -> None:
     """``aggregate``'s arguments, checked when the topology is built."""
+    if window is not None:
+        check_window(f"task '{name}'", window)
+        if emit != "batch":
+            raise TopologyError(f"task '{name}': aggregate on a window emits when each window fires: no emit={emit!r}")
     if state_ttl is not None:
         raise TopologyError(f"task '{name}': aggregate takes no state_ttl (its running values last the whole job)")
     if how not in AGGREGATES:
         raise TopologyError(f"task '{name}': how must be one of {AGGREGATES}, got {how!r}")
     if emit not in ("batch", "end"):
         raise TopologyError(f"task '{name}': emit must be 'batch' or 'end', got {emit!r}")
+
+
+def check_window(where: str, spec: WindowSpec | None) -> None:
+    """A columnar ``aggregate`` runs on a tumbling event-time ``TimeWindow`` with no other option, or none."""
+    if spec is None:
+        return
+    plain = TimeWindow(spec.size, time="event", time_unit=spec.time_unit) if isinstance(spec, TimeWindow) else None
+    if spec != plain or (isinstance(spec, TimeWindow) and spec.on_late is not None):
+        raise TopologyError(
+            f"{where}: a columnar aggregate runs only on a tumbling event-time window, TimeWindow(size, "
+            f"time='event') (no slide, early_firing, allowed_lateness, idle_timeout, offset, on_late or "
+            f"missing_ts='fail'), not {spec!r}"
+        )
 
 
 def check_expression(name: str, expression: Any) -> None:

@@ -320,8 +320,13 @@ class Topology:
         touched, in the order the keys first appear in it, with the key's value then and the ``ts`` of its
         last row; with ``emit="end"``, every key's final value once the input ends. Results are columnar
         batches with the fields ``key``, ``value`` (and ``ts``). Route its input by ``SAME_KEY`` when it
-        runs in parallel."""
-        check_aggregate(name, how, emit, options.get("state_ttl"))
+        runs in parallel.
+
+        With ``window=TimeWindow(size, time="event")`` (tumbling, event time, no other option: anything else
+        is refused) it folds per window and key in Arrow and emits what ``window_reduce`` on that window
+        does, when the watermark passes each window's end (results stamped with its last tick, with its
+        bounds; late rows counted and sent to the ``LATE`` port)."""
+        check_aggregate(name, how, emit, options.get("state_ttl"), options.get("window"))
         return self.add_task(name, lambda: AggregateTask(how, key, field, emit), **options)
 
     def set_max_iterations(self, limit: int, at: NodeHandle | str | None = None) -> None:

@@ -134,9 +134,18 @@ def _check_columnar_nodes(topology: TopologyData) -> None:
     in_cycles = {name for component in graph.strongly_connected(topology.successors()) for name in component}
     for node in topology.nodes.values():
         if node.kind == "task" and node.columnar and node.window is not None:
-            raise TopologyError(f"{node.describe()}: columnar tasks (where, aggregate) do not run on windows")
+            _check_columnar_window(node)
         if node.columnar and node.name in in_cycles:
             raise TopologyError(f"{node.describe()}: columnar nodes (where, aggregate) cannot be inside a cycle")
+
+
+def _check_columnar_window(node: Any) -> None:
+    """Of the columnar tasks only ``aggregate`` runs on a window, and only on one kind (its ``check_window``)."""
+    assert node.make_task is not None
+    check = getattr(node.make_task(), "check_window", None)
+    if check is None:
+        raise TopologyError(f"{node.describe()}: columnar tasks other than aggregate do not run on windows")
+    check(node.describe(), node.window)
 
 
 def _resolved_windows(topology: TopologyData) -> dict[str, Any]:

@@ -6,8 +6,9 @@ import inspect
 from collections.abc import Callable
 from functools import partial
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from streamlet.core.model.columnar import AggregateTask
 from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.encoding import pack_exact, unpackb
@@ -25,6 +26,7 @@ from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.participant import Section
 from streamlet.core.state.regroup import merge_task_snapshots, split_task_snapshot
 from streamlet.core.windows.build import logic_for
+from streamlet.core.windows.columnar import ColumnarWindowLogic, aggregate_window
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.errors import EncodingError, FieldError, StreamletError, TaskError, TopologyError
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from streamlet.core.model.topology import Node
     from streamlet.core.runtime.reconfiguration import ActiveReconfiguration
 
+_T = TypeVar("_T")
 LATE_PORT = LATE  # the late side output: the last output port of every task
 
 
@@ -50,7 +53,11 @@ class TaskInstance(Receiver):
         self.window: WindowLogic | None = None
         self.windowed_ports: frozenset[int] = frozenset()
         if node.window is not None:
-            self.window = logic_for(node.window)
+            task = self.task  # a columnar aggregate folds its windows in Arrow
+            if isinstance(task, AggregateTask):
+                self.window = aggregate_window(node.window, task)
+            else:
+                self.window = logic_for(node.window)
             self.window.fold = getattr(self.task, "window_fold", None)
             self.windowed_ports = frozenset(node.windowed_ports)
         self._channels_of: list[list[int]] = []
@@ -70,7 +77,7 @@ class TaskInstance(Receiver):
         self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
         self._async = inspect.iscoroutinefunction(task.execute)
         # the built-in window_reduce task (not a subclass: that may override execute) only passes results on
-        self._passes_folds_on = type(task) is WindowReduceTask
+        self._passes_folds_on = type(task) is WindowReduceTask or isinstance(task, AggregateTask)
         return task
 
     # -- lifecycle ------------------------------------------------------------
@@ -236,19 +243,29 @@ class TaskInstance(Receiver):
 
     async def process(self, port: int, batch: Batch | ColumnBatch) -> None:
         """A batch from ``port``: into its windows, or to ``execute`` (a columnar one to ``execute_columns``)."""
-        if isinstance(batch, ColumnBatch):
-            self._execute_columns(port, batch)
-        elif port in self.windowed_ports:
-            assert self.window is not None
+        if port not in self.windowed_ports:
+            if isinstance(batch, ColumnBatch):
+                self._execute_columns(port, batch)
+            else:
+                await self._execute_batch(port, batch)
+            return
+        if isinstance(batch, ColumnBatch):  # a columnar aggregate's window folds it in Arrow
+            closed, late_rows = self._columnar_call(port, batch, self._add_columns_to_windows)
+            if late_rows is not None:
+                self.outputs.emit_columns(batch.with_data(batch.data.filter(late_rows)), port=LATE_PORT)
+        else:
             closed, late = self._add_to_windows(port, batch)
             if late:
                 self._send_late(late)
-            for window in closed:
-                await self._run_window(window)
-            if closed:  # a window's results are a batch of their own: send them while they are young
-                await self.outputs.flush()
-        else:
-            await self._execute_batch(port, batch)
+        for window in closed:
+            await self._run_window(window)
+        if closed:  # a window's results are a batch of their own: send them while they are young
+            await self.outputs.flush()
+
+    def _add_columns_to_windows(self, batch: ColumnBatch) -> tuple[list[ClosedWindow], Any]:
+        window = self.window
+        assert isinstance(window, ColumnarWindowLogic)  # made by aggregate_window
+        return window.add_columns(batch, self.env.clock.now())
 
     def _add_to_windows(self, port: int, batch: Batch) -> tuple[list[ClosedWindow], Batch]:
         assert self.window is not None
@@ -395,8 +412,13 @@ class TaskInstance(Receiver):
     def _execute_columns(self, port: int, batch: ColumnBatch) -> None:
         """A built-in columnar task on a columnar batch: its errors stop the job (no record to isolate)."""
         self.outputs.ts = batch.last_ts()
+        execute = self.task.execute_columns  # type: ignore[attr-defined]  # only columnar nodes get one
+        self._columnar_call(port, batch, lambda batch: execute(batch, self.outputs))
+
+    def _columnar_call(self, port: int, batch: ColumnBatch, call: Callable[[ColumnBatch], _T]) -> _T:
+        """``call(batch)``, its errors named by the task and port."""
         try:
-            self.task.execute_columns(batch, self.outputs)  # type: ignore[attr-defined]  # only columnar nodes get one
+            return call(batch)
         except FieldError as exc:
             raise FieldError(f"task '{self.node.name}' input port {port}: {exc}") from None
         except StreamletError:

@@ -261,13 +261,13 @@ def test_importing_streamlet_does_not_import_pyarrow() -> None:
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
-def test_a_columnar_task_on_a_window_is_refused() -> None:
-    """aggregate(window=...) is refused when the topology is validated: columnar tasks take no window."""
+def test_a_where_on_a_window_is_refused() -> None:
+    """A where given a window (by a windowed source) is refused when the topology is validated."""
     topology = sl.Topology("bad")
-    rows = topology.add_source("in", sl.ColumnarSource(pa.table({"word": ["a"]}), key="word"))
-    topology.aggregate("count", "count", window=sl.CountWindow(2)).set_input(rows)
+    rows = topology.add_source("in", sl.ColumnarSource(pa.table({"n": [1]}), key="n"), window=sl.CountWindow(2))
+    topology.where("keep", pc.field("n") > 0).set_input(rows)
     with pytest.raises(
-        sl.TopologyError, match=r"^task 'count': columnar tasks \(where, aggregate\) do not run on windows$"
+        sl.TopologyError, match=r"^task 'keep': columnar tasks other than aggregate do not run on windows$"
     ):
         topology.validate()
 
