@@ -61,6 +61,8 @@ class FileSource(Source):
 
 
 class _FileReader(SourceReader):
+    gives_elements = True  # (None, line, ts) tuples
+
     def __init__(self, path: Path, encoding: str, start: int, end: int, context: SourceContext) -> None:
         self._file: IO[bytes] = open(path, "rb")  # noqa: SIM115 - closed in aclose()
         self._encoding = encoding

@@ -120,6 +120,8 @@ class KafkaSource(Source):
 class _KafkaReader(SourceReader):
     """One instance's consumer. ``read`` only awaits while nothing is fetched, so cancelling it loses nothing."""
 
+    gives_elements = True  # (key, value, ts) tuples
+
     def __init__(self, source: KafkaSource, context: SourceContext) -> None:
         self.source = source
         self.context = context

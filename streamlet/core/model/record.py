@@ -21,9 +21,10 @@ class Record:
     A plain ``__slots__`` class: reading its fields is as cheap as it gets
     (~8 ns). The runtime carries records as plain tuples (:data:`Element`) and
     makes a ``Record`` only where user code reads one (``Inputs.get``, a
-    shortcut's function, a sink writer that takes records), at most once per
-    hop. A record emitted is taken apart into its element, so changing it
-    afterwards changes nothing downstream.
+    shortcut's function, a partition or watermark function, a sink writer
+    that takes records, a job's collected results). A record emitted is
+    taken apart into its element, so changing it afterwards changes nothing
+    downstream.
 
     Example:
         >>> r = Record("user42", 3, 1.5)
@@ -133,8 +134,8 @@ class FiredWindowRecord(WindowRecord):
 #: ``(key, value, ts, iteration, window, firing)`` for a record inside a cycle or produced by a window.
 #: Plain tuples of plain values cost ~35 ns to make against ~140 ns for a :class:`Record`, and the
 #: garbage collector stops tracking them at its first pass, so they are never promoted to the older
-#: generations while they wait in a channel. User code sees :class:`Record` objects, made once per hop
-#: where it asks for them (``Inputs.get``, a shortcut's function, a sink that keeps records).
+#: generations while they wait in a channel. User code sees :class:`Record` objects, made where it asks
+#: for them (``Inputs.get``, a shortcut's function, a sink that takes records).
 Element: TypeAlias = tuple[Any, ...]
 #: A batch of elements, as channels carry them.
 Batch: TypeAlias = list[Element]

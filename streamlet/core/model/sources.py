@@ -12,7 +12,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio.abc
 
@@ -37,13 +37,18 @@ class SourceContext:
 class SourceReader(ABC):
     """One instance's reader; ``read`` returns ``None`` once the source is exhausted."""
 
+    #: ``read`` returns only elements, three or six wide (the built-in readers): the runtime takes its
+    #: batches as they are. Otherwise each batch is checked and converted (see :func:`read_elements`).
+    gives_elements: ClassVar[bool] = False
+
     @abstractmethod
     async def read(self, max_records: int) -> Batch | list[Record] | None:
         """Up to ``max_records`` records, waiting for at least one; ``None`` at the end.
 
-        A list of :class:`Record` objects, or of plain ``(key, value, ts)``
-        tuples (cheaper: the runtime carries records as such tuples; see
-        :func:`to_elements`)."""
+        Items may be :class:`Record` objects, plain ``(key, value, ts)``
+        tuples (cheaper: the runtime carries records as such tuples),
+        ``(key, value)`` pairs (stamped with the clock) or plain values (key
+        ``None``); see :func:`read_elements`."""
 
     def position(self) -> Any:
         """Where the reader stands, msgpack-able, for checkpoints (``None``: not replayable)."""
@@ -102,6 +107,25 @@ def to_elements(items: list[Any], ts: float | None) -> Batch:
     return elements
 
 
+def read_elements(items: list[Any], ts: float | None) -> Batch:
+    """What a reader returned, as elements: tuples three or six wide are elements already, a ``Record``
+    is taken apart, a ``(key, value)`` pair gets ``ts``, anything else is the value of an element with key
+    ``None``. (Unlike :func:`to_elements` for a source's items, where a three-tuple is a plain value.)"""
+    if set(map(type, items)) == {tuple} and set(map(len, items)) <= {3, 6}:
+        return items
+    elements: Batch = []
+    append = elements.append
+    for item in items:
+        if type(item) is tuple:
+            width = len(item)
+            append(item if width in (3, 6) else (item[0], item[1], ts) if width == 2 else (None, item, ts))
+        elif isinstance(item, Record):
+            append(element_of(item))
+        else:
+            append((None, item, ts))
+    return elements
+
+
 class IterableSource(Source):
     """Records from a sync or async iterable.
 
@@ -136,6 +160,8 @@ class IterableSource(Source):
 class _IteratorReader(SourceReader):
     """Replayable by position: the number of items this instance has read."""
 
+    gives_elements = True
+
     def __init__(self, iterator: Iterator[Any], clock: Clock) -> None:
         self._iterator = iterator
         self._clock = clock
@@ -156,6 +182,8 @@ class _IteratorReader(SourceReader):
 
 class _QueueReader(SourceReader):
     """Drains an asyncio queue: everything ready, up to a batch, without waiting twice."""
+
+    gives_elements = True
 
     def __init__(self, queue: asyncio.Queue[Any], clock: Clock) -> None:
         self._queue = queue

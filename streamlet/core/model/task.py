@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal, TypeAlias
 
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
-from streamlet.core.model.record import Batch, Element, Record, record_of
+from streamlet.core.model.record import Batch, Record, record_of
 from streamlet.core.model.state import StateStore
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import FoldHow
@@ -88,13 +88,6 @@ def _shape_error(message: str, cause: BaseException) -> TypeError:
     return error
 
 
-def _index_of(batch: Batch, element: Element) -> int:
-    for index, candidate in enumerate(batch):
-        if candidate is element:
-            return index
-    raise AssertionError("element not in batch")  # pragma: no cover
-
-
 # The shortcuts hand their function a record without making one per element: one reusable
 # ``Record`` (a "view") is refilled from each plain element. Safe because a view is never
 # changed once anything but the loop holds it: after each call the loop compares its reference
@@ -124,10 +117,10 @@ class MapTask(Task):
         append = out.append
         view = _view()
         free = _getrefcount(view)
-        element: Element = ()
+        index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         result = None
         try:
-            for element in batch:
+            for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
                 if len(element) == 3:
                     view.key, view.value, view.ts = element
                     result = fn(view)
@@ -141,7 +134,7 @@ class MapTask(Task):
             outputs.emit_elements(out)
             if _raised_in(exc, MapTask.execute):
                 exc = _shape_error(f"the map function must return a (key, value) pair, got {result!r}", exc)
-            raise RecordFailure(_index_of(batch, element)) from exc
+            raise RecordFailure(index) from exc
         outputs.emit_elements(out)
 
 
@@ -160,9 +153,9 @@ class FilterTask(Task):
         append = kept.append
         view = _view()
         free = _getrefcount(view)
-        element: Element = ()
+        index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         try:
-            for element in batch:
+            for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
                 if len(element) == 3:
                     view.key, view.value, view.ts = element
                     keep = fn(view)
@@ -174,7 +167,7 @@ class FilterTask(Task):
                     append(element)
         except Exception as exc:
             outputs.emit_elements(kept)
-            raise RecordFailure(_index_of(batch, element)) from exc
+            raise RecordFailure(index) from exc
         outputs.emit_elements(kept)
 
 
@@ -193,9 +186,9 @@ class FlatMapTask(Task):
         append = out.append
         view = _view()
         free = _getrefcount(view)
-        element: Element = ()
+        index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         try:
-            for element in batch:
+            for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
                 ts = element[2]
                 if len(element) == 3:
                     view.key, view.value, view.ts = element
@@ -211,7 +204,7 @@ class FlatMapTask(Task):
             outputs.emit_elements(out)
             if _raised_in(exc, FlatMapTask.execute):
                 exc = _shape_error(f"the flat_map function must return an iterable of (key, value) pairs ({exc})", exc)
-            raise RecordFailure(_index_of(batch, element)) from exc
+            raise RecordFailure(index) from exc
         outputs.emit_elements(out)
 
 
@@ -230,9 +223,9 @@ class KeyByTask(Task):
         append = out.append
         view = _view()
         free = _getrefcount(view)
-        element: Element = ()
+        index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         try:
-            for element in batch:
+            for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
                 if len(element) == 3:
                     view.key, view.value, view.ts = element
                     key = fn(view)
@@ -243,7 +236,7 @@ class KeyByTask(Task):
                 append((key, element[1], element[2]))
         except Exception as exc:
             outputs.emit_elements(out)
-            raise RecordFailure(_index_of(batch, element)) from exc
+            raise RecordFailure(index) from exc
         outputs.emit_elements(out)
 
 
@@ -276,17 +269,17 @@ class ReduceTask(Task):
             return
         fn, totals, batch = self.fn, self.state.values, inputs.elements()
         touched: dict[Any, Any] = {}  # key -> event time of its last record in the batch
-        element: Element = ()
+        index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         missing = _MISSING
         try:
-            for element in batch:
+            for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
                 key = element[0]
                 current = totals.get(key, missing)
                 totals[key] = element[1] if current is missing else fn(current, element[1])
                 touched[key] = element[2]
         except Exception as exc:
             _emit_touched(touched, totals, outputs)
-            raise RecordFailure(_index_of(batch, element)) from exc
+            raise RecordFailure(index) from exc
         _emit_touched(touched, totals, outputs)
 
     def _execute_through_store(self, inputs: Inputs, outputs: Outputs) -> None:
@@ -296,9 +289,9 @@ class ReduceTask(Task):
         touched: dict[Any, Any] = {}
         values: dict[Any, Any] = {}
         every: Batch = []
-        element: Element = ()
+        index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         try:
-            for element in batch:
+            for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
                 key = element[0]
                 current = state.get(key, _MISSING)
                 values[key] = value = element[1] if current is _MISSING else fn(current, element[1])
@@ -310,7 +303,7 @@ class ReduceTask(Task):
         except Exception as exc:
             outputs.emit_elements(every)
             _emit_touched(touched, values, outputs)
-            raise RecordFailure(_index_of(batch, element)) from exc
+            raise RecordFailure(index) from exc
         outputs.emit_elements(every)
         _emit_touched(touched, values, outputs)
 

@@ -38,11 +38,10 @@ from streamlet.core.model.record import (
     Marker,
     Reconfigure,
     Watermark,
-    elements_of,
     records_of,
 )  # fmt: skip
 from streamlet.core.model.sinks import RestorePoint, SinkContext, SinkWriter, WriteFailed
-from streamlet.core.model.sources import SourceContext, SourceReader
+from streamlet.core.model.sources import SourceContext, SourceReader, read_elements
 from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.outputs import RoutedOutputs
@@ -344,11 +343,9 @@ class SourceInstance(Instance):
                     scope.deadline = anyio.current_time() + patience
                 self._read_scope = scope
                 read: Any = await reader.read(size)
-                # a reader returning records (its documented right) has them taken apart here
-                if type(read) is ColumnBatch:
-                    batch = read
-                else:
-                    batch = elements_of(read) if read and type(read[0]) is not tuple else read
+                if read and type(read) is not ColumnBatch and not reader.gives_elements:
+                    read = read_elements(read, self.env.clock.now())  # records, pairs, values: elements
+                batch = read
         finally:
             if timer is not None:
                 timer.cancel()

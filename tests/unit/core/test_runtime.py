@@ -359,3 +359,75 @@ def test_emit_record_passes_the_record_itself_on() -> None:
     result = chain(items, lambda t, s: t.add_task("pass", PassThrough).set_input(s))
     assert result.sink("out") == [items[0], items[2]]
     assert [type(record) for record in result.sink("out")] == [sl.Record, sl.Record]
+
+
+class _ReadOnce(sl.SourceReader):
+    """Returns its items as one batch, then ends."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items: list[Any] | None = items
+
+    async def read(self, max_records: int) -> Any:
+        items, self.items = self.items, None
+        return items
+
+
+class ReadOnce(sl.Source):
+    """A user source whose reader returns ``items`` exactly as given."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def open(self, context: sl.SourceContext) -> sl.SourceReader:
+        return _ReadOnce(list(self.items))
+
+
+def test_a_failing_record_is_found_by_position_when_a_batch_holds_one_tuple_twice() -> None:
+    """A reader may return the same tuple object several times: on_error="skip" dead-letters the third
+    call's record and keeps the others, each once."""
+    same = ("k", 1, None)
+    calls: list[int] = []
+
+    def numbered(record: sl.Record) -> tuple[Any, Any]:
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("third")
+        return record.key, len(calls)
+
+    topology = sl.Topology("aliased")
+    mapped = topology.map("m", numbered, on_error="skip").set_input(topology.add_source("in", ReadOnce([same] * 4)))
+    topology.add_sink("out", sl.CollectSink()).set_input(mapped)
+    result = sl.run(topology)
+    assert values(result.sink("out")) == [1, 2, 4]
+    assert [(letter.task, letter.record.key) for letter in result.dead_letters] == [("m", "k")]
+
+
+def test_a_reader_may_return_records_elements_pairs_and_values_mixed() -> None:
+    """Records are taken apart, (key, value, ts) tuples are elements, pairs get the clock's time, anything
+    else is a value with key None."""
+    items = [("a", 1, 5.0), sl.Record("b", 2, 6.0), ("c", 3), "plain"]
+    clock = sl.ManualClock(9.0)
+    topology = sl.Topology("mixed")
+    mapped = topology.map("id", lambda r: (r.key, r.value)).set_input(topology.add_source("in", ReadOnce(items)))
+    topology.add_sink("out", sl.CollectSink()).set_input(mapped)
+    out = sl.run(topology, clock=clock).sink("out")
+    assert [(r.key, r.value, r.ts) for r in out] == [("a", 1, 5.0), ("b", 2, 6.0), ("c", 3, 9.0), (None, "plain", 9.0)]
+
+
+def test_a_record_a_shortcut_function_keeps_is_never_changed_afterwards() -> None:
+    """The shortcuts reuse one record per call unless the function keeps it: kept records (in a list, and
+    through a generator) keep their own fields."""
+    kept: list[sl.Record] = []
+
+    def keep_odd(record: sl.Record) -> bool:
+        if record.value % 2:
+            kept.append(record)
+        return True
+
+    def lazily(record: sl.Record) -> Any:
+        yield record.key, record.value
+
+    items = [(f"k{i}", i) for i in range(50)]
+    result = chain(items, lambda t, s: t.flat_map("fm", lazily).set_input(t.filter("f", keep_odd).set_input(s)))
+    assert values(result.sink("out")) == list(range(50))
+    assert [(r.key, r.value) for r in kept] == [(f"k{i}", i) for i in range(1, 50, 2)]
