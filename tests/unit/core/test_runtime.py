@@ -431,3 +431,21 @@ def test_a_record_a_shortcut_function_keeps_is_never_changed_afterwards() -> Non
     result = chain(items, lambda t, s: t.flat_map("fm", lazily).set_input(t.filter("f", keep_odd).set_input(s)))
     assert values(result.sink("out")) == list(range(50))
     assert [(r.key, r.value) for r in kept] == [(f"k{i}", i) for i in range(1, 50, 2)]
+
+
+def test_without_exact_reference_counts_every_shortcut_call_gets_its_own_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where reference counts cannot be trusted (PyPy, a free-threaded build) the view is never reused."""
+    from streamlet.core.model import task
+
+    monkeypatch.setattr(task, "_getrefcount", task._never_free)
+    seen: list[sl.Record] = []
+
+    def look(record: sl.Record) -> tuple[Any, Any]:
+        seen.append(record)
+        return record.key, record.value
+
+    result = chain([("a", 1), ("b", 2), ("c", 3)], lambda t, s: t.map("m", look).set_input(s))
+    assert pairs(result.sink("out")) == [("a", 1), ("b", 2), ("c", 3)]
+    assert len({id(record) for record in seen}) == 3
