@@ -195,7 +195,7 @@ class AggregateTask(ColumnarTask):
         keys, parts, stamps = _per_key(batch, key, field, self.how)
         merged = merge_partials(self.state.values, keys.to_pylist(), parts, self.how)
         if self.emit == "batch":
-            results = [value[0] / value[1] for value in merged] if self.how == "mean" else merged
+            results = [mean_of(value) for value in merged] if self.how == "mean" else merged
             outputs.emit_columns(_result_batch(keys, results, stamps))
 
     def key_and_field(self, batch: ColumnBatch) -> tuple[str, str | None]:
@@ -217,7 +217,7 @@ class AggregateTask(ColumnarTask):
         if self.emit != "end" or not self.state.values:
             return
         totals = self.state.values
-        results = [value[0] / value[1] for value in totals.values()] if self.how == "mean" else list(totals.values())
+        results = [mean_of(value) for value in totals.values()] if self.how == "mean" else list(totals.values())
         outputs.emit_columns(_result_batch(import_pyarrow().array(list(totals)), results, None))
 
 
@@ -230,10 +230,12 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
         counted = pa.compute.value_counts(data.column(key))
         return counted.field(0), counted.field(1).to_pylist(), None
     aggregations: list[Any] = []
-    if how in ("count", "mean"):
+    if how == "count":
         aggregations.append((key, "count", pa.compute.CountOptions(mode="all")))
-    if how != "count":
+    else:
         aggregations.append((field, "sum" if how == "mean" else how))
+    if how == "mean":
+        aggregations.append((field, "count"))  # only the valid values, as the sum
     if ts is not None:
         aggregations.append((ts, "last", pa.compute.ScalarAggregateOptions(skip_nulls=False)))
     grouped = pa.Table.from_batches([data]).group_by(key, use_threads=False).aggregate(aggregations)
@@ -242,27 +244,43 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
     if how == "count":
         return keys, grouped.column(f"{key}_count").to_pylist(), stamps
     if how == "mean":
-        sums, counts = grouped.column(f"{field}_sum").to_pylist(), grouped.column(f"{key}_count").to_pylist()
-        return keys, list(zip(sums, counts, strict=True)), stamps
+        sums, counts = grouped.column(f"{field}_sum").to_pylist(), grouped.column(f"{field}_count").to_pylist()
+        return keys, mean_parts(sums, counts), stamps
     return keys, grouped.column(f"{field}_{how}").to_pylist(), stamps
+
+
+def mean_parts(sums: list[Any], counts: list[int]) -> list[Any]:
+    """``mean``'s partials: ``(sum, count)`` of the valid values, ``None`` for a key with none."""
+    return [(total, count) if count else None for total, count in zip(sums, counts, strict=True)]
+
+
+def mean_of(value: Any) -> Any:
+    """A ``mean``'s running ``(sum, count)`` as its result (``None`` for a key not seen with a valid value)."""
+    return None if value is None else value[0] / value[1]
 
 
 def merge_partials(totals: dict[Any, Any], keys: list[Any], parts: list[Any], how: str) -> list[Any]:
     """Fold each key's partial into its running value in ``totals`` (``mean``: ``(sum, count)`` pairs); the
-    new values, in ``keys``' order."""
+    new values, in ``keys``' order.
+
+    Nulls are skipped, as ``pyarrow.compute`` does: a partial is ``None`` when all the key's values in the
+    batch were null, and leaves the running value as it was. A key seen only with nulls has the value
+    ``None`` (``sum``, ``min``, ``max`` and ``mean``, as SQL gives; ``count`` counts rows, nulls too)."""
     get = totals.get
-    merged: list[Any]
-    if how in ("count", "sum"):
-        merged = [get(key, 0) + part for key, part in zip(keys, parts, strict=True)]
-    elif how == "min":
-        merged = [part if (now := get(key)) is None else min(now, part) for key, part in zip(keys, parts, strict=True)]
-    elif how == "max":
-        merged = [part if (now := get(key)) is None else max(now, part) for key, part in zip(keys, parts, strict=True)]
-    else:  # mean: (sum, count)
-        merged = [
-            part if (now := get(key)) is None else (now[0] + part[0], now[1] + part[1])
-            for key, part in zip(keys, parts, strict=True)
-        ]
+    merged: list[Any] = []
+    append = merged.append
+    for key, part in zip(keys, parts, strict=True):
+        now = get(key)
+        if part is None or now is None:
+            append(now if part is None else part)
+        elif how in ("count", "sum"):
+            append(now + part)
+        elif how == "min":
+            append(min(now, part))
+        elif how == "max":
+            append(max(now, part))
+        else:  # mean: (sum, count)
+            append((now[0] + part[0], now[1] + part[1]))
     totals.update(zip(keys, merged, strict=True))
     return merged
 

@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from streamlet.core.model.columnar import AggregateTask, merge_partials
+from streamlet.core.model.columnar import AggregateTask, mean_of, merge_partials
 from streamlet.core.model.columns import ColumnBatch, columns_of, import_pyarrow
 from streamlet.core.model.record import Batch
 from streamlet.core.model.windows import Ticks, TimeWindow, WindowSpec
@@ -108,15 +108,15 @@ class ColumnarWindowLogic(EventTimeLogic):
         if self.how == "count":
             return [("key", "count", pc.CountOptions(mode="all"))]
         if self.how == "mean":
-            return [("field", "sum"), ("key", "count", pc.CountOptions(mode="all"))]
+            return [("field", "sum"), ("field", "count")]  # the count of valid values, as the sum
         return [("field", self.how)]
 
     def _parts(self, grouped: Any) -> list[Any]:
         if self.how == "count":
             return list(grouped.column("key_count").to_pylist())
         if self.how == "mean":
-            sums, counts = grouped.column("field_sum").to_pylist(), grouped.column("key_count").to_pylist()
-            return [[total, count] for total, count in zip(sums, counts, strict=True)]
+            sums, counts = grouped.column("field_sum").to_pylist(), grouped.column("field_count").to_pylist()
+            return [[total, count] if count else None for total, count in zip(sums, counts, strict=True)]
         return list(grouped.column(f"field_{self.how}").to_pylist())
 
     def close_until(self, tick: float) -> list[ClosedWindow]:
@@ -125,5 +125,5 @@ class ColumnarWindowLogic(EventTimeLogic):
         if self.how == "mean":
             for window in closed:
                 if window.folded is not None:
-                    window.folded = {key: pair[0] / pair[1] for key, pair in window.folded.items()}
+                    window.folded = {key: mean_of(pair) for key, pair in window.folded.items()}
         return closed

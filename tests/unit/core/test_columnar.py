@@ -313,3 +313,30 @@ async def test_the_source_position_is_the_batches_read_and_seek_resumes_there() 
     await fresh.seek(0)
     assert (await resumed.read(BATCH)).data.equals(batches[2])
     assert (await fresh.read(BATCH)).data.equals(batches[0])
+
+
+NULLABLE = pa.schema([("k", pa.string()), ("x", pa.float64())])
+#: Two batches: "a" has a null in the first, "b" only nulls in the first, "c" only nulls in both.
+NULL_BATCHES = [
+    pa.record_batch({"k": ["a", "a", "b", "c"], "x": [1.0, None, None, None]}, schema=NULLABLE),
+    pa.record_batch({"k": ["a", "b", "c", "b"], "x": [3.0, 4.0, None, 2.0]}, schema=NULLABLE),
+]
+NULL_RESULTS = {
+    "count": [("a", 3), ("b", 3), ("c", 2)],
+    "sum": [("a", 4.0), ("b", 6.0), ("c", None)],
+    "min": [("a", 1.0), ("b", 2.0), ("c", None)],
+    "max": [("a", 3.0), ("b", 4.0), ("c", None)],
+    "mean": [("a", 2.0), ("b", 3.0), ("c", None)],
+}
+
+
+@pytest.mark.parametrize("how", sorted(NULL_RESULTS))
+@pytest.mark.parametrize("emit", ["batch", "end"])
+def test_aggregates_skip_null_values(how: str, emit: str) -> None:
+    """Nulls are skipped (mean counts only valid values); a key seen only with nulls is None; count counts rows."""
+    topology = sl.Topology("nulls")
+    rows = topology.add_source("in", sl.ColumnarSource(NULL_BATCHES, key="k"))
+    folded = topology.aggregate("agg", how, field="x", emit=emit)  # type: ignore[arg-type]
+    topology.add_sink("out", sl.CollectSink()).set_input(folded.set_input(rows, partitioning=sl.SAME_KEY))
+    latest = {key: value for key, value, _ in collect(topology)}
+    assert sorted(latest.items()) == NULL_RESULTS[how]

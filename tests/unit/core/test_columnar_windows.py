@@ -201,3 +201,15 @@ def test_a_windowed_aggregate_takes_no_emit_end() -> None:
         sl.TopologyError, match=r"^task 'fold': aggregate on a window emits when each window fires: no emit='end'$"
     ):
         sl.Topology("bad").aggregate("fold", "sum", emit="end", window=sl.TimeWindow(10, time="event"))
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [("sum", [("a", 4), ("b", None)]), ("max", [("a", 3), ("b", None)]), ("mean", [("a", 2.0), ("b", None)])],
+)
+def test_a_windowed_aggregate_skips_null_values(how: str, expected: list[tuple[str, Any]]) -> None:
+    """In a window as without one: nulls skipped, mean over valid values, a key with only nulls gives None."""
+    schema = pa.schema([("key", pa.string()), ("n", pa.int64()), ("ts", pa.float64())])
+    table = pa.table({"key": ["a", "a", "b", "a", "b"], "n": [1, None, None, 3, None], "ts": [0.0] * 5}, schema=schema)
+    result = windowed(how, sl.TimeWindow(10, time="event"), table, columnar=True, parallelism=1)
+    assert sorted((r.key, r.value) for r in result.sink("out")) == expected
