@@ -30,8 +30,12 @@ class ColumnOwners:
         self.owners: Any = None
 
     def of(self, column: Any) -> Any:
-        """The instance of each row of ``column`` (an int32 array)."""
-        compute = import_pyarrow().compute
+        """The instance of each row of ``column`` (an int32 array); a dictionary-encoded column (Parquet,
+        pandas categoricals) routes by its values, as the plain column would."""
+        pa = import_pyarrow()
+        compute = pa.compute
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
         if self.keys is None or column.type != self.keys.type:
             self._learn(compute.unique(column), fresh=True)
         found = compute.index_in(column, value_set=self.keys)

@@ -167,6 +167,33 @@ def test_same_key_splits_a_columnar_batch_where_its_elements_go() -> None:
     assert {index for index, _ in placed(first)} == {1}
 
 
+def test_same_key_routes_dictionary_encoded_keys_like_plain_ones() -> None:
+    """A dictionary-encoded key column (Parquet, pandas categoricals) goes row for row where the plain one goes,
+    mixed with plain batches of the same keys, and counts over two instances as plain Python does."""
+    channels: list[Any] = [object() for _ in range(3)]
+    route = KeyedRoute(channels, sl.SegmentTable.contiguous(128, 3))
+    route.columnar = True
+    keys = [f"w{i % 7}" if i % 11 else None for i in range(200)]
+
+    def placed(column: pa.Array) -> list[tuple[int, Any]]:
+        route.columns.clear()
+        route.add_columns(ColumnBatch(pa.record_batch({"k": column}), key="k"))
+        return sorted((index, repr(key)) for index, part in route.columns for key in part.data.column("k").to_pylist())
+
+    plain = placed(pa.array(keys))
+    assert placed(pa.array(keys).dictionary_encode()) == plain
+    assert placed(pa.array(keys)) == plain
+
+    table = pa.table({"w": pa.array(keys).dictionary_encode()})
+    topology = sl.Topology("dict")
+    rows = topology.add_source("in", sl.ColumnarSource(table.to_batches(max_chunksize=50), key="w"))
+    counts = topology.aggregate("count", "count", emit="end", parallelism=2).set_input(rows, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(counts)
+    assert sorted((repr(key), value) for key, value, _ in collect(topology)) == sorted(
+        (repr(key), value) for key, value in Counter(keys).items()
+    )
+
+
 def test_aggregate_state_checkpoints_and_restores() -> None:
     """The running sums and means are keyed state: a restart from a checkpoint continues them exactly."""
     store = sl.InMemoryCheckpointStore()
