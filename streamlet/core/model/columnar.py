@@ -62,7 +62,14 @@ class ColumnarSource(Source):
         self.key, self.value, self.ts = key, value, ts
 
     def open(self, context: SourceContext) -> SourceReader:
-        """A reader of this instance's share of the batches."""
+        """A reader of this instance's share of the batches; a ``TopologyError`` for a one-shot iterator (a
+        generator) and several instances, as :class:`~streamlet.core.model.sources.IterableSource` gives."""
+        data = self.data
+        if context.parallelism > 1 and isinstance(data, Iterator) and iter(data) is data:
+            raise TopologyError(
+                f"source '{context.node}': a one-shot iterator cannot feed "
+                f"{context.parallelism} instances; pass a list or a factory-made iterable"
+            )
         return ColumnarReader(self, context)
 
     def batches(self, where: str) -> Iterator[Any]:

@@ -367,3 +367,23 @@ def test_aggregates_skip_null_values(how: str, emit: str) -> None:
     topology.add_sink("out", sl.CollectSink()).set_input(folded.set_input(rows, partitioning=sl.SAME_KEY))
     latest = {key: value for key, value, _ in collect(topology)}
     assert sorted(latest.items()) == NULL_RESULTS[how]
+
+
+def test_a_generator_of_batches_cannot_feed_two_source_instances() -> None:
+    """A one-shot iterator of batches is refused for parallelism 2 (each instance would read part of what the
+    other skipped, losing data), as IterableSource refuses it; with one instance it is read whole."""
+
+    def topology(parallelism: int) -> sl.Topology:
+        batches = batches_of(pa.table({"w": [f"w{i % 5}" for i in range(400)]}))
+        topology = sl.Topology("gen")
+        rows = topology.add_source("in", sl.ColumnarSource(iter(batches), key="w"), parallelism=parallelism)
+        counts = topology.aggregate("count", "count", emit="end").set_input(rows, partitioning=sl.SAME_KEY)
+        topology.add_sink("out", sl.CollectSink()).set_input(counts)
+        return topology
+
+    with pytest.raises(
+        sl.TopologyError,
+        match=r"^source 'in': a one-shot iterator cannot feed 2 instances; pass a list or a factory-made iterable$",
+    ):
+        sl.run(topology(2))
+    assert sorted((key, value) for key, value, _ in collect(topology(1))) == [(f"w{i}", 80) for i in range(5)]
