@@ -218,7 +218,7 @@ class DataServer:
             raise FrameError(f"channel {channel_id!r}: sent without credit")
         if inlet.partial is not None and kind is not FrameType.DATA:
             raise FrameError(f"channel {channel_id!r}: {kind.name} inside a batch sent in pieces")
-        item = _item(kind, body)
+        item = _item(kind, body, self.max_frame)
         if type(item) is list or type(item) is ColumnBatch:
             self.counts["records"] += len(item)
         inlet.outstanding -= 1
@@ -236,11 +236,11 @@ _DELIVERED = frozenset({
 })  # fmt: skip
 
 
-def _item(kind: FrameType, body: list[Any]) -> Item:
+def _item(kind: FrameType, body: list[Any], max_frame: int) -> Item:
     if kind is FrameType.DATA:
         return records_from(*body[3:])
     if kind is FrameType.ARROW:
-        return columns_from(*body[3:])
+        return columns_from(*body[3:], max_frame=max_frame)
     if kind is FrameType.BARRIER:
         if not isinstance(body[3], int):
             raise FrameError("malformed BARRIER body")

@@ -11,8 +11,8 @@ import pytest
 from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.encoding import packb
 from streamlet.core.runtime.channel import Inbox
-from streamlet.errors import RecordTooLarge
-from streamlet.transport.arrow_frames import arrow_body, columns_from
+from streamlet.errors import FrameError, RecordTooLarge
+from streamlet.transport.arrow_frames import _compressed, arrow_body, columns_from
 from streamlet.transport.codec import DEFAULT_MAX_FRAME, FrameType, decode_body, frame, with_header
 from streamlet.transport.tcp import DataServer, read_frame
 from tests.unit.transport.test_tcp import CHANNEL, SECRET, authenticate, batch, opened, raw, until
@@ -26,6 +26,18 @@ def sensors(rows: int, pad: int = 0) -> ColumnBatch:
         "note": ["x" * pad] * rows, "at": list(range(rows)),
     })  # fmt: skip
     return ColumnBatch(data, key="sensor", value="celsius", ts="at")
+
+
+def ipc(data: pa.RecordBatch, compression: str | None = None) -> bytes:
+    """``data`` as an Arrow IPC stream, compressed as asked (which streamlet's sender never does)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
+        writer.write_batch(data)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+ZEROS = pa.record_batch({"x": pa.array([0] * (1 << 20), pa.int64())})  # 8 MiB decoded; a few kB compressed
+DUPLICATE = pa.RecordBatch.from_arrays([pa.array([1, 2]), pa.array([3, 4])], names=["x", "x"])
 
 
 def same(received: Any, sent: ColumnBatch) -> bool:
@@ -94,7 +106,10 @@ async def test_a_row_over_the_frame_limit_fails_the_send_and_sends_nothing() -> 
         ([CHANNEL, 0, 1, "sensor", None, None, b"not arrow at all"], "undecodable ARROW batch: ArrowInvalid"),
         ([CHANNEL, 0, 1, 7, None, None, b""], "malformed ARROW body"),
         (None, "ARROW roles naming columns the batch has not"),
+        ([CHANNEL, 0, 1, "x", None, None, ipc(ZEROS, compression="zstd")], "ARROW batch with a compressed body"),
+        ([CHANNEL, 0, 1, "x", None, None, ipc(DUPLICATE)], "ARROW batch with duplicate column names"),
     ],
+    ids=["garbage", "role-not-a-name", "role-not-a-column", "compressed", "duplicate-names"],
 )
 async def test_a_bad_arrow_frame_closes_that_connection_only(body: list[Any] | None, reason: str) -> None:
     """Garbage IPC, a role that is not a name, or a role naming no column: ERROR, closed, counted; others go on."""
@@ -120,3 +135,34 @@ async def test_a_bad_arrow_frame_closes_that_connection_only(body: list[Any] | N
         await good_pipe.sender.send(batch(2))
         assert await good_pipe.take() == batch(2)
         assert (server.statistics().bad_frames, inbox.queued(0)) == (1, 0)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_a_compressed_batch_is_refused_before_it_is_decoded(compression: str) -> None:
+    """A compressed body (record batch, or the dictionary batch of a dictionary column) is refused, however
+    small: its decoded size is not bounded by the frame's."""
+    words = pa.record_batch({"w": pa.array(["a", "b"] * 8).dictionary_encode()})
+    for data in (ZEROS, words):
+        payload = ipc(data, compression=compression)
+        if data is ZEROS:
+            assert len(payload) < LIMIT < data.nbytes  # fits a small frame, decodes to far more
+        with pytest.raises(FrameError, match=r"^ARROW batch with a compressed body$"):
+            columns_from(None, None, None, payload)
+    plain = columns_from("w", None, None, ipc(words))
+    assert plain.data.equals(words)
+
+
+def test_a_decoded_batch_over_the_frame_limit_is_refused() -> None:
+    """Decoded, a batch may not hold more than max_frame bytes; at the limit it is taken."""
+    payload = ipc(ZEROS)
+    with pytest.raises(FrameError, match=rf"^ARROW batch of {ZEROS.nbytes} bytes decoded, over the limit of 1000$"):
+        columns_from("x", None, None, payload, max_frame=1000)
+    assert columns_from("x", None, None, payload, max_frame=ZEROS.nbytes).data.equals(ZEROS)
+
+
+def test_metadata_pointing_outside_itself_is_a_frame_error() -> None:
+    """Flatbuffer offsets out of the message metadata: a FrameError, not an IndexError or struct.error."""
+    with pytest.raises(FrameError, match=r"^undecodable ARROW batch: bad message metadata$"):
+        _compressed(b"\xff\xff\xff\x7f" + bytes(12))
+    with pytest.raises(FrameError, match=r"^undecodable ARROW batch: bad message metadata$"):
+        _compressed(b"\x08\x00\x00\x00" + bytes(4) + b"\xf0\xff\xff\x7f")
