@@ -44,7 +44,7 @@ from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.plan import Placement
 from streamlet.core.state.checkpoints import Coordinator
-from streamlet.errors import EncodingError
+from streamlet.errors import EncodingError, JobError
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpChannel, TcpClient
 
@@ -193,6 +193,9 @@ class _Part:
         try:
             for message in messages:
                 await self.control.send(message)
+        except JobError as exc:  # a message over the control cap (a record too big): the parent learns why
+            with contextlib.suppress(OSError):
+                await self.control.send({"kind": "failed", "error": described(exc)})
         except OSError:
             pass  # the parent is gone: nobody to tell
 

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import select
 import signal
 import socket
 import sys
@@ -182,16 +183,46 @@ def _fork_all(launch: Launch) -> list[_Child]:
 
 
 def _reap(children: list[_Child]) -> None:
-    """Kill (SIGKILL) every child not reaped yet that has not ended by itself, and reap them all."""
+    """Reap every child not reaped yet: one that closed its control socket (it is exiting) gets until
+    :data:`STOP_TIMEOUT` seconds after the reaping began to end, then it is killed (SIGKILL) like the rest.
+    A child reaped already elsewhere (the thread of an :func:`_exit_status` that timed out) is left as it is."""
+    deadline = time.monotonic() + STOP_TIMEOUT
     for child in children:
         if child.status is not None:
             continue
-        if not child.ended:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGKILL)
-        child.status = os.waitpid(child.pid, 0)[1]
+        with contextlib.suppress(ChildProcessError):
+            status = _exited_by(child.pid, deadline) if child.ended else None
+            if status is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+                status = os.waitpid(child.pid, 0)[1]
+            child.status = status
     for child in children:
         child.sock.close()
+
+
+def _exited_by(pid: int, deadline: float) -> int | None:
+    """The wait status of ``pid`` if it exits by ``deadline`` (``time.monotonic``), reaped; else ``None``.
+    Waits on its pidfd where there is one (Linux 5.3+), else polls every 10 ms."""
+    try:
+        descriptor: int | None = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        descriptor = None
+    try:
+        while True:
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+            if reaped:
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if descriptor is None:
+                time.sleep(min(left, 0.01))
+            else:
+                select.select([descriptor], [], [], left)
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)
 
 
 class _Supervisor:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 import streamlet as sl
+from streamlet.backends.processes import parent, wire
+from streamlet.backends.processes.parent import _Child, _reap
+from streamlet.backends.processes.results import PartReport
 from streamlet.cli import main
 from streamlet.core.state.store import DirectoryCheckpointStore
 from tests.support import exactly_once
@@ -282,3 +287,52 @@ def test_streamlet_run_with_two_processes_prints_what_one_process_prints(cli: Ca
     alone = cli()
     assert "showing 171 of 171 records" in alone
     assert cli("--processes", "2") == alone
+
+
+def test_a_record_over_the_control_message_cap_fails_the_run_with_its_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collected record too big for one control message: the worker reports ``failed`` with the cause (it
+    does not exit 1 with the cause lost), and the parent raises it."""
+    monkeypatch.setattr(wire, "MAX_MESSAGE", 4096)  # the children, forked, inherit it
+    topology = sl.Topology("big")
+    words = topology.add_source("words", [("k", "x" * 10_000)])
+    topology.add_sink("out", sl.CollectSink()).set_input(words)
+    with pytest.raises(sl.JobError, match=r"^a 'records' message of \d+ bytes is over the limit of 4096"):
+        sl.run(topology, processes=2)
+
+
+def spawned(code: str) -> tuple[subprocess.Popen[bytes], _Child]:
+    """A child process running ``code`` that has closed its control socket (``ended``), not reaped yet."""
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    ours, theirs = socket.socketpair()
+    theirs.close()
+    return process, _Child(0, process.pid, ours, PartReport("worker process 1 of 1"), ended=True)
+
+
+def test_reap_kills_a_process_that_closed_its_socket_but_does_not_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A closed control socket is not an exit: past STOP_TIMEOUT the process is killed, then reaped."""
+    monkeypatch.setattr(parent, "STOP_TIMEOUT", 0.0)
+    process, child = spawned("import sys; sys.stdin.read()")  # runs until its stdin closes
+    try:
+        _reap([child])
+        assert child.status is not None
+        assert os.WIFSIGNALED(child.status)
+        assert os.WTERMSIG(child.status) == signal.SIGKILL
+        assert child.sock.fileno() == -1
+    finally:
+        process.kill()
+        process.communicate()
+
+
+def test_reap_waits_for_a_process_that_exits_and_skips_one_reaped_elsewhere() -> None:
+    """One exiting by itself is reaped with its exit code; one reaped already (by _exit_status's thread) is
+    left as it is, not a ChildProcessError."""
+    exiting, first = spawned("import sys; sys.stdin.read(); sys.exit(3)")
+    reaped, second = spawned("pass")
+    os.waitpid(reaped.pid, 0)
+    exiting.stdin.close()  # type: ignore[union-attr]
+    _reap([second, first])
+    assert (second.status, first.status is not None) == (None, True)
+    assert os.waitstatus_to_exitcode(first.status or 0) == 3
+    assert (first.sock.fileno(), second.sock.fileno()) == (-1, -1)
+    for process in (exiting, reaped):
+        process.communicate()  # closes its stdin; already reaped: Popen takes that as ended
