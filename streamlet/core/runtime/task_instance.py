@@ -448,6 +448,8 @@ class TaskInstance(Receiver):
                 return
             except RecordFailure as failure:
                 batch = self._record_failed(batch, failure.index, failure.__cause__ or failure)
+            except FieldError as exc:  # a columnar task fed by elements: named as on a columnar batch
+                raise FieldError(f"task '{self.node.name}' input port {port}: {exc}") from None
             except TopologyError:
                 raise  # a wiring mistake (a partition function), not the task's: no policy applies
             except Exception as exc:  # noqa: BLE001 - user code: any error follows the policy

@@ -254,6 +254,22 @@ def test_an_aggregate_of_a_missing_field_names_the_task_and_port() -> None:
         sl.run(topology)
 
 
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_columnar_task_fed_by_elements_names_the_task_and_port_of_a_missing_field(on_error: str) -> None:
+    """Fed by elements (fields key, value, ts), a missing field names the task and port as on Arrow batches,
+    whatever the error policy: it is the topology's mistake, not a record's."""
+    topology = sl.Topology("bad")
+    rows = topology.add_source("in", [("a", 1)])
+    kept = topology.where("keep", pc.field("nope") > 1, on_error=on_error).set_input(rows)
+    topology.add_sink("out", sl.CollectSink()).set_input(kept)
+    with pytest.raises(
+        sl.FieldError,
+        match=r"^task 'keep' input port 0: the expression \(nope > 1\) names a field the batch has not "
+        r"\(fields: key, value, ts\)$",
+    ):
+        sl.run(topology)
+
+
 def test_a_source_key_that_is_not_a_column_names_the_source() -> None:
     """ColumnarSource(key=...) naming no column stops the job naming the source, its port and the fields."""
     topology = sl.Topology("bad")
