@@ -14,13 +14,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from streamlet.connectors.spark_session import import_pyarrow
-from streamlet.core.model.columns import ColumnBatch
+from streamlet.core.model.columns import ColumnBatch, import_pyarrow
 from streamlet.core.model.record import Batch
 from streamlet.core.state.durable import fsync_directory
 from streamlet.errors import ConnectorError
 
 RESERVED = ("key", "ts", "epoch", "window_start", "window_end")
+
+
+def _pyarrow() -> Any:
+    """pyarrow, or a ``ConnectorError`` naming the spark extra (see ``import_pyarrow``)."""
+    return import_pyarrow("SparkSink", "spark", ConnectorError)
 
 
 def to_arrow(records: Batch, where: str) -> Any:
@@ -30,7 +34,7 @@ def to_arrow(records: Batch, where: str) -> Any:
     The epoch is added when the rows are handed to Spark (:func:`with_epoch`):
     rows are staged before the barrier that closes their epoch arrives.
     """
-    pa = import_pyarrow()
+    pa = _pyarrow()
     try:
         columns: dict[str, Any] = {"key": pa.array([e[0] for e in records])}
         columns.update(_value_columns(pa, [e[1] for e in records], where))
@@ -48,7 +52,7 @@ def columns_to_arrow(batch: ColumnBatch, where: str) -> Any:
     """A columnar batch as the same rows :func:`to_arrow` makes of its elements, column by column (no step
     per row): its key column as ``key``, its value column as ``value`` (or, without one, each other column
     as its own, like dict values), its ts column as ``ts`` (float64)."""
-    pa = import_pyarrow()
+    pa = _pyarrow()
     data, rows = batch.data, len(batch)
     columns: dict[str, Any] = {"key": pa.nulls(rows) if batch.key is None else data.column(batch.key)}
     if batch.value is not None:
@@ -68,7 +72,7 @@ def columns_to_arrow(batch: ColumnBatch, where: str) -> Any:
 
 def with_epoch(table: Any, epoch: int) -> Any:
     """``table`` with an ``epoch`` column (int64) after ``ts``."""
-    pa = import_pyarrow()
+    pa = _pyarrow()
     return table.add_column(table.schema.get_field_index("ts") + 1, "epoch", pa.array([epoch] * len(table), pa.int64()))
 
 
@@ -87,7 +91,7 @@ def _value_columns(pa: Any, values: list[Any], where: str) -> dict[str, Any]:
 def write_tables(directory: Path, tables: list[Any]) -> None:
     """Append ``tables`` (rows of one epoch, made from elements or columns) to ``directory`` as one chunk."""
     if tables:
-        pa = import_pyarrow()
+        pa = _pyarrow()
         write_chunk(
             directory, tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
         )
@@ -95,7 +99,7 @@ def write_tables(directory: Path, tables: list[Any]) -> None:
 
 def write_chunk(directory: Path, table: Any) -> None:
     """Append ``table`` to ``directory`` as the next IPC chunk, fsynced."""
-    pa = import_pyarrow()
+    pa = _pyarrow()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"chunk-{len(list(directory.glob('chunk-*.arrow'))):06d}.arrow"
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -110,7 +114,7 @@ def read_chunks(directory: Path) -> Any:
     Chunks of one epoch may disagree on a type (ints in one, floats in the
     next); Arrow's permissive promotion unifies them.
     """
-    pa = import_pyarrow()
+    pa = _pyarrow()
     tables = []
     for path in sorted(directory.glob("chunk-*.arrow")):
         with pa.memory_map(str(path), "r") as source:

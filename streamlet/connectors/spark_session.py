@@ -1,7 +1,8 @@
-"""The SparkSession a ``SparkSink`` hands its batches to, and the lazy imports of pyspark and pyarrow.
+"""The SparkSession a ``SparkSink`` hands its batches to, and the lazy import of pyspark.
 
 pyspark and pyarrow are optional (``pip install 'streamlet[spark]'``): they
-are imported here, when a sink first needs them, never when ``streamlet`` is
+are imported when a sink first needs them (pyspark here, pyarrow by core's
+``import_pyarrow``, naming this extra), never when ``streamlet`` is
 imported. The embedded default is one local session per process (Spark
 allows one ``SparkContext`` per process), created on first use by whichever
 thread gets there first.
@@ -43,16 +44,6 @@ def import_pyspark_sql() -> ModuleType:
     except ImportError as exc:
         raise ConnectorError(f"SparkSink needs pyspark, which is not installed: {INSTALL_HINT}") from exc
     return pyspark.sql
-
-
-def import_pyarrow() -> Any:
-    """``pyarrow`` (with its IPC module loaded), or an error saying how to install it."""
-    try:
-        import pyarrow
-        import pyarrow.ipc  # loads pyarrow.ipc for the staging files
-    except ImportError as exc:
-        raise ConnectorError(f"SparkSink needs pyarrow, which is not installed: {INSTALL_HINT}") from exc
-    return pyarrow
 
 
 def check_java() -> None:

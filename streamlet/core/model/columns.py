@@ -17,18 +17,21 @@ from __future__ import annotations
 from typing import Any
 
 from streamlet.core.model.record import Batch
-from streamlet.errors import TopologyError
-
-INSTALL_HINT = "pip install 'streamlet[columnar]'"
+from streamlet.errors import StreamletError, TopologyError
 
 
-def import_pyarrow() -> Any:
-    """``pyarrow`` with ``pyarrow.compute`` loaded, or a :class:`TopologyError` saying how to install it."""
+def import_pyarrow(
+    user: str = "the columnar path", extra: str = "columnar", error: type[StreamletError] = TopologyError
+) -> Any:
+    """``pyarrow`` with ``pyarrow.compute`` and ``pyarrow.ipc`` loaded; without it, ``error`` saying that
+    ``user`` needs it and which extra installs it (``pip install 'streamlet[extra]'``). The one import of
+    pyarrow: core's columnar path and the connectors (SparkSink: ``"SparkSink", "spark", ConnectorError``)."""
     try:
         import pyarrow
         import pyarrow.compute  # loads pyarrow.compute for the operators
-    except ImportError as exc:  # pragma: no cover - pyarrow is installed where the tests run
-        raise TopologyError(f"the columnar operators need pyarrow, which is not installed: {INSTALL_HINT}") from exc
+        import pyarrow.ipc  # and pyarrow.ipc for ARROW frames and staging files
+    except ImportError as exc:
+        raise error(f"{user} needs pyarrow, which is not installed: pip install 'streamlet[{extra}]'") from exc
     return pyarrow
 
 

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytest
 
 import streamlet as sl
-from streamlet.core.model.columns import ColumnBatch
+from streamlet.core.model.columns import ColumnBatch, import_pyarrow
 from streamlet.core.runtime.routing import KeyedRoute
 
 ROWS = 1_000
@@ -302,6 +302,16 @@ def test_importing_streamlet_does_not_import_pyarrow() -> None:
     """pyarrow is loaded by the first columnar batch, never by ``import streamlet``."""
     code = "import sys, streamlet; print('pyarrow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_missing_pyarrow_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one import of pyarrow names who needs it and the extra that brings it (a connector passes its own)."""
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    message = r"^the columnar path needs pyarrow, which is not installed: pip install 'streamlet\[columnar\]'$"
+    with pytest.raises(sl.TopologyError, match=message):
+        import_pyarrow()
+    with pytest.raises(sl.ConnectorError, match=r"^SparkSink needs pyarrow, .*'streamlet\[spark\]'$"):
+        import_pyarrow("SparkSink", "spark", sl.ConnectorError)
 
 
 def test_a_where_on_a_window_is_refused() -> None:
