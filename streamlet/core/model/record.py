@@ -142,9 +142,6 @@ Batch: TypeAlias = list[Element]
 #: A batch of records, as user code sees it.
 Records: TypeAlias = list[Record]
 
-#: Positions in an element.
-KEY, VALUE, TS, ITERATION, WINDOW, FIRING = range(6)
-
 
 def element_of(record: Record) -> Element:
     """The element carrying ``record`` (its iteration, window and firing when it has any)."""
@@ -182,22 +179,7 @@ def records_of(batch: Batch) -> Records:
 
 def iteration_of(element: Element) -> int:
     """How many times the element went round a cycle."""
-    return element[ITERATION] if len(element) > 3 else 0
-
-
-def window_of(element: Element) -> tuple[float, float] | None:
-    """The ``(start, end)`` of the window that produced the element, if any."""
-    return element[WINDOW] if len(element) > 3 else None
-
-
-def loop_element(key: Any, value: Any, ts: float | None, iteration: int) -> Element:
-    """An element inside a cycle, ``iteration`` times round it."""
-    return (key, value, ts, iteration, None, None)
-
-
-def window_element(key: Any, value: Any, ts: float | None, window: tuple[float, float], firing: str) -> Element:
-    """An element produced by ``firing`` (``"early"``, ``"on_time"``, ``"late"``) of ``window``."""
-    return (key, value, ts, 0, window, firing)
+    return element[3] if len(element) > 3 else 0
 
 
 class Marker:

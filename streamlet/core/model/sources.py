@@ -87,9 +87,10 @@ class Source(ABC):
         """Start reading for instance ``context.index`` of ``context.parallelism``."""
 
 
-def to_elements(items: list[Any], ts: float | None) -> Batch:
+def to_elements(items: list[Any], ts: float | None, *, wide_tuples: bool = False) -> Batch:
     """Items to the runtime's elements: a ``Record`` is taken apart, a ``(key, value)`` pair gets ``ts``,
-    anything else becomes the value of an element with key ``None``."""
+    anything else becomes the value of an element with key ``None``. With ``wide_tuples`` (what a reader
+    returns) a tuple three or six wide is an element already; otherwise (a source's items) it is a value."""
     kinds = set(map(type, items))
     if kinds == {Record}:  # records made by the caller (event times of its own): taken apart at once
         return [(r.key, r.value, r.ts) for r in items]
@@ -100,8 +101,12 @@ def to_elements(items: list[Any], ts: float | None) -> Batch:
     for item in items:
         if isinstance(item, Record):
             append(element_of(item))
-        elif type(item) is tuple and len(item) == 2:
+        elif type(item) is not tuple:
+            append((None, item, ts))
+        elif len(item) == 2:
             append((item[0], item[1], ts))
+        elif wide_tuples and len(item) in (3, 6):
+            append(item)
         else:
             append((None, item, ts))
     return elements
@@ -110,20 +115,10 @@ def to_elements(items: list[Any], ts: float | None) -> Batch:
 def read_elements(items: list[Any], ts: float | None) -> Batch:
     """What a reader returned, as elements: tuples three or six wide are elements already, a ``Record``
     is taken apart, a ``(key, value)`` pair gets ``ts``, anything else is the value of an element with key
-    ``None``. (Unlike :func:`to_elements` for a source's items, where a three-tuple is a plain value.)"""
+    ``None`` (see :func:`to_elements`)."""
     if set(map(type, items)) == {tuple} and set(map(len, items)) <= {3, 6}:
         return items
-    elements: Batch = []
-    append = elements.append
-    for item in items:
-        if type(item) is tuple:
-            width = len(item)
-            append(item if width in (3, 6) else (item[0], item[1], ts) if width == 2 else (None, item, ts))
-        elif isinstance(item, Record):
-            append(element_of(item))
-        else:
-            append((None, item, ts))
-    return elements
+    return to_elements(items, ts, wide_tuples=True)
 
 
 class IterableSource(Source):
