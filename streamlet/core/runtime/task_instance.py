@@ -378,14 +378,13 @@ class TaskInstance(Receiver):
         if window.folded is not None and self._passes_folds_on:
             self._emit_folded(window)  # window_reduce: its execute would only pass the results on
             return
-        self.inputs.window = self.outputs.window = bounds = (window.start, window.end)
-        self.inputs.firing = self.outputs.firing = firing = window.firing
+        self.inputs.window = self.outputs.window = (window.start, window.end)
+        self.inputs.firing = self.outputs.firing = window.firing
         assert self.window is not None
         stamp = self.window.result_ts(window)  # a time window's last tick; else the last record's time
         by_port = window.records
-        if window.folded is not None:  # a new dict: a window kept for late firings still folds into its own
-            ts = window.last_ts if stamp is None else stamp
-            by_port = {0: [(key, value, ts, 0, bounds, firing) for key, value in window.folded.items()]}
+        if window.folded is not None:  # a new list: a window kept for late firings still folds into its own
+            by_port = {0: self._folded_results(window)}
         records = [element for port in sorted(by_port) for element in by_port[port]]
         if stamp is not None:
             self.outputs.ts = stamp
@@ -402,12 +401,16 @@ class TaskInstance(Receiver):
 
     def _emit_folded(self, window: ClosedWindow) -> None:
         """The per-key results of a folded window, emitted as they are (``window_reduce``'s whole execute)."""
+        self.outputs.emit_elements(self._folded_results(window))
+
+    def _folded_results(self, window: ClosedWindow) -> Batch:
+        """A folded window's per-key results as window elements, stamped with its result time."""
         assert self.window is not None
         assert window.folded is not None
         stamp = self.window.result_ts(window)
         ts = window.last_ts if stamp is None else stamp
         bounds, firing = (window.start, window.end), window.firing
-        self.outputs.emit_elements([(key, value, ts, 0, bounds, firing) for key, value in window.folded.items()])
+        return [(key, value, ts, 0, bounds, firing) for key, value in window.folded.items()]
 
     def _execute_columns(self, port: int, batch: ColumnBatch) -> None:
         """A built-in columnar task on a columnar batch: its errors stop the job (no record to isolate)."""
