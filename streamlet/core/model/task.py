@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal, TypeAlias
 
+from streamlet.core.model.kept import IMMUTABLE, keep, put_back
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.record import Batch, Record, record_of
 from streamlet.core.model.state import StateStore
@@ -273,11 +274,17 @@ class ReduceTask(Task):
             raise ValueError(f"emit must be 'batch' or 'record', got {emit!r}")
         self.fn = fn
         self.per_record = emit == "record"
+        #: Set by the runtime under a replaying error policy: a failing ``fn`` that changed its accumulator
+        #: in place leaves it as it was (the record it failed on has no effect).
+        self.keeps_accumulators = False
 
     def execute(self, inputs: Inputs, outputs: Outputs) -> None:
         """Fold the batch into the running values, then emit the keys it touched (or every value)."""
         if getattr(self.state, "ttl", None) is not None or self.per_record:
             self._execute_through_store(inputs, outputs)
+            return
+        if self.keeps_accumulators:
+            self._execute_keeping(inputs, outputs)
             return
         fn, totals, batch = self.fn, self.state.values, inputs.elements()
         touched: dict[Any, Any] = {}  # key -> event time of its last record in the batch
@@ -288,6 +295,28 @@ class ReduceTask(Task):
                 key = element[0]
                 current = totals.get(key, missing)
                 totals[key] = element[1] if current is missing else fn(current, element[1])
+                touched[key] = element[2]
+        except Exception as exc:
+            _emit_touched(touched, totals, outputs)
+            raise RecordFailure(index) from exc
+        _emit_touched(touched, totals, outputs)
+
+    def _execute_keeping(self, inputs: Inputs, outputs: Outputs) -> None:
+        """:meth:`execute`'s fast path, putting back an accumulator that a failing ``fn`` changed in place."""
+        fn, totals, batch = self.fn, self.state.values, inputs.elements()
+        touched: dict[Any, Any] = {}
+        index = 0
+        missing, immutable = _MISSING, IMMUTABLE
+        try:
+            for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
+                key = element[0]
+                current = totals.get(key, missing)
+                if current is missing:
+                    totals[key] = element[1]
+                elif type(current) in immutable:
+                    totals[key] = fn(current, element[1])
+                else:
+                    totals[key] = _fold_kept(fn, current, element[1], totals, key)
                 touched[key] = element[2]
         except Exception as exc:
             _emit_touched(touched, totals, outputs)
@@ -306,7 +335,13 @@ class ReduceTask(Task):
             for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
                 key = element[0]
                 current = state.get(key, _MISSING)
-                values[key] = value = element[1] if current is _MISSING else fn(current, element[1])
+                if current is _MISSING:
+                    value = element[1]
+                elif self.keeps_accumulators:
+                    value = _fold_kept(fn, current, element[1], state.values, key)
+                else:
+                    value = fn(current, element[1])
+                values[key] = value
                 state.put(key, value)
                 if self.per_record:
                     every.append((key, value, element[2]))
@@ -318,6 +353,16 @@ class ReduceTask(Task):
             raise RecordFailure(index) from exc
         outputs.emit_elements(every)
         _emit_touched(touched, values, outputs)
+
+
+def _fold_kept(fn: Callable[[Any, Any], Any], current: Any, value: Any, totals: dict[Any, Any], key: Any) -> Any:
+    """``fn(current, value)``; when it raises, ``totals[key]`` is ``current`` as it was before the call."""
+    kept = keep(current)
+    try:
+        return fn(current, value)
+    except Exception:
+        totals[key] = put_back(kept)  # the dict, not put(): the key's write time under a TTL stays as it was
+        raise
 
 
 def _emit_touched(touched: dict[Any, Any], values: Any, outputs: Outputs) -> None:
@@ -344,3 +389,14 @@ class WindowReduceTask(Task):
 
 
 _MISSING: Any = object()
+
+
+_SHORTCUTS: frozenset[type[Task]] = frozenset({MapTask, FilterTask, FlatMapTask, KeyByTask, ReduceTask})
+
+
+def leaves_nothing_on_failure(task: Task) -> bool:
+    """Whether ``task`` is a built-in shortcut: it names its failing record (``RecordFailure``), the records
+    before it took effect once and the failing one left nothing (``reduce`` writes a key only after ``fn``
+    returned), so a replaying error policy needs no undo of its state. The exact classes only: a subclass
+    may override ``execute``."""
+    return type(task) in _SHORTCUTS

@@ -82,7 +82,7 @@ class Timers:
         []
     """
 
-    __slots__ = ("_now", "_order", "_queues", "watermark")
+    __slots__ = ("_now", "_order", "_queues", "_undo_log", "watermark")
 
     def __init__(self, now: Callable[[], float] = wall_clock.time) -> None:
         self._queues: dict[str, _Queue] = {time: _Queue() for time in TIME_DOMAINS}
@@ -90,6 +90,8 @@ class Timers:
         self._now = now
         #: The instance's watermark (set by the runtime as it rises; -inf until the first one, and after a restore).
         self.watermark: float = -math.inf
+        #: While a call runs under a replaying error policy: what it set or cancelled, to take back.
+        self._undo_log: list[tuple[_Queue, tuple[Any, float], int | None]] | None = None
 
     def now(self) -> float:
         """The job clock's time: what processing-time timers are set against (``now() + 30``)."""
@@ -113,11 +115,17 @@ class Timers:
         order = next(self._order)
         queue.live[slot] = order
         heapq.heappush(queue.heap, (when, order, key))
+        if self._undo_log is not None:
+            self._undo_log.append((queue, slot, None))
 
     def cancel(self, key: Any, when: float, time: TimeDomain = "event") -> None:
         """Forget the timer for ``key`` at ``when``; no error when there is none."""
         queue = self._queue(time)
-        if queue.live.pop((key, _check_when(when)), None) is not None:
+        slot = (key, _check_when(when))
+        order = queue.live.pop(slot, None)
+        if order is not None:
+            if self._undo_log is not None:
+                self._undo_log.append((queue, slot, order))
             queue.compact()
 
     def pending(self, key: Any = None) -> list[tuple[Any, float, TimeDomain]]:
@@ -182,6 +190,26 @@ class Timers:
         for queue in self._queues.values():
             queue.live.clear()
             queue.heap.clear()
+
+    # -- taking back a failed call (``core.state.undo``) ------------------------------
+
+    def start_undo_log(self) -> None:
+        """From now on, note what :meth:`at` and :meth:`cancel` change."""
+        self._undo_log = []
+
+    def stop_undo_log(self) -> None:
+        """Stop noting; the changes stand."""
+        self._undo_log = None
+
+    def take_back(self) -> None:
+        """Undo what was set or cancelled since :meth:`start_undo_log`, newest first; stop noting."""
+        log, self._undo_log = self._undo_log or [], None
+        for queue, slot, order in reversed(log):
+            if order is None:  # set by the call: gone again
+                queue.live.pop(slot, None)
+            else:  # cancelled by the call: pending again, in its old place in the firing order
+                queue.live[slot] = order
+                heapq.heappush(queue.heap, (slot[1], order, slot[0]))
 
     # -- checkpoints ---------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.ports import Inputs
 from streamlet.core.model.record import Barrier, Batch, DeadLetter, Element, Reconfigure, iteration_of, record_of
-from streamlet.core.model.task import RecordFailure, Task, WindowReduceTask
+from streamlet.core.model.task import RecordFailure, ReduceTask, Task, WindowReduceTask, leaves_nothing_on_failure
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import WindowSpec
 from streamlet.core.runtime.channel import Inbox
@@ -25,6 +25,7 @@ from streamlet.core.state.expiring import ExpiringState
 from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.participant import Section
 from streamlet.core.state.regroup import merge_task_snapshots, split_task_snapshot
+from streamlet.core.state.undo import CallUndo, UndoableState, undoable_state
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.columnar import ColumnarWindowLogic, aggregate_window
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
@@ -45,11 +46,20 @@ class TaskInstance(Receiver):
         super().__init__(node, index, outputs, env, inbox)
         self.inputs = Inputs(node.inputs, f"task '{node.name}' instance {index}")
         # With a TTL the store needs the clock; without one, the plain dict-backed store pays nothing for it.
-        self.state = KeyedState() if node.state_ttl is None else ExpiringState(node.state_ttl, env.clock.now)
         self.timers = Timers(env.clock.now)
         self.failures = 0
         self.finished = False  # restored from a checkpoint taken after finish(): do not run it again
-        self.task = self._new_task()
+        task = self._make_task()
+        #: Takes back what a failed call did to state and timers before skip or restart replays; only tasks
+        #: under those policies that do not isolate their failed records themselves pay for it.
+        self.undo: CallUndo | None = None
+        if node.on_error != "fail" and not leaves_nothing_on_failure(task):
+            state = undoable_state(node.state_ttl, env.clock.now)
+            self.undo = CallUndo(state, self.timers)
+            self.state: KeyedState = state
+        else:  # with a TTL the store needs the clock; without one, the plain dict-backed store pays nothing for it
+            self.state = KeyedState() if node.state_ttl is None else ExpiringState(node.state_ttl, env.clock.now)
+        self.task = self._adopt(task)
         self.window: WindowLogic | None = None
         self.windowed_ports: frozenset[int] = frozenset()
         if node.window is not None:
@@ -69,10 +79,18 @@ class TaskInstance(Receiver):
         ports = self.inbox.ports
         self._channels_of = [[c for c, p in enumerate(ports) if p == port] for port in range(self.node.inputs)]
 
-    def _new_task(self) -> Task:
+    def _make_task(self) -> Task:
         assert self.node.make_task is not None
-        task = self.node.make_task()
+        return self.node.make_task()
+
+    def _new_task(self) -> Task:
+        return self._adopt(self._make_task())
+
+    def _adopt(self, task: Task) -> Task:
+        """Give ``task`` this instance's state and timers; it is the one ``execute`` calls from now on."""
         task.state = self.state
+        if isinstance(task, ReduceTask) and self.node.on_error != "fail":
+            task.keeps_accumulators = True
         task.timers = self.timers
         self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
         self._async = inspect.iscoroutinefunction(task.execute)
@@ -187,7 +205,7 @@ class TaskInstance(Receiver):
         """Only keyed values to move (no window, no TTL, no timer pending): moved key by key, not re-packed whole."""
         return (
             self.window is None
-            and type(self.state) is KeyedState
+            and type(self.state) in (KeyedState, UndoableState)
             and self.timers.next_due("event") is None
             and self.timers.next_due("processing") is None
         )
@@ -352,7 +370,7 @@ class TaskInstance(Receiver):
         while True:
             marks = self.outputs.marks()
             try:
-                await maybe_await(self.task.on_timer(key, when, time, self.outputs))
+                await self._undoable(lambda: self.task.on_timer(key, when, time, self.outputs))
                 return
             except TopologyError:
                 raise
@@ -435,10 +453,27 @@ class TaskInstance(Receiver):
             ) from exc  # fmt: skip
 
     async def _call(self) -> None:
-        if self._async:
+        if self.undo is not None:
+            await self._undoable(lambda: self._execute(self.inputs, self.outputs))
+        elif self._async:  # on_error="fail" (or a shortcut): nothing to take back, nothing paid
             await self._execute(self.inputs, self.outputs)
         else:
             self._execute(self.inputs, self.outputs)
+
+    async def _undoable(self, call: Callable[[], Any]) -> None:
+        """One user call (plain or async); under skip or restart, a failure first takes back what it did to
+        state, TTLs and timers, so the replay counts each record once."""
+        undo = self.undo
+        if undo is None:
+            await maybe_await(call())
+            return
+        undo.begin()
+        try:
+            await maybe_await(call())
+        except BaseException:
+            undo.take_back()
+            raise
+        undo.forget()
 
     async def _execute_batch(self, port: int, batch: Batch) -> None:
         """Execute one batch under the error policy, isolating the failing record."""
@@ -450,7 +485,13 @@ class TaskInstance(Receiver):
                 await self._call()
                 return
             except RecordFailure as failure:
-                batch = self._record_failed(batch, failure.index, failure.__cause__ or failure)
+                if self.undo is None:
+                    batch = self._record_failed(batch, failure.index, failure.__cause__ or failure)
+                    continue
+                # the records before the failing one were taken back with the rest: replay as any failure
+                if marks is not None:
+                    self.outputs.rollback(marks)
+                batch = await self._batch_failed(port, batch, failure.__cause__ or failure)
             except FieldError as exc:  # a columnar task fed by elements: named as on a columnar batch
                 raise FieldError(f"task '{self.node.name}' input port {port}: {exc}") from None
             except TopologyError:

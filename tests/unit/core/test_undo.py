@@ -1,0 +1,137 @@
+"""CallUndo: a failed call's changes to keyed state, write times and timers are taken back exactly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamlet.core.model.timers import Timers
+from streamlet.core.state.undo import CallUndo, JournaledValues, UndoableExpiringState, UndoableState
+
+
+def undo_of(state: UndoableState | UndoableExpiringState) -> tuple[CallUndo, Timers]:
+    timers = Timers(lambda: 0.0)
+    return CallUndo(state, timers), timers
+
+
+def test_every_dict_operation_is_taken_back() -> None:
+    """set, del, pop, popitem, setdefault, update, |=, clear and in-place changes all come back."""
+    state = UndoableState({"a": 1, "b": [1, 2], "c": {"x": (1, [2])}, "d": "keep"})
+    undo, _ = undo_of(state)
+    before = {"a": 1, "b": [1, 2], "c": {"x": (1, [2])}, "d": "keep"}
+    undo.begin()
+    values: Any = state.values
+    values["a"] = 2
+    values["new"] = 0
+    values["b"].append(3)
+    values.get("c")["x"][1].append(9)
+    del values["d"]
+    values.pop("new")
+    values.setdefault("e", []).append(1)
+    values.update(f=1)
+    values |= {"g": 2}
+    values.popitem()
+    values.clear()
+    undo.take_back()
+    assert state.values == before
+    assert type(state.values["c"]["x"]) is tuple  # through the codec: types come back exactly
+
+
+def test_items_hands_out_values_that_are_taken_back() -> None:
+    """A value reached through items() and changed in place is restored."""
+    state = UndoableState({"a": [1]})
+    undo, _ = undo_of(state)
+    undo.begin()
+    for _, value in state.items():
+        value.append(2)
+    undo.take_back()
+    assert state.values == {"a": [1]}
+
+
+def test_a_successful_call_stands_and_the_next_failure_undoes_only_itself() -> None:
+    """forget() keeps the call's changes; a later failed call goes back to them, not further."""
+    state = UndoableState()
+    undo, _ = undo_of(state)
+    undo.begin()
+    state.put("a", [1])
+    undo.forget()
+    undo.begin()
+    state.get("a").append(2)
+    state.put("b", 1)
+    undo.take_back()
+    assert state.values == {"a": [1]}
+    assert state.values.before is None  # nothing kept between calls
+
+
+def test_unencodable_values_are_deep_copied() -> None:
+    """A value the codec refuses (no checkpoint asked for it) is kept by a deep copy."""
+
+    class Box:
+        def __init__(self) -> None:
+            self.items: list[int] = []
+
+    state = UndoableState({"box": Box()})
+    undo, _ = undo_of(state)
+    undo.begin()
+    state.get("box").items.append(1)
+    undo.take_back()
+    assert state.get("box").items == []
+
+
+def test_a_restore_keeps_the_journal() -> None:
+    """After restoring a checkpoint the values dict is still journaled."""
+    state = UndoableState({"a": 1})
+    snapshot = state.checkpoint()
+    state.restore(snapshot)
+    assert type(state.values) is JournaledValues
+    undo, _ = undo_of(state)
+    undo.begin()
+    state.put("a", 5)
+    undo.take_back()
+    assert state.values == {"a": 1}
+
+
+def test_write_times_under_a_ttl_are_taken_back() -> None:
+    """A failed call's put does not renew the entry's life: it expires from its old write time."""
+    now = [0.0]
+    state = UndoableExpiringState(10.0, lambda: now[0])
+    undo, _ = undo_of(state)
+    state.put("a", 1)
+    now[0] = 5.0
+    undo.begin()
+    state.put("a", 2)
+    state.put("b", 1)
+    undo.take_back()
+    assert (state.get("a"), state.get("b", "absent")) == (1, "absent")
+    now[0] = 10.0
+    assert state.get("a", "expired") == "expired"
+
+
+def test_entries_swept_by_a_failed_call_come_back_with_their_write_times() -> None:
+    """An entry the failed call swept as expired is back, still expired by its own time, never immortal."""
+    now = [0.0]
+    state = UndoableExpiringState(10.0, lambda: now[0])
+    undo, _ = undo_of(state)
+    state.put("old", 1)
+    now[0] = 4.0
+    state.put("young", 2)
+    now[0] = 11.0
+    undo.begin()
+    state.put("x", 3)  # sweeps 'old'
+    undo.take_back()
+    assert dict(state.written) == {"old": 0.0, "young": 4.0}
+    assert list(state.items()) == [("young", 2)]
+
+
+def test_timers_set_and_cancelled_by_a_failed_call_are_taken_back() -> None:
+    """Timers the call set are gone, those it cancelled are pending again in their old order."""
+    state = UndoableState()
+    undo, timers = undo_of(state)
+    timers.at("a", 5.0)
+    timers.at("b", 5.0)
+    undo.begin()
+    timers.cancel("a", 5.0)
+    timers.at("c", 1.0)
+    timers.at("a", 5.0)  # set again after the cancel: a new place in the order
+    undo.take_back()
+    assert timers.pending() == [("a", 5.0, "event"), ("b", 5.0, "event")]
+    assert list(timers.due("event", 10.0)) == [("a", 5.0), ("b", 5.0)]
