@@ -1,5 +1,9 @@
 """Shared fixtures: a topology builder, a one-line runner for in-process jobs, the armed crash, and the
-session's ZooKeeper (for tests/integration and tests/faults)."""
+session's ZooKeeper (for tests/integration and tests/faults).
+
+Two plugins hold the run together: the reaper (``tests/support/reaper.py``), a process of its own that kills
+every process the run started once pytest is gone, however it ends; and the timeouts
+(``tests/support/timeouts.py``): a hung test fails with every stack dumped, and the run goes on."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import pytest
 import streamlet as sl
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
 from tests.support.exactly_once import Bomb
+
+pytest_plugins = ["tests.support.reaper", "tests.support.timeouts"]
 
 
 def values(records: Iterable[sl.Record | tuple[Any, ...]]) -> list[Any]:
@@ -64,7 +70,7 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperSer
 
     Started only when a test asks for it; shared by every test of the session that does.
     """
-    # die_with_parent: should a timeout end the run without teardown, the server goes with it
+    # die_with_parent, and the reaper: should a timeout end the run without teardown, the server goes with it
     server = ZooKeeperServer(data_dir=Path(tmp_path_factory.mktemp("zookeeper")), die_with_parent=True)
     with server:
         yield server

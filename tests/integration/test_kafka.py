@@ -32,8 +32,8 @@ from streamlet.core.runtime.clock import SystemClock
 from tests.support.kafka_io import Message, commit, committed, consume, produce
 from tests.support.kafka_mock import MockBroker
 
-# pytest-timeout uses the thread method (pyproject): a hang ends the run; the broker process then exits
-# by itself when its stdin closes.
+# A hung test fails and its teardown stops the broker (tests/support/timeouts.py); should the run end without
+# teardown, the broker exits by itself when its stdin closes, and the reaper kills it anyway.
 pytestmark = pytest.mark.integration
 
 T0 = 1_700_000_000_000  # a fixed Kafka timestamp (ms)

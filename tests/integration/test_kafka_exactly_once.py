@@ -37,8 +37,8 @@ from tests.support.exactly_once import RECORDS, expected_output, items
 from tests.support.kafka_io import CHECK_CRCS_OFF, Message, consume, produce
 from tests.support.kafka_mock import MockBroker
 
-# pytest-timeout uses the thread method (pyproject): a hang ends the run; the broker process then exits
-# by itself when its stdin closes.
+# A hung test fails and its teardown stops the broker (tests/support/timeouts.py); should the run end without
+# teardown, the broker exits by itself when its stdin closes, and the reaper kills it anyway.
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]

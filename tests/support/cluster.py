@@ -18,6 +18,7 @@ import anyio
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.local_cluster import alive, down, stop_pid
 from streamlet.backends.cluster.zk import ZkStore
+from tests.support import reaper
 
 
 def streamlet(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -73,8 +74,9 @@ def running_cluster(directory: Path, *up_args: str, options: tuple[str, ...] = (
     """``streamlet OPTIONS cluster up UP_ARGS --loopback-hosts`` in ``directory``: each worker on a loopback
     address of its own with its own folder, as separate machines (nothing may assume one address or one
     disk); yields what it recorded, with ``pids`` by process id. Afterwards every PID it started is stopped
-    by PID, in the order ``cluster down`` uses."""
+    by PID, in the order ``cluster down`` uses (and by the reaper, should the run end without teardown)."""
     apart = () if "--loopback-hosts" in up_args else ("--loopback-hosts",)
+    reaper.record_cluster(directory / ".streamlet")  # killed even should this run end without teardown
     up = streamlet(*options, "cluster", "up", *up_args, *apart, cwd=directory)
     state_file = directory / ".streamlet" / "cluster.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {"processes": []}

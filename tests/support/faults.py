@@ -31,6 +31,7 @@ from streamlet.backends.cluster.local_cluster import SECRET_ENV, alive, stop_pid
 from streamlet.backends.cluster.store import read_all, riding_out
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from tests.support import reaper
 from tests.support.cluster import wait_for_exit
 
 # The keyed count every job text here ends with: totals per key, emitted once the input has ended.
@@ -227,6 +228,7 @@ class LocalCluster:
         """``streamlet cluster up`` (on the ZooKeeper at ``zk``, or one of its own when ``None``)."""
         args = ["cluster", "up", "--name", name, "--workers", str(workers), "--masters", str(masters)]
         args += ["--capacity", str(capacity), *(["--zk", zk] if zk else [])]
+        reaper.record_cluster(directory / ".streamlet")  # killed even should this run end without teardown
         up = subprocess.run(
             [sys.executable, "-m", "streamlet.cli", *args], cwd=directory, capture_output=True, text=True, timeout=90
         )
