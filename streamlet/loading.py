@@ -10,12 +10,9 @@ then passed to it as keyword arguments, each given as text and converted by
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import json
 import math
-import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -25,6 +22,7 @@ from typing import Any
 
 from streamlet.core.model.topology import Topology
 from streamlet.errors import StreamletError
+from streamlet.job_code import load_module
 
 PARAM_RULE = (
     "VALUE becomes an int (42, 1_000), a float (2.5), a bool (true, false) or JSON (null, [1, 2], "
@@ -34,17 +32,24 @@ PARAM_RULE = (
 
 
 def load_topology(
-    target: str, parallelism: dict[str, int] | None = None, params: Mapping[str, str] | None = None
+    target: str,
+    parallelism: dict[str, int] | None = None,
+    params: Mapping[str, str] | None = None,
+    *,
+    digest: str | None = None,
 ) -> Topology:
     """The topology ``target`` names, with ``parallelism`` overrides applied.
 
     ``name`` may be a Topology object or a function returning one; without it
     the module's single Topology is used, or else its ``build_topology``.
     ``params`` (name -> text) go to that function as keyword arguments, each
-    converted by :func:`convert_param`; a Topology object takes none.
+    converted by :func:`convert_param`; a Topology object takes none. The
+    module is run from its file's bytes under a private name
+    (:mod:`streamlet.job_code`); with ``digest`` (a signed spec's), those
+    bytes must have that SHA-256.
     """
     location, _, name = target.partition(":")
-    module = _module_from_file(Path(location)) if location.endswith(".py") else _import(location)
+    module = load_module(location, digest)
     found = _pick(module, location, name)
     topology = _build(found, target, location, params or {})
     for node_name, count in (parallelism or {}).items():
@@ -66,25 +71,6 @@ def _build(found: Any, target: str, location: str, params: Mapping[str, str]) ->
     if not isinstance(topology, Topology):
         raise StreamletError(f"{target} is not a Topology or a function returning one (got {type(topology).__name__})")
     return topology
-
-
-def _module_from_file(path: Path) -> ModuleType:
-    if not path.is_file():
-        raise StreamletError(f"no such file: {path}")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    if spec is None or spec.loader is None:
-        raise StreamletError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _import(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise StreamletError(f"cannot import {name}: {exc}") from exc
 
 
 def _pick(module: ModuleType, location: str, name: str) -> Any:

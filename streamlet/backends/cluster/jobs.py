@@ -44,7 +44,8 @@ def new_spec(
 
 def topology_of(spec: JobSpec | dict[str, Any]) -> Topology:
     """Load and validate the job's topology from its reference; refuse what the cluster cannot run."""
-    topology = load_topology(spec["target"], spec.get("parallelism") or {})
+    # from the bytes the spec signs (when signed): an edited file resubmitted is new code, never a cached copy
+    topology = load_topology(spec["target"], spec.get("parallelism") or {}, digest=spec.get("module_sha256"))
     topology.validate()
     if spec.get("checkpoint") is not None:
         refuse_checkpoints_with_cycles(topology)  # at submit, before anything is written or started
@@ -66,14 +67,15 @@ def check_job_name(job: str) -> str:
 async def submit(store: ClusterStore, job: str, spec: JobSpec, secret: bytes) -> None:
     """Record a signed job, SUBMITTED; the leader schedules it. The topology is loaded here first, to fail early."""
     check_job_name(job)
-    topology = topology_of(spec)
+    signed = sign(spec, secret)  # the digest of the bytes read once; the check loads exactly those
+    topology = topology_of(signed)
     if "shed" in (spec.get("adapt") or {}).get("policies", ()) and topology.qos is None:
         raise JobError(f"--adapt shed keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
     await _refuse_replicas_beyond_workers(store, spec.get("checkpoint"))
     await store.ensure(paths.JOBS)
     steps = [
         Create(paths.job(job), {"uid": spec["uid"]}),
-        Create(paths.spec(job), sign(spec, secret)),
+        Create(paths.spec(job), signed),
         Create(paths.state(job), submitted()),
     ]
     if not await store.commit(steps):

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 from streamlet.backends.cluster.paths import JobSpec
-from streamlet.errors import SpecError
+from streamlet.errors import SpecError, StreamletError
+from streamlet.job_code import read_source, source_file
 
 
 def _message(spec: JobSpec) -> bytes:
@@ -51,22 +51,16 @@ def verify(job: str, spec: dict[str, Any], secret: bytes) -> JobSpec:
 
 def module_file(target: str) -> Path:
     """The file a target's code lives in (a package's parents are imported to find it)."""
-    location = target.partition(":")[0]
-    if location.endswith(".py"):
-        return Path(location)
     try:
-        found = importlib.util.find_spec(location)
-    except (ImportError, ValueError) as exc:
-        raise SpecError(f"cannot find module {location}: {exc}") from exc
-    if found is None or found.origin is None:
-        raise SpecError(f"cannot find module {location}")
-    return Path(found.origin)
+        return source_file(target.partition(":")[0])
+    except StreamletError as exc:
+        raise SpecError(str(exc)) from exc
 
 
 def module_digest(target: str) -> str:
     """SHA-256 of the module file ``target`` names."""
     path = module_file(target)
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror}") from exc
+        return hashlib.sha256(read_source(path)).hexdigest()
+    except StreamletError as exc:
+        raise SpecError(str(exc)) from exc

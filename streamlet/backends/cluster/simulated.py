@@ -68,7 +68,6 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -669,10 +668,11 @@ class SimulatedCluster:
     ) -> SimulatedJob:
         """Submit a job, signed, as ``streamlet submit`` does; returns at once.
 
-        ``target`` is a reference (``"module:name"``, ``"path/to/file.py:name"``),
-        a module-level function returning a Topology (submitted as
-        ``"module:qualname"``), or any other function or a Topology object
-        (handed to the workers in this process). ``job`` names it (default:
+        ``target`` is a reference (``"module:name"``, ``"path/to/file.py:name"``,
+        loaded from its signed bytes as a module of its own, as on a real
+        cluster), or a function returning a Topology or a Topology object
+        (handed to the workers in this process as it is, so the job shares
+        the test's objects). ``job`` names it (default:
         the topology's name); ``parallelism`` overrides nodes' parallelism;
         ``checkpoint_interval`` overrides the cluster's; ``kill`` arms kill
         points for this job; ``from_savepoint`` starts it from a savepoint
@@ -719,9 +719,9 @@ class SimulatedCluster:
         if isinstance(target, Topology):
             factory: Callable[[], Topology] = partial(_copy_of, target)
         elif callable(target):
-            reference = _importable(target)
-            if reference is not None:
-                return reference
+            # every "process" is this one: the function itself, not a fresh copy of its module loaded by
+            # name (job code is run from its signed bytes as a module of its own, see streamlet.job_code),
+            # so a test and its job share the module's objects (events, counters) as they would in-process
             factory = target
         else:
             raise JobError(
@@ -905,21 +905,6 @@ class SimulatedJob:
 
 def _names(states: set[JobState]) -> str:
     return " or ".join(sorted(state.value for state in states))
-
-
-def _importable(factory: Callable[..., Any]) -> str | None:
-    """``"module:name"`` when every process could import ``factory`` by that name, else ``None``."""
-    module_name, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
-    if not module_name or module_name == "__main__" or not name.isidentifier():
-        return None  # a script's function (loading the script would run it again), a lambda, a nested function
-    module = sys.modules.get(module_name)
-    if module is None or getattr(module, name, None) is not factory:
-        return None
-    try:
-        found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        return None
-    return None if found is None else f"{module_name}:{name}"
 
 
 def _copy_of(topology: Topology) -> Topology:

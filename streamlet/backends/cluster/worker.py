@@ -25,6 +25,7 @@ import anyio
 import anyio.abc
 import structlog
 
+from streamlet import job_code
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.checkpoints import AttemptInfo, RestoreScope, ZkAgreement
 from streamlet.backends.cluster.election import EpochFence
@@ -90,6 +91,7 @@ class WorkerJobs:
         self.jobs: dict[tuple[str, int], Job] = {}
         self.ended: set[str] = set()  # uids of jobs whose state ended: stop, report nothing more
         self.topologies: dict[str, Topology] = {}  # job -> its topology, as this worker loaded it
+        self.code: dict[str, tuple[str, str | None]] = {}  # job -> its target and code digest, forgotten at its end
         self.agreements: dict[tuple[str, int], ZkAgreement] = {}  # checkpointed job parts running here
         # per running part: its instance -> worker (live changes add to it), its run name and worker addresses
         self.placements: dict[tuple[str, int], dict[str, str]] = {}
@@ -369,6 +371,8 @@ class WorkerJobs:
             payload = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             del self.running[job, attempt]
+            if not any(running == job for running, _ in self.running):  # its code goes with its last part
+                job_code.forget(*self.code.pop(job, ("", None)))
             self.jobs.pop((job, attempt), None)
             self.agreements.pop((job, attempt), None)
             self.placements.pop((job, attempt), None)
@@ -403,6 +407,7 @@ class WorkerJobs:
         if found is None:
             raise SpecError(f"job '{job}' has no spec")
         spec = verify(job, found[0], self.secret)  # before anything of it is imported
+        self.code[job] = (spec["target"], spec.get("module_sha256"))
         found_layout = await self.zk.get(paths.layout(job))
         layout = None if found_layout is None else found_layout[0]
         topology = self.topologies[job] = with_layout(topology_of(spec), layout)

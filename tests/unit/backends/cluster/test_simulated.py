@@ -1,8 +1,8 @@
 """A cluster simulated in one process: jobs finish exactly, and survive workers killed where the test says.
 
-The topologies here are module-level functions, so the harness submits them
-by reference (``tests.unit.backends.cluster.test_simulated:wordcount``) and
-every worker loads them as a real cluster would. No test sleeps: the harness
+The topologies here are module-level functions the harness hands to the
+workers of this process as they are (a test's events and counters are the
+job's). No test sleeps: the harness
 runs the leader and the workers off the store's writes, and the waits are on
 the job's states.
 """
@@ -259,15 +259,16 @@ async def test_a_failed_job_ends_failed_and_a_wait_for_another_state_says_so() -
 
 
 async def test_targets_by_reference_file_and_function_or_handed_over_in_process(tmp_path: Path) -> None:
-    """A module-level function goes by 'module:name'; a file by path; a lambda or a Topology object, which no
-    other process could load, is handed over in-process (a parallelism override leaves the object alone)."""
+    """A reference string and a file go as given (loaded from their signed bytes); a function, a lambda or
+    a Topology object is handed over in-process (a parallelism override leaves the object alone)."""
     module = tmp_path / "small_job.py"
     module.write_text("from tests.unit.backends.cluster.test_simulated import small as build_topology\n")
     topology = small()
     async with SimulatedCluster(workers=1, checkpoint_interval=None) as cluster:
         outcomes = [
-            await cluster.run(small, job="by-function"),
+            await cluster.run(f"{__name__}:small", job="by-reference"),
             await cluster.run(f"{module}:build_topology", job="by-file"),
+            await cluster.run(small, job="by-function"),
             await cluster.run(lambda: small(), job="by-lambda"),
             await cluster.run(topology, job="by-object", parallelism={"double": 3}),
         ]
@@ -275,8 +276,8 @@ async def test_targets_by_reference_file_and_function_or_handed_over_in_process(
     targets = [spec[0]["target"] for spec in specs if spec is not None]
     assert targets[:2] == [f"{__name__}:small", f"{module}:build_topology"]
     assert all(target.startswith("streamlet.backends.cluster.simulated_targets:target_") for target in targets[2:])
-    assert [sorted(r.value for r in o.collected["out"]) for o in outcomes] == [[2 * n for n in range(10)]] * 4
-    assert sorted(outcomes[3].ran_on) == ["double.0", "double.1", "double.2", "numbers.0", "out.0"]
+    assert [sorted(r.value for r in o.collected["out"]) for o in outcomes] == [[2 * n for n in range(10)]] * 5
+    assert sorted(outcomes[4].ran_on) == ["double.0", "double.1", "double.2", "numbers.0", "out.0"]
     assert topology.nodes["double"].parallelism == 2
 
 
