@@ -157,13 +157,19 @@ DEFAULT_STATE_DIR = ".streamlet"
 WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-def _secret() -> bytes:
-    from streamlet.backends.cluster.local_cluster import SECRET_ENV
+def _secret(secret_file: Path | None) -> bytes:
+    from streamlet.backends.cluster.local_cluster import process_secret
 
-    value = os.environ.get(SECRET_ENV)
-    if not value:
-        _fail(StreamletError(f"set {SECRET_ENV} to the cluster secret (hex), as 'streamlet cluster up' does"))
-    return bytes.fromhex(value or "")
+    try:
+        return process_secret(secret_file)
+    except StreamletError as exc:
+        _fail(exc)
+
+
+SECRET_FILE_HELP = (
+    "file holding the cluster secret, readable by its owner only (mode 0600; 'cluster up' passes its own); "
+    "without it, STREAMLET_SECRET (hex), removed from the environment at start"
+)
 
 
 def _client_secret(action: str, state_dir: Path) -> bytes:
@@ -194,9 +200,10 @@ def _client_secret(action: str, state_dir: Path) -> bytes:
 )  # fmt: skip
 @click.option("--dashboard-host", default="127.0.0.1", show_default=True, help="address the dashboard listens on")
 @click.option("--no-dashboard", is_flag=True, help="serve no dashboard")
+@click.option("--secret-file", default=None, type=click.Path(dir_okay=False, path_type=Path), help=SECRET_FILE_HELP)
 def master_command(
     zk: str, name: str, master_id: str | None, state_dir: Path, dashboard_port: int, dashboard_host: str,
-    no_dashboard: bool,
+    no_dashboard: bool, secret_file: Path | None,
 ) -> None:  # fmt: skip
     """Run one master: a candidate that leads the cluster when elected."""
     from streamlet.backends.cluster.processes import run_master
@@ -206,7 +213,7 @@ def master_command(
     dashboard = None if no_dashboard else (dashboard_host, dashboard_port)
     run = partial(run_master, dashboard=dashboard)
     tune_gc()
-    anyio.run(run, zk, name, master_id, _secret(), backend_options={"use_uvloop": True})
+    anyio.run(run, zk, name, master_id, _secret(secret_file), backend_options={"use_uvloop": True})
 
 
 @main.command("worker")
@@ -233,9 +240,10 @@ def master_command(
     help="serve this worker's Prometheus /metrics on its --host (0: any free port; 'cluster status' gives the "
     "URL); the dashboard's /metrics covers every worker without it",
 )  # fmt: skip
+@click.option("--secret-file", default=None, type=click.Path(dir_okay=False, path_type=Path), help=SECRET_FILE_HELP)
 def worker_command(
     zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...], heartbeat: float,
-    state_dir: Path, bandwidth: float, metrics_port: int | None,
+    state_dir: Path, bandwidth: float, metrics_port: int | None, secret_file: Path | None,
 ) -> None:  # fmt: skip
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
     from streamlet.backends.cluster.processes import run_worker
@@ -248,7 +256,8 @@ def worker_command(
         metrics_port=metrics_port,
     )  # fmt: skip
     tune_gc()
-    anyio.run(run, zk, name, worker_id, host, _secret(), capacity, sorted(labels), backend_options={"use_uvloop": True})
+    secret = _secret(secret_file)
+    anyio.run(run, zk, name, worker_id, host, secret, capacity, sorted(labels), backend_options={"use_uvloop": True})
 
 
 @main.group("cluster")

@@ -4,8 +4,10 @@
 workers, waits until a leader and every worker are registered, and records
 in its state directory (``.streamlet/`` by default) how to reach the cluster
 and the PID of every process it started. ``down`` stops exactly those PIDs.
-The cluster secret is kept in ``<state dir>/secret`` (mode 600) and handed
-to the processes through the environment, never on their command line.
+The cluster secret is kept in ``<state dir>/secret`` (mode 600); the
+processes get the path of that file (``--secret-file``), never the secret
+itself on their command line or in their environment (``/proc/<pid>/environ``
+keeps what a process started with, and children and job code inherit it).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class ClusterState:
 
     def secret(self) -> bytes:
         """The cluster secret."""
-        return Path(self.secret_file).read_bytes()
+        return read_secret_file(Path(self.secret_file))
 
 
 def streamlet_command() -> list[str]:
@@ -66,15 +68,17 @@ def streamlet_command() -> list[str]:
 
 
 def start_process(
-    role: str, args: list[str], secret: bytes, log_file: Path, logs: LogSettings | None = None
+    role: str, args: list[str], secret_file: str, log_file: Path, logs: LogSettings | None = None
 ) -> subprocess.Popen[bytes]:
     """A background ``streamlet <role>`` process in its own session (it outlives this command), logging to
-    ``log_file`` with ``logs``' level and format (passed in its environment, like the secret: ``ps`` still
-    shows ``streamlet <role> --zk ...``; ``None``: this process's environment decides)."""
-    environment = {**os.environ, SECRET_ENV: secret.hex(), **(logs.environment() if logs else {})}
+    ``log_file`` with ``logs``' level and format (passed in its environment: ``ps`` still shows
+    ``streamlet <role> --zk ...``; ``None``: this process's environment decides). It reads the secret from
+    ``secret_file``; a ``STREAMLET_SECRET`` of this process is not passed on."""
+    environment = {key: value for key, value in os.environ.items() if key != SECRET_ENV}
+    environment.update(logs.environment() if logs else {})
     with open(log_file, "ab") as log:
         return subprocess.Popen(
-            [*streamlet_command(), role, *args],
+            [*streamlet_command(), role, *args, "--secret-file", secret_file],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment, start_new_session=True,
         )  # fmt: skip
 
@@ -131,7 +135,6 @@ def up(
             state.save(state_dir)  # before waiting: 'cluster down' can stop it even if this process dies now
             server.wait_until_ready()
         state.save(state_dir)
-        secret = state.secret()
         for index in range(masters):
             args = [
                 "--zk",
@@ -143,7 +146,7 @@ def up(
                 "--state-dir",
                 str(state_dir.resolve()),
             ]
-            process = start_process("master", args, secret, state_dir / f"master-{index}.log", logs)
+            process = start_process("master", args, state.secret_file, state_dir / f"master-{index}.log", logs)
             state.processes.append({"role": "master", "id": f"master-{index}", "pid": process.pid})
         for index in range(workers):
             args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}", "--capacity", str(capacity)]
@@ -153,7 +156,7 @@ def up(
                 args += ["--host", host]
             for label in (labels or {}).get(f"worker-{index}", []):
                 args += ["--label", label]
-            process = start_process("worker", args, secret, state_dir / f"worker-{index}.log", logs)
+            process = start_process("worker", args, state.secret_file, state_dir / f"worker-{index}.log", logs)
             state.processes.append(worker_record(f"worker-{index}", process.pid, host))
         state.save(state_dir)
     except BaseException:
@@ -180,7 +183,7 @@ def add_worker(
         args += ["--host", host]
     for label in labels or []:
         args += ["--label", label]
-    process = start_process("worker", args, state.secret(), state_dir / f"{worker_id}.log", logs)
+    process = start_process("worker", args, state.secret_file, state_dir / f"{worker_id}.log", logs)
     state.processes.append(worker_record(worker_id, process.pid, host))
     state.save(state_dir)
     return worker_id
@@ -193,6 +196,42 @@ def refuse_if_recorded(state_dir: Path) -> None:
             f"a cluster is already recorded in {state_dir}; it was left untouched "
             "('streamlet cluster status' shows it, 'streamlet cluster down' stops it)"
         )
+
+
+def read_secret_file(path: Path) -> bytes:
+    """The secret in ``path``: the raw bytes ``cluster up`` writes, or hex text. The file must be readable by
+    its owner only (mode 0600), or a :class:`~streamlet.errors.ClusterError` says so."""
+    try:
+        mode = path.stat().st_mode & 0o777
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ClusterError(f"cannot read the secret file {path}: {exc.strerror}") from exc
+    if mode & 0o077:
+        raise ClusterError(f"the secret file {path} is open to others (mode {mode:o}): chmod 600 {path}")
+    text = data.strip()
+    if len(text) >= 32 and all(chr(byte) in "0123456789abcdefABCDEF" for byte in text):
+        return bytes.fromhex(text.decode())
+    if not data:
+        raise ClusterError(f"the secret file {path} is empty")
+    return data
+
+
+def process_secret(secret_file: Path | None) -> bytes:
+    """The secret a master or worker runs with: from ``secret_file``, else ``STREAMLET_SECRET`` (hex).
+
+    ``STREAMLET_SECRET`` is removed from this process's environment either
+    way, so nothing it starts (job code, a Spark JVM, a child process) gets
+    it; ``/proc/<pid>/environ`` still shows what the process started with,
+    which is why ``cluster up`` passes ``--secret-file`` instead.
+    """
+    value = os.environ.pop(SECRET_ENV, None)
+    if secret_file is not None:
+        return read_secret_file(secret_file)
+    if value:
+        return bytes.fromhex(value)
+    raise ClusterError(
+        f"give the cluster secret: --secret-file FILE (mode 0600) as 'streamlet cluster up' does, or {SECRET_ENV}"
+    )
 
 
 def find_secret(state_dir: Path) -> bytes | None:
