@@ -18,14 +18,15 @@ Example:
     ...     await store.create("/jobs/wc/state", {"state": "SUBMITTED"})
     ...     return await store.get("/jobs/wc/state")
     >>> anyio.run(demo)
-    ({'state': 'SUBMITTED'}, 0)
+    ({'state': 'SUBMITTED'}, Version(0, mzxid=3))
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -34,6 +35,48 @@ import anyio
 from streamlet.errors import CoordinationError, NodeExists, NotAuthorized, VersionConflict
 
 T = TypeVar("T")
+
+
+class Version(int):
+    """A node's data version (the token :class:`SetData` and :class:`Check` take), carrying ``mzxid``.
+
+    It is the int ZooKeeper's ``Stat.version`` is: it compares, hashes, formats and serialises as that int.
+    ``mzxid`` is the id of the write that made this version (ZooKeeper's ``Stat.mzxid``). The data version
+    alone cannot tell a node deleted and created again (at version 0 again) from the one a reader saw;
+    the modification id can, so :meth:`ClusterStore.wait_changed` compares it when it is given one.
+
+    Example:
+        >>> Version(0, mzxid=7) == 0, str(Version(0, mzxid=7))
+        (True, '0')
+    """
+
+    mzxid: int
+
+    def __new__(cls, version: int, mzxid: int) -> Version:
+        made = super().__new__(cls, version)
+        made.mzxid = mzxid
+        return made
+
+    def __getnewargs__(self) -> tuple[int, int]:  # type: ignore[override]  # pickle: keep the mzxid
+        return int(self), self.mzxid
+
+    def __repr__(self) -> str:
+        return f"Version({int(self)}, mzxid={self.mzxid})"
+
+    __str__ = int.__repr__  # in text (paths, messages) it is the plain number
+
+
+def moved(held: int | None, found: int | None) -> bool:
+    """Whether a node now at ``found`` changed since a reader saw it at ``held`` (``None``: absent).
+
+    With a :class:`Version` held, any write since shows as a new ``mzxid``, a node re-created at the same
+    data version included. A plain int held (no ``mzxid``) compares data versions only, as it always did.
+    """
+    if held is None or found is None:
+        return (held is None) != (found is None)
+    if isinstance(held, Version) and isinstance(found, Version):
+        return held.mzxid != found.mzxid
+    return int(held) != int(found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +124,13 @@ class ClusterStore(Protocol):
     def on_state(self, callback: Callable[[str], None]) -> None:
         """Call ``callback("suspended" | "lost" | "connected")`` on the loop when the session changes."""
 
-    async def get(self, path: str) -> tuple[Any, int] | None:
+    async def get(self, path: str) -> tuple[Any, Version] | None:
         """``(data, version)`` of a node, or ``None`` when it does not exist."""
 
     async def create(self, path: str, data: Any, *, ephemeral: bool = False, sequence: bool = False) -> str:
         """Create a node (and missing parents); returns its path. Raises :class:`NodeExists`."""
 
-    async def set(self, path: str, data: Any, version: int = -1) -> int:
+    async def set(self, path: str, data: Any, version: int = -1) -> Version:
         """Write ``data``; with ``version`` only if the node is still at it. Returns the new version."""
 
     async def delete(self, path: str, *, recursive: bool = False) -> None:
@@ -102,8 +145,13 @@ class ClusterStore(Protocol):
     async def commit(self, ops: Sequence[Op]) -> bool:
         """Apply every step or none; ``False`` when a check or a version did not hold."""
 
-    async def wait_changed(self, path: str, version: int | None) -> tuple[Any, int | None]:
-        """``(data, version)`` of ``path`` once its version is not ``version`` (``None``: absent)."""
+    async def wait_changed(self, path: str, version: int | None) -> tuple[Any, Version | None]:
+        """``(data, version)`` of ``path`` once it changed since ``version`` (``None``: absent).
+
+        Pass the :class:`Version` the store handed out: then any write since wakes the waiter, a node
+        deleted and created again at the same data version included (see :func:`moved`). Several changes
+        may show as one, as with ZooKeeper's one-shot watches.
+        """
 
     async def wait_gone(self, path: str) -> None:
         """Return once ``path`` does not exist."""
@@ -150,6 +198,7 @@ async def read_all(store: ClusterStore, path: str) -> dict[str, Any]:
 @dataclass
 class _Node:
     raw: bytes
+    mzxid: int  # the tree's write that made this version
     version: int = 0
     owner: MemoryClusterStore | None = None  # the session of an ephemeral node
     sequence: int = 0  # next suffix for sequential children
@@ -159,9 +208,27 @@ class _Node:
 class MemoryTree:
     """The shared tree behind any number of :class:`MemoryClusterStore` sessions (one event loop)."""
 
-    nodes: dict[str, _Node] = field(default_factory=lambda: {"": _Node(b"")})
+    nodes: dict[str, _Node] = field(default_factory=lambda: {"": _Node(b"", 0)})
+    zxid: int = 0  # the last write's id, bumped per write (a transaction is one write), like ZooKeeper's
     _watchers: dict[str, list[asyncio.Event]] = field(default_factory=dict)  # one-shot, like ZooKeeper's
     _child_watchers: dict[str, list[asyncio.Event]] = field(default_factory=dict)  # kept, like ChildrenWatch
+    _transaction: int | None = None  # the zxid every step of the transaction under way shares
+
+    def next_zxid(self) -> int:
+        """The id of a new write (the transaction's, while one is applied)."""
+        if self._transaction is not None:
+            return self._transaction
+        self.zxid += 1
+        return self.zxid
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Every write inside is one write: one zxid for all its steps, as in ZooKeeper's multi."""
+        self._transaction = self.next_zxid()
+        try:
+            yield
+        finally:
+            self._transaction = None
 
     def touched(self, path: str) -> None:
         """Wake whoever watches ``path`` (data) or its parent (children)."""
@@ -228,6 +295,7 @@ class MemoryClusterStore:
     def _drop_ephemerals(self) -> None:
         for path in [p for p, node in self.tree.nodes.items() if node.owner is self]:
             del self.tree.nodes[path]
+            self.tree.next_zxid()
             self.tree.touched(path)
 
     def _usable(self) -> dict[str, _Node]:
@@ -237,9 +305,9 @@ class MemoryClusterStore:
 
     # -- nodes ----------------------------------------------------------------------
 
-    async def get(self, path: str) -> tuple[Any, int] | None:
+    async def get(self, path: str) -> tuple[Any, Version] | None:
         node = self._usable().get(path)
-        return None if node is None else (_load(node.raw), node.version)
+        return None if node is None else (_load(node.raw), Version(node.version, node.mzxid))
 
     async def create(self, path: str, data: Any, *, ephemeral: bool = False, sequence: bool = False) -> str:
         nodes = self._usable()
@@ -251,15 +319,15 @@ class MemoryClusterStore:
             raise NodeExists(f"node exists: {path}")
         if nodes[_parent(path)].owner is not None:
             raise CoordinationError(f"an ephemeral node cannot have children: {path}")
-        nodes[path] = _Node(_dump(data), owner=self if ephemeral else None)
+        nodes[path] = _Node(_dump(data), self.tree.next_zxid(), owner=self if ephemeral else None)
         self.tree.touched(path)
         return path
 
-    async def set(self, path: str, data: Any, version: int = -1) -> int:
+    async def set(self, path: str, data: Any, version: int = -1) -> Version:
         node = self._existing(path, version)
-        node.raw, node.version = _dump(data), node.version + 1
+        node.raw, node.version, node.mzxid = _dump(data), node.version + 1, self.tree.next_zxid()
         self.tree.touched(path)
-        return node.version
+        return Version(node.version, node.mzxid)
 
     def _existing(self, path: str, version: int) -> _Node:
         node = self._usable().get(path)
@@ -276,6 +344,7 @@ class MemoryClusterStore:
             raise CoordinationError(f"node {path} has children")
         for gone in [*below, path]:
             if nodes.pop(gone, None) is not None:
+                self.tree.next_zxid()
                 self.tree.touched(gone)
 
     async def children(self, path: str) -> list[str]:
@@ -288,14 +357,15 @@ class MemoryClusterStore:
         for depth in range(1, len(parts) + 1):
             prefix = "/" + "/".join(parts[:depth])
             if prefix not in nodes:
-                nodes[prefix] = _Node(b"")
+                nodes[prefix] = _Node(b"", self.tree.next_zxid())
                 self.tree.touched(prefix)
 
     async def commit(self, ops: Sequence[Op]) -> bool:
         if not self._would_hold(ops):
             return False
-        for op in ops:
-            await self._apply(op)
+        with self.tree.transaction():
+            for op in ops:
+                await self._apply(op)
         return True
 
     def _would_hold(self, ops: Sequence[Op]) -> bool:
@@ -331,12 +401,12 @@ class MemoryClusterStore:
 
     # -- watches ----------------------------------------------------------------------
 
-    async def wait_changed(self, path: str, version: int | None) -> tuple[Any, int | None]:
+    async def wait_changed(self, path: str, version: int | None) -> tuple[Any, Version | None]:
         while True:
             changed = self.tree.watch(path)
             found = await self.get(path)
             current = None if found is None else found[1]
-            if current != version:
+            if moved(version, current):
                 return (None if found is None else found[0]), current
             await changed.wait()
 

@@ -34,7 +34,7 @@ from typing import Any
 import anyio
 import structlog
 
-from streamlet.backends.cluster.store import Check, Create, Delete, Op, SetData
+from streamlet.backends.cluster.store import Check, Create, Delete, Op, SetData, Version, moved
 from streamlet.errors import CoordinationError, NodeExists, NotAuthorized, VersionConflict
 
 log = structlog.get_logger("streamlet")
@@ -171,26 +171,25 @@ class ZkStore:
         )
         return created[len(self.root) :]
 
-    async def get(self, relative: str) -> tuple[Any, int] | None:
+    async def get(self, relative: str) -> tuple[Any, Version] | None:
         """``(data, version)`` of a node, or ``None`` when it does not exist."""
         kazoo = _kazoo()
 
-        def read() -> tuple[Any, int] | None:
+        def read() -> tuple[Any, Version] | None:
             try:
                 raw, stat = self._client.get(self.path(relative))
             except kazoo.exceptions.NoNodeError:
                 return None
-            return (json.loads(raw) if raw else None), stat.version
+            return (json.loads(raw) if raw else None), Version(stat.version, stat.mzxid)
 
-        result: tuple[Any, int] | None = await self._call(read)
+        result: tuple[Any, Version] | None = await self._call(read)
         return result
 
-    async def set(self, relative: str, data: Any, version: int = -1) -> int:
+    async def set(self, relative: str, data: Any, version: int = -1) -> Version:
         """Write ``data``; with ``version`` only if the node is still at it. Returns the new version."""
         value = json.dumps(data).encode()
         stat = await self._call(lambda: self._client.set(self.path(relative), value, version=version))
-        new_version: int = stat.version
-        return new_version
+        return Version(stat.version, stat.mzxid)
 
     async def children(self, relative: str) -> list[str]:
         """Names of a node's children (empty when the node does not exist)."""
@@ -230,8 +229,12 @@ class ZkStore:
                 return
             await gone.wait()
 
-    async def wait_changed(self, relative: str, version: int | None) -> tuple[Any, int | None]:
-        """``(data, version)`` of ``relative`` once its version is not ``version`` (``None``: absent)."""
+    async def wait_changed(self, relative: str, version: int | None) -> tuple[Any, Version | None]:
+        """``(data, version)`` of ``relative`` once it changed since ``version`` (``None``: absent).
+
+        Given a :class:`Version` this store handed out, any write since wakes it (its ``mzxid`` moved), a node
+        deleted and created again at the same data version included.
+        """
         assert self._loop is not None
         loop = self._loop
         kazoo = _kazoo()
@@ -241,7 +244,7 @@ class ZkStore:
             def watch(event: Any, changed: asyncio.Event = changed) -> None:
                 loop.call_soon_threadsafe(changed.set)
 
-            def read(watch: Any = watch) -> tuple[Any, int | None]:
+            def read(watch: Any = watch) -> tuple[Any, Version | None]:
                 while True:
                     try:
                         raw, stat = self._client.get(self.path(relative), watch=watch)
@@ -251,10 +254,10 @@ class ZkStore:
                         if self._client.exists(self.path(relative), watch=watch) is None:
                             return None, None
                         continue
-                    return (json.loads(raw) if raw else None), stat.version
+                    return (json.loads(raw) if raw else None), Version(stat.version, stat.mzxid)
 
             data, found = await self._call(read)
-            if found != version:
+            if moved(version, found):
                 return data, found
             await changed.wait()
 
