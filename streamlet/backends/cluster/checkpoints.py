@@ -41,13 +41,14 @@ import structlog
 
 from streamlet.backends.cluster import paths
 from streamlet.backends.cluster.replication import PartReplicator, instances_per_task, instances_to_restore
+from streamlet.backends.cluster.signing import export_folder
 from streamlet.backends.cluster.store import Check, ClusterStore, Create, Op, SetData, riding_out
 from streamlet.core.model.clock import Clock
 from streamlet.core.state.checkpoints import Coordinator
 from streamlet.core.state.durable import write_file
 from streamlet.core.state.savepoints import read_savepoint
 from streamlet.core.state.store import decode
-from streamlet.errors import CheckpointError, JobError, NodeExists, VersionConflict
+from streamlet.errors import CheckpointError, JobError, NodeExists, SpecError, VersionConflict
 
 log = structlog.get_logger("streamlet")
 
@@ -97,8 +98,10 @@ class ZkAgreement:
         clock: Clock,
         savepoint: str | None = None,
         joining: bool = False,
+        secret: bytes | None = None,
     ) -> None:
         self.zk = zk
+        self.secret = secret  # checks the folder a savepoint asks for (None: this worker exports nothing)
         self.info = info
         self.job = info.job
         self.replicator = replicator
@@ -261,13 +264,23 @@ class ZkAgreement:
             self._triggered = max(self._triggered, epoch)
             self._trigger_seen = (data, version)
             if data.get("export"):
-                self.exports[epoch] = str(data["export"])
+                self._note_export(epoch, data)
             for missed in range(begun + 1, epoch + 1):  # a watch may fold several changes into one
                 last = missed == epoch
                 await coordinator.begin(
                     missed, final=last and bool(data["final"]), pause=last and bool(data.get("pause"))
                 )
             begun = max(begun, epoch)
+
+    def _note_export(self, epoch: int, trigger: dict[str, Any]) -> None:
+        """A savepoint wants this worker's part of ``epoch`` in a folder: only one signed for it, else none."""
+        if self.secret is None:
+            log.error("savepoint folder refused", job=self.job, epoch=epoch, reason="this worker holds no secret")
+            return
+        try:
+            self.exports[epoch] = str(export_folder(self.secret, self.job, epoch, trigger))
+        except SpecError as exc:  # the savepoint then fails on the missing part, naming it
+            log.error("savepoint folder refused", job=self.job, epoch=epoch, reason=str(exc))
 
     # -- completing -------------------------------------------------------------
 

@@ -139,7 +139,7 @@ async def savepoint(hosts: str, cluster: str, job: str, path: Path, secret: byte
     """A savepoint of running ``job`` at ``path`` (with ``stop``: sources stop first, then the job is killed);
     returns its epoch."""
     async with ZkStore(hosts, cluster, secret=secret) as store:
-        epoch = await savepoints.take(store, job, path, pause=stop)
+        epoch = await savepoints.take(store, job, path, secret, pause=stop)
         if stop:
             await jobs.kill(store, job, by="streamlet stop --savepoint")
         return epoch

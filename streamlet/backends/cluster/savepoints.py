@@ -28,15 +28,19 @@ from streamlet.backends.cluster import jobs, paths
 from streamlet.backends.cluster.checkpoints import completed_path, merge_parts
 from streamlet.backends.cluster.lifecycle import JobState
 from streamlet.backends.cluster.paths import JobSpec
+from streamlet.backends.cluster.signing import sign_export
 from streamlet.backends.cluster.store import ClusterStore
 from streamlet.core.state.savepoints import check_fits, read_savepoint, write_savepoint
 from streamlet.core.state.store import decode
 from streamlet.errors import JobError, NodeExists, VersionConflict
 
 
-async def take(store: ClusterStore, job: str, path: Path, pause: bool = False, seconds: float = 120) -> int:
+async def take(
+    store: ClusterStore, job: str, path: Path, secret: bytes, pause: bool = False, seconds: float = 120
+) -> int:
     """A checkpoint of running ``job`` now, written to ``path``; returns its epoch. ``pause``: the sources
-    stop reading first (for a stop)."""
+    stop reading first (for a stop). The folder the workers write their parts into is signed with
+    ``secret`` (a worker writes nowhere else)."""
     status = await jobs.job_status(store, job)
     if status["state"] != JobState.RUNNING.value:
         raise JobError(f"job '{job}' is {status['state']}: a savepoint is taken of a RUNNING job")
@@ -49,7 +53,7 @@ async def take(store: ClusterStore, job: str, path: Path, pause: bool = False, s
     await anyio.to_thread.run_sync(partial(folder.mkdir, parents=True, exist_ok=True))
     try:
         with anyio.fail_after(seconds):
-            asked = await _trigger(store, job, attempt, pause, str(folder))
+            asked = await _trigger(store, job, attempt, pause, str(folder), secret)
             _, workers = await _completed(store, job, attempt, asked)
         epoch = asked  # complete (a later one may be too): its parts are in the folder
 
@@ -67,7 +71,7 @@ async def take(store: ClusterStore, job: str, path: Path, pause: bool = False, s
     return epoch
 
 
-async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, export: str) -> int:
+async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, export: str, secret: bytes) -> int:
     """Write the next epoch into the attempt's trigger (waiting while a live change holds it), asking every
     worker to write its part into ``export`` too; returns the epoch."""
     path = f"{paths.checkpoints(job)}/attempt-{attempt}/trigger"
@@ -81,7 +85,10 @@ async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, exp
         completed = await store.get(completed_path(job))
         done = 0 if completed is None else int(completed[0]["epoch"])
         epoch = max(done, 0 if found is None else int(found[0]["epoch"])) + 1
-        trigger = {"epoch": epoch, "final": False, "pause": pause, "at": time.time(), "export": export}
+        trigger = {
+            "epoch": epoch, "final": False, "pause": pause, "at": time.time(), "export": export,
+            "export_signature": sign_export(secret, job, epoch, export),
+        }  # fmt: skip
         try:
             if found is None:
                 await store.create(path, trigger)

@@ -5,7 +5,9 @@ worker imports that code, so the spec is a command. ``submit`` signs it with
 HMAC-SHA256 under the cluster secret and records the SHA-256 of the module
 file it names; a worker checks the signature *before importing anything*,
 then checks that its own copy of the module has the same digest. Either
-failing refuses the job with a :class:`SpecError` that says which.
+failing refuses the job with a :class:`SpecError` that says which. The
+folder a savepoint asks the workers to write their parts into is signed the
+same way, with the job and epoch (:func:`sign_export`, :func:`export_folder`).
 """
 
 from __future__ import annotations
@@ -64,3 +66,29 @@ def module_digest(target: str) -> str:
         return hashlib.sha256(read_source(path)).hexdigest()
     except StreamletError as exc:
         raise SpecError(str(exc)) from exc
+
+
+def _export_message(job: str, epoch: int, folder: str) -> bytes:
+    return json.dumps(["savepoint export", job, epoch, folder], separators=(",", ":")).encode()
+
+
+def sign_export(secret: bytes, job: str, epoch: int, folder: str) -> str:
+    """The signature a savepoint's trigger carries for the folder the workers write their parts into."""
+    return hmac.new(secret, _export_message(job, epoch, folder), hashlib.sha256).hexdigest()
+
+
+def export_folder(secret: bytes, job: str, epoch: int, trigger: dict[str, Any]) -> Path:
+    """The folder a trigger asks this worker to write its part of ``epoch`` into, once checked: signed with
+    the cluster secret for this job and epoch, absolute, named ``<savepoint file>.parts`` as the client makes
+    it, and no symbolic link (a part lands exactly in the folder the client named). Else a
+    :class:`SpecError` saying why."""
+    folder = str(trigger.get("export", ""))
+    signature = str(trigger.get("export_signature", ""))
+    if not hmac.compare_digest(signature, sign_export(secret, job, epoch, folder)):
+        raise SpecError(f"job '{job}': the savepoint folder {folder!r} of epoch {epoch} is not signed with this "
+                        "cluster's secret; writing nothing there")  # fmt: skip
+    path = Path(folder)
+    if not path.is_absolute() or not path.name.endswith(".parts") or path.resolve() != path:
+        raise SpecError(f"job '{job}': the savepoint folder {folder!r} is not an absolute '<file>.parts' folder "
+                        "without symbolic links; writing nothing there")  # fmt: skip
+    return path

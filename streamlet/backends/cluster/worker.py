@@ -493,7 +493,7 @@ class WorkerJobs:
         replicator.insist = wanted is not None
         return ZkAgreement(
             self.zk, info, replicator, scope, settings.get("interval"), SystemClock(),
-            settings.get("from_savepoint"), joining=joining,
+            settings.get("from_savepoint"), joining=joining, secret=self.secret,
         )  # fmt: skip
 
     async def _publish_endpoints(

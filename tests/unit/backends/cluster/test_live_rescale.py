@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from structlog.testing import capture_logs
 
 import streamlet as sl
 from streamlet.backends.cluster import paths, reconfigure, savepoints
@@ -216,7 +217,7 @@ async def test_stop_with_a_savepoint_and_resume_it_as_a_new_job(gate: asyncio.Ev
         first = await cluster.submit(from_a_savepoint, job="first", checkpoint_interval=0.05)
         await first.wait_for("RUNNING")
         await Gate.reached.wait()  # the first FREE words are read: the savepoint holds exactly them
-        epoch = await savepoints.take(cluster.store, "first", path, pause=True)
+        epoch = await savepoints.take(cluster.store, "first", path, cluster.secret, pause=True)
         await first.kill()
         stopped = await first.outcome()
         gate.set()
@@ -282,3 +283,23 @@ async def test_instances_migrate_to_another_worker_with_their_state(gate: asynci
         held = {index for index, target in moves.items() if target == worker}
         assert count_records_on(outcome, 1, worker) >= gated_words_of(2, held) > 0
     assert pairs(outcome.committed["totals"]) == pairs(outcome.collected["seen"]) == RUNNING_COUNTS
+
+
+async def test_a_savepoint_folder_not_signed_with_the_secret_gets_no_part(gate: asyncio.Event, tmp_path: Path) -> None:
+    """A trigger whose export folder is signed with another secret: the workers refuse to write there (and
+    say why), the savepoint fails on the part it cannot read, and the job runs on to the end."""
+    path = tmp_path / "savepoints" / "forged"
+    async with SimulatedCluster(workers=2, capacity=8) as cluster:
+        job = await cluster.submit(from_a_savepoint, job="forged", checkpoint_interval=0.05)
+        await job.wait_for("RUNNING")
+        refusal = r"^checkpoint \d+ of job 'forged' cannot be read for the savepoint"
+        with capture_logs() as logs, pytest.raises(sl.JobError, match=refusal):
+            await savepoints.take(cluster.store, "forged", path, b"not the cluster's secret", seconds=30)
+        gate.set()
+        outcome = await job.outcome()
+    refused = [entry for entry in logs if entry["event"] == "savepoint folder refused"]
+    assert len(refused) >= 1  # each worker of the attempt, for the one epoch asked
+    assert len({entry["epoch"] for entry in refused}) == 1
+    assert all("is not signed with this cluster's secret" in entry["reason"] for entry in refused)
+    assert outcome.state == "FINISHED"
+    assert pairs(outcome.committed["totals"])[-1][1] >= 1
