@@ -48,6 +48,7 @@ MAGIC = b"SL"
 VERSION = 2  # 2: bodies keep tuples as tuples (see the module docstring)
 HEADER = struct.Struct(">2sBBBI")
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+DEFAULT_MAX_BATCH = 16 * DEFAULT_MAX_FRAME  # bytes a batch sent in pieces may take while a receiver reassembles it
 MORE = 0x01  # DATA flag: the batch goes on in the channel's next DATA frame
 
 

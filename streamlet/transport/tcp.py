@@ -13,7 +13,10 @@ last flagged :data:`~streamlet.transport.codec.MORE`. The inlet keeps the
 pieces and puts the whole batch into the inbox with the last one, so the
 receiving instance sees the batch the sender made (a loop counts batches in
 flight, and a piece counted as a batch would end it early). A piece never
-waits in the inbox, so its item of credit goes straight back.
+waits in the inbox, so its item of credit goes straight back; what bounds the
+memory pieces take is ``max_batch``: the frames of one batch in pieces may
+add up to that many bytes, and a peer that sends more is closed like one
+sending any bad frame (counted in ``bad_frames``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from streamlet.errors import FrameError
 from streamlet.transport import auth
 from streamlet.transport.arrow_frames import columns_from
 from streamlet.transport.codec import (
+    DEFAULT_MAX_BATCH,
     DEFAULT_MAX_FRAME,
     HEADER,
     MORE,
@@ -65,7 +69,10 @@ class ServerStatistics:
 class _Inlet:
     """Receiver-side state of one channel."""
 
-    __slots__ = ("channel", "channel_id", "granted", "inbox", "last_seq", "link", "outstanding", "partial", "window")
+    __slots__ = (
+        "channel", "channel_id", "granted", "inbox", "last_seq", "link", "outstanding", "partial", "partial_bytes",
+        "window",
+    )  # fmt: skip
 
     def __init__(self, channel_id: str, inbox: Inbox, channel: int) -> None:
         self.channel_id = channel_id
@@ -77,16 +84,27 @@ class _Inlet:
         self.granted = 0  # credit given since the last CREDIT frame
         self.link: _Connection | None = None
         self.partial: Batch | None = None  # the pieces so far of a batch sent in several frames
+        self.partial_bytes = 0  # the size of their frames
 
-    def assemble(self, flags: int, item: Item) -> Item | None:
-        """The item to deliver, or ``None`` while more pieces of its batch are to come."""
+    def assemble(self, flags: int, item: Item, size: int, max_batch: int) -> Item | None:
+        """The item to deliver, or ``None`` while more pieces of its batch are to come; a batch whose pieces'
+        frames pass ``max_batch`` bytes is a :class:`FrameError`."""
         if type(item) is not list:
             return item
+        self.partial_bytes += size
+        if self.partial_bytes > max_batch:
+            raise FrameError(
+                f"channel {self.channel_id!r}: a batch sent in pieces passed {max_batch} bytes "
+                f"({self.partial_bytes} so far)"
+            )
         if self.partial is not None:
             self.partial.extend(item)
             item = self.partial
-        self.partial = item if flags & MORE else None
-        return None if flags & MORE else item
+        if flags & MORE:
+            self.partial = item
+            return None
+        self.partial, self.partial_bytes = None, 0
+        return item
 
 
 class DataServer:
@@ -99,12 +117,20 @@ class DataServer:
     """
 
     def __init__(
-        self, secret: bytes, host: str = "127.0.0.1", port: int = 0, max_frame: int = DEFAULT_MAX_FRAME
+        self,
+        secret: bytes,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         self.secret = secret
         self.host = host
         self.port = port
         self.max_frame = max_frame
+        if max_batch < max_frame:
+            raise ValueError(f"max_batch ({max_batch}) must be at least max_frame ({max_frame})")
+        self.max_batch = max_batch  # bytes of frames one batch sent in pieces may take while it is reassembled
         self._inlets: dict[str, _Inlet] = {}
         self._acceptors: dict[str, Callable[[str], tuple[Inbox, int]]] = {}
         self._server: asyncio.Server | None = None
@@ -202,9 +228,9 @@ class DataServer:
                 return self._inlets[channel_id]
         raise FrameError(f"unknown channel {channel_id!r}")
 
-    def deliver(self, connection: _Connection, kind: FrameType, body: list[Any], flags: int = 0) -> None:
-        """One DATA, BARRIER, WATERMARK or EOS frame: drop it if seen, else into the inbox (a batch once its
-        last piece is in)."""
+    def deliver(self, connection: _Connection, kind: FrameType, body: list[Any], flags: int = 0, size: int = 0) -> None:
+        """One DATA, BARRIER, WATERMARK or EOS frame of ``size`` bytes: drop it if seen, else into the inbox (a
+        batch once its last piece is in, and only while its pieces stay within ``max_batch`` bytes)."""
         channel_id, seq = body[0], body[2]
         inlet = self._inlets.get(channel_id) if isinstance(channel_id, str) else None
         if inlet is None or inlet.link is not connection:
@@ -223,7 +249,7 @@ class DataServer:
             self.counts["records"] += len(item)
         inlet.outstanding -= 1
         inlet.last_seq = seq
-        whole = inlet.assemble(flags, item)
+        whole = inlet.assemble(flags, item, size, self.max_batch)
         if whole is None:
             self._consumed(inlet)  # a piece never waits in the inbox: its credit goes straight back
         else:
@@ -260,20 +286,20 @@ def _item(kind: FrameType, body: list[Any], max_frame: int) -> Item:
 
 async def read_frame(reader: asyncio.StreamReader, max_length: int) -> tuple[FrameType, list[Any]]:
     """The next frame: the header is checked before the body is read."""
-    kind, _flags, body = await read_flagged_frame(reader, max_length)
+    kind, _flags, body, _size = await read_flagged_frame(reader, max_length)
     return kind, body
 
 
 async def read_flagged_frame(
     reader: asyncio.StreamReader, max_length: int, counts: dict[str, int] | None = None
-) -> tuple[FrameType, int, list[Any]]:
-    """The next frame with the flags of its header: ``(type, flags, body)``; its size is added to
-    ``counts["bytes"]`` when given."""
+) -> tuple[FrameType, int, list[Any], int]:
+    """The next frame with the flags of its header and its size: ``(type, flags, body, bytes)``; the size is
+    added to ``counts["bytes"]`` when given."""
     kind, flags, length = parse_header(await reader.readexactly(HEADER.size), max_length)
     if counts is not None:
         counts["bytes"] += HEADER.size + length
     body = await reader.readexactly(length) if length else b""
-    return kind, flags, decode_body(kind, body)
+    return kind, flags, decode_body(kind, body), HEADER.size + length
 
 
 class _Connection:
@@ -292,9 +318,11 @@ class _Connection:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                 authenticated = await self._handshake()
             while authenticated:
-                kind, flags, body = await read_flagged_frame(self.reader, self.server.max_frame, self.server.counts)
+                kind, flags, body, size = await read_flagged_frame(
+                    self.reader, self.server.max_frame, self.server.counts
+                )
                 self.server.counts["frames"] += 1
-                self._handle(kind, flags, body)
+                self._handle(kind, flags, body, size)
         except FrameError as exc:
             self.server.counts["bad_frames"] += 1
             log.warning("closing data connection", reason=exc.reason)
@@ -315,9 +343,9 @@ class _Connection:
         self._write(frame(FrameType.HELLO, ["welcome", auth.server_proof(self.server.secret, challenge, body[1])]))
         return True
 
-    def _handle(self, kind: FrameType, flags: int, body: list[Any]) -> None:
+    def _handle(self, kind: FrameType, flags: int, body: list[Any], size: int) -> None:
         if kind in _DELIVERED:
-            self.server.deliver(self, kind, body, flags)
+            self.server.deliver(self, kind, body, flags, size)
         elif kind is FrameType.OPEN:
             self._write(frame(FrameType.OPEN, self.server.open(self, body)))
         else:

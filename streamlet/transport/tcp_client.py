@@ -37,6 +37,7 @@ from streamlet.errors import AuthenticationError, FrameError, RecordTooLarge, Tr
 from streamlet.transport import auth
 from streamlet.transport.arrow_frames import arrow_frames
 from streamlet.transport.codec import (
+    DEFAULT_MAX_BATCH,
     DEFAULT_MAX_FRAME,
     HEADER,
     MORE,
@@ -147,6 +148,12 @@ class TcpChannel:
                     f"channel '{self.channel_id}' cannot send the record with key {reprlib.repr(part[0][0])}: "
                     f"alone it needs a frame of {len(body)} bytes, over the limit of {self.max_frame} (max_frame)"
                 )
+        total = sum(HEADER.size + len(body) for body in bodies)
+        if total > DEFAULT_MAX_BATCH:  # the receiver would close the connection on it: say why here, once
+            raise RecordTooLarge(
+                f"channel '{self.channel_id}' cannot send a batch of {len(batch)} records: its pieces take "
+                f"{total} bytes, over the {DEFAULT_MAX_BATCH} a receiver reassembles (make batches smaller)"
+            )
         last = len(bodies) - 1
         return [with_header(FrameType.DATA, body, 0 if index == last else MORE) for index, body in enumerate(bodies)]
 

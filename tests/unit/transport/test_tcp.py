@@ -14,7 +14,7 @@ import pytest
 from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import RecordTooLarge, TransportError
-from streamlet.transport import auth
+from streamlet.transport import auth, tcp_client
 from streamlet.transport.codec import (
     DEFAULT_MAX_FRAME,
     HEADER,
@@ -390,3 +390,61 @@ async def test_marker_inside_a_split_batch_is_a_bad_frame() -> None:
             replies.append(await read_frame(reader, DEFAULT_MAX_FRAME))
         assert replies[-1][1] == [f"channel '{CHANNEL}': BARRIER inside a batch sent in pieces"]
         assert (server.statistics().bad_frames, inbox.queued(0)) == (1, 0)
+
+
+async def test_a_batch_in_pieces_past_max_batch_bytes_is_a_bad_frame() -> None:
+    """An authenticated peer that keeps sending MORE pieces (each given its credit back at once) is closed
+    once their frames pass max_batch bytes: the reassembly buffer stays bounded, nothing reaches the inbox."""
+    pieces = [with_header(FrameType.DATA, data_body(CHANNEL, 0, seq, batch(*range(200))), MORE) for seq in (1, 2, 3)]
+    limit = 2 * len(pieces[0])  # two pieces fit, the third passes it
+    async with DataServer(SECRET, max_frame=len(pieces[0]), max_batch=limit) as server, raw(server) as (reader, writer):
+        inbox = Inbox(8)
+        server.register(CHANNEL, inbox, inbox.add_channel(0))
+        await authenticate(reader, writer)
+        writer.write(frame(FrameType.OPEN, [CHANNEL]))
+        for piece in pieces:
+            writer.write(piece)
+        replies: list[tuple[FrameType, list[Any]]] = []
+        while not replies or replies[-1][0] is not FrameType.ERROR:
+            replies.append(await read_frame(reader, DEFAULT_MAX_FRAME))
+        reason = f"channel '{CHANNEL}': a batch sent in pieces passed {limit} bytes ({3 * len(pieces[0])} so far)"
+        assert replies[-1][1] == [reason]
+        assert (server.statistics().bad_frames, inbox.queued(0)) == (1, 0)
+
+
+async def test_a_batch_in_pieces_within_max_batch_arrives_whole() -> None:
+    """Pieces that stay within max_batch make one batch, and the count starts again for the next one."""
+    pieces = [with_header(FrameType.DATA, data_body(CHANNEL, 0, seq, batch(seq)), MORE if seq % 2 else 0)
+              for seq in (1, 2, 3, 4)]  # fmt: skip
+    limit = max(map(len, pieces)) * 2
+    async with DataServer(SECRET, max_frame=limit, max_batch=limit) as server, raw(server) as (reader, writer):
+        inbox = Inbox(8)
+        server.register(CHANNEL, inbox, inbox.add_channel(0))
+        await authenticate(reader, writer)
+        writer.write(frame(FrameType.OPEN, [CHANNEL]))
+        for piece in pieces:
+            writer.write(piece)
+        async with asyncio.timeout(2):
+            while inbox.queued(0) < 2:
+                await inbox.wait()
+        assert [inbox.pop(0), inbox.pop(0)] == [batch(1, 2), batch(3, 4)]
+        assert server.statistics().bad_frames == 0
+
+
+def test_max_batch_below_max_frame_is_refused() -> None:
+    """A server whose max_batch could not hold one frame is a mistake: refused at once."""
+    with pytest.raises(ValueError, match=r"^max_batch \(10\) must be at least max_frame \(20\)$"):
+        DataServer(SECRET, max_frame=20, max_batch=10)
+
+
+async def test_a_sender_refuses_a_batch_no_receiver_would_reassemble(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose pieces would pass the receivers' max_batch fails at the sender, naming the channel,
+    instead of a receiver closing the connection on it again and again."""
+    monkeypatch.setattr(tcp_client, "DEFAULT_MAX_BATCH", 4 * LIMIT)
+    records = [(f"k{n}", b"x" * (LIMIT // 4), None) for n in range(40)]
+    async with DataServer(SECRET, max_frame=LIMIT) as server, opened(server) as pipe:
+        with pytest.raises(
+            RecordTooLarge, match=rf"^channel '{CHANNEL}' cannot send a batch of 40 records: its pieces"
+        ):
+            await pipe.sender.send(records)
+        assert pipe.inbox.queued(0) == 0
