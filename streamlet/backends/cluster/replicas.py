@@ -44,7 +44,7 @@ from streamlet.core.model.encoding import packb, unpackb
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.state.store import DirectoryCheckpointStore, decode, encode
 from streamlet.errors import CheckpointError
-from streamlet.transport.blobs import receive_blob, send_blob
+from streamlet.transport.blobs import DEFAULT_MAX_BLOB, receive_blob, send_blob
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpChannel, TcpClient
 
@@ -53,6 +53,7 @@ KEEP = 3  # replicas per owner and job: the newest complete checkpoint and the o
 TRANSFER_TIMEOUT = 10.0  # seconds a push or a fetch may take before the peer counts as unreachable (plus size)
 MIN_RATE = 10e6  # bytes per second a transfer is allowed to be as slow as
 PUSH, FETCH, ANSWER = "replica/", "fetch/", "answer/"
+MAX_REQUEST = 1 << 20  # bytes of a fetch request: its names and address (a bigger one is dropped and counted)
 Address = tuple[str, int]
 SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 OnStored = Callable[[dict[str, Any], str, int], Awaitable[None]]  # (piece, owner, bytes)
@@ -213,8 +214,9 @@ class ReplicaService:
     async def _serve(self, channel_id: str, inbox: Inbox, channel: int) -> None:
         try:
             with anyio.fail_after(TRANSFER_TIMEOUT * 6):
-                blob = await receive_blob(inbox, channel)
-                if channel_id.startswith(PUSH):
+                pushed = channel_id.startswith(PUSH)  # a fetch request is a few names: no more than that
+                blob = await receive_blob(inbox, channel, DEFAULT_MAX_BLOB if pushed else MAX_REQUEST)
+                if pushed:
                     await self._store(blob)
                 else:
                     await self._answer(unpackb(blob))

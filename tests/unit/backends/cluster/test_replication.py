@@ -3,6 +3,7 @@ corrupt and missing copies, superseded replicas, and the submit-time refusal of 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -13,7 +14,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from streamlet.backends.cluster import jobs, paths
+from streamlet.backends.cluster import jobs, paths, replicas
 from streamlet.backends.cluster.checkpoints import merge_parts
 from streamlet.backends.cluster.registry import WorkerRegistration
 from streamlet.backends.cluster.replicas import ReplicaService, instances_of
@@ -25,9 +26,10 @@ from streamlet.backends.cluster.replication import (
 )
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
 from streamlet.backends.cluster.worker import files_to_keep
+from streamlet.core.runtime.channel import Inbox
 from streamlet.core.state.store import encode
-from streamlet.errors import JobError, UnusableCheckpoint
-from streamlet.transport.blobs import send_blob
+from streamlet.errors import JobError, TransportError, UnusableCheckpoint
+from streamlet.transport.blobs import CHUNK, BlobTooLarge, receive_blob, send_blob
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 from tests.unit.backends.cluster.conftest import MemoryCluster
@@ -262,3 +264,35 @@ async def test_a_push_or_fetch_naming_a_path_outside_the_folder_is_refused(tmp_p
         assert (receiver.counts["bad_requests"], receiver.counts["stored"]) == (1, 0)
         assert not (tmp_path / "w1" / "escape").exists()
         assert not (tmp_path / "escape").exists()
+
+
+async def test_a_fetch_request_past_its_size_limit_is_dropped_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 'fetch' blob larger than a request can be: the receiver stops taking it, drops what it had,
+    counts a bad request, and answers nothing."""
+    monkeypatch.setattr(replicas, "MAX_REQUEST", 3 * CHUNK)
+    async with workers(tmp_path, ["w0", "w1"]) as found:
+        sender, receiver = found["w0"].service, found["w1"].service
+        with anyio.fail_after(10), capture_logs() as logs:
+            channel = sender.client.channel(receiver.server.address, "fetch/huge")
+            with contextlib.suppress(TransportError):  # the receiver may close the connection on what follows
+                await send_blob(channel, b"x" * (4 * CHUNK))
+                await channel.release()  # delivered: the service takes it up at once
+            await anyio.wait_all_tasks_blocked()
+        assert receiver.counts["bad_requests"] == 1
+        [dropped] = [entry for entry in logs if entry["event"] == "dropping a replica transfer"]
+        assert (
+            dropped["reason"]
+            == f"BlobTooLarge: a blob passed the {3 * CHUNK} bytes its receiver takes ({3 * CHUNK + CHUNK} so far)"
+        )
+        assert receiver.counts["stored"] == 0
+
+
+async def test_a_blob_past_max_bytes_is_refused_by_its_receiver() -> None:
+    """receive_blob stops once the chunks pass max_bytes, naming the limit."""
+    inbox = Inbox(8)
+    channel = inbox.add_channel(0)
+    inbox.put_nowait(channel, [(0, b"a" * 10, None), (10, b"b" * 10, None)])
+    with pytest.raises(BlobTooLarge, match=r"^a blob passed the 15 bytes its receiver takes \(20 so far\)$"):
+        await receive_blob(inbox, channel, max_bytes=15)
