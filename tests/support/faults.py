@@ -337,6 +337,12 @@ class NodeHistory:
             assert found, f"not seen within {seconds} s; seen: {[data for _, _, data in self.entries]}"
             return self._first(wanted)
 
+    def seen_at(self, wanted: Callable[[Any], bool], seconds: float = 60) -> tuple[float, Any]:
+        """When (``time.time()``) the first data for which ``wanted`` holds was seen, and that data."""
+        self.wait_for(wanted, seconds)
+        with self._changed:
+            return next((at, data) for at, _, data in self.entries if data is not None and wanted(data))
+
     def _first(self, wanted: Callable[[Any], bool]) -> Any:
         return next((data for _, _, data in self.entries if data is not None and wanted(data)), None)
 
