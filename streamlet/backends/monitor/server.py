@@ -5,8 +5,10 @@ Routes (every one a GET; anything else is refused with 405, so nothing here can 
 - ``/``: the page (``static/index.html``, plain JavaScript shipped in the package: nothing is fetched
   from elsewhere at run time);
 - ``/api/cluster``, ``/api/jobs/{job}``: the views as JSON (``views``);
-- ``/events``: the same, pushed as server-sent events every ``interval`` seconds (the page's live view);
-- ``/metrics``: Prometheus metrics of every worker (``metrics``).
+- ``/events``: the same, pushed as server-sent events every ``interval`` seconds (the page's live view); at
+  most ``max_streams`` at once, more are refused with 503 and counted (``refused_streams``);
+- ``/metrics``: Prometheus metrics of every worker (``metrics``), from the last reading: a scrape never
+  reads ZooKeeper itself, so scrapes cost the cluster nothing however often they come.
 
 The leader serves it for the cluster and stops with its leadership (the next leader serves it then);
 ``sl.start(topology, monitor_port=...)`` serves the job view of one embedded job.
@@ -29,6 +31,7 @@ from streamlet.backends.monitor.views import Rates, Reading, Timeline, cluster_v
 
 log = structlog.get_logger("streamlet")
 STATIC = {"app.js": "application/javascript", "style.css": "text/css", "index.html": "text/html"}
+MAX_STREAMS = 16  # live views (server-sent event streams) served at once
 
 
 class Source(Protocol):
@@ -42,9 +45,12 @@ class Source(Protocol):
 class Dashboard:
     """Reads its source every ``interval`` seconds and keeps the views of the latest reading."""
 
-    def __init__(self, source: Source, interval: float = 1.0) -> None:
+    def __init__(self, source: Source, interval: float = 1.0, max_streams: int = MAX_STREAMS) -> None:
         self.source = source
         self.interval = interval
+        self.max_streams = max_streams
+        self.streams = 0  # live views open now
+        self.refused_streams = 0  # asked for past max_streams
         self.rates = Rates()
         self.timeline = Timeline()
         self.views: dict[str, Any] | None = None
@@ -132,15 +138,26 @@ class Dashboard:
         return web.json_response(found)
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        with contextlib.suppress(ConnectionResetError):
-            async for views in self.updates():
-                await response.write(f"data: {json.dumps(views)}\n\n".encode())
-        return response
+        if self.streams >= self.max_streams:  # each holds a connection and a task: a bounded number
+            self.refused_streams += 1
+            raise web.HTTPServiceUnavailable(text=f"{self.max_streams} live views are open: no more at once")
+        self.streams += 1
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            with contextlib.suppress(ConnectionResetError):
+                async for views in self.updates():
+                    await response.write(f"data: {json.dumps(views)}\n\n".encode())
+            return response
+        finally:
+            self.streams -= 1
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        reading = await self.source.read()  # a scrape sees the latest heartbeats, not the last refresh's
+        reading = self.reading  # the last refresh's (every interval): a scrape never reads the cluster itself
+        if reading is None:
+            await self.refresh()
+            reading = self.reading
+        assert reading is not None
         body = await anyio.to_thread.run_sync(exposition, reading.samples)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
