@@ -77,14 +77,16 @@ def running_cluster(directory: Path, *up_args: str, options: tuple[str, ...] = (
     by PID, in the order ``cluster down`` uses (and by the reaper, should the run end without teardown)."""
     apart = () if "--loopback-hosts" in up_args else ("--loopback-hosts",)
     reaper.record_cluster(directory / ".streamlet")  # killed even should this run end without teardown
-    up = streamlet(*options, "cluster", "up", *up_args, *apart, cwd=directory)
     state_file = directory / ".streamlet" / "cluster.json"
-    state = json.loads(state_file.read_text()) if state_file.exists() else {"processes": []}
-    try:
+    state: dict[str, Any] = {"processes": []}
+    try:  # a 'cluster up' that fails or times out may have started processes already: stopped below too
+        up = streamlet(*options, "cluster", "up", *up_args, *apart, cwd=directory)
+        state = json.loads(state_file.read_text()) if state_file.exists() else state
         assert up.returncode == 0, up.stderr
         yield {**state, "dir": directory, "pids": {p["id"]: int(p["pid"]) for p in state["processes"]}}
     finally:
-        pids = [int(process["pid"]) for process in state["processes"]]
+        latest = json.loads(state_file.read_text()) if state_file.exists() else state  # with workers added since
+        pids = list(dict.fromkeys(int(process["pid"]) for process in state["processes"] + latest["processes"]))
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM

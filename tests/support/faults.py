@@ -229,14 +229,20 @@ class LocalCluster:
         args = ["cluster", "up", "--name", name, "--workers", str(workers), "--masters", str(masters)]
         args += ["--capacity", str(capacity), *(["--zk", zk] if zk else [])]
         reaper.record_cluster(directory / ".streamlet")  # killed even should this run end without teardown
-        up = subprocess.run(
-            [sys.executable, "-m", "streamlet.cli", *args], cwd=directory, capture_output=True, text=True, timeout=90
-        )
-        state_file = directory / ".streamlet" / "cluster.json"
-        state = json.loads(state_file.read_text()) if state_file.exists() else {"zk": zk, "processes": []}
-        cluster = cls(directory, name, state["zk"], {p["id"]: int(p["pid"]) for p in state["processes"]})
+        up: subprocess.CompletedProcess[str] | None = None
+        try:
+            up = subprocess.run(
+                [sys.executable, "-m", "streamlet.cli", *args], cwd=directory, capture_output=True, text=True,
+                timeout=90,
+            )  # fmt: skip
+        finally:  # a 'cluster up' that fails or times out may have started processes already: stopped here
+            state_file = directory / ".streamlet" / "cluster.json"
+            state = json.loads(state_file.read_text()) if state_file.exists() else {"zk": zk, "processes": []}
+            cluster = cls(directory, name, state["zk"], {p["id"]: int(p["pid"]) for p in state["processes"]})
+            if up is None or up.returncode != 0:
+                cluster.down()
+        assert up is not None
         if up.returncode != 0:
-            cluster.down()
             raise AssertionError(f"cluster up failed: {up.stderr}")
         return cluster
 
