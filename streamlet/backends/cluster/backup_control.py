@@ -12,7 +12,8 @@ workers of each instance (its next checkpoint's pieces go there, see
 ``replication``) and where it is redeployed when its worker is lost (the
 scheduler tries that worker first). It runs again when the job's live
 workers or placement change, when a checkpoint brings new state sizes, and
-every :data:`RERUN_EVERY` seconds; it writes only when the answer changed.
+every :data:`RERUN_EVERY` seconds; it writes only when the answer changed,
+fenced on the leader's term (a deposed leader's placement never lands).
 Only the greedy runs here (milliseconds, no scipy): the exact MILP is for
 tests and the benchmark.
 """
@@ -28,10 +29,11 @@ import structlog
 from streamlet.adaptation.backup_placement import Plan, Problem, Server, Task, greedy_placement
 from streamlet.adaptation.dispatch import WorkerLoad
 from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.election import LeaderFence
 from streamlet.backends.cluster.jobs import held_instances
 from streamlet.backends.cluster.paths import Assignment
 from streamlet.backends.cluster.registry import WorkerView
-from streamlet.backends.cluster.store import ClusterStore
+from streamlet.backends.cluster.store import ClusterStore, Create, SetData
 
 log = structlog.get_logger("streamlet")
 RERUN_EVERY = 10.0  # seconds: loads drift between the changes that trigger a run at once
@@ -80,10 +82,12 @@ def plan_record(plan: Plan) -> dict[str, Any]:
 
 
 class BackupController:
-    """Runs the greedy controller for the leader's RUNNING jobs when something it depends on changed."""
+    """Runs the greedy controller for the leader's RUNNING jobs when something it depends on changed; writes
+    through ``fence``, the leader's term."""
 
-    def __init__(self, store: ClusterStore, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: ClusterStore, fence: LeaderFence, clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.fence = fence
         self.clock = clock
         self._last: dict[str, tuple[Any, float]] = {}  # job -> (what the last run saw, when)
 
@@ -114,10 +118,11 @@ class BackupController:
         if current is not None and {k: v for k, v in current[0].items() if k != "at"} == record:
             return None
         record["at"] = now
-        if current is None:
-            await self.store.create(paths.backups(job), record)
-        else:
-            await self.store.set(paths.backups(job), record, current[1])
+        path = paths.backups(job)
+        write = Create(path, record) if current is None else SetData(path, record, current[1])
+        if not await self.fence.commit([write]):
+            self._last.pop(job, None)  # not written (a newer placement, a deposed leader): the next pass looks again
+            return None
         log.info("backups placed", job=job, restore_s=record["restore_s"], unplaced=len(record["unplaced"]))
         return f"backups placed ({record['reason']})"
 

@@ -20,8 +20,9 @@ asked for a policy and has no change under way or waiting:
   (``adaptation.shedding``) sets the share the sources shed under the job's
   QoS, in ``/jobs/<job>/shed``; every worker running a part applies it.
 
-A decision is recorded under ``/jobs/<job>/decisions/`` with its policy and
-reason (``jobs --json`` lists them) and logged. After one, the job is left
+Each decision is written fenced on the leader's term (``election.LeaderFence``):
+a deposed leader's never lands. It is recorded under ``/jobs/<job>/decisions/``
+with its policy and reason (``jobs --json`` lists them) and logged. After one, the job is left
 alone for ``cooldown`` seconds and its next window starts afresh, so that
 rates measured across a change never drive the next one.
 """
@@ -43,15 +44,16 @@ from streamlet.adaptation.session_table import balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.adaptation.shedding import decide, held_back, window_latency
 from streamlet.backends.cluster import jobs, paths, rebalancing, reconfigure
+from streamlet.backends.cluster.election import LeaderFence
 from streamlet.backends.cluster.lifecycle import JobState, state_of
 from streamlet.backends.cluster.paths import ReconfigureRequest
 from streamlet.backends.cluster.registry import workers
 from streamlet.backends.cluster.scheduler import live, live_loads
 from streamlet.backends.cluster.signing import verify
-from streamlet.backends.cluster.store import ClusterStore
+from streamlet.backends.cluster.store import ClusterStore, Create, SetData
 from streamlet.core.model.qos import QoS
 from streamlet.core.model.topology import Topology
-from streamlet.errors import CoordinationError, NodeExists, ReconfigurationError
+from streamlet.errors import CoordinationError, ReconfigurationError
 
 log = structlog.get_logger("streamlet")
 TICK = 0.5  # seconds between looks at the jobs (each job's own interval decides when its window closes)
@@ -69,11 +71,15 @@ class _Watch:
 
 
 class AdaptationLoop:
-    """Runs the job's policies while this master leads (``store``: its session)."""
+    """Runs the job's policies while this master leads (``store``: its session; ``fence``: its term, which every
+    decision's write checks)."""
 
-    def __init__(self, store: ClusterStore, secret: bytes, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, store: ClusterStore, secret: bytes, fence: LeaderFence, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store = store
         self.secret = secret
+        self.fence = fence
         self.clock = clock
         self._watches: dict[str, _Watch] = {}
 
@@ -246,19 +252,17 @@ class AdaptationLoop:
         if shedding is None:
             return None
         data = {"ratio": shedding.ratio, "at": self.clock()}
-        if found is None:
-            await self.store.create(paths.shedding(job), data)
-        else:
-            await self.store.set(paths.shedding(job), data)
+        path = paths.shedding(job)
+        if not await self.fence.commit([Create(path, data) if found is None else SetData(path, data, found[1])]):
+            return None  # another write got there first, or this leader was deposed
         return await self._record(job, "shed", f"shed {shedding.ratio:.0%} at the sources", shedding.reason)
 
     async def _carry_out(
         self, job: str, policy: str, request: ReconfigureRequest, action: str, reason: str
     ) -> dict[str, Any] | None:
-        """Leave the request for the leader and record the decision (nothing, if a request got there first)."""
-        try:
-            await self.store.create(paths.reconfigure_request(job), request)
-        except NodeExists:
+        """Leave the request for the leader and record the decision (nothing, if a request got there first or
+        this leader was deposed)."""
+        if not await self.fence.commit([Create(paths.reconfigure_request(job), request)]):
             return None
         return await self._record(job, policy, action, reason)
 

@@ -1,22 +1,27 @@
 """Master election: candidates race for the ephemeral ``/leader`` node; the winner's epoch fences the rest.
 
 Every candidate registers under ``/candidates`` (ephemeral, sequential) and
-waits for ``/leader`` to be absent. It then takes the next epoch from
-``/epoch`` (a versioned compare-and-set, so epochs only grow) and tries to
-create ``/leader`` holding its identity and that epoch. The loser goes back
-to waiting. A leader's session ending deletes ``/leader``, and the race starts
-again. Workers keep the highest epoch they have seen and refuse commands that
-carry an older one (:class:`EpochFence`), so a deposed leader that has not
-noticed yet can change nothing.
+waits for ``/leader`` to be absent. It then writes, in one transaction, the
+next epoch to ``/epoch`` (versioned, so epochs only grow) and ``/leader``
+holding its identity and that epoch. The loser's transaction fails whole and
+it goes back to waiting, so ``/epoch`` always holds the current leader's
+epoch. A leader's session ending deletes ``/leader``, and the race starts
+again.
+
+A deposed leader that has not noticed yet (stopped, partitioned) can change
+nothing: every transaction it commits checks that ``/epoch`` is still at the
+version its election wrote (:class:`LeaderFence`), and workers keep the
+highest epoch they have seen and refuse commands that carry an older one
+(:class:`EpochFence`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.store import ClusterStore
-from streamlet.errors import NodeExists, VersionConflict
+from streamlet.backends.cluster.store import Check, ClusterStore, Create, Op, SetData
 
 LEADER = paths.LEADER
 EPOCH = paths.EPOCH
@@ -38,13 +43,12 @@ class LeaderElection:
             self.candidate = await self.zk.create(prefix, self.identity, ephemeral=True, sequence=True)
         while True:
             await self.zk.wait_gone(LEADER)
-            epoch = await next_epoch(self.zk)
-            try:
-                await self.zk.create(LEADER, {**self.identity, "epoch": epoch}, ephemeral=True)
-            except NodeExists:
-                continue  # another candidate was quicker; this epoch number is simply skipped
-            self.epoch = epoch
-            return epoch
+            epoch, bump = await _next_epoch(self.zk)
+            leading = Create(LEADER, {**self.identity, "epoch": epoch}, ephemeral=True)
+            if await self.zk.commit([bump, leading]):
+                self.epoch = epoch
+                return epoch
+            # another candidate was quicker: its epoch is in /epoch, ours was never written
 
     async def still_leading(self) -> bool:
         """Whether ``/leader`` still names this candidate's epoch (check before acting after SUSPENDED)."""
@@ -61,23 +65,55 @@ class LeaderElection:
             self.candidate = None
 
 
-async def next_epoch(zk: ClusterStore) -> int:
-    """Increment ``/epoch`` atomically and return the new value."""
-    while True:
-        found = await zk.get(EPOCH)
-        if found is None:
-            try:
-                await zk.create(EPOCH, {"epoch": 1})
-                return 1
-            except NodeExists:
-                continue
-        data, version = found
-        epoch = int(data["epoch"]) + 1
-        try:
-            await zk.set(EPOCH, {"epoch": epoch}, version=version)
-            return epoch
-        except VersionConflict:
-            continue
+async def _next_epoch(zk: ClusterStore) -> tuple[int, Op]:
+    """The epoch after the one in ``/epoch``, and the step that writes it (only if ``/epoch`` did not move)."""
+    found = await zk.get(EPOCH)
+    if found is None:
+        return 1, Create(EPOCH, {"epoch": 1})
+    epoch = int(found[0]["epoch"]) + 1
+    return epoch, SetData(EPOCH, {"epoch": epoch}, found[1])
+
+
+class LeaderFence:
+    """A leader's writes, fenced on its term: each transaction also checks that ``/epoch`` is still at the
+    version that holds this leader's epoch.
+
+    Once another master is elected (its election moves ``/epoch``), nothing this leader commits lands,
+    whatever it read before and however long it was stopped between its read and its write. A leader
+    made without an election (tests, an embedding) first writes its epoch to ``/epoch`` when that holds
+    an older one, or none.
+    """
+
+    def __init__(self, store: ClusterStore, epoch: int) -> None:
+        self.store = store
+        self.epoch = epoch
+        self._version: int | None = None  # /epoch's version holding our epoch, once read
+
+    async def commit(self, ops: Sequence[Op]) -> bool:
+        """Apply ``ops`` all or nothing, with the fence's check; ``False`` when a step did not hold, or when a
+        newer leader was elected."""
+        version = await self._term()
+        if version is None:
+            return False
+        return await self.store.commit([Check(EPOCH, version), *ops])
+
+    async def _term(self) -> int | None:
+        """The version of ``/epoch`` holding this leader's epoch (``None``: a newer leader's is there)."""
+        while self._version is None:
+            found = await self.store.get(EPOCH)
+            held = None if found is None else int(found[0]["epoch"])
+            if found is not None and held == self.epoch:
+                self._version = found[1]
+            elif held is not None and held > self.epoch:
+                return None
+            else:  # no election wrote this epoch: take /epoch for it (a newer leader's write wins the race)
+                step = (
+                    Create(EPOCH, {"epoch": self.epoch})
+                    if found is None
+                    else SetData(EPOCH, {"epoch": self.epoch}, found[1])
+                )
+                await self.store.commit([step])
+        return self._version
 
 
 async def leader(zk: ClusterStore) -> dict[str, Any] | None:

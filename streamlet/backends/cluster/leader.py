@@ -18,14 +18,15 @@ same transaction as whatever else the decision needs:
   past ``max_failures`` -> FAILED with a reason naming the instance.
 - ``/kill`` present -> KILLED; workers stop the job when they read it.
 
-Every write is conditional on the versions read, so a deposed leader that
-has not noticed yet changes nothing; assignments carry the leader's epoch,
-which workers check too.
+Every write is a transaction conditional on the versions read and on
+``/epoch`` still holding this leader's epoch (``election.LeaderFence``), so a
+deposed leader that has not noticed yet changes nothing, even one stopped
+between its read and its write; assignments and live changes carry the
+leader's epoch, which workers check too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ import structlog
 
 from streamlet.backends.cluster import paths, reconfigure
 from streamlet.backends.cluster.backup_control import BackupController
+from streamlet.backends.cluster.election import LeaderFence
 from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import JobState, moved, state_of
 from streamlet.backends.cluster.paths import Assignment, JobStateNode, Layout, Reconfiguration, ReconfigureRequest
@@ -44,7 +46,7 @@ from streamlet.backends.cluster.scheduler import fitting_workers, live, live_loa
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, Create, Delete, Op, SetData, read_all
 from streamlet.core.model.topology import Topology
-from streamlet.errors import CoordinationError, DispatchError, NodeExists, ReconfigurationError
+from streamlet.errors import CoordinationError, DispatchError, ReconfigurationError
 
 log = structlog.get_logger("streamlet")
 ROUND = 0.2  # seconds between rounds when nothing wakes the leader earlier
@@ -120,7 +122,8 @@ class Leader:
         self.epoch = epoch
         self.secret = secret
         self.clock = clock
-        self.backups = BackupController(store, clock)
+        self.fence = LeaderFence(store, epoch)  # every write of this term goes through it
+        self.backups = BackupController(store, self.fence, clock)
         self._backups_placed_at = -BACKUP_ROUND
 
     async def run(self) -> None:
@@ -219,7 +222,7 @@ class Leader:
         if reconfigured:
             node["reconfigurations"] = int(view.state.get("reconfigurations", 0)) + 1
         steps = [*(extra or []), SetData(paths.state(view.name), node, view.state_version)]
-        if not await self.store.commit(steps):
+        if not await self.fence.commit(steps):
             return None  # someone else (a newer leader, a client) moved first: next round looks again
         return f"{target.value}: {reason}"
 
@@ -270,8 +273,15 @@ class Leader:
                 ident, topology, layout, request, instances, view.attempt, self.epoch, room, set(view.done)
             )
         except ReconfigurationError as exc:
-            if await self.store.commit([Delete(paths.reconfigure_request(view.name), version)]):
-                await _put(self.store, paths.reconfigure_refused(view.name), {"error": str(exc), "at": self.clock()})
+            refused = await self.store.get(paths.reconfigure_refused(view.name))
+            why = {"error": str(exc), "at": self.clock()}
+            answer = (
+                Create(paths.reconfigure_refused(view.name), why)
+                if refused is None
+                else SetData(paths.reconfigure_refused(view.name), why, refused[1])
+            )
+            if not await self.fence.commit([Delete(paths.reconfigure_request(view.name), version), answer]):
+                return None  # the request or the answer moved meanwhile, or this leader was deposed: look again
             return f"refused a live change: {exc}"
         await self.store.ensure(paths.reconfigurations(view.name))  # a transaction creates no parents
         steps: list[Op] = [
@@ -365,18 +375,10 @@ class Leader:
         # one entry per attempt: a leader that looks twice (or a new leader) does not count a crash twice
         directory = paths.failures(view.name, instance)
         entry = {"attempt": view.attempt, "worker": worker, "error": error}
-        with contextlib.suppress(NodeExists):
-            await self.store.create(f"{directory}/{view.attempt}", entry)
+        await self.store.ensure(directory)  # a transaction creates no parents
+        await self.fence.commit([Create(f"{directory}/{view.attempt}", entry)])  # False: recorded already
         entries = list((await read_all(self.store, directory)).values())
         return sorted(entries, key=lambda entry: int(entry["attempt"]))
-
-
-async def _put(store: ClusterStore, path: str, data: Any) -> None:
-    """Write ``data`` at ``path``, made if missing."""
-    try:
-        await store.create(path, data)
-    except NodeExists:
-        await store.set(path, data)
 
 
 def _describe_change(change: Reconfiguration, done: bool = False) -> str:

@@ -64,9 +64,10 @@ async def _campaign_and_lead(
         election = LeaderElection(zk, identity)
         epoch = await election.campaign()
         log.info("leading the cluster", cluster=cluster, master=name, epoch=epoch)
+        leader = Leader(zk, epoch, secret)
         async with anyio.create_task_group() as group:
-            group.start_soon(Leader(zk, epoch, secret).run)
-            group.start_soon(AdaptationLoop(zk, secret).run)  # the jobs' adaptation policies, while leading
+            group.start_soon(leader.run)
+            group.start_soon(AdaptationLoop(zk, secret, leader.fence).run)  # the jobs' adaptation policies, fenced
             if dashboard is not None:
                 group.start_soon(_serve_dashboard, zk, secret, name, *dashboard)  # it moves with leadership
             await _lead_until_lost(zk)

@@ -528,7 +528,8 @@ class SimulatedCluster:
         self._sessions.append(session)
         identity = {"name": "master-0", "pid": os.getpid(), "host": "simulated"}
         leader = Leader(session, await LeaderElection(session, identity).campaign(), self.secret)
-        self._require_group().start_soon(AdaptationLoop(session, self.secret).run)  # the jobs' adaptation policies
+        adaptation = AdaptationLoop(session, self.secret, leader.fence)  # the jobs' adaptation policies
+        self._require_group().start_soon(adaptation.run)
         task_status.started()
         while True:  # a round whenever a worker, a job or a report changed; an error fails the whole harness
             self._leader_wake.clear()

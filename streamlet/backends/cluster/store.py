@@ -89,10 +89,11 @@ class Check:
 
 @dataclass(frozen=True, slots=True)
 class Create:
-    """Transaction step: create ``path`` holding ``data``."""
+    """Transaction step: create ``path`` holding ``data`` (ephemeral: it goes with the session)."""
 
     path: str
     data: Any
+    ephemeral: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +394,7 @@ class MemoryClusterStore:
 
     async def _apply(self, op: Op) -> None:
         if isinstance(op, Create):
-            await self.create(op.path, op.data)
+            await self.create(op.path, op.data, ephemeral=op.ephemeral)
         elif isinstance(op, SetData):
             await self.set(op.path, op.data)
         elif isinstance(op, Delete):

@@ -294,7 +294,7 @@ def _add(transaction: Any, path: str, op: Op) -> None:
     if isinstance(op, Check):
         transaction.check(path, op.version)
     elif isinstance(op, Create):
-        transaction.create(path, json.dumps(op.data).encode())
+        transaction.create(path, json.dumps(op.data).encode(), ephemeral=op.ephemeral)
     elif isinstance(op, SetData):
         transaction.set_data(path, json.dumps(op.data).encode(), op.version)
     elif isinstance(op, Delete):
