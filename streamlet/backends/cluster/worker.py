@@ -9,6 +9,9 @@ a transaction fenced on the assignment's version. A job whose state has
 ended (KILLED, FAILED) or whose attempt was replaced is stopped at once.
 A live change of a running attempt that puts an instance on this worker
 while it runs no part of it makes it join the attempt (``joining``).
+Assignments, joins and live changes carry the epoch of the leader that
+wrote them: one older than the newest this worker has seen is ignored (a
+live change's refusal is reported, so the leader does not wait for it).
 """
 
 from __future__ import annotations
@@ -192,8 +195,19 @@ class WorkerJobs:
             base = f"{paths.reconfigurations(job)}/{name}"
             if int(change["attempt"]) != attempt or self.me not in change["workers"]:
                 continue  # another attempt's, or one from before this worker joined the attempt
+            if not self.fence.accept(int(change["epoch"])):
+                await self._refuse_change(job, base, change)
+                continue
             if await self.zk.get(f"{base}/done/{self.me}") is None:
                 group.start_soon(self._reconfigure, job, attempt, change)
+
+    async def _refuse_change(self, job: str, base: str, change: Reconfiguration) -> None:
+        """Carry out nothing of a change from an older leader than one already obeyed, and say so: the leader
+        then falls back to the next attempt instead of waiting for this worker's part for ever."""
+        log.warning("ignoring a live change from a deposed leader", job=job, epoch=change["epoch"])
+        why = f"change {change['id']} comes from leader epoch {change['epoch']}, older than {self.fence.highest}"
+        with contextlib.suppress(NodeExists):
+            await self.zk.create(f"{base}/done/{self.me}", {"error": f"refused: {why}"})
 
     async def _follow_shedding(self, job: str, attempt: int) -> None:
         """Shed at this part's sources the share the leader's shed policy set for the job (``paths.shedding``)."""

@@ -15,7 +15,11 @@ from streamlet.backends.cluster.control import AdaptationLoop
 from streamlet.backends.cluster.election import LeaderElection, LeaderFence, leader
 from streamlet.backends.cluster.leader import Leader
 from streamlet.backends.cluster.reconfigure import request_node
+from streamlet.backends.cluster.registry import WorkerRegistration
 from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree, Op
+from streamlet.backends.cluster.worker import WorkerJobs
+from streamlet.transport.tcp import DataServer
+from streamlet.transport.tcp_client import TcpClient
 from tests.unit.backends.cluster.conftest import SECRET, MemoryCluster
 
 T = TypeVar("T")
@@ -214,3 +218,28 @@ async def test_an_election_lost_in_a_race_leaves_the_epoch_to_the_winner(cluster
     assert await leader(cluster.client) == {"name": "m0", "epoch": won}
     assert await cluster.client.get(paths.EPOCH) == ({"epoch": won}, 0)
     assert await LeaderFence(first, won).commit([]) is True
+
+
+async def test_a_worker_refuses_a_live_change_from_an_older_leader_and_says_so(cluster: MemoryCluster) -> None:
+    """After obeying epoch 2, a change of epoch 1 is not carried out: its done report says why (the leader then moves
+    to the next attempt instead of waiting for ever); a change of epoch 2 is started."""
+    session = cluster.workers["w0"] = MemoryClusterStore(cluster.tree)
+    started: list[tuple[str, ...]] = []
+
+    class Recorded:
+        def start_soon(self, function: Callable[..., Awaitable[None]], *args: Any) -> None:
+            started.append((function.__name__, *(str(arg) for arg in args[:2])))
+
+    base = {"attempt": 1, "workers": ["w0"], "placed": {}, "task": "double"}
+    await session.create(paths.reconfiguration("p", 1), {**base, "id": 1, "epoch": 1})
+    async with DataServer(SECRET) as server, TcpClient(SECRET) as client:
+        registration = WorkerRegistration(session, "w0", {"host": server.host, "data_port": server.port, "capacity": 8})
+        worker = WorkerJobs(session, registration, server, client, SECRET, cluster.tmp_path / "w0")
+        assert worker.fence.accept(2)
+        await worker._take_up_changes("p", 1, Recorded())  # type: ignore[arg-type]
+        await session.create(paths.reconfiguration("p", 2), {**base, "id": 2, "epoch": 2})
+        await worker._take_up_changes("p", 1, Recorded())  # type: ignore[arg-type]
+    assert await cluster.client.get(f"{paths.reconfiguration('p', 1)}/done/w0") == (
+        {"error": "refused: change 1 comes from leader epoch 1, older than 2"}, 0,
+    )  # fmt: skip
+    assert (started, worker.fence.refused) == ([("_reconfigure", "p", "1")], 1)
