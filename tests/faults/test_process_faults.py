@@ -132,10 +132,11 @@ def test_leader_sigkill_mid_job_hands_over_to_a_new_epoch_without_a_second_assig
 def test_a_leader_stopped_past_its_session_writes_nothing_stale_when_it_wakes(
     new_cluster: Callable[..., LocalCluster], tmp_path: Any, figures: Callable[[str], None]
 ) -> None:
-    """Two masters; SIGSTOP the leader while the job runs and let the job end meanwhile. The other master
-    takes over (higher epoch) and writes FINISHED while the old one is frozen; after SIGCONT the old leader
-    finds its session gone and campaigns again. Its wake-up changes nothing: the state keeps the new
-    leader's single write since the stop, the assignment its one version, /leader and /epoch the new epoch."""
+    """Two masters; SIGSTOP the leader while the job runs. The other master takes over (higher epoch); the old
+    one is woken (SIGCONT) while the job still runs, with a running job in what it last read: it finds its
+    session gone and campaigns again, writing nothing (every write of a leader checks /epoch). Only then does
+    the job end: the state keeps the new leader's single write since the stop (FINISHED), the assignment its
+    one version, /leader and /epoch the new epoch."""
     cluster = new_cluster(masters=2)
     job = GatedJob(tmp_path).write()
     submit = cluster.submit(job.file, JOB)
@@ -145,16 +146,17 @@ def test_a_leader_stopped_past_its_session_writes_nothing_stale_when_it_wakes(
         _, pid, epoch = leader_of(cluster, zk)
         stopped_at = time.time()
         os.kill(pid, signal.SIGSTOP)
-        job.release()  # the job ends while its leader is frozen
         new_leader = zk.wait_for(paths.leader(), lambda lead: lead["epoch"] > epoch)
-        states.wait_for(lambda s: s["state"] == "FINISHED")  # written while the old leader is still stopped
-        after_stop = [data for data in states.data() if data is not None and data["at"] > stopped_at]
-        seen = list(zip(states.versions(), states.data(), strict=True))
-        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)  # the job is still held at its gate: the old leader wakes while it runs
         woke_at = time.time()
         # the old leader has noticed: its lost session took its candidate node, and it registers a new one
         zk.wait_for_children("/candidates", lambda found: pid in {c["pid"] for c in found.values()})
         campaigning_at = time.time()
+        still = zk.get(paths.state(JOB))
+        job.release()  # the job ends under the new leader
+        states.wait_for(lambda s: s["state"] == "FINISHED")
+        after_stop = [data for data in states.data() if data is not None and data["at"] > stopped_at]
+        seen = list(zip(states.versions(), states.data(), strict=True))
         assignment = zk.get(paths.assignment(JOB))
         state = zk.get(paths.state(JOB))
         lead, counter = zk.data(paths.leader()), zk.data(paths.epoch())
@@ -162,17 +164,19 @@ def test_a_leader_stopped_past_its_session_writes_nothing_stale_when_it_wakes(
     assert submit.code == 0, submit.err
     assert submit.out.splitlines()[0] == FINISHED_ON_TWO
     assert totals(submit.collected()["totals"]) == expected_totals()
+    assert still is not None
+    assert (still[0]["state"], still[1]) == ("RUNNING", 2)  # the old leader woke to a running job, and wrote nothing
     assert [data["state"] for data in after_stop] == ["FINISHED"]  # one write since the stop: the new leader's
     assert state is not None
-    assert (state[1], state[0]) == seen[-1]  # nothing written after SIGCONT
+    assert (state[1], state[0]) == seen[-1]
     assert (state[1], running["attempt"]) == (3, 1)
     assert assignment is not None
     assert (assignment[1], assignment[0]["epoch"]) == (0, epoch)
     assert lead == new_leader
     assert counter == {"epoch": new_leader["epoch"]}
     figures(
-        f"row 3 leader SIGSTOP: stop -> new leader (epoch {new_leader['epoch']}) and FINISHED "
-        f"{woke_at - stopped_at:.2f} s; SIGCONT -> old leader campaigning again {campaigning_at - woke_at:.2f} s"
+        f"row 3 leader SIGSTOP: stop -> new leader (epoch {new_leader['epoch']}) {woke_at - stopped_at:.2f} s; "
+        f"SIGCONT (job running) -> old leader campaigning again {campaigning_at - woke_at:.2f} s"
     )
 
 
