@@ -113,12 +113,6 @@ def open_checked(pid: int, start: int) -> int | None:
     return descriptor
 
 
-def has_exited(descriptor: int) -> bool:
-    """Whether the process behind the pidfd ``descriptor`` has exited (a zombie counts as exited)."""
-    readable, _, _ = select.select([descriptor], [], [], 0)
-    return bool(readable)
-
-
 # -- the reaper process -------------------------------------------------------------------------------------
 
 
@@ -289,8 +283,9 @@ def serve(parent: int, records: IO[bytes]) -> None:
                     running = False
                 elif key.data == "records":
                     chunk = _read_available(records.fileno())
-                    if chunk is None:
-                        running = False  # the pipe closed: pytest (and whatever inherited it) is gone
+                    if chunk is None:  # the pipe closed: pytest is gone, or exiting after a normal end
+                        selector.unregister(key.fd)
+                        running = reaper.goodbye  # then wait until it has exited: its atexit may use a server
                         continue
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
@@ -303,6 +298,7 @@ def serve(parent: int, records: IO[bytes]) -> None:
                     reaper.exited(key.data)
         while chunk := _read_available(records.fileno()):  # what pytest wrote just before it went
             pending += chunk
+        os.close(watched)
         for line in pending.split(b"\n")[:-1]:
             reaper.take(line.decode())
     killed = reaper.kill_all()
@@ -330,6 +326,7 @@ _lock = threading.Lock()
 _reaper: subprocess.Popen[bytes] | None = None
 _channel: IO[bytes] | None = None
 _popen_init: Callable[..., None] | None = None
+_session: Any = None  # the pytest config of the session that started the reaper
 
 
 def start() -> None:
@@ -388,12 +385,17 @@ def _send(line: str) -> None:
 
 def pytest_configure(config: Any) -> None:
     """Start the reaper with the session (a plugin hook: ``tests/conftest.py``, or ``-p tests.support.reaper``)."""
-    start()
+    global _session
+    if _reaper is None:
+        start()
+        _session = config
 
 
 def pytest_unconfigure(config: Any) -> None:
-    """The session ended normally: say so to the reaper."""
-    stop()
+    """The session ended normally: say so to the reaper (only the session that started it: not a pytest run
+    inside this process)."""
+    if config is _session:
+        stop()
 
 
 @contextlib.contextmanager
