@@ -26,7 +26,7 @@ from types import FrameType
 from typing import Any
 
 import pytest
-from pytest_timeout import timeout_sigalrm, timeout_timer
+from pytest_timeout import is_debugging, timeout_sigalrm, timeout_timer
 
 BACKSTOP = 60.0  # seconds after the timeout (time for the teardown) before the run is ended whole
 
@@ -40,6 +40,8 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
 
     def on_alarm(signum: int, frame: FrameType | None) -> None:
         __tracebackhide__ = True
+        if not settings.disable_debugger_detection and is_debugging():
+            return  # someone is stepping through the test: pytest-timeout leaves it alone too
         _dump_main_thread(item, frame)
         timeout_sigalrm(item, settings)  # the other threads' stacks, then pytest.fail here
 
