@@ -29,6 +29,12 @@ All paths are relative to the cluster's root ``/streamlet/<cluster>``::
 
 (ZooKeeper does not allow children under an ephemeral node, so a worker's
 heartbeat lives at ``/loads/<id>``, not under ``/workers/<id>``.)
+
+Who may read what: the root and the cluster's own nodes (:data:`WORLD_READABLE`: who leads, the epoch,
+the candidates, the registered workers, the dashboard's URL) are readable by anyone who reaches ZooKeeper;
+they hold no job data. Every other node is readable only with the cluster secret: ``/jobs`` and all below it
+(job names, specs, reports with collected records and dead letters, layouts, savepoint folders) and
+``/loads`` (heartbeats carry per-instance statistics named after jobs and tasks).
 """
 
 from __future__ import annotations
@@ -42,6 +48,15 @@ WORKERS = "/workers"
 DASHBOARD = "/dashboard"  # ephemeral: the leader's dashboard URL, {"url", "master"}
 LOADS = "/loads"
 JOBS = "/jobs"
+
+# Nodes anyone may read (with everything below them, and the root): none holds job data. Every other node is
+# readable only with the cluster secret, so a path added later is private until it is listed here.
+WORLD_READABLE = (LEADER, EPOCH, CANDIDATES, WORKERS, DASHBOARD)
+
+
+def world_readable(path: str) -> bool:
+    """Whether anyone may read ``path`` (relative to the cluster root; ``""`` is the root itself)."""
+    return path == "" or any(path == top or path.startswith(f"{top}/") for top in WORLD_READABLE)
 
 
 class LeaderNode(TypedDict):

@@ -14,10 +14,14 @@ re-check what they owned once kazoo has a new session (CONNECTED again).
 
 Security: a store given the cluster secret authenticates with ZooKeeper's
 digest scheme (user ``streamlet``, a password derived from the secret) and
-creates every node with an ACL that gives that identity every permission
-and everyone else read access only (ZooKeeper ACLs are not inherited, so
-kazoo's ``default_acl`` puts it on each node). A store without the secret
-can read, and every write is refused with :class:`NotAuthorized`. A cluster
+creates every node with an ACL that gives that identity every permission.
+The nodes of the cluster itself (``paths.world_readable``: the root, who
+leads, the epoch, candidates, workers, the dashboard's URL) also give
+everyone read access; every node holding job data (``/jobs`` and all below
+it, the heartbeats under ``/loads``) gives nobody else anything (ZooKeeper
+ACLs are not inherited, so each create passes its own). A store without the
+secret can read the cluster's nodes; a read of job data is refused with
+:class:`NotAuthorized` naming the node, and so is every write. A cluster
 root that already carries another identity's ACL is refused at start.
 """
 
@@ -34,6 +38,7 @@ from typing import Any
 import anyio
 import structlog
 
+from streamlet.backends.cluster.paths import world_readable
 from streamlet.backends.cluster.store import Check, Create, Delete, Op, SetData, Version, moved
 from streamlet.errors import CoordinationError, NodeExists, NotAuthorized, VersionConflict
 
@@ -81,8 +86,8 @@ class ZkStore:
         kazoo = _kazoo()
         self._loop = asyncio.get_running_loop()
         auth = {} if self.secret is None else {"auth_data": [("digest", credentials(self.secret))]}
-        self._client = kazoo.client.KazooClient(
-            hosts=self.hosts, timeout=self.session_timeout, default_acl=cluster_acl(self.secret), **auth
+        self._client = kazoo.client.KazooClient(  # default_acl: anything created without ours is private
+            hosts=self.hosts, timeout=self.session_timeout, default_acl=private_acl(self.secret), **auth
         )
         self._client.add_listener(self._on_state)
         try:
@@ -107,6 +112,33 @@ class ZkStore:
                 f"the cluster root {self.root} carries another owner's ACL ({found}); "
                 "refusing to use it (another secret made it, or it was created by hand)"
             )
+        await self._seal_job_data()
+
+    async def _seal_job_data(self) -> None:
+        """Make private what an earlier version left world-readable under the root (ZooKeeper's data outlives
+        a 'cluster down'): a top node that should be private but is not, and everything below it."""
+        sealed: list[str] = await self._call(self._seal_open_tops)
+        if sealed:
+            log.info("made job data private", cluster=self.cluster, nodes=sealed)
+
+    def _seal_open_tops(self) -> list[str]:
+        """The top nodes (``/jobs``, ``/loads``) found open to anyone, sealed (kazoo's thread)."""
+        sealed = []
+        for name in self._client.get_children(self.root):
+            top = f"/{name}"
+            if not world_readable(top) and _open_to_anyone(self._client.get_acls(self.path(top))[0]):
+                self._seal(self.path(top))
+                sealed.append(top)
+        return sealed
+
+    def _seal(self, path: str) -> None:
+        """The private ACL on ``path`` and below it, deepest first: an interrupted run leaves the top node
+        open, so the next start finds it and seals the rest (kazoo's thread)."""
+        kazoo = _kazoo()
+        with contextlib.suppress(kazoo.exceptions.NoNodeError):  # gone meanwhile: nothing left to hide
+            for child in self._client.get_children(path):
+                self._seal(f"{path}/{child}")
+            self._client.set_acls(path, private_acl(self.secret))
 
     async def aclose(self) -> None:
         """Close the session: our ephemeral nodes disappear at once."""
@@ -140,7 +172,16 @@ class ZkStore:
         """The absolute path of ``relative`` under the cluster root."""
         return self.root + relative
 
-    async def _call(self, fn: Callable[[], Any]) -> Any:
+    def acl(self, relative: str) -> list[Any]:
+        """The ACL a node at ``relative`` is created with: readable by anyone only when it holds no job data.
+
+        Parents made on the way (``makepath``) get the same ACL: a private node's parents below the root are
+        private too, as the rule is by subtree.
+        """
+        return cluster_acl(self.secret) if world_readable(relative) else private_acl(self.secret)
+
+    async def _call(self, fn: Callable[[], Any], reading: str | None = None) -> Any:
+        """``fn()`` in a thread, kazoo's errors as ours; ``reading``: the node ``fn`` reads (for a refusal)."""
         if self._client is None:
             raise CoordinationError("the coordinator is not connected")
         kazoo = _kazoo()
@@ -151,22 +192,33 @@ class ZkStore:
         except kazoo.exceptions.BadVersionError as exc:
             raise VersionConflict(str(exc) or "version conflict") from exc
         except kazoo.exceptions.NoAuthError as exc:
-            raise NotAuthorized(
-                f"ZooKeeper refused a change under {self.root}: this client does not hold the cluster secret"
-            ) from exc
+            raise self._refused(reading) from exc
         except kazoo.exceptions.KazooException as exc:
             raise CoordinationError(f"{type(exc).__name__}: {exc}") from exc
 
+    def _refused(self, reading: str | None) -> NotAuthorized:
+        """What ZooKeeper's refusal means: a change (any write), or a read of ``reading``, a node of job data."""
+        if reading is None:
+            return NotAuthorized(
+                f"ZooKeeper refused a change under {self.root}: this client does not hold the cluster secret"
+            )
+        return NotAuthorized(
+            f"ZooKeeper refused to let this client read {self.path(reading)}: job data is readable only with "
+            "the cluster secret (set STREAMLET_SECRET (hex), or run the command with the --state-dir where "
+            "'streamlet cluster up' wrote it)"
+        )
+
     async def ensure(self, relative: str) -> None:
         """Create ``relative`` (and its parents) if missing."""
-        await self._call(lambda: self._client.ensure_path(self.path(relative)))
+        await self._call(lambda: self._client.ensure_path(self.path(relative), acl=self.acl(relative)))
 
     async def create(self, relative: str, data: Any, *, ephemeral: bool = False, sequence: bool = False) -> str:
         """Create a node holding ``data`` as JSON; returns its path relative to the root."""
         value = json.dumps(data).encode()
+        acl = self.acl(relative)
         created: str = await self._call(
             lambda: self._client.create(
-                self.path(relative), value, ephemeral=ephemeral, sequence=sequence, makepath=True
+                self.path(relative), value, acl=acl, ephemeral=ephemeral, sequence=sequence, makepath=True
             )
         )
         return created[len(self.root) :]
@@ -182,7 +234,7 @@ class ZkStore:
                 return None
             return (json.loads(raw) if raw else None), Version(stat.version, stat.mzxid)
 
-        result: tuple[Any, Version] | None = await self._call(read)
+        result: tuple[Any, Version] | None = await self._call(read, reading=relative)
         return result
 
     async def set(self, relative: str, data: Any, version: int = -1) -> Version:
@@ -201,7 +253,7 @@ class ZkStore:
             except kazoo.exceptions.NoNodeError:
                 return []
 
-        names: list[str] = await self._call(read)
+        names: list[str] = await self._call(read, reading=relative)
         return names
 
     async def delete(self, relative: str, *, recursive: bool = False) -> None:
@@ -224,7 +276,7 @@ class ZkStore:
             def watch(event: Any, gone: asyncio.Event = gone) -> None:
                 loop.call_soon_threadsafe(gone.set)
 
-            exists = await self._call(lambda: self._client.exists(self.path(relative), watch=watch))
+            exists = await self._call(lambda: self._client.exists(self.path(relative), watch=watch), reading=relative)
             if exists is None:
                 return
             await gone.wait()
@@ -256,19 +308,22 @@ class ZkStore:
                         continue
                     return (json.loads(raw) if raw else None), Version(stat.version, stat.mzxid)
 
-            data, found = await self._call(read)
+            data, found = await self._call(read, reading=relative)
             if moved(version, found):
                 return data, found
             await changed.wait()
 
     async def commit(self, ops: Sequence[Op]) -> bool:
         """Apply every step or none (one ZooKeeper multi); ``False`` when a check or version failed."""
+        kazoo = _kazoo()
 
         def run() -> bool:
             transaction = self._client.transaction()
             for op in ops:
-                _add(transaction, self.path(op.path), op)
+                _add(transaction, self.path(op.path), op, self.acl(op.path))
             results = transaction.commit()
+            if any(isinstance(result, kazoo.exceptions.NoAuthError) for result in results):
+                raise kazoo.exceptions.NoAuthError()  # not a failed check: this client may not write here
             return not any(isinstance(result, Exception) for result in results)
 
         committed: bool = await self._call(run)
@@ -286,15 +341,16 @@ class ZkStore:
         def on_change(children: list[str]) -> None:
             loop.call_soon_threadsafe(changed.set)
 
-        await self._call(lambda: self._client.ChildrenWatch(self.path(relative), on_change))
+        await self._call(lambda: self._client.ChildrenWatch(self.path(relative), on_change), reading=relative)
         return changed
 
 
-def _add(transaction: Any, path: str, op: Op) -> None:
+def _add(transaction: Any, path: str, op: Op, acl: list[Any]) -> None:
+    """``op`` as a step of ``transaction``; a created node gets ``acl``."""
     if isinstance(op, Check):
         transaction.check(path, op.version)
     elif isinstance(op, Create):
-        transaction.create(path, json.dumps(op.data).encode(), ephemeral=op.ephemeral)
+        transaction.create(path, json.dumps(op.data).encode(), acl=acl, ephemeral=op.ephemeral)
     elif isinstance(op, SetData):
         transaction.set_data(path, json.dumps(op.data).encode(), op.version)
     elif isinstance(op, Delete):
@@ -311,7 +367,8 @@ def credentials(secret: bytes) -> str:
 
 
 def cluster_acl(secret: bytes | None) -> list[Any]:
-    """Every permission for the secret's digest identity, read for anyone; ``None`` without a secret."""
+    """Every permission for the secret's digest identity, read for anyone: the nodes that hold no job data
+    (only read for anyone without a secret)."""
     kazoo = _kazoo()
     if secret is None:
         return [kazoo.security.make_acl("world", "anyone", read=True)]  # only ever used on reads: nothing created
@@ -320,3 +377,17 @@ def cluster_acl(secret: bytes | None) -> list[Any]:
         kazoo.security.make_digest_acl(user, password, all=True),
         kazoo.security.make_acl("world", "anyone", read=True),
     ]
+
+
+def private_acl(secret: bytes | None) -> list[Any]:
+    """Every permission for the secret's digest identity and nothing for anyone else: the nodes of job data
+    (without a secret the same as :func:`cluster_acl`: such a store can create nothing under the root)."""
+    if secret is None:
+        return cluster_acl(None)
+    user, password = credentials(secret).split(":", 1)
+    return [_kazoo().security.make_digest_acl(user, password, all=True)]
+
+
+def _open_to_anyone(acls: list[Any]) -> bool:
+    """Whether an ACL lets someone without the secret in (any ``world`` entry)."""
+    return any(acl.id.scheme == "world" for acl in acls)
