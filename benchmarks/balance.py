@@ -76,7 +76,7 @@ def main(repeats: int) -> dict[str, Any]:
 async def _ready(state: Any) -> None:
     from streamlet.backends.cluster.status import wait_until_ready
 
-    await wait_until_ready(state.zk, state.name, 2)
+    await wait_until_ready(state.zk, state.name, 2, state.secret())
 
 
 def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
         time.sleep(max(0.0, running + offset - time.time()))  # a benchmark driver waiting for its window
         beats.append(anyio.run(_beats, state))
     _wait_state(state, name, {"FINISHED"})
-    status = {s["job"]: s for s in anyio.run(client.list_jobs, state.zk, state.name)}[name]
+    status = {s["job"]: s for s in anyio.run(client.list_jobs, state.zk, state.name, state.secret())}[name]
     decisions = [d["at"] for d in status.get("decisions", [])]
     return {
         "loads": _window(name, beats[0], beats[1]),
@@ -108,7 +108,10 @@ def _wait_state(state: Any, job: str, wanted: set[str]) -> float:
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        states = {status["job"]: status["state"] for status in anyio.run(client.list_jobs, state.zk, state.name)}
+        states = {
+            status["job"]: status["state"]
+            for status in anyio.run(client.list_jobs, state.zk, state.name, state.secret())
+        }
         if states.get(job) in wanted:
             return time.time()
         time.sleep(0.05)  # a benchmark driver polling the cluster, not a test
@@ -119,7 +122,7 @@ async def _beats(state: Any) -> Beat:
     from streamlet.backends.cluster.registry import workers
     from streamlet.backends.cluster.zk import ZkStore
 
-    async with ZkStore(state.zk, state.name) as store:
+    async with ZkStore(state.zk, state.name, secret=state.secret()) as store:
         views = await workers(store)
     return {
         view.worker_id: (float(load["ts"]), float(load["cpu_seconds"]), int(load["rss_bytes"]), load["instances"])

@@ -90,7 +90,7 @@ async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) ->
     submission = client.Submission("benchmarks.cluster_job:build_long_topology", "checkpointed", checkpoint=checkpoint)
     await client.submit_and_wait(state.zk, state.name, submission, False, 60, state.secret())
     completions: list[float] = []
-    async with ZkStore(state.zk, state.name) as zk:
+    async with ZkStore(state.zk, state.name, secret=state.secret()) as zk:
         version: int | None = None
         with anyio.fail_after(300):
             while True:
@@ -106,7 +106,7 @@ async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) ->
 async def _wait_ready(state: local_cluster.ClusterState, workers: int) -> None:
     from streamlet.backends.cluster.status import wait_until_ready
 
-    await wait_until_ready(state.zk, state.name, workers)
+    await wait_until_ready(state.zk, state.name, workers, state.secret())
 
 
 def in_process(records: int, repeats: int) -> float:

@@ -77,7 +77,7 @@ def recovery_once() -> dict[str, Any]:
         state_dir = Path(directory)
         state = local_cluster.up(state_dir, "recovery", WORKERS, 1, None, capacity=3, loopback_hosts=True)
         try:
-            anyio.run(wait_until_ready, state.zk, state.name, WORKERS)
+            anyio.run(wait_until_ready, state.zk, state.name, WORKERS, state.secret())
             checkpoint = {"interval": 0.2, "replicas": 1}
             submission = client.Submission("benchmarks.cluster_slow_job:build_topology", JOB, checkpoint=checkpoint)
             anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
@@ -88,7 +88,7 @@ def recovery_once() -> dict[str, Any]:
 
 async def _kill_and_recover(state: local_cluster.ClusterState, state_dir: Path) -> dict[str, Any]:
     base = f"/jobs/{JOB}"
-    async with ZkStore(state.zk, state.name) as zk:
+    async with ZkStore(state.zk, state.name, secret=state.secret()) as zk:
         # 20 checkpoints in (4 s or more): past the first 100 000 records, so every key has state
         await _until(zk, f"{base}/checkpoints/completed", lambda data: data["epoch"] >= 20)
         await _until(zk, f"{base}/backups", lambda data: bool(data["backups"]))

@@ -227,7 +227,7 @@ def on_cluster(changes: list[int]) -> dict[str, Any]:
 async def _ready(state: Any) -> None:
     from streamlet.backends.cluster.status import wait_until_ready
 
-    await wait_until_ready(state.zk, state.name, 2)
+    await wait_until_ready(state.zk, state.name, 2, state.secret())
 
 
 def _cluster_live(state: Any, root: Path, changes: list[int]) -> Marks:
@@ -280,7 +280,10 @@ def _wait_state(state: Any, job: str, wanted: set[str]) -> None:
 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        states = {status["job"]: status["state"] for status in anyio.run(client.list_jobs, state.zk, state.name)}
+        states = {
+            status["job"]: status["state"]
+            for status in anyio.run(client.list_jobs, state.zk, state.name, state.secret())
+        }
         if states.get(job) in wanted:
             return
         time.sleep(0.05)  # a benchmark driver polling the cluster, not a test

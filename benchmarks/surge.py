@@ -89,7 +89,7 @@ def _per_step(decisions: list[dict[str, Any]], began: float) -> list[int]:
 async def _ready(state: Any) -> None:
     from streamlet.backends.cluster.status import wait_until_ready
 
-    await wait_until_ready(state.zk, state.name, 2)
+    await wait_until_ready(state.zk, state.name, 2, state.secret())
 
 
 def _run(state: Any, out: Path, name: str, adapt: AdaptSettings | None) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def _run(state: Any, out: Path, name: str, adapt: AdaptSettings | None) -> dict[
     began = time.time()
     anyio.run(client.submit_and_wait, state.zk, state.name, submission, True, 300, state.secret())
     ended = time.time()
-    status = {s["job"]: s for s in anyio.run(client.list_jobs, state.zk, state.name)}[name]
+    status = {s["job"]: s for s in anyio.run(client.list_jobs, state.zk, state.name, state.secret())}[name]
     delivered, latency, per_second = _read(out, name, "out")
     shed, _, shed_per_second = _read(out, name, "dropped")
     return {

@@ -185,6 +185,14 @@ def _client_secret(action: str, state_dir: Path) -> bytes:
     return secret
 
 
+def _reader_secret(state_dir: Path) -> bytes | None:
+    """The secret a command that only reads uses when it finds one (job data is readable with it only; without
+    it, the read of a job's node says what to do)."""
+    from streamlet.backends.cluster.local_cluster import find_secret
+
+    return find_secret(state_dir)
+
+
 @main.command("master")
 @click.option("--zk", required=True, help="ZooKeeper HOST:PORT")
 @click.option("--name", default="default", show_default=True, help="cluster name")
@@ -303,7 +311,7 @@ def cluster_up(
             state_dir, name, workers, masters, zk, capacity, by_worker, loopback_hosts=loopback_hosts,
             logs=_log_settings(context),
         )  # fmt: skip
-        status = anyio.run(wait_until_ready, state.zk, name, workers)
+        status = anyio.run(wait_until_ready, state.zk, name, workers, state.secret())
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         if (state_dir / local_cluster.STATE_FILE).exists():
             local_cluster.down(state_dir)  # what this command started, and nothing else: it refused above
@@ -341,7 +349,8 @@ def cluster_add_worker(context: click.Context, capacity: int, labels: tuple[str,
     try:
         worker_id = local_cluster.add_worker(state_dir, capacity, list(labels), logs=_log_settings(context))
         state = local_cluster.ClusterState.load(state_dir)
-        anyio.run(wait_for_worker, state.zk, state.name, worker_id)  # live when this returns: rebalance sees it
+        # live when this returns: rebalance sees it
+        anyio.run(wait_for_worker, state.zk, state.name, worker_id, state.secret())
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     click.echo(f"started {worker_id} (capacity {capacity})")
@@ -353,18 +362,19 @@ def cluster_add_worker(context: click.Context, capacity: int, labels: tuple[str,
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
 def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: bool) -> None:
-    """Leader and epoch, candidates, workers with state and load, jobs."""
+    """Leader and epoch, candidates, workers with state and load, jobs (with the cluster secret, from
+    STREAMLET_SECRET or --state-dir: the jobs and the heartbeats are readable with it only)."""
     from streamlet.backends.cluster.status import format_status, read_status
     from streamlet.backends.cluster.zk import ZkStore
 
-    async def show(hosts: str, cluster: str) -> str:
-        async with ZkStore(hosts, cluster) as store:
+    async def show(hosts: str, cluster: str, secret: bytes | None) -> str:
+        async with ZkStore(hosts, cluster, secret=secret) as store:
             status = await read_status(store)
         return json.dumps(status, indent=2) if as_json else format_status(status)
 
     try:
         hosts, cluster = _where(zk, name, state_dir)
-        click.echo(anyio.run(show, hosts, cluster))
+        click.echo(anyio.run(show, hosts, cluster, _reader_secret(state_dir)))
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
 
@@ -493,12 +503,13 @@ def _parallelism(item: str) -> tuple[str, int]:
 @_cluster_options
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
 def jobs_command(zk: str | None, cluster: str | None, state_dir: Path, as_json: bool) -> None:
-    """Every job on the cluster: state, reason (why it failed), attempt, workers, dead letters reported."""
+    """Every job on the cluster: state, reason (why it failed), attempt, workers, dead letters reported (job data:
+    needs the cluster secret, from STREAMLET_SECRET or --state-dir)."""
     from streamlet.backends.cluster import client as cluster_client
 
     try:
         hosts, name = _where(zk, cluster, state_dir)
-        listing = anyio.run(cluster_client.list_jobs, hosts, name)
+        listing = anyio.run(cluster_client.list_jobs, hosts, name, _reader_secret(state_dir))
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     if as_json:
@@ -516,14 +527,15 @@ def jobs_command(zk: str | None, cluster: str | None, state_dir: Path, as_json: 
 )  # fmt: skip
 def top_command(zk: str | None, cluster: str | None, state_dir: Path, once: bool, interval: float) -> None:
     """A live view of the workers (state, CPU, RSS, instances) and jobs (state, attempt, records in and out
-    per second, from the heartbeats); Ctrl-C leaves it."""
+    per second, from the heartbeats; needs the cluster secret, from STREAMLET_SECRET or --state-dir); Ctrl-C
+    leaves it."""
     from rich.console import Console
 
     from streamlet.backends.cluster.terminal import run_top
 
     try:
         hosts, name = _where(zk, cluster, state_dir)
-        anyio.run(run_top, hosts, name, once, interval, Console())
+        anyio.run(run_top, hosts, name, once, interval, Console(), _reader_secret(state_dir))
     except KeyboardInterrupt:
         return
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit

@@ -83,9 +83,9 @@ async def _riding_out(store: ZkStore, name: str, last: dict[str, Any]) -> dict[s
         return last
 
 
-async def list_jobs(hosts: str, cluster: str) -> list[dict[str, Any]]:
-    """Every job's status."""
-    async with ZkStore(hosts, cluster) as store:
+async def list_jobs(hosts: str, cluster: str, secret: bytes | None) -> list[dict[str, Any]]:
+    """Every job's status (job data is readable only with ``secret``: without it, :class:`NotAuthorized`)."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
         return await jobs.all_jobs(store)
 
 

@@ -1,4 +1,5 @@
-"""What ``streamlet cluster status`` shows, read from ZooKeeper alone."""
+"""What ``streamlet cluster status`` shows, read from ZooKeeper alone (with the cluster secret: the jobs, the
+assignments and the heartbeats are readable with it only)."""
 
 from __future__ import annotations
 
@@ -59,9 +60,12 @@ def _worker_row(view: WorkerView, now: float, instances: list[str]) -> dict[str,
     }
 
 
-async def wait_until_ready(zk_hosts: str, cluster: str, workers_expected: int, seconds: float = 60.0) -> dict[str, Any]:
-    """Poll until a leader is elected and ``workers_expected`` workers are registered."""
-    async with ZkStore(zk_hosts, cluster) as zk:
+async def wait_until_ready(
+    zk_hosts: str, cluster: str, workers_expected: int, secret: bytes, seconds: float = 60.0
+) -> dict[str, Any]:
+    """Poll until a leader is elected and ``workers_expected`` workers are registered (the status reads the
+    jobs and heartbeats: ``secret``)."""
+    async with ZkStore(zk_hosts, cluster, secret=secret) as zk:
         with anyio.fail_after(seconds):
             while True:
                 status = await read_status(zk)
@@ -71,9 +75,10 @@ async def wait_until_ready(zk_hosts: str, cluster: str, workers_expected: int, s
                 await anyio.sleep(0.1)
 
 
-async def wait_for_worker(zk_hosts: str, cluster: str, worker_id: str, seconds: float = 60.0) -> None:
-    """Poll until ``worker_id`` is registered and heartbeating (the leader counts it live from then on)."""
-    async with ZkStore(zk_hosts, cluster) as zk:
+async def wait_for_worker(zk_hosts: str, cluster: str, worker_id: str, secret: bytes, seconds: float = 60.0) -> None:
+    """Poll until ``worker_id`` is registered and heartbeating (the leader counts it live from then on; the
+    heartbeats are readable with ``secret`` only)."""
+    async with ZkStore(zk_hosts, cluster, secret=secret) as zk:
         with anyio.fail_after(seconds):
             while True:
                 status = await read_status(zk)

@@ -70,10 +70,13 @@ def _count(flow: Flow | None, which: str) -> str:
     return "-" if flow is None else f"{getattr(flow, which):,.0f}"
 
 
-async def run_top(hosts: str, cluster: str, once: bool, interval: float, console: Console) -> None:
-    """Show the cluster on ``console``: one frame (``once``), or a live view redrawn every ``interval`` s."""
+async def run_top(
+    hosts: str, cluster: str, once: bool, interval: float, console: Console, secret: bytes | None
+) -> None:
+    """Show the cluster on ``console``: one frame (``once``), or a live view redrawn every ``interval`` s
+    (the jobs and heartbeats are readable with ``secret`` only: without it, :class:`NotAuthorized`)."""
     rates = HeartbeatRates()
-    async with ZkStore(hosts, cluster) as zk:
+    async with ZkStore(hosts, cluster, secret=secret) as zk:
         frame = await read_frame(zk, rates)
         if once:
             with anyio.move_on_after(ONCE_WAIT):
