@@ -43,9 +43,10 @@ from streamlet.adaptation.rebalance import Migration
 from streamlet.adaptation.session_table import balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.adaptation.shedding import decide, held_back, window_latency
-from streamlet.backends.cluster import jobs, paths, rebalancing, reconfigure
+from streamlet.backends.cluster import paths, rebalancing, reconfigure
 from streamlet.backends.cluster.election import LeaderFence
 from streamlet.backends.cluster.lifecycle import JobState, state_of
+from streamlet.backends.cluster.outline import Outlines
 from streamlet.backends.cluster.paths import ReconfigureRequest
 from streamlet.backends.cluster.registry import workers
 from streamlet.backends.cluster.scheduler import live, live_loads
@@ -75,12 +76,18 @@ class AdaptationLoop:
     decision's write checks)."""
 
     def __init__(
-        self, store: ClusterStore, secret: bytes, fence: LeaderFence, clock: Callable[[], float] = time.time
+        self,
+        store: ClusterStore,
+        secret: bytes,
+        fence: LeaderFence,
+        clock: Callable[[], float] = time.time,
+        outlines: Outlines | None = None,
     ) -> None:
         self.store = store
         self.secret = secret
         self.fence = fence
         self.clock = clock
+        self.outlines = Outlines() if outlines is None else outlines  # the leader's: each job built once
         self._watches: dict[str, _Watch] = {}
 
     async def run(self) -> None:
@@ -132,9 +139,12 @@ class AdaptationLoop:
             return None
         if now - watch.began < settings.interval:
             return None
-        signed = verify(job, spec, self.secret)  # before any of its code is imported
+        signed = verify(job, spec, self.secret)  # before any of its code runs anywhere
+        shape = await self.outlines.build(signed)  # in a process of its own, once (or the leader's build)
+        if isinstance(shape, str):
+            return None  # it cannot run: the leader fails it
         layout = await self._layout(job)
-        topology = reconfigure.with_layout(jobs.topology_of(signed), layout)
+        topology = reconfigure.with_layout(shape, layout)
         decision = await self._decide(job, topology, layout, settings, watch.base, current, now)
         self._watches[job] = _Watch(current, now, now if decision is not None else watch.decided)
         return decision

@@ -33,20 +33,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 import structlog
 
 from streamlet.backends.cluster import paths, reconfigure
 from streamlet.backends.cluster.backup_control import BackupController
 from streamlet.backends.cluster.election import LeaderFence
-from streamlet.backends.cluster.jobs import topology_of
 from streamlet.backends.cluster.lifecycle import JobState, moved, state_of
-from streamlet.backends.cluster.paths import Assignment, JobStateNode, Layout, Reconfiguration, ReconfigureRequest
+from streamlet.backends.cluster.outline import Outlines
+from streamlet.backends.cluster.paths import (
+    Assignment,
+    JobSpec,
+    JobStateNode,
+    Layout,
+    Reconfiguration,
+    ReconfigureRequest,
+)
 from streamlet.backends.cluster.registry import workers
 from streamlet.backends.cluster.scheduler import fitting_workers, live, live_loads, place, state_holders
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.store import ClusterStore, Create, Delete, Op, SetData, read_all
 from streamlet.core.model.topology import Topology
-from streamlet.errors import CoordinationError, DispatchError, ReconfigurationError
+from streamlet.errors import CoordinationError, DispatchError, ReconfigurationError, SpecError
 
 log = structlog.get_logger("streamlet")
 ROUND = 0.2  # seconds between rounds when nothing wakes the leader earlier
@@ -117,11 +125,23 @@ async def read_view(store: ClusterStore, job: str) -> JobView | None:
 class Leader:
     """One leadership term: ``epoch`` fences everything it writes."""
 
-    def __init__(self, store: ClusterStore, epoch: int, secret: bytes, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: ClusterStore,
+        epoch: int,
+        secret: bytes,
+        clock: Callable[[], float] = time.time,
+        outlines: Outlines | None = None,
+    ) -> None:
         self.store = store
         self.epoch = epoch
         self.secret = secret
         self.clock = clock
+        #: The jobs' topologies, built away from this loop (``outline``); shared with the adaptation loop and
+        #: the dashboard of this master.
+        self.outlines = Outlines() if outlines is None else outlines
+        self._builds: anyio.abc.TaskGroup | None = None  # run(): builds go on here while rounds go on
+        self._building: set[str] = set()
         self.fence = LeaderFence(store, epoch)  # every write of this term goes through it
         self.backups = BackupController(store, self.fence, clock)
         self._backups_placed_at = -BACKUP_ROUND
@@ -129,15 +149,17 @@ class Leader:
     async def run(self) -> None:
         """Rounds until cancelled: at once when a worker comes or goes, else every ``ROUND``."""
         workers_changed = await self.store.watch_children(paths.WORKERS)
-        while True:
-            workers_changed.clear()
-            if self.store.state == "connected":  # suspended: decide nothing until the session is back or lost
-                try:
-                    await self.round()
-                except Exception as exc:  # noqa: BLE001 - the leader must outlive a bad round; the next retries
-                    log.warning("leader round failed", error=f"{type(exc).__name__}: {exc}")
-            with anyio.move_on_after(ROUND):
-                await workers_changed.wait()
+        async with anyio.create_task_group() as builds:
+            self._builds = builds
+            while True:
+                workers_changed.clear()
+                if self.store.state == "connected":  # suspended: decide nothing until the session is back or lost
+                    try:
+                        await self.round()
+                    except Exception as exc:  # noqa: BLE001 - the leader must outlive a bad round; the next retries
+                        log.warning("leader round failed", error=f"{type(exc).__name__}: {exc}")
+                with anyio.move_on_after(ROUND):
+                    await workers_changed.wait()
 
     async def round(self) -> list[str]:
         """Look at every job once; returns a line per decision taken."""
@@ -227,9 +249,9 @@ class Leader:
         return f"{target.value}: {reason}"
 
     async def _schedule(self, view: JobView) -> str | None:
-        topology = self._topology(view)
-        if isinstance(topology, str):
-            return await self._move(view, JobState.FAILED, topology)
+        topology = await self._topology(view)
+        if not isinstance(topology, Topology):
+            return await self._cannot_run(view, topology)
         try:
             mapping = place(topology, await live_loads(self.store, self.clock()))
         except DispatchError as exc:
@@ -239,14 +261,36 @@ class Leader:
         created = Create(paths.assignment(view.name), assignment)
         return await self._move(view, JobState.SCHEDULED, f"assigned to {workers_}", [created], attempt=1)
 
-    def _topology(self, view: JobView) -> Topology | str:
-        """The job's topology as live changes left it, or why it cannot run (a bad signature, code that does
-        not load)."""
+    async def _topology(self, view: JobView) -> Topology | str | None:
+        """The job's topology as live changes left it, why it cannot run (a bad signature, code that does not
+        load or takes too long), or ``None`` while it is being built: rounds go on meanwhile (run()), the
+        job is decided on once its outline is in. A round called on its own waits for the build."""
         try:
-            topology = topology_of(verify(view.name, view.spec, self.secret))
-        except Exception as exc:  # noqa: BLE001 - user code: whatever it raises fails this job, not the leader
+            spec = verify(view.name, view.spec, self.secret)  # before anything of it runs anywhere
+        except SpecError as exc:
             return f"cannot load the job: {type(exc).__name__}: {exc}"
-        return reconfigure.with_layout(topology, None if view.layout is None else view.layout[0])
+        found = self.outlines.ready(spec)
+        if found is None and self._builds is None:
+            found = await self.outlines.build(spec)
+        elif found is None:
+            self._build_later(spec)
+            return None
+        if isinstance(found, str):
+            return found
+        return reconfigure.with_layout(found, None if view.layout is None else view.layout[0])
+
+    def _build_later(self, spec: JobSpec) -> None:
+        """Build ``spec``'s outline in the background (once): a slow build_topology holds no round up."""
+        key = str(spec.get("signature"))
+        if key in self._building:
+            return
+        self._building.add(key)
+        assert self._builds is not None
+        self._builds.start_soon(self.outlines.build, spec)
+
+    async def _cannot_run(self, view: JobView, reason: str | None) -> str | None:
+        """A job without a topology: FAILED with the reason, or nothing yet while it is being built."""
+        return None if reason is None else await self._move(view, JobState.FAILED, reason)
 
     # -- live changes (``reconfigure``) ------------------------------------------------
 
@@ -255,9 +299,9 @@ class Leader:
         assert view.request is not None
         assert view.assignment is not None
         request, version = view.request
-        topology = self._topology(view)
-        if isinstance(topology, str):
-            return await self._move(view, JobState.FAILED, topology)
+        topology = await self._topology(view)
+        if not isinstance(topology, Topology):
+            return await self._cannot_run(view, topology)
         layout = None if view.layout is None else view.layout[0]
         ident = 1 if view.change is None else int(view.change["id"]) + 1
         instances = reconfigure.placed_instances(view.assignment[0]["instances"], layout, view.attempt)
@@ -312,9 +356,9 @@ class Leader:
             return await self._next_attempt(view, f"change {change['id']} failed on {worker}: {report['error']}", {})
         if not set(change["workers"]) <= set(view.changed):
             return None
-        topology = self._topology(view)
-        if isinstance(topology, str):
-            return await self._move(view, JobState.FAILED, topology)
+        topology = await self._topology(view)
+        if not isinstance(topology, Topology):
+            return await self._cannot_run(view, topology)
         layout = None if view.layout is None else view.layout[0]
         new_layout = reconfigure.next_layout(layout, change, topology)
         steps: list[Op] = [
@@ -332,9 +376,9 @@ class Leader:
     async def _next_attempt(self, view: JobView, why: str, avoid: dict[str, set[str]]) -> str | None:
         """The next attempt over the live workers (RECOVERING), or STALLED when none can take it."""
         assert view.assignment is not None
-        topology = self._topology(view)
-        if isinstance(topology, str):
-            return await self._move(view, JobState.FAILED, topology)
+        topology = await self._topology(view)
+        if not isinstance(topology, Topology):
+            return await self._cannot_run(view, topology)
         try:
             loads = await live_loads(self.store, self.clock(), exclude=view.name)
             holders = await state_holders(self.store, view.name, view.assignment[0])
@@ -357,9 +401,9 @@ class Leader:
             return await self._move(view, JobState.FAILED, f"{report['error']} (on {worker})")
         instance = str(report["instance"])
         history = await self._record_failure(view, instance, worker, str(report["error"]))
-        topology = self._topology(view)
-        if isinstance(topology, str):
-            return await self._move(view, JobState.FAILED, topology)
+        topology = await self._topology(view)
+        if not isinstance(topology, Topology):
+            return await self._cannot_run(view, topology)
         node = topology.nodes[paths.task_of(instance)]
         if len(history) > node.max_failures:
             where = ", ".join(sorted({entry["worker"] for entry in history}))

@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 import structlog
 
+from streamlet.backends.cluster.paths import JobSpec
 from streamlet.core.model.partition import Partitioning, PartitionSpec
 from streamlet.core.model.qos import QoS
 from streamlet.core.model.record import Record
@@ -41,6 +42,7 @@ log = structlog.get_logger("streamlet")
 BUILD_SECONDS = 30.0
 """How long building a job's topology may take before the job fails."""
 IN_PROCESS = "streamlet.backends.cluster.simulated_targets:"
+Spec = JobSpec | dict[str, Any]
 _ENVIRONMENT_DROPPED = ("STREAMLET_SECRET",)
 
 
@@ -116,14 +118,14 @@ class Outlines:
         self._built: dict[str, dict[str, Any] | str] = {}
         self._building: dict[str, anyio.Event] = {}
 
-    def ready(self, spec: dict[str, Any]) -> OutlinedTopology | str | None:
+    def ready(self, spec: Spec) -> OutlinedTopology | str | None:
         """The spec's topology, the reason it has none, or ``None`` before it was built."""
         found = self._built.get(_key(spec))
         if found is None or isinstance(found, str):
             return found
         return outline(found)
 
-    async def build(self, spec: dict[str, Any]) -> OutlinedTopology | str:
+    async def build(self, spec: Spec) -> OutlinedTopology | str:
         """Build the (verified) spec's outline unless that is done or under way; its topology or why none."""
         key = _key(spec)
         while key not in self._built:
@@ -141,11 +143,11 @@ class Outlines:
         assert found is not None
         return found
 
-    def forget(self, spec: dict[str, Any]) -> None:
+    def forget(self, spec: Spec) -> None:
         """Drop a spec's outline (its job is gone)."""
         self._built.pop(_key(spec), None)
 
-    async def _described(self, spec: dict[str, Any]) -> dict[str, Any] | str:
+    async def _described(self, spec: Spec) -> dict[str, Any] | str:
         try:
             if str(spec.get("target", "")).startswith(IN_PROCESS):
                 return await anyio.to_thread.run_sync(_describe_spec, spec)
@@ -156,11 +158,11 @@ class Outlines:
             return f"cannot load the job: {type(exc).__name__}: {exc}"
 
 
-def _key(spec: dict[str, Any]) -> str:
+def _key(spec: Spec) -> str:
     return str(spec.get("signature") or json.dumps(spec, sort_keys=True, default=str))
 
 
-def _describe_spec(spec: dict[str, Any]) -> dict[str, Any]:
+def _describe_spec(spec: Spec) -> dict[str, Any]:
     from streamlet.backends.cluster.jobs import topology_of  # the job code's loader: only where code runs
 
     return describe(topology_of(spec))
@@ -186,7 +188,7 @@ class BuildFailed(Exception):
     """The build process said why it could not describe the job (its last line of error output)."""
 
 
-async def _describe_in_a_process(spec: dict[str, Any], seconds: float) -> dict[str, Any]:
+async def _describe_in_a_process(spec: Spec, seconds: float) -> dict[str, Any]:
     """Run :func:`main` in a new process on ``spec``; its description, or :class:`BuildFailed`."""
     environment = {key: value for key, value in os.environ.items() if key not in _ENVIRONMENT_DROPPED}
     environment["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # where this process finds code

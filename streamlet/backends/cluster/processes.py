@@ -17,6 +17,7 @@ from streamlet.backends.cluster.control import AdaptationLoop
 from streamlet.backends.cluster.election import LeaderElection
 from streamlet.backends.cluster.leader import Leader
 from streamlet.backends.cluster.load import LoadMeter
+from streamlet.backends.cluster.outline import Outlines
 from streamlet.backends.cluster.registry import WorkerRegistration
 from streamlet.backends.cluster.store import ClusterStore
 from streamlet.backends.cluster.worker import WorkerJobs
@@ -67,22 +68,25 @@ async def _campaign_and_lead(
         leader = Leader(zk, epoch, secret)
         async with anyio.create_task_group() as group:
             group.start_soon(leader.run)
-            group.start_soon(AdaptationLoop(zk, secret, leader.fence).run)  # the jobs' adaptation policies, fenced
-            if dashboard is not None:
-                group.start_soon(_serve_dashboard, zk, secret, name, *dashboard)  # it moves with leadership
+            # the jobs' adaptation policies, fenced; each job's topology built once for all three
+            group.start_soon(AdaptationLoop(zk, secret, leader.fence, outlines=leader.outlines).run)
+            if dashboard is not None:  # it moves with leadership
+                group.start_soon(_serve_dashboard, zk, secret, name, *dashboard, leader.outlines)
             await _lead_until_lost(zk)
             group.cancel_scope.cancel()
         log.warning("lost leadership", cluster=cluster, master=name, epoch=epoch)
         election.candidate = None  # the lost session took our candidate node too
 
 
-async def _serve_dashboard(zk: ClusterStore, secret: bytes, name: str, host: str, port: int) -> None:
+async def _serve_dashboard(
+    zk: ClusterStore, secret: bytes, name: str, host: str, port: int, outlines: Outlines | None = None
+) -> None:
     """The dashboard, while this master leads; its URL in ``/dashboard`` (another port when ``port`` is
     taken). aiohttp is imported here: a standby master does not pay for it."""
     from streamlet.backends.monitor.cluster_source import ClusterSource
     from streamlet.backends.monitor.server import Dashboard, serving
 
-    dashboard = Dashboard(ClusterSource(zk, secret))
+    dashboard = Dashboard(ClusterSource(zk, secret, outlines))
     try:
         async with serving(dashboard, host, port) as url:
             await _publish_dashboard(zk, url, name)

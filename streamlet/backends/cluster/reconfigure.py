@@ -30,12 +30,12 @@ import anyio
 
 from streamlet.backends.cluster import jobs, paths
 from streamlet.backends.cluster.lifecycle import JobState
+from streamlet.backends.cluster.outline import window_reason
 from streamlet.backends.cluster.paths import Layout, Reconfiguration, ReconfigureRequest
 from streamlet.backends.cluster.store import ClusterStore
 from streamlet.core.model import graph
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.topology import Topology
-from streamlet.core.state.regroup import unsplittable_window
 from streamlet.errors import NodeExists, ReconfigurationError
 
 POLL = 0.1  # seconds between looks while a client waits for a change (as ``submit --wait`` does)
@@ -69,7 +69,7 @@ def unchangeable(topology: Topology, task: str) -> str | None:
         return f"job '{topology.name}' has no task called '{task}' (tasks: {tasks})"
     if any(task in part for part in graph.strongly_connected(topology.successors())):
         return f"task '{task}' is in a loop: loops cannot be reconfigured live"
-    reason = unsplittable_window(node.window)
+    reason = window_reason(topology, task)  # the window object's word, or the outline's copy of it
     return None if reason is None else f"task '{task}' cannot be reconfigured: {reason}"
 
 

@@ -528,7 +528,8 @@ class SimulatedCluster:
         self._sessions.append(session)
         identity = {"name": "master-0", "pid": os.getpid(), "host": "simulated"}
         leader = Leader(session, await LeaderElection(session, identity).campaign(), self.secret)
-        adaptation = AdaptationLoop(session, self.secret, leader.fence)  # the jobs' adaptation policies
+        # the jobs' adaptation policies, on the leader's outlines
+        adaptation = AdaptationLoop(session, self.secret, leader.fence, outlines=leader.outlines)
         self._require_group().start_soon(adaptation.run)
         task_status.started()
         while True:  # a round whenever a worker, a job or a report changed; an error fails the whole harness

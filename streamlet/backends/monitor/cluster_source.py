@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.jobs import topology_of
+from streamlet.backends.cluster.outline import Outlines
 from streamlet.backends.cluster.registry import workers
 from streamlet.backends.cluster.signing import verify
 from streamlet.backends.cluster.status import read_status
@@ -18,10 +18,11 @@ from streamlet.errors import StreamletError
 class ClusterSource:
     """Readings of the whole cluster from ZooKeeper (every worker's heartbeat carries its statistics)."""
 
-    def __init__(self, store: ClusterStore, secret: bytes) -> None:
+    def __init__(self, store: ClusterStore, secret: bytes, outlines: Outlines | None = None) -> None:
         self.store = store
         self.secret = secret
-        self._graphs: dict[str, dict[str, Any]] = {}  # spec uid -> graph: a job's code is loaded once
+        self.outlines = Outlines() if outlines is None else outlines  # the leader's: each job built once
+        self._graphs: dict[str, dict[str, Any]] = {}  # spec uid -> graph
 
     async def read(self) -> Reading:
         """The cluster now."""
@@ -44,7 +45,11 @@ class ClusterSource:
         uid = str(found[0].get("uid"))
         if uid not in self._graphs:
             try:
-                self._graphs[uid] = graph_of(topology_of(verify(job, found[0], self.secret)))
-            except (StreamletError, ImportError, OSError, SyntaxError) as exc:  # shown as such, never run
-                self._graphs[uid] = {"nodes": [], "edges": [], "error": f"{type(exc).__name__}: {exc}"}
+                shape = await self.outlines.build(verify(job, found[0], self.secret))  # never run here
+            except StreamletError as exc:  # a bad signature: shown as such
+                shape = f"{type(exc).__name__}: {exc}"
+            if isinstance(shape, str):
+                self._graphs[uid] = {"nodes": [], "edges": [], "error": shape}
+            else:
+                self._graphs[uid] = graph_of(shape)
         return self._graphs[uid]
