@@ -376,19 +376,35 @@ async def test_cut_between_pieces_of_a_batch_loses_nothing() -> None:
         assert (proxy.cuts, proxy.connections, stats.bad_frames, stats.records) == (1, 2, 0, 301)
 
 
-async def test_marker_inside_a_split_batch_is_a_bad_frame() -> None:
-    """A BARRIER between a MORE piece and the batch's last piece breaks the protocol: ERROR, connection closed."""
-    async with DataServer(SECRET) as server, raw(server) as (reader, writer):
+@asynccontextmanager
+async def sending(server: DataServer, frames: list[bytes]) -> AsyncIterator[tuple[Inbox, asyncio.StreamReader]]:
+    """A plain socket that registers ``CHANNEL``, authenticates, opens the channel and writes ``frames``."""
+    async with raw(server) as (reader, writer):
         inbox = Inbox(8)
         server.register(CHANNEL, inbox, inbox.add_channel(0))
         await authenticate(reader, writer)
         writer.write(frame(FrameType.OPEN, [CHANNEL]))
-        writer.write(with_header(FrameType.DATA, data_body(CHANNEL, 0, 1, batch(1)), MORE))
-        writer.write(frame(FrameType.BARRIER, [CHANNEL, 0, 2, 1]))
-        replies: list[tuple[FrameType, list[Any]]] = []
-        while not replies or replies[-1][0] is not FrameType.ERROR:
-            replies.append(await read_frame(reader, DEFAULT_MAX_FRAME))
-        assert replies[-1][1] == [f"channel '{CHANNEL}': BARRIER inside a batch sent in pieces"]
+        for data in frames:
+            writer.write(data)
+        yield inbox, reader
+
+
+async def error_reply(reader: asyncio.StreamReader) -> list[Any]:
+    """The body of the ERROR frame among the server's replies (OPEN, ACK and CREDIT frames come first)."""
+    while True:
+        kind, body = await read_frame(reader, DEFAULT_MAX_FRAME)
+        if kind is FrameType.ERROR:
+            return body
+
+
+async def test_marker_inside_a_split_batch_is_a_bad_frame() -> None:
+    """A BARRIER between a MORE piece and the batch's last piece breaks the protocol: ERROR, connection closed."""
+    frames = [
+        with_header(FrameType.DATA, data_body(CHANNEL, 0, 1, batch(1)), MORE),
+        frame(FrameType.BARRIER, [CHANNEL, 0, 2, 1]),
+    ]
+    async with DataServer(SECRET) as server, sending(server, frames) as (inbox, reader):
+        assert await error_reply(reader) == [f"channel '{CHANNEL}': BARRIER inside a batch sent in pieces"]
         assert (server.statistics().bad_frames, inbox.queued(0)) == (1, 0)
 
 
@@ -397,18 +413,10 @@ async def test_a_batch_in_pieces_past_max_batch_bytes_is_a_bad_frame() -> None:
     once their frames pass max_batch bytes: the reassembly buffer stays bounded, nothing reaches the inbox."""
     pieces = [with_header(FrameType.DATA, data_body(CHANNEL, 0, seq, batch(*range(200))), MORE) for seq in (1, 2, 3)]
     limit = 2 * len(pieces[0])  # two pieces fit, the third passes it
-    async with DataServer(SECRET, max_frame=len(pieces[0]), max_batch=limit) as server, raw(server) as (reader, writer):
-        inbox = Inbox(8)
-        server.register(CHANNEL, inbox, inbox.add_channel(0))
-        await authenticate(reader, writer)
-        writer.write(frame(FrameType.OPEN, [CHANNEL]))
-        for piece in pieces:
-            writer.write(piece)
-        replies: list[tuple[FrameType, list[Any]]] = []
-        while not replies or replies[-1][0] is not FrameType.ERROR:
-            replies.append(await read_frame(reader, DEFAULT_MAX_FRAME))
-        reason = f"channel '{CHANNEL}': a batch sent in pieces passed {limit} bytes ({3 * len(pieces[0])} so far)"
-        assert replies[-1][1] == [reason]
+    reason = f"channel '{CHANNEL}': a batch sent in pieces passed {limit} bytes ({3 * len(pieces[0])} so far)"
+    server = DataServer(SECRET, max_frame=len(pieces[0]), max_batch=limit)
+    async with server, sending(server, pieces) as (inbox, reader):
+        assert await error_reply(reader) == [reason]
         assert (server.statistics().bad_frames, inbox.queued(0)) == (1, 0)
 
 
@@ -417,13 +425,7 @@ async def test_a_batch_in_pieces_within_max_batch_arrives_whole() -> None:
     pieces = [with_header(FrameType.DATA, data_body(CHANNEL, 0, seq, batch(seq)), MORE if seq % 2 else 0)
               for seq in (1, 2, 3, 4)]  # fmt: skip
     limit = max(map(len, pieces)) * 2
-    async with DataServer(SECRET, max_frame=limit, max_batch=limit) as server, raw(server) as (reader, writer):
-        inbox = Inbox(8)
-        server.register(CHANNEL, inbox, inbox.add_channel(0))
-        await authenticate(reader, writer)
-        writer.write(frame(FrameType.OPEN, [CHANNEL]))
-        for piece in pieces:
-            writer.write(piece)
+    async with DataServer(SECRET, max_frame=limit, max_batch=limit) as server, sending(server, pieces) as (inbox, _):
         async with asyncio.timeout(2):
             while inbox.queued(0) < 2:
                 await inbox.wait()

@@ -3,8 +3,10 @@ no other job."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
-import pytest
 
 from streamlet.backends.cluster import jobs, paths
 from streamlet.backends.cluster.leader import Leader
@@ -41,38 +43,39 @@ async def submit(cluster: MemoryCluster, job: str, source: str) -> None:
     assert await cluster.client.commit(steps)
 
 
-async def test_a_slow_build_topology_does_not_hold_up_another_jobs_rounds(cluster: MemoryCluster) -> None:
-    """Job 'a_slow' (looked at first each round) sleeps 5 s in build_topology; 'b_quick' is scheduled while
-    'a_slow' still waits for its build, and 'a_slow' is placed once its build is in."""
+@asynccontextmanager
+async def leading(cluster: MemoryCluster, outlines: Outlines | None = None) -> AsyncIterator[None]:
+    """A leader running its rounds (and its builds) on the cluster, with one registered worker."""
     await cluster.add_worker("w0")
-    leader = Leader(MemoryClusterStore(cluster.tree), epoch=1, secret=SECRET)
+    leader = Leader(MemoryClusterStore(cluster.tree), epoch=1, secret=SECRET, outlines=outlines)
     async with anyio.create_task_group() as group:
         group.start_soon(leader.run)
         with anyio.fail_after(60):
-            await submit(cluster, "a_slow", SLOW)
-            await submit(cluster, "b_quick", PIPELINE)
-            quick = await wait_for_state(cluster, "b_quick", {"SCHEDULED"})
-            slow_then = (await jobs.job_status(cluster.client, "a_slow"))["state"]
-            # decided once its build is in: scheduled, or stalled should w0's one heartbeat be stale by then
-            slow = await wait_for_state(cluster, "a_slow", {"SCHEDULED", "STALLED", "FAILED"})
+            yield
         group.cancel_scope.cancel()
+
+
+async def test_a_slow_build_topology_does_not_hold_up_another_jobs_rounds(cluster: MemoryCluster) -> None:
+    """Job 'a_slow' (looked at first each round) sleeps 5 s in build_topology; 'b_quick' is scheduled while
+    'a_slow' still waits for its build, and 'a_slow' is placed once its build is in."""
+    async with leading(cluster):
+        await submit(cluster, "a_slow", SLOW)
+        await submit(cluster, "b_quick", PIPELINE)
+        quick = await wait_for_state(cluster, "b_quick", {"SCHEDULED"})
+        slow_then = (await jobs.job_status(cluster.client, "a_slow"))["state"]
+        # decided once its build is in: scheduled, or stalled should w0's one heartbeat be stale by then
+        slow = await wait_for_state(cluster, "a_slow", {"SCHEDULED", "STALLED", "FAILED"})
     assert quick["state"] == "SCHEDULED"
     assert slow_then == "SUBMITTED"  # its build was still under way: the leader went on without it
     assert slow["state"] in ("SCHEDULED", "STALLED")  # placed from its outline, not failed
 
 
-@pytest.mark.parametrize("build_seconds", [1.0])
-async def test_a_build_past_the_limit_fails_its_job_and_only_it(cluster: MemoryCluster, build_seconds: float) -> None:
+async def test_a_build_past_the_limit_fails_its_job_and_only_it(cluster: MemoryCluster) -> None:
     """A build_topology that never returns is killed at the limit: its job FAILED with that reason."""
-    await cluster.add_worker("w0")
-    leader = Leader(MemoryClusterStore(cluster.tree), epoch=1, secret=SECRET, outlines=Outlines(build_seconds))
-    async with anyio.create_task_group() as group:
-        group.start_soon(leader.run)
-        with anyio.fail_after(60):
-            await submit(cluster, "a_forever", LOOPING)
-            await submit(cluster, "b_quick", PIPELINE)
-            quick = await wait_for_state(cluster, "b_quick", {"SCHEDULED"})
-            failed = await wait_for_state(cluster, "a_forever", {"FAILED"})
-        group.cancel_scope.cancel()
+    async with leading(cluster, Outlines(build_seconds=1.0)):
+        await submit(cluster, "a_forever", LOOPING)
+        await submit(cluster, "b_quick", PIPELINE)
+        quick = await wait_for_state(cluster, "b_quick", {"SCHEDULED"})
+        failed = await wait_for_state(cluster, "a_forever", {"FAILED"})
     assert quick["state"] == "SCHEDULED"
     assert failed["reason"] == "cannot load the job: building its topology took longer than 1 s (killed)"
