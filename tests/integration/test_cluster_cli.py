@@ -20,11 +20,12 @@ import pytest
 
 from streamlet.backends.cluster.local_cluster import alive
 from streamlet.backends.cluster.processes import SESSION_TIMEOUT
-from streamlet.backends.cluster.zk import ZkStore
 from tests.integration.test_cluster_jobs import LIVE
 from tests.support.cluster import (
+    cluster_store,
     recorded,
     running_cluster,
+    secret_of,
     stop_submitter,
     wait_for_exit,
     wait_for_node,
@@ -131,7 +132,7 @@ def test_master_failover_elects_a_candidate_with_a_higher_epoch(
     wait_for_state(directory, "paced", {"RUNNING"})
     name, epoch = leader_line(streamlet("cluster", "status", cwd=directory).stdout)
     [victim] = [p for p in processes if p["id"] == name]
-    with ZkWatch(recorded(directory)["zk"], "cli") as zk:
+    with ZkWatch(recorded(directory)["zk"], "cli", secret_of(directory)) as zk:
         leaders = zk.follow("/leader")  # watching before the kill: the time measured is the cluster's alone
         killed_at = time.time()
         os.kill(int(str(victim["pid"])), signal.SIGKILL)
@@ -146,10 +147,9 @@ def test_master_failover_elects_a_candidate_with_a_higher_epoch(
     for key, value, _ts in json.loads(results.read_text())["out"]:
         finals[key] = max(finals.get(key, 0), value)  # running counts: the largest is the total
     assert finals == dict.fromkeys(range(10), 2_400)
-    state = json.loads((directory / ".streamlet" / "cluster.json").read_text())
 
     async def assignment() -> tuple[dict[str, object], int]:
-        async with ZkStore(state["zk"], "cli") as zk:
+        async with cluster_store(directory) as zk:
             found = await zk.get("/jobs/paced/assignment")
             assert found is not None
             return found
@@ -215,7 +215,7 @@ def test_sigterm_to_the_leader_hands_over_at_once(cluster: tuple[Path, list[dict
     directory, processes = cluster
     name, epoch = leader_line(streamlet("cluster", "status", cwd=directory).stdout)
     [leader] = [p for p in processes if p["id"] == name]
-    with ZkWatch(recorded(directory)["zk"], "cli") as zk:
+    with ZkWatch(recorded(directory)["zk"], "cli", secret_of(directory)) as zk:
         leaders = zk.follow("/leader")  # watching before the signal: the time measured is the cluster's alone
         stopped_at = time.time()
         os.kill(int(str(leader["pid"])), signal.SIGTERM)

@@ -17,8 +17,14 @@ import pytest
 
 import streamlet as sl
 from streamlet.backends.cluster.local_cluster import alive
-from streamlet.backends.cluster.zk import ZkStore
-from tests.support.cluster import running_cluster, streamlet, wait_for_exit, wait_for_node, wait_for_state
+from tests.support.cluster import (
+    cluster_store,
+    running_cluster,
+    streamlet,
+    wait_for_exit,
+    wait_for_node,
+    wait_for_state,
+)
 from tests.support.faults import SLOW_COUNT
 
 pytestmark = pytest.mark.integration
@@ -90,7 +96,7 @@ def test_a_stopped_worker_that_comes_back_cannot_add_stale_output(cluster: dict[
     wait_for_node(cluster["dir"], "/workers/worker-1", lambda data: data["local_state"] == "waiting")
 
     async def reports() -> tuple[dict[str, list[str]], dict[str, Any] | None]:
-        async with ZkStore(cluster["zk"], "failover") as zk:
+        async with cluster_store(cluster["dir"]) as zk:
             done = {attempt: await zk.children(f"/jobs/slow/done/{attempt}") for attempt in ("1", "2")}
             completed = await zk.get("/jobs/slow/checkpoints/completed")
             return done, None if completed is None else completed[0]
@@ -111,7 +117,7 @@ def test_a_checkpointed_job_resumes_from_its_last_completed_checkpoint_after_a_w
     submit, results = start_slow_job(cluster["dir"], "--checkpoint-interval", "0.3")
 
     async def completed() -> dict[str, Any] | None:
-        async with ZkStore(cluster["zk"], "failover") as zk:
+        async with cluster_store(cluster["dir"]) as zk:
             found = await zk.get("/jobs/slow/checkpoints/completed")
             return None if found is None else found[0]
 
@@ -126,7 +132,7 @@ def test_a_checkpointed_job_resumes_from_its_last_completed_checkpoint_after_a_w
     assert_exact_totals(results)
 
     async def second_attempt() -> dict[str, Any]:
-        async with ZkStore(cluster["zk"], "failover") as zk:
+        async with cluster_store(cluster["dir"]) as zk:
             found = await zk.get("/jobs/slow/done/2/worker-0")
             assert found is not None
             return dict(found[0])

@@ -19,9 +19,8 @@ import pytest
 import streamlet as sl
 from examples.wordcount import build_topology, word_counts
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.zk import ZkStore
 from tests.support import event_time_job
-from tests.support.cluster import recorded, running_cluster, stop_submitter, streamlet, wait_for_state
+from tests.support.cluster import cluster_store, running_cluster, stop_submitter, streamlet, wait_for_state
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -266,10 +265,9 @@ def test_checkpoints_across_workers_make_a_file_sink_exactly_once(cluster: Path,
 
 def node_data(cluster: Path, path: str) -> Any:
     """The data of the ZooKeeper node at ``path`` (which must exist)."""
-    state = recorded(cluster)
 
     async def read() -> Any:
-        async with ZkStore(state["zk"], state["name"]) as store:
+        async with cluster_store(cluster) as store:
             found = await store.get(path)
             assert found is not None, f"no node {path}"
             return found[0]
@@ -279,10 +277,9 @@ def node_data(cluster: Path, path: str) -> Any:
 
 def children(cluster: Path, path: str) -> list[str]:
     """The names of the ZooKeeper node's children at ``path``."""
-    state = recorded(cluster)
 
     async def read() -> list[str]:
-        async with ZkStore(state["zk"], state["name"]) as store:
+        async with cluster_store(cluster) as store:
             return await store.children(path)
 
     return anyio.run(read)
@@ -290,10 +287,9 @@ def children(cluster: Path, path: str) -> list[str]:
 
 def job_nodes(cluster: Path, job: str) -> dict[str, Any]:
     """The job's assignment and recorded failures, read from ZooKeeper."""
-    state = json.loads((cluster / ".streamlet" / "cluster.json").read_text())
 
     async def read() -> dict[str, Any]:
-        async with ZkStore(state["zk"], "jobs") as zk:
+        async with cluster_store(cluster) as zk:
             assignment = await zk.get(f"/jobs/{job}/assignment")
             failures = {}
             for instance in await zk.children(f"/jobs/{job}/failures"):
@@ -461,10 +457,9 @@ def build_topology():
 
 def instance_worker(cluster: Path, job: str, instance: str) -> str:
     """Where ``instance`` of ``job`` runs now: the layout's placement (live changes), else the assignment."""
-    state = recorded(cluster)
 
     async def read() -> str:
-        async with ZkStore(state["zk"], state["name"]) as store:
+        async with cluster_store(cluster) as store:
             layout = await store.get(paths.layout(job))
             assignment = await store.get(paths.assignment(job))
             assert assignment is not None

@@ -12,9 +12,8 @@ import pytest
 
 import streamlet as sl
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.zk import ZkStore
 from streamlet.loading import load_topology
-from tests.support.cluster import recorded, running_cluster, streamlet
+from tests.support.cluster import cluster_store, running_cluster, streamlet
 from tests.support.loop_jobs import HALVING
 
 pytestmark = pytest.mark.integration
@@ -38,10 +37,9 @@ def halving(tmp_path: Path) -> Path:
 
 def job_nodes(cluster: Path, job: str) -> dict[str, Any]:
     """The job's assignment and its workers' reports of attempt 1, read from ZooKeeper."""
-    state = recorded(cluster)
 
     async def read() -> dict[str, Any]:
-        async with ZkStore(state["zk"], state["name"]) as zk:
+        async with cluster_store(cluster) as zk:
             assignment = await zk.get(paths.assignment(job))
             assert assignment is not None
             done = {}

@@ -19,8 +19,14 @@ import anyio
 import pytest
 
 import streamlet as sl
-from streamlet.backends.cluster.zk import ZkStore
-from tests.support.cluster import running_cluster, stop_submitter, wait_for_exit, wait_for_state
+from tests.support.cluster import (
+    cluster_store,
+    running_cluster,
+    secret_of,
+    stop_submitter,
+    wait_for_exit,
+    wait_for_state,
+)
 from tests.support.faults import SLOW_COUNT, ZkWatch
 
 pytestmark = pytest.mark.integration
@@ -78,7 +84,7 @@ def zk_read(cluster: dict[str, Any], *paths: str) -> list[Any]:
     """The data at ``paths`` (``None`` where there is no node)."""
 
     async def read() -> list[Any]:
-        async with ZkStore(cluster["zk"], "recovery") as zk:
+        async with cluster_store(cluster["dir"]) as zk:
             return [None if (found := await zk.get(path)) is None else found[0] for path in paths]
 
     return anyio.run(read)
@@ -110,7 +116,7 @@ def test_a_killed_worker_whose_disk_is_gone_is_restored_from_its_replicas_with_e
         text=True,
     )  # fmt: skip
     try:
-        with ZkWatch(cluster["zk"], "recovery") as zk:
+        with ZkWatch(cluster["zk"], "recovery", secret_of(cluster["dir"])) as zk:
             # every completed checkpoint, seen by a watch: attempt 1 may still complete one just after the kill
             # (the victim had acknowledged it), which attempt 2 then restores; seconds pass before attempt 2's own
             completions = zk.follow("/jobs/slow/checkpoints/completed")

@@ -205,11 +205,11 @@ class CountedZkStore(ZkStore):
         self.under_way = 0
         self.idle = asyncio.Event()
 
-    async def _call(self, fn: Callable[[], Any]) -> Any:
+    async def _call(self, fn: Callable[[], Any], reading: str | None = None) -> Any:
         self.under_way += 1
         self.idle.clear()
         try:
-            return await super()._call(fn)
+            return await super()._call(fn, reading)
         finally:
             self.under_way -= 1
             if not self.under_way:

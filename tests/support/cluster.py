@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.local_cluster import alive, down, stop_pid
+from streamlet.backends.cluster.local_cluster import ClusterState, alive, down, stop_pid
 from streamlet.backends.cluster.zk import ZkStore
 from tests.support import reaper
 
@@ -34,12 +34,23 @@ def recorded(directory: Path) -> dict[str, Any]:
     return state
 
 
+def secret_of(directory: Path) -> bytes:
+    """The secret of the cluster ``cluster up`` recorded in ``directory/.streamlet`` (its ``secret_file``)."""
+    return ClusterState.load(directory / ".streamlet").secret()
+
+
+def cluster_store(directory: Path) -> ZkStore:
+    """A store on the cluster recorded in ``directory/.streamlet``, with its secret: job data is readable with it
+    only (a test reads as the cluster does; test_cluster_security reads without it)."""
+    state = ClusterState.load(directory / ".streamlet")
+    return ZkStore(state.zk, state.name, secret=state.secret())
+
+
 def wait_for_node(directory: Path, path: str, wanted: Callable[[Any], bool], seconds: float = 60) -> Any:
     """Block until the node at ``path`` holds data for which ``wanted`` is true (a ZooKeeper watch)."""
-    state = recorded(directory)
 
     async def watch() -> Any:
-        async with ZkStore(state["zk"], state["name"]) as store:
+        async with cluster_store(directory) as store:
             version: int | None = -2
             with anyio.fail_after(seconds):
                 while True:

@@ -32,7 +32,7 @@ from streamlet.backends.cluster.store import read_all, riding_out
 from streamlet.backends.cluster.zk import ZkStore
 from streamlet.backends.cluster.zookeeper import ZooKeeperServer
 from tests.support import reaper
-from tests.support.cluster import wait_for_exit
+from tests.support.cluster import secret_of, wait_for_exit
 
 # The keyed count every job text here ends with: totals per key, emitted once the input has ended.
 COUNT_TASK = """
@@ -251,7 +251,7 @@ class LocalCluster:
         return self.directory / ".streamlet"
 
     def secret(self) -> bytes:
-        return (self.state_dir / "secret").read_bytes()
+        return secret_of(self.directory)
 
     def every_pid(self) -> list[int]:
         return [*self.pids.values(), *self.started]
@@ -362,10 +362,11 @@ class NodeHistory:
 
 
 class ZkWatch:
-    """One anonymous (read-only) ZooKeeper session in a background thread, for a test's waits and reads."""
+    """One ZooKeeper session in a background thread, for a test's waits and reads (no job data is written); with the
+    cluster's ``secret``, as job data is readable with it only."""
 
-    def __init__(self, hosts: str, cluster: str) -> None:
-        self.store = ZkStore(hosts, cluster, session_timeout=10.0)
+    def __init__(self, hosts: str, cluster: str, secret: bytes) -> None:
+        self.store = ZkStore(hosts, cluster, session_timeout=10.0, secret=secret)
         self._stack = contextlib.ExitStack()
         self._followers: list[Any] = []
 
@@ -472,7 +473,7 @@ class ZkWatch:
 @contextlib.contextmanager
 def watching(cluster: LocalCluster) -> Iterator[ZkWatch]:
     """A :class:`ZkWatch` on ``cluster``."""
-    with ZkWatch(cluster.zk, cluster.name) as watch:
+    with ZkWatch(cluster.zk, cluster.name, cluster.secret()) as watch:
         yield watch
 
 
