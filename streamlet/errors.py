@@ -21,7 +21,8 @@ instance, the port and, where there is one, the record's key::
     ├── TransportError       moving batches between processes failed
     │   ├── FrameError       a peer broke the wire protocol (that connection is closed)
     │   ├── AuthenticationError  a peer does not share the cluster secret
-    │   └── RecordTooLarge   one record does not fit in a frame (names the channel, the size and the limit)
+    │   ├── RecordTooLarge   one record does not fit in a frame (names the channel, the size and the limit)
+    │   └── BlobTooLarge     a state or checkpoint blob passed the size its receiver takes
     └── ClusterError         the cluster could not do what was asked
         ├── CoordinationError    ZooKeeper (or the store) unreachable, or a node not as expected
         │   ├── VersionConflict  a conditional write lost to someone else's
@@ -30,6 +31,7 @@ instance, the port and, where there is one, the record's key::
         ├── DispatchError    no live worker can take an instance
         ├── LifecycleError   a job state change the lifecycle does not allow
         ├── SpecError        a job spec that must not run (unsigned, or naming other code)
+        ├── BuildFailed      a job's topology could not be built to describe it (the build's own words)
         └── ZooKeeperError   a local ZooKeeper server could not be found or started
 
 The errors are defined here and re-exported where they are raised, so both
@@ -146,6 +148,10 @@ class RecordTooLarge(TransportError):
     """A record cannot go over TCP: even alone in a frame it is over the frame limit (retrying will not help)."""
 
 
+class BlobTooLarge(TransportError):
+    """A blob (state or checkpoint bytes) passed the size its receiver takes (retrying will not help)."""
+
+
 class ClusterError(StreamletError):
     """The cluster could not do what was asked (a local cluster not started, found or stopped, ...)."""
 
@@ -176,6 +182,10 @@ class LifecycleError(ClusterError):
 
 class SpecError(ClusterError):
     """A job spec that must not run: unsigned, signed with another secret, or naming other code."""
+
+
+class BuildFailed(ClusterError):
+    """A job's topology could not be built to describe it; the message is the build's own last words."""
 
 
 class ZooKeeperError(ClusterError):

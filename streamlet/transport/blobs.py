@@ -13,16 +13,12 @@ from __future__ import annotations
 
 from streamlet.core.model.record import END_OF_STREAM
 from streamlet.core.runtime.channel import Inbox
-from streamlet.errors import TransportError
+from streamlet.errors import BlobTooLarge, TransportError
 from streamlet.transport.tcp_client import TcpChannel
 
 CHUNK = 1 << 20
 DEFAULT_MAX_BLOB = 4 << 30
 """The most bytes :func:`receive_blob` joins unless told otherwise (a checkpoint part, a state handover)."""
-
-
-class BlobTooLarge(TransportError):
-    """A blob passed the size its receiver takes."""
 
 
 async def send_blob(channel: TcpChannel, data: bytes) -> None:

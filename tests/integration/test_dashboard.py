@@ -148,6 +148,17 @@ def scrape(url: str) -> dict[str, Any]:
         return {family.name: family for family in text_string_to_metric_families(response.read().decode())}
 
 
+def wait_for_a_reading_begun_after_now(url: str) -> None:
+    """Follow /events: the views now (reading N), then N+1 (which may have begun before this call), then N+2,
+    which began after N+1 was published, so after this call."""
+    with urllib.request.urlopen(f"{url}events", timeout=30) as events:
+        seen = 0
+        while seen < 3:
+            line = events.readline()
+            assert line, "the dashboard ended its live view"
+            seen += line.startswith(b"data: ")
+
+
 def records_in(families: dict[str, Any]) -> dict[tuple[str, str, str], float]:
     return {
         (s.labels["task"], s.labels["instance"], s.labels["worker"]): s.value
@@ -171,6 +182,7 @@ def test_the_cluster_metrics_cover_every_worker_and_counters_grow_between_scrape
     [paced] = [key for key in before if key[0] == "paced"]
     beat = wait_for_node(cluster["dir"], f"/loads/{paced[2]}", lambda data: True)["beat"]
     wait_for_node(cluster["dir"], f"/loads/{paced[2]}", lambda data: data["beat"] > beat)
+    wait_for_a_reading_begun_after_now(running_job)  # /metrics serves the dashboard's last reading
     after = records_in(scrape(running_job))
     assert after[paced] > before[paced]
     assert all(after[key] >= value for key, value in before.items())

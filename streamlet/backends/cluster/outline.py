@@ -36,7 +36,7 @@ from streamlet.core.model.qos import QoS
 from streamlet.core.model.record import Record
 from streamlet.core.model.topology import Edge, Node, Topology
 from streamlet.core.state.regroup import unsplittable_window
-from streamlet.errors import TopologyError
+from streamlet.errors import BuildFailed, TopologyError
 
 log = structlog.get_logger("streamlet")
 BUILD_SECONDS = 30.0
@@ -182,10 +182,6 @@ def _partitioning(name: str) -> PartitionSpec:
 def _partitioned_by_a_function(record: Record, instances: int) -> int:
     """Where a user's partition function stands in an outline: the master routes no record."""
     raise TopologyError("an outline of a topology carries no partition function: it routes no record")
-
-
-class BuildFailed(Exception):
-    """The build process said why it could not describe the job (its last line of error output)."""
 
 
 async def _describe_in_a_process(spec: Spec, seconds: float) -> dict[str, Any]:
