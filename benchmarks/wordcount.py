@@ -136,20 +136,24 @@ class CountWordsFromRecords(CountWords):
             counts[record.key] = get(record.key, 0) + record.value
 
 
-def build(words: list[str], parallelism: int = 1, counter: type[sl.Task] = CountWords) -> sl.Topology:
-    """The streamlet topology doing the baseline's work."""
+def build(
+    words: list[str], parallelism: int = 1, counter: type[sl.Task] = CountWords, on_error: str = "fail"
+) -> sl.Topology:
+    """The streamlet topology doing the baseline's work (``on_error``: the count's error policy)."""
     topology = sl.Topology("wordcount-bench")
     source = topology.add_source("words", words)
     pairs = topology.map("pair", lambda record: (record.value, 1)).set_input(source)
-    count = topology.add_task("count", counter, parallelism=parallelism)
+    count = topology.add_task("count", counter, parallelism=parallelism, on_error=on_error)
     count.set_input(pairs, partitioning=sl.SAME_KEY)
     topology.add_sink("totals", sl.CollectSink()).set_input(count)
     return topology
 
 
-def run_streamlet(words: list[str], parallelism: int = 1, counter: type[sl.Task] = CountWords) -> dict[str, int]:
+def run_streamlet(
+    words: list[str], parallelism: int = 1, counter: type[sl.Task] = CountWords, on_error: str = "fail"
+) -> dict[str, int]:
     """The streamlet job on uvloop; returns the counts."""
-    result = sl.run(build(words, parallelism, counter))
+    result = sl.run(build(words, parallelism, counter, on_error))
     return {record.key: record.value for record in result.sink("totals")}
 
 
@@ -175,12 +179,13 @@ class _LastValuesWriter(sl.SinkWriter):
             values[element[0]] = element[1]
 
 
-def run_reduce(words: list[str]) -> dict[str, int]:
+def run_reduce(words: list[str], on_error: str = "fail") -> dict[str, int]:
     """The count with the ``reduce`` shortcut (each key's value once per batch) into :class:`LastValues`."""
     topology = sl.Topology("wordcount-reduce")
     source = topology.add_source("words", words)
     pairs = topology.map("pair", lambda record: (record.value, 1)).set_input(source)
-    counts = topology.reduce("count", operator.add).set_input(pairs, partitioning=sl.SAME_KEY)
+    counts = topology.reduce("count", operator.add, on_error=on_error)  # type: ignore[arg-type]
+    counts.set_input(pairs, partitioning=sl.SAME_KEY)
     totals = LastValues()
     topology.add_sink("totals", totals).set_input(counts)
     sl.run(topology)
@@ -218,7 +223,9 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     the baseline's, both tuned; ``tuned_gc_speedup``: streamlet tuned over streamlet as embedded);
     ``records_api_*``: the count reading ``inputs.get()`` (a record made per word), as embedded;
     ``reduce_*``: the count with the ``reduce`` shortcut into a sink keeping each key's last value, and the
-    most memory it held at once beyond its input (a separate run under ``tracemalloc``)."""
+    most memory it held at once beyond its input (a separate run under ``tracemalloc``); ``skip_*`` and
+    ``reduce_skip_*``: the same counts under ``on_error="skip"`` (each call's state writes journaled so a
+    failed record can be taken back), ``*_cost`` the share of throughput that costs against ``fail``."""
     words = make_words(records)
     timings = alternating(repeats, {
         "streamlet": lambda: run_streamlet(words), "baseline": lambda: run_tuple_baseline(words),
@@ -227,7 +234,14 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         "records_api": lambda: run_streamlet(words, counter=CountWordsFromRecords),
         "reduce": lambda: run_reduce(words),
     })  # fmt: skip
-    runs = ("streamlet", "tuned", "baseline_tuned", "slots", "records_api", "reduce")
+    # Apart, so that the default runs above share the heap with the same neighbours as before: each policy's
+    # cost against "fail" is measured beside its own "fail" run.
+    policies = alternating(repeats, {
+        "fail": lambda: run_streamlet(words), "skip": lambda: run_streamlet(words, on_error="skip"),
+        "reduce_fail": lambda: run_reduce(words), "reduce_skip": lambda: run_reduce(words, on_error="skip"),
+    })  # fmt: skip
+    timings.update(policies)
+    runs = ("streamlet", "tuned", "baseline_tuned", "slots", "records_api", "reduce", "skip", "reduce_skip")
     if any(counts != timings["baseline"][0][1] for run in runs for _, counts in timings[run]):
         raise AssertionError("streamlet and the baseline disagree on the counts")
     rate = median_rate(records, [seconds for seconds, _ in timings["streamlet"]])
@@ -237,6 +251,10 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     slots = median_rate(records, [seconds for seconds, _ in timings["slots"]])
     from_records = median_rate(records, [seconds for seconds, _ in timings["records_api"]])
     reduced = median_rate(records, [seconds for seconds, _ in timings["reduce"]])
+    fail, skip, reduce_fail, reduce_skip = (
+        median_rate(records, [seconds for seconds, _ in policies[run]])
+        for run in ("fail", "skip", "reduce_fail", "reduce_skip")
+    )
     return report(
         "wordcount", rate, baseline, slots_baseline_records_per_s=round(slots), slots_ratio=round(rate / slots, 3),
         tuned_gc_records_per_s=round(tuned),
@@ -244,5 +262,7 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         tuned_gc_speedup=round(tuned / rate, 3), records_api_records_per_s=round(from_records),
         records_api_ratio=round(from_records / baseline, 3), reduce_records_per_s=round(reduced),
         reduce_ratio=round(reduced / baseline, 3), reduce_traced_peak_mb=reduce_traced_peak_mb(words),
+        skip_records_per_s=round(skip), skip_cost=round(1 - skip / fail, 3),
+        reduce_skip_records_per_s=round(reduce_skip), reduce_skip_cost=round(1 - reduce_skip / reduce_fail, 3),
         records=records, repeats=repeats,
     )  # fmt: skip
