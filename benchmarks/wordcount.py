@@ -21,6 +21,7 @@ import uvloop
 
 import streamlet as sl
 from benchmarks.common import SlotRecord, alternating, median_rate, report
+from streamlet.core.model.topology import ErrorPolicy
 from streamlet.gc_policy import tuned_gc
 
 BATCH = 1000
@@ -137,7 +138,7 @@ class CountWordsFromRecords(CountWords):
 
 
 def build(
-    words: list[str], parallelism: int = 1, counter: type[sl.Task] = CountWords, on_error: str = "fail"
+    words: list[str], parallelism: int = 1, counter: type[sl.Task] = CountWords, on_error: ErrorPolicy = "fail"
 ) -> sl.Topology:
     """The streamlet topology doing the baseline's work (``on_error``: the count's error policy)."""
     topology = sl.Topology("wordcount-bench")
@@ -150,7 +151,7 @@ def build(
 
 
 def run_streamlet(
-    words: list[str], parallelism: int = 1, counter: type[sl.Task] = CountWords, on_error: str = "fail"
+    words: list[str], parallelism: int = 1, counter: type[sl.Task] = CountWords, on_error: ErrorPolicy = "fail"
 ) -> dict[str, int]:
     """The streamlet job on uvloop; returns the counts."""
     result = sl.run(build(words, parallelism, counter, on_error))
@@ -179,12 +180,12 @@ class _LastValuesWriter(sl.SinkWriter):
             values[element[0]] = element[1]
 
 
-def run_reduce(words: list[str], on_error: str = "fail") -> dict[str, int]:
+def run_reduce(words: list[str], on_error: ErrorPolicy = "fail") -> dict[str, int]:
     """The count with the ``reduce`` shortcut (each key's value once per batch) into :class:`LastValues`."""
     topology = sl.Topology("wordcount-reduce")
     source = topology.add_source("words", words)
     pairs = topology.map("pair", lambda record: (record.value, 1)).set_input(source)
-    counts = topology.reduce("count", operator.add, on_error=on_error)  # type: ignore[arg-type]
+    counts = topology.reduce("count", operator.add, on_error=on_error)
     counts.set_input(pairs, partitioning=sl.SAME_KEY)
     totals = LastValues()
     topology.add_sink("totals", totals).set_input(counts)
