@@ -49,7 +49,7 @@ Beat = dict[str, tuple[float, float, int, dict[str, Any]]]  # worker -> (time, c
 
 def main(repeats: int) -> dict[str, Any]:
     """Both exponents, hashing and the session table, on one local cluster."""
-    from streamlet.backends.cluster import local_cluster
+    from streamlet.backends.cluster.local import local_cluster
 
     figures: dict[float, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as directory:
@@ -74,14 +74,14 @@ def main(repeats: int) -> dict[str, Any]:
 
 
 async def _ready(state: Any) -> None:
-    from streamlet.backends.cluster.status import wait_until_ready
+    from streamlet.backends.cluster.client.status import wait_until_ready
 
     await wait_until_ready(state.zk, state.name, 2, state.secret())
 
 
 def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
     """Submit ``job``, take the two heartbeats of the window, wait for its end; what they show."""
-    from streamlet.backends.cluster import client
+    from streamlet.backends.cluster.client import api as client
 
     name = job.replace("_", "-")
     settings = None if adapt is None else adapt.to_data()
@@ -104,7 +104,7 @@ def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
 
 
 def _wait_state(state: Any, job: str, wanted: set[str]) -> float:
-    from streamlet.backends.cluster import client
+    from streamlet.backends.cluster.client import api as client
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -119,8 +119,8 @@ def _wait_state(state: Any, job: str, wanted: set[str]) -> float:
 
 
 async def _beats(state: Any) -> Beat:
-    from streamlet.backends.cluster.registry import workers
-    from streamlet.backends.cluster.zk import ZkStore
+    from streamlet.backends.cluster.tree.registry import workers
+    from streamlet.backends.cluster.tree.zk import ZkStore
 
     async with ZkStore(state.zk, state.name, secret=state.secret()) as store:
         views = await workers(store)

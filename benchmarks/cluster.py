@@ -27,8 +27,9 @@ import anyio
 import streamlet as sl
 from benchmarks.common import report
 from benchmarks.recovery import recovery_with_replicas
-from streamlet.backends.cluster import client, local_cluster
-from streamlet.backends.cluster.processes import SESSION_TIMEOUT
+from streamlet.backends.cluster.client import api as client
+from streamlet.backends.cluster.local import local_cluster
+from streamlet.backends.cluster.local.processes import SESSION_TIMEOUT
 
 TARGET = "benchmarks.cluster_job:build_topology"
 
@@ -83,8 +84,8 @@ CHECKPOINT_INTERVAL = 0.5
 
 async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) -> list[float]:
     """The job again with a checkpoint every ``CHECKPOINT_INTERVAL`` s: the gaps between completions (s)."""
-    from streamlet.backends.cluster.checkpoints import completed_path
-    from streamlet.backends.cluster.zk import ZkStore
+    from streamlet.backends.cluster.tree.zk import ZkStore
+    from streamlet.backends.cluster.worker.checkpoint_agreement import completed_path
 
     checkpoint = {"interval": CHECKPOINT_INTERVAL, "replicas": None}
     submission = client.Submission("benchmarks.cluster_job:build_long_topology", "checkpointed", checkpoint=checkpoint)
@@ -104,7 +105,7 @@ async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) ->
 
 
 async def _wait_ready(state: local_cluster.ClusterState, workers: int) -> None:
-    from streamlet.backends.cluster.status import wait_until_ready
+    from streamlet.backends.cluster.client.status import wait_until_ready
 
     await wait_until_ready(state.zk, state.name, workers, state.secret())
 

@@ -73,8 +73,8 @@ def idle_rss() -> dict[str, float]:
     from pathlib import Path
 
     from benchmarks.cluster import rss_mb
-    from streamlet.backends.cluster import local_cluster
-    from streamlet.backends.cluster.status import wait_until_ready
+    from streamlet.backends.cluster.client.status import wait_until_ready
+    from streamlet.backends.cluster.local import local_cluster
 
     with tempfile.TemporaryDirectory() as directory:
         state = local_cluster.up(Path(directory), "rss", 1, 1, None)

@@ -28,9 +28,10 @@ from typing import Any
 import anyio
 
 from benchmarks.cluster_slow_job import KEYS, RECORDS
-from streamlet.backends.cluster import client, local_cluster
-from streamlet.backends.cluster.status import wait_until_ready
-from streamlet.backends.cluster.zk import ZkStore
+from streamlet.backends.cluster.client import api as client
+from streamlet.backends.cluster.client.status import wait_until_ready
+from streamlet.backends.cluster.local import local_cluster
+from streamlet.backends.cluster.tree.zk import ZkStore
 
 JOB = "slow"
 WORKERS = 3

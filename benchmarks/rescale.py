@@ -201,7 +201,7 @@ AROUND = 10.0  # seconds from a change on whose throughput is compared with the 
 
 def on_cluster(changes: list[int]) -> dict[str, Any]:
     """Live rescales and stop-and-restore on a local cluster of 2 workers; figures for both."""
-    from streamlet.backends.cluster import local_cluster
+    from streamlet.backends.cluster.local import local_cluster
 
     duration = CLUSTER_STEADY * (len(changes) + 1) + 10
     with tempfile.TemporaryDirectory() as directory:
@@ -225,13 +225,13 @@ def on_cluster(changes: list[int]) -> dict[str, Any]:
 
 
 async def _ready(state: Any) -> None:
-    from streamlet.backends.cluster.status import wait_until_ready
+    from streamlet.backends.cluster.client.status import wait_until_ready
 
     await wait_until_ready(state.zk, state.name, 2, state.secret())
 
 
 def _cluster_live(state: Any, root: Path, changes: list[int]) -> Marks:
-    from streamlet.backends.cluster import client
+    from streamlet.backends.cluster.client import api as client
 
     _submit(state, root, "live", {})
     time.sleep(CLUSTER_STEADY)  # the steady phase before the first change
@@ -247,7 +247,7 @@ def _cluster_live(state: Any, root: Path, changes: list[int]) -> Marks:
 
 
 def _cluster_restarts(state: Any, root: Path, changes: list[int]) -> Marks:
-    from streamlet.backends.cluster import client
+    from streamlet.backends.cluster.client import api as client
 
     jobs = ["first", "second", "third"]
     _submit(state, root, "first", {})
@@ -267,7 +267,7 @@ def _cluster_restarts(state: Any, root: Path, changes: list[int]) -> Marks:
 
 
 def _submit(state: Any, root: Path, job: str, parallelism: dict[str, int], savepoint: Path | None = None) -> None:
-    from streamlet.backends.cluster import client
+    from streamlet.backends.cluster.client import api as client
 
     checkpoint = {"interval": 1.0, "replicas": None}
     submission = client.Submission(f"benchmarks.rescale_job:{job}", job, parallelism, checkpoint, savepoint)
@@ -276,7 +276,7 @@ def _submit(state: Any, root: Path, job: str, parallelism: dict[str, int], savep
 
 
 def _wait_state(state: Any, job: str, wanted: set[str]) -> None:
-    from streamlet.backends.cluster import client
+    from streamlet.backends.cluster.client import api as client
 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -35,7 +35,7 @@ ADAPT = AdaptSettings(frozenset({"autoscale", "shed"}), {"work": (1, 4)}, interv
 
 def main(plot: str | None) -> dict[str, Any]:
     """Both runs on one local cluster; the line, and the plot when asked."""
-    from streamlet.backends.cluster import local_cluster
+    from streamlet.backends.cluster.local import local_cluster
 
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
@@ -87,13 +87,13 @@ def _per_step(decisions: list[dict[str, Any]], began: float) -> list[int]:
 
 
 async def _ready(state: Any) -> None:
-    from streamlet.backends.cluster.status import wait_until_ready
+    from streamlet.backends.cluster.client.status import wait_until_ready
 
     await wait_until_ready(state.zk, state.name, 2, state.secret())
 
 
 def _run(state: Any, out: Path, name: str, adapt: AdaptSettings | None) -> dict[str, Any]:
-    from streamlet.backends.cluster import client
+    from streamlet.backends.cluster.client import api as client
 
     settings = None if adapt is None else adapt.to_data()
     submission = client.Submission("benchmarks.surge_job:surge", name, {}, None, None, settings)

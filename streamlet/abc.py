@@ -18,7 +18,7 @@ state store, a channel, a coordination store) can see at a glance what it has to
 
 from __future__ import annotations
 
-from streamlet.backends.cluster.store import ClusterStore
+from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.core.model.clock import Clock, Timer
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.sinks import Sink, SinkWriter

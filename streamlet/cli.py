@@ -25,7 +25,7 @@ from streamlet.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, LogSettings, 
 from streamlet.run_report import DEFAULT_ROWS, SORT_CHOICES, ReportOptions, print_report, to_json
 
 if TYPE_CHECKING:
-    from streamlet.backends.cluster.terminal import SubmitProgress
+    from streamlet.backends.cluster.client.terminal import SubmitProgress
 
 
 @click.group()
@@ -158,7 +158,7 @@ WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def _secret(secret_file: Path | None) -> bytes:
-    from streamlet.backends.cluster.local_cluster import process_secret
+    from streamlet.backends.cluster.local.local_cluster import process_secret
 
     try:
         return process_secret(secret_file)
@@ -174,7 +174,7 @@ SECRET_FILE_HELP = (
 
 def _client_secret(action: str, state_dir: Path) -> bytes:
     """The secret a command that changes the cluster needs: from the environment, else the state dir."""
-    from streamlet.backends.cluster.local_cluster import find_secret
+    from streamlet.backends.cluster.local.local_cluster import find_secret
 
     secret = find_secret(state_dir)
     if secret is None:
@@ -188,7 +188,7 @@ def _client_secret(action: str, state_dir: Path) -> bytes:
 def _reader_secret(state_dir: Path) -> bytes | None:
     """The secret a command that only reads uses when it finds one (job data is readable with it only; without
     it, the read of a job's node says what to do)."""
-    from streamlet.backends.cluster.local_cluster import find_secret
+    from streamlet.backends.cluster.local.local_cluster import find_secret
 
     return find_secret(state_dir)
 
@@ -214,7 +214,7 @@ def master_command(
     no_dashboard: bool, secret_file: Path | None,
 ) -> None:  # fmt: skip
     """Run one master: a candidate that leads the cluster when elected."""
-    from streamlet.backends.cluster.processes import run_master
+    from streamlet.backends.cluster.local.processes import run_master
 
     master_id = master_id or f"master-{os.getpid()}"
     (state_dir / master_id).mkdir(parents=True, exist_ok=True)
@@ -254,7 +254,7 @@ def worker_command(
     state_dir: Path, bandwidth: float, metrics_port: int | None, secret_file: Path | None,
 ) -> None:  # fmt: skip
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
-    from streamlet.backends.cluster.processes import run_worker
+    from streamlet.backends.cluster.local.processes import run_worker
 
     worker_id = worker_id or f"worker-{os.getpid()}"
     if not WORKER_ID.fullmatch(worker_id):  # it names folders and acknowledgements ('owner~backup')
@@ -298,8 +298,8 @@ def cluster_up(
     state_dir: Path,
 ) -> None:
     """Start ZooKeeper (unless --zk), the masters and the workers in the background."""
-    from streamlet.backends.cluster import local_cluster
-    from streamlet.backends.cluster.status import format_status, wait_until_ready
+    from streamlet.backends.cluster.client.status import format_status, wait_until_ready
+    from streamlet.backends.cluster.local import local_cluster
 
     try:
         by_worker = _labels_by_worker(labels, workers)
@@ -343,8 +343,8 @@ def _labels_by_worker(labels: tuple[str, ...], workers: int) -> dict[str, list[s
 def cluster_add_worker(context: click.Context, capacity: int, labels: tuple[str, ...], state_dir: Path) -> None:
     """Start one more worker for the local cluster and wait until it is live; new work (new jobs, next attempts,
     stalled jobs, live changes, a rebalance) goes to it."""
-    from streamlet.backends.cluster import local_cluster
-    from streamlet.backends.cluster.status import wait_for_worker
+    from streamlet.backends.cluster.client.status import wait_for_worker
+    from streamlet.backends.cluster.local import local_cluster
 
     try:
         worker_id = local_cluster.add_worker(state_dir, capacity, list(labels), logs=_log_settings(context))
@@ -364,8 +364,8 @@ def cluster_add_worker(context: click.Context, capacity: int, labels: tuple[str,
 def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: bool) -> None:
     """Leader and epoch, candidates, workers with state and load, jobs (with the cluster secret, from
     STREAMLET_SECRET or --state-dir: the jobs and the heartbeats are readable with it only)."""
-    from streamlet.backends.cluster.status import format_status, read_status
-    from streamlet.backends.cluster.zk import ZkStore
+    from streamlet.backends.cluster.client.status import format_status, read_status
+    from streamlet.backends.cluster.tree.zk import ZkStore
 
     async def show(hosts: str, cluster: str, secret: bytes | None) -> str:
         async with ZkStore(hosts, cluster, secret=secret) as store:
@@ -383,7 +383,7 @@ def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: b
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
 def cluster_down(state_dir: Path) -> None:
     """Stop every process 'cluster up' started, by PID."""
-    from streamlet.backends.cluster import local_cluster
+    from streamlet.backends.cluster.local import local_cluster
 
     try:
         stopped = local_cluster.down(state_dir)
@@ -437,8 +437,8 @@ def submit_command(
     adapt_cooldown: float, zk: str | None, cluster: str | None, state_dir: Path,
 ) -> None:  # fmt: skip
     """Run TARGET (module:name or path/to/file.py[:name]) on the cluster, by reference."""
-    from streamlet.backends.cluster import client as cluster_client
-    from streamlet.backends.cluster.jobs import check_job_name
+    from streamlet.backends.cluster.client import api as cluster_client
+    from streamlet.backends.cluster.tree.jobs import check_job_name
 
     try:
         if job_name is not None:
@@ -473,7 +473,7 @@ def _progress(wait: bool) -> Iterator[SubmitProgress | None]:
         return
     from rich.console import Console
 
-    from streamlet.backends.cluster.terminal import SubmitProgress
+    from streamlet.backends.cluster.client.terminal import SubmitProgress
 
     with SubmitProgress(Console()) as progress:
         yield progress
@@ -505,7 +505,7 @@ def _parallelism(item: str) -> tuple[str, int]:
 def jobs_command(zk: str | None, cluster: str | None, state_dir: Path, as_json: bool) -> None:
     """Every job on the cluster: state, reason (why it failed), attempt, workers, dead letters reported (job data:
     needs the cluster secret, from STREAMLET_SECRET or --state-dir)."""
-    from streamlet.backends.cluster import client as cluster_client
+    from streamlet.backends.cluster.client import api as cluster_client
 
     try:
         hosts, name = _where(zk, cluster, state_dir)
@@ -531,7 +531,7 @@ def top_command(zk: str | None, cluster: str | None, state_dir: Path, once: bool
     leaves it."""
     from rich.console import Console
 
-    from streamlet.backends.cluster.terminal import run_top
+    from streamlet.backends.cluster.client.terminal import run_top
 
     try:
         hosts, name = _where(zk, cluster, state_dir)
@@ -547,7 +547,7 @@ def top_command(zk: str | None, cluster: str | None, state_dir: Path, once: bool
 @_cluster_options
 def kill_command(job: str, zk: str | None, cluster: str | None, state_dir: Path) -> None:
     """Ask the workers running JOB to stop it."""
-    from streamlet.backends.cluster import client as cluster_client
+    from streamlet.backends.cluster.client import api as cluster_client
 
     try:
         hosts, name = _where(zk, cluster, state_dir)
@@ -595,7 +595,7 @@ def rebalance_command(
     job: str, zk: str | None, cluster: str | None, state_dir: Path, dry_run: bool, timeout: float
 ) -> None:
     """Spread running JOB's instances over the workers now present (new ones included), by live migrations."""
-    from streamlet.backends.cluster import client as cluster_client
+    from streamlet.backends.cluster.client import api as cluster_client
 
     try:
         hosts, name = _where(zk, cluster, state_dir)
@@ -615,7 +615,7 @@ def _live_change(
     action: str, job: str, what: tuple[str, Any], zk: str | None, cluster: str | None, state_dir: Path, timeout: float
 ) -> None:
     """``rescale`` or ``migrate``: ask, wait for the leader, say how the job stands (a non-zero exit if refused)."""
-    from streamlet.backends.cluster import client as cluster_client
+    from streamlet.backends.cluster.client import api as cluster_client
 
     call = cluster_client.rescale if action == "rescale" else cluster_client.migrate
     try:
@@ -649,7 +649,7 @@ def stop_command(job: str, path: Path, zk: str | None, cluster: str | None, stat
 
 
 def _savepoint(job: str, path: Path, zk: str | None, cluster: str | None, state_dir: Path, stop: bool) -> None:
-    from streamlet.backends.cluster import client as cluster_client
+    from streamlet.backends.cluster.client import api as cluster_client
 
     action = "stop" if stop else "savepoint"
     try:
@@ -667,7 +667,7 @@ def _savepoint(job: str, path: Path, zk: str | None, cluster: str | None, state_
 @_cluster_options
 def rm_command(job: str, zk: str | None, cluster: str | None, state_dir: Path) -> None:
     """Remove an ended JOB, so that its name can be used again."""
-    from streamlet.backends.cluster import client as cluster_client
+    from streamlet.backends.cluster.client import api as cluster_client
 
     try:
         hosts, name = _where(zk, cluster, state_dir)
@@ -680,7 +680,7 @@ def rm_command(job: str, zk: str | None, cluster: str | None, state_dir: Path) -
 def _where(zk: str | None, name: str | None, state_dir: Path) -> tuple[str, str]:
     if zk is not None:
         return zk, name or "default"
-    from streamlet.backends.cluster.local_cluster import ClusterState
+    from streamlet.backends.cluster.local.local_cluster import ClusterState
 
     state = ClusterState.load(state_dir)
     return state.zk, name or state.name

@@ -24,7 +24,7 @@ worker keeps the first version it imported. Put code that changes with the
 job in the job file, or make it a package installed on every host.
 
 Targets inside the ``streamlet`` package are the library's own code and are
-imported as usual (``streamlet.backends.cluster.simulated_targets`` keeps a
+imported as usual (``streamlet.backends.cluster.simulated.targets`` keeps a
 registry that must be the one in ``sys.modules``).
 
 Example:

@@ -20,7 +20,7 @@ leader, workers talking TCP on loopback, one in-memory store) and kills
 workers where a test says (:class:`KillAt`, ``kill_worker``); the
 :class:`JobOutcome` says how the job recovered and what each sink got, and
 :class:`ExactlyOnceSink` keeps exactly what the checkpoints committed. See
-``streamlet.backends.cluster.simulated``.
+``streamlet.backends.cluster.simulated.cluster``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from streamlet.backends.cluster.simulated import (
+from streamlet.backends.cluster.simulated.cluster import (
     Attempt,
     ExactlyOnceSink,
     JobOutcome,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import streamlet as sl
-from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
 from tests.support.exactly_once import Bomb
 
 pytest_plugins = ["tests.support.reaper", "tests.support.timeouts"]

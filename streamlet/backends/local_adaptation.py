@@ -97,7 +97,7 @@ class LocalAdaptation:
     async def _autoscale(
         self, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], seconds: float
     ) -> dict[str, Any] | None:
-        from streamlet.backends.cluster.reconfigure import unchangeable  # the cluster's rule, imported when used
+        from streamlet.backends.cluster.tree.layouts import unchangeable  # the cluster's rule, imported when used
 
         topology = self.job.topology
         edges = node_edges(topology)

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from streamlet.backends.cluster.local_cluster import alive
-from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.backends.cluster.local.local_cluster import alive
+from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
 from tests.support.faults import LocalCluster
 
 _names = itertools.count()

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 import streamlet as sl
-from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.client import collected
-from streamlet.backends.cluster.local_cluster import alive
-from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.backends.cluster.client.api import collected
+from streamlet.backends.cluster.local.local_cluster import alive
+from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
+from streamlet.backends.cluster.tree import paths
 from streamlet.errors import TaskError, TopologyError
 from streamlet.loading import load_topology
 from streamlet.transport import auth

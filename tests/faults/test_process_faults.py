@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.replicas import instances_of
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.worker.replica_service import instances_of
 from streamlet.core.state.store import decode
 from tests.support.cluster import wait_for_exit
 from tests.support.faults import (

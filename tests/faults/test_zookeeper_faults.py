@@ -19,8 +19,8 @@ from typing import IO, Any
 
 import pytest
 
-from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.client import collected
+from streamlet.backends.cluster.client.api import collected
+from streamlet.backends.cluster.tree import paths
 from tests.support.cluster import wait_for_exit
 from tests.support.faults import GatedJob, LocalCluster, expected_totals, totals, watching
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from streamlet.backends.cluster.zk import ZkStore
-from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
+from streamlet.backends.cluster.tree.zk import ZkStore
 from tests.support.kafka_mock import MockBroker
 
 _names = itertools.count()

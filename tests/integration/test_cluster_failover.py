@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 import streamlet as sl
-from streamlet.backends.cluster.local_cluster import alive
+from streamlet.backends.cluster.local.local_cluster import alive
 from tests.support.cluster import (
     cluster_store,
     running_cluster,

@@ -18,7 +18,7 @@ import pytest
 
 import streamlet as sl
 from examples.wordcount import build_topology, word_counts
-from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.tree import paths
 from tests.support import event_time_job
 from tests.support.cluster import cluster_store, running_cluster, stop_submitter, streamlet, wait_for_state
 

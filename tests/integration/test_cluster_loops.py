@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import streamlet as sl
-from streamlet.backends.cluster import paths
+from streamlet.backends.cluster.tree import paths
 from streamlet.loading import load_topology
 from tests.support.cluster import cluster_store, running_cluster, streamlet
 from tests.support.loop_jobs import HALVING

@@ -12,11 +12,11 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.local_cluster import SECRET_ENV
-from streamlet.backends.cluster.store import Create
-from streamlet.backends.cluster.zk import ZkStore, cluster_acl, credentials
-from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.backends.cluster.local.local_cluster import SECRET_ENV
+from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.store import Create
+from streamlet.backends.cluster.tree.zk import ZkStore, cluster_acl, credentials
 from streamlet.errors import CoordinationError, NotAuthorized
 from tests.integration.conftest import TEST_SECRET
 from tests.support.cluster import running_cluster, secret_of, streamlet, wait_for_node

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from streamlet.backends.cluster.election import EpochFence, LeaderElection, candidates, leader
-from streamlet.backends.cluster.lifecycle import LocalState, WorkerState
-from streamlet.backends.cluster.registry import WorkerRegistration, workers
-from streamlet.backends.cluster.zk import ZkStore
-from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
+from streamlet.backends.cluster.tree.election import EpochFence, LeaderElection, candidates, leader
+from streamlet.backends.cluster.tree.lifecycle import LocalState, WorkerState
+from streamlet.backends.cluster.tree.registry import WorkerRegistration, workers
+from streamlet.backends.cluster.tree.zk import ZkStore
 from tests.integration.conftest import TEST_SECRET
 
 pytestmark = pytest.mark.integration

@@ -18,11 +18,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from streamlet.backends.cluster.child_process import stop_child
-from streamlet.backends.cluster.local_cluster import alive, stop_pid
-from streamlet.backends.cluster.store import ClusterStore, MemoryClusterStore, MemoryTree, Version
-from streamlet.backends.cluster.zk import ZkStore
-from streamlet.backends.cluster.zookeeper import ZooKeeperServer, find_classpath, four_letter_word
+from streamlet.backends.cluster.local.child_process import stop_child
+from streamlet.backends.cluster.local.local_cluster import alive, stop_pid
+from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer, find_classpath, four_letter_word
+from streamlet.backends.cluster.tree.store import ClusterStore, MemoryClusterStore, MemoryTree, Version
+from streamlet.backends.cluster.tree.zk import ZkStore
 from streamlet.errors import CoordinationError, VersionConflict
 from tests.integration.conftest import TEST_SECRET
 from tests.support.cluster import wait_for_exit
@@ -53,7 +53,7 @@ def test_launcher_starts_a_server_and_stops_it_by_pid(tmp_path: Path) -> None:
 STARTER = """
 import sys, time
 from pathlib import Path
-from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
 
 server = ZooKeeperServer(data_dir=Path(sys.argv[1]), die_with_parent=True).start()
 print(server.process.pid, flush=True)
@@ -84,7 +84,7 @@ def test_a_server_started_with_die_with_parent_ends_when_its_starter_is_killed(t
 
 def test_missing_installation_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no ZooKeeper anywhere, the error names the package to install."""
-    from streamlet.backends.cluster import zookeeper
+    from streamlet.backends.cluster.local import zookeeper_server as zookeeper
 
     monkeypatch.delenv("ZOOKEEPER_HOME", raising=False)
     monkeypatch.setattr(zookeeper, "DEBIAN_JAR", Path("/nonexistent/zookeeper.jar"))
@@ -143,7 +143,7 @@ async def test_ephemeral_nodes_vanish_with_their_session(zookeeper: ZooKeeperSer
 
 async def test_unreachable_zookeeper_is_a_clear_error() -> None:
     """A coordinator pointed at a port nobody serves fails with the address in the message."""
-    from streamlet.backends.cluster.zookeeper import free_port
+    from streamlet.backends.cluster.local.zookeeper_server import free_port
     from streamlet.errors import CoordinationError
 
     address = f"127.0.0.1:{free_port()}"

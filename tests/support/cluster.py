@@ -15,9 +15,9 @@ from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.local_cluster import ClusterState, alive, down, stop_pid
-from streamlet.backends.cluster.zk import ZkStore
+from streamlet.backends.cluster.local.local_cluster import ClusterState, alive, down, stop_pid
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.zk import ZkStore
 from tests.support import reaper
 
 

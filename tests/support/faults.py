@@ -26,11 +26,11 @@ from typing import Any
 import anyio
 import anyio.from_thread
 
-from streamlet.backends.cluster import jobs
-from streamlet.backends.cluster.local_cluster import SECRET_ENV, alive, stop_pid
-from streamlet.backends.cluster.store import read_all, riding_out
-from streamlet.backends.cluster.zk import ZkStore
-from streamlet.backends.cluster.zookeeper import ZooKeeperServer
+from streamlet.backends.cluster.local.local_cluster import SECRET_ENV, alive, stop_pid
+from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
+from streamlet.backends.cluster.tree import jobs
+from streamlet.backends.cluster.tree.store import read_all, riding_out
+from streamlet.backends.cluster.tree.zk import ZkStore
 from tests.support import reaper
 from tests.support.cluster import secret_of, wait_for_exit
 

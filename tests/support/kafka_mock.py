@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from streamlet.backends.cluster.child_process import stop_child
+from streamlet.backends.cluster.local.child_process import stop_child
 
 RD_KAFKA_PRODUCER = 0
 

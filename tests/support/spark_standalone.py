@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from streamlet.backends.cluster.child_process import stop_child
+from streamlet.backends.cluster.local.child_process import stop_child
 
 JAVA_17 = Path("/usr/lib/jvm/java-17-openjdk-amd64")  # this machine's Java, when JAVA_HOME is unset
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamlet.backends.cluster.load import LoadMeter, QueueDepths
+from streamlet.backends.cluster.worker.load_meter import LoadMeter, QueueDepths
 
 
 class Process:

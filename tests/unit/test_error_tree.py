@@ -45,7 +45,7 @@ def test_every_exception_class_is_defined_in_errors_and_derives_from_streamlet_e
 def test_the_moved_errors_are_still_importable_where_they_are_raised() -> None:
     """Code that imported an error from its old module keeps working: it is the same class."""
     from streamlet.adaptation.dispatch import DispatchError
-    from streamlet.backends.cluster.store import CoordinationError
+    from streamlet.backends.cluster.tree.store import CoordinationError
     from streamlet.connectors.kafka import KafkaError
     from streamlet.transport.codec import FrameError
 

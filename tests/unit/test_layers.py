@@ -77,7 +77,7 @@ def test_every_core_module_sits_in_a_layer() -> None:
 def test_every_seam_is_in_streamlet_abc_and_is_the_class_the_code_uses() -> None:
     """streamlet.abc re-exports each seam: the very object its layer defines, not a copy."""
     import streamlet.abc as seams
-    from streamlet.backends.cluster.store import ClusterStore
+    from streamlet.backends.cluster.tree.store import ClusterStore
     from streamlet.core.model.clock import Clock
     from streamlet.core.runtime.channel import Channel
     from streamlet.core.state.store import CheckpointStore

@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster.checkpoints import merge_parts
+from streamlet.backends.cluster.worker.checkpoint_agreement import merge_parts
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.histogram import LatencyHistogram
 from streamlet.core.model.hooks import maybe_await

@@ -1,7 +1,7 @@
 """Ending a loop whose instances run in several worker processes: the cluster's detector, over the control channel.
 
 The same four-counter method as on a cluster
-(``streamlet.backends.cluster.termination``, whose pure functions decide),
+(``streamlet.backends.cluster.worker.termination``, whose pure functions decide),
 with the parent in ZooKeeper's place: the parent asks every process for
 round ``r`` (``round``) only once each has answered ``r - 1``; a process
 reads its trackers' counters when it sees the round, in one step of its
@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster.termination import MAX_ROUND_PAUSE, ROUND_PAUSE, looks_quiet, loop_views, quiet
+from streamlet.backends.cluster.worker.termination import MAX_ROUND_PAUSE, ROUND_PAUSE, looks_quiet, loop_views, quiet
 from streamlet.core.runtime.cycles import CycleTracker
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]

@@ -10,7 +10,7 @@ That decision needs every counter of the loop. In one process the tracker
 has them all and decides alone, at once. When the loop's instances run in
 several processes each tracker sees only its own process's share, so the
 job is given a :class:`Quiescence` (a distributed termination detector, such
-as the cluster's in ``backends/cluster/termination.py``): the trackers then
+as the cluster's in ``backends/cluster/worker/termination.py``): the trackers then
 only count and report :class:`LoopCounters`, and the quiescence closes each
 one when its loop is quiet everywhere.
 """

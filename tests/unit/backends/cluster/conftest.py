@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from streamlet.backends.cluster import jobs, paths
-from streamlet.backends.cluster.leader import Leader
-from streamlet.backends.cluster.registry import WorkerRegistration
-from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
+from streamlet.backends.cluster.leader.leader import Leader
+from streamlet.backends.cluster.tree import jobs, paths
+from streamlet.backends.cluster.tree.registry import WorkerRegistration
+from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree
 
 SECRET = b"unit-test-secret"
 

@@ -12,8 +12,8 @@ import pytest
 
 import streamlet as sl
 from streamlet.adaptation.settings import AdaptSettings
-from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.simulated import JobOutcome
+from streamlet.backends.cluster.simulated.cluster import JobOutcome
+from streamlet.backends.cluster.tree import paths
 from streamlet.core.model.segments import SegmentTable, segment_of
 from streamlet.errors import JobError
 from streamlet.testing import ExactlyOnceSink, SimulatedCluster

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamlet.backends.cluster import jobs, paths
+from streamlet.backends.cluster.tree import jobs, paths
 from tests.unit.backends.cluster.conftest import SECRET, MemoryCluster
 
 

@@ -8,11 +8,18 @@ from pathlib import Path
 import anyio
 import pytest
 
-from streamlet.backends.cluster import checkpoints, paths
-from streamlet.backends.cluster.checkpoints import AttemptInfo, RestoreScope, ZkAgreement, completed_path, merge_parts
-from streamlet.backends.cluster.replicas import ReplicaService
-from streamlet.backends.cluster.replication import PartReplicator
-from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree
+from streamlet.backends.cluster.worker import checkpoint_agreement as checkpoints
+from streamlet.backends.cluster.worker.checkpoint_agreement import (
+    AttemptInfo,
+    RestoreScope,
+    ZkAgreement,
+    completed_path,
+    merge_parts,
+)
+from streamlet.backends.cluster.worker.part_replicator import PartReplicator
+from streamlet.backends.cluster.worker.replica_service import ReplicaService
 from streamlet.core.state.store import encode
 from streamlet.errors import JobError
 from streamlet.testing import ManualClock

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlet.backends.cluster.signing import export_folder, sign_export
+from streamlet.backends.cluster.tree.signing import export_folder, sign_export
 from streamlet.errors import SpecError
 
 SECRET = b"s" * 32

@@ -10,14 +10,14 @@ from typing import Any, TypeVar
 import anyio
 
 import streamlet as sl
-from streamlet.backends.cluster import jobs, paths
-from streamlet.backends.cluster.control import AdaptationLoop
-from streamlet.backends.cluster.election import LeaderElection, LeaderFence, leader
-from streamlet.backends.cluster.leader import Leader
-from streamlet.backends.cluster.reconfigure import request_node
-from streamlet.backends.cluster.registry import WorkerRegistration
-from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree, Op
-from streamlet.backends.cluster.worker import WorkerJobs
+from streamlet.backends.cluster.leader.adaptation import AdaptationLoop
+from streamlet.backends.cluster.leader.leader import Leader
+from streamlet.backends.cluster.tree import jobs, paths
+from streamlet.backends.cluster.tree.election import LeaderElection, LeaderFence, leader
+from streamlet.backends.cluster.tree.layouts import request_node
+from streamlet.backends.cluster.tree.registry import WorkerRegistration
+from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree, Op
+from streamlet.backends.cluster.worker.job_parts import WorkerJobs
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 from tests.unit.backends.cluster.conftest import SECRET, MemoryCluster

@@ -9,9 +9,9 @@ import asyncio
 import time
 from typing import Any
 
-from streamlet.backends.cluster import paths, rebalancing
-from streamlet.backends.cluster.checkpoints import completed_path
-from streamlet.backends.cluster.store import ClusterStore
+from streamlet.backends.cluster.tree import paths, rebalancing
+from streamlet.backends.cluster.tree.store import ClusterStore
+from streamlet.backends.cluster.worker.checkpoint_agreement import completed_path
 from streamlet.testing import SimulatedCluster
 from tests.unit.backends.cluster.test_live_rescale import (
     RUNNING_COUNTS,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamlet.backends.cluster import jobs, paths
-from streamlet.backends.cluster.leader import read_view
+from streamlet.backends.cluster.leader.leader import read_view
+from streamlet.backends.cluster.tree import jobs, paths
 from streamlet.errors import JobError, TopologyError
 from tests.unit.backends.cluster.conftest import SECRET, MemoryCluster
 

@@ -8,12 +8,12 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from streamlet.backends.cluster import jobs, paths
-from streamlet.backends.cluster.leader import Leader
-from streamlet.backends.cluster.lifecycle import submitted
-from streamlet.backends.cluster.outline import Outlines
-from streamlet.backends.cluster.signing import sign
-from streamlet.backends.cluster.store import Create, MemoryClusterStore
+from streamlet.backends.cluster.leader.leader import Leader
+from streamlet.backends.cluster.tree import jobs, paths
+from streamlet.backends.cluster.tree.lifecycle import submitted
+from streamlet.backends.cluster.tree.outline import Outlines
+from streamlet.backends.cluster.tree.signing import sign
+from streamlet.backends.cluster.tree.store import Create, MemoryClusterStore
 from tests.unit.backends.cluster.conftest import PIPELINE, SECRET, MemoryCluster
 
 SLOW = PIPELINE.replace("def build_topology():", "def build_topology():\n    import time\n    time.sleep(5)")

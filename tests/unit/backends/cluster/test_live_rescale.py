@@ -19,7 +19,9 @@ import pytest
 from structlog.testing import capture_logs
 
 import streamlet as sl
-from streamlet.backends.cluster import paths, reconfigure, savepoints
+from streamlet.backends.cluster.client import savepoints
+from streamlet.backends.cluster.tree import layouts as reconfigure
+from streamlet.backends.cluster.tree import paths
 from streamlet.core.state.savepoints import read_savepoint
 from streamlet.testing import ExactlyOnceSink, JobOutcome, SimulatedCluster
 from tests.unit.backends.cluster.test_simulated import Hold

@@ -9,9 +9,9 @@ from pathlib import Path
 import anyio
 
 import streamlet as sl
-from streamlet.backends.cluster import jobs
-from streamlet.backends.cluster.outline import OutlinedTopology, Outlines, describe, outline, window_reason
-from streamlet.backends.cluster.signing import sign
+from streamlet.backends.cluster.tree import jobs
+from streamlet.backends.cluster.tree.outline import OutlinedTopology, Outlines, describe, outline, window_reason
+from streamlet.backends.cluster.tree.signing import sign
 
 SECRET = b"outline secret"
 
@@ -106,7 +106,7 @@ async def test_a_failing_build_gives_its_error_as_the_reason(tmp_path: Path) -> 
 
 async def test_simulated_targets_are_built_in_this_process() -> None:
     """A target registered in this process (the simulated cluster's) cannot be loaded elsewhere: built here."""
-    from streamlet.backends.cluster import simulated_targets
+    from streamlet.backends.cluster.simulated import targets as simulated_targets
 
     def small() -> sl.Topology:
         topology = sl.Topology("small")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.zk import DIGEST_USER, ZkStore
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.zk import DIGEST_USER, ZkStore
 
 JOB_DATA = [
     paths.JOBS, paths.job("wc"), paths.spec("wc"), paths.state("wc"), paths.assignment("wc"), paths.started("wc", 1),

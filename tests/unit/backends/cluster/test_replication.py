@@ -14,18 +14,19 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from streamlet.backends.cluster import jobs, paths, replicas
-from streamlet.backends.cluster.checkpoints import merge_parts
-from streamlet.backends.cluster.registry import WorkerRegistration
-from streamlet.backends.cluster.replicas import ReplicaService, instances_of
-from streamlet.backends.cluster.replication import (
+from streamlet.backends.cluster.tree import jobs, paths
+from streamlet.backends.cluster.tree.registry import WorkerRegistration
+from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree
+from streamlet.backends.cluster.worker import replica_service as replicas
+from streamlet.backends.cluster.worker.checkpoint_agreement import merge_parts
+from streamlet.backends.cluster.worker.job_parts import files_to_keep
+from streamlet.backends.cluster.worker.part_replicator import (
     PartReplicator,
     acknowledge_stored,
     backups_for,
     instances_to_restore,
 )
-from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
-from streamlet.backends.cluster.worker import files_to_keep
+from streamlet.backends.cluster.worker.replica_service import ReplicaService, instances_of
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.state.store import encode
 from streamlet.errors import JobError, TransportError, UnusableCheckpoint

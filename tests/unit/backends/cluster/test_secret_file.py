@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streamlet.backends.cluster.local_cluster import SECRET_ENV, process_secret, read_secret_file
+from streamlet.backends.cluster.local.local_cluster import SECRET_ENV, process_secret, read_secret_file
 from streamlet.errors import ClusterError
 
 

@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 import pytest
 
 import streamlet as sl
-from streamlet.backends.cluster import paths, simulated_targets
-from streamlet.backends.cluster.leader import Leader
+from streamlet.backends.cluster.leader.leader import Leader
+from streamlet.backends.cluster.simulated import targets as simulated_targets
+from streamlet.backends.cluster.tree import paths
 from streamlet.testing import ExactlyOnceSink, JobOutcome, Kill, KillAt, SimulatedCluster
 
 WORDS = [f"w{index % 37}" for index in range(20_000)]
@@ -275,7 +276,7 @@ async def test_targets_by_reference_file_and_function_or_handed_over_in_process(
         specs = [await cluster.store.get(paths.spec(outcome.job)) for outcome in outcomes]
     targets = [spec[0]["target"] for spec in specs if spec is not None]
     assert targets[:2] == [f"{__name__}:small", f"{module}:build_topology"]
-    assert all(target.startswith("streamlet.backends.cluster.simulated_targets:target_") for target in targets[2:])
+    assert all(target.startswith("streamlet.backends.cluster.simulated.targets:target_") for target in targets[2:])
     assert [sorted(r.value for r in o.collected["out"]) for o in outcomes] == [[2 * n for n in range(10)]] * 5
     assert sorted(outcomes[4].ran_on) == ["double.0", "double.1", "double.2", "numbers.0", "out.0"]
     assert topology.nodes["double"].parallelism == 2

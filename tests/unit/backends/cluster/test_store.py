@@ -13,7 +13,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
 
-from streamlet.backends.cluster.store import (
+from streamlet.backends.cluster.tree.store import (
     Check,
     CoordinationError,
     Create,

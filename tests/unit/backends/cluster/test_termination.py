@@ -10,9 +10,15 @@ import anyio
 import pytest
 
 import streamlet as sl
-from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.store import MemoryClusterStore, MemoryTree
-from streamlet.backends.cluster.termination import ClusterQuiescence, LoopAttempt, LoopDetector, looks_quiet, quiet
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree
+from streamlet.backends.cluster.worker.termination import (
+    ClusterQuiescence,
+    LoopAttempt,
+    LoopDetector,
+    looks_quiet,
+    quiet,
+)
 from streamlet.core.model.record import CYCLE_END
 from streamlet.core.runtime.channel import Inbox, LocalChannel
 from streamlet.core.runtime.cycles import CycleTracker, LoopCounters

@@ -7,12 +7,12 @@ from typing import Any
 
 from rich.console import Console
 
-from streamlet.backends.cluster import paths
-from streamlet.backends.cluster.client import describe_listed
-from streamlet.backends.cluster.election import LeaderElection
-from streamlet.backends.cluster.store import MemoryClusterStore
-from streamlet.backends.cluster.terminal import progress_line, render_frame
-from streamlet.backends.cluster.top import Flow, HeartbeatRates, flow_rates, read_frame
+from streamlet.backends.cluster.client.api import describe_listed
+from streamlet.backends.cluster.client.terminal import progress_line, render_frame
+from streamlet.backends.cluster.client.top import Flow, HeartbeatRates, flow_rates, read_frame
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.election import LeaderElection
+from streamlet.backends.cluster.tree.store import MemoryClusterStore
 from tests.unit.backends.cluster.conftest import MemoryCluster
 
 

@@ -7,11 +7,11 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from streamlet.backends.cluster import jobs, paths
-from streamlet.backends.cluster.client import collected
-from streamlet.backends.cluster.registry import WorkerRegistration
-from streamlet.backends.cluster.store import MemoryClusterStore
-from streamlet.backends.cluster.worker import MAX_REPORT_BYTES, WorkerJobs, fitting_report
+from streamlet.backends.cluster.client.api import collected
+from streamlet.backends.cluster.tree import jobs, paths
+from streamlet.backends.cluster.tree.registry import WorkerRegistration
+from streamlet.backends.cluster.tree.store import MemoryClusterStore
+from streamlet.backends.cluster.worker.job_parts import MAX_REPORT_BYTES, WorkerJobs, fitting_report
 from streamlet.core.runtime.channel import LocalChannel
 from streamlet.core.runtime.job import Job
 from streamlet.loading import load_topology

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamlet.backends.cluster import jobs
-from streamlet.backends.cluster.reports import dead_letters_of
+from streamlet.backends.cluster.tree import jobs
+from streamlet.backends.cluster.tree.reports import dead_letters_of
 from streamlet.logs import LogSettings, configure_logging
 from tests.support.faults import POISON_EVERY_THIRD
 from tests.support.logging_state import restored_logging

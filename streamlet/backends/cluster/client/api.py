@@ -1,0 +1,197 @@
+"""What ``submit``, ``jobs``, ``kill``, ``rescale``, ``migrate``, ``rebalance`` and ``rm`` do, talking to the
+cluster through ZooKeeper.
+
+Reading needs nothing; changing the cluster needs its secret (the store is
+opened with it, and ZooKeeper refuses writes from anyone without it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from streamlet.adaptation.rebalance import Migration
+from streamlet.backends.cluster.client import savepoints
+from streamlet.backends.cluster.tree import jobs, rebalancing
+from streamlet.backends.cluster.tree import layouts as reconfigure
+from streamlet.backends.cluster.tree.lifecycle import JobState
+from streamlet.backends.cluster.tree.paths import ReconfigureRequest
+from streamlet.backends.cluster.tree.reports import dead_letters_of
+from streamlet.backends.cluster.tree.store import ClusterStore
+from streamlet.backends.cluster.tree.zk import ZkStore
+from streamlet.errors import CoordinationError, JobError
+
+POLL = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What to run: a topology reference, the job name, parallelism overrides, checkpoint settings."""
+
+    target: str
+    job: str | None = None
+    parallelism: dict[str, int] = field(default_factory=dict)
+    checkpoint: dict[str, Any] | None = None  # {"interval": seconds, "replicas": K or None (one when possible)}
+    from_savepoint: Path | None = None  # start from this savepoint (on a path every worker reaches)
+    adapt: dict[str, Any] | None = None  # AdaptSettings.to_data(): the adaptation policies it runs under
+
+
+Watcher = Callable[[ClusterStore, dict[str, Any]], Awaitable[None]]  # sees each status read while waiting
+
+
+async def submit_and_wait(
+    hosts: str, cluster: str, submission: Submission, wait: bool, seconds: float, secret: bytes,
+    watch: Watcher | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass), showing each
+    status read to ``watch`` (``submit``'s progress line)."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:  # the secret is checked before any code is loaded
+        spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
+        if submission.from_savepoint is not None:
+            if spec["checkpoint"] is None:
+                raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
+            spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, spec)
+        name = jobs.check_job_name(submission.job or jobs.topology_of(spec).name)
+        await jobs.submit(store, name, spec, secret)
+        status = await jobs.job_status(store, name)
+        if not wait:
+            return status
+        with anyio.move_on_after(seconds):
+            while not JobState(status["state"]).ended:
+                await anyio.sleep(POLL)
+                status = await _riding_out(store, name, status)
+                if watch is not None:
+                    with contextlib.suppress(CoordinationError):  # ZooKeeper away: shown next time
+                        await watch(store, status)
+            return status
+        raise JobError(
+            f"job '{name}' has not ended after {seconds:g} s; it is {status['state']}: {status['reason']} "
+            f"(it goes on; 'streamlet jobs' follows it, 'streamlet kill {name}' stops it)"
+        )
+
+
+async def _riding_out(store: ZkStore, name: str, last: dict[str, Any]) -> dict[str, Any]:
+    """The job's status, or the last one seen while the connection is down (kazoo reconnects by itself;
+    the job goes on without this client, so waiting for it must too)."""
+    try:
+        return await jobs.job_status(store, name)
+    except CoordinationError:
+        return last
+
+
+async def list_jobs(hosts: str, cluster: str, secret: bytes | None) -> list[dict[str, Any]]:
+    """Every job's status (job data is readable only with ``secret``: without it, :class:`NotAuthorized`)."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        return await jobs.all_jobs(store)
+
+
+async def kill(hosts: str, cluster: str, job: str, secret: bytes) -> str:
+    """Ask the cluster to stop ``job``; returns the state it was in."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        return await jobs.kill(store, job)
+
+
+async def rescale(
+    hosts: str, cluster: str, job: str, task: str, instances: int, secret: bytes, seconds: float
+) -> dict[str, Any]:
+    """Give ``task`` of running ``job`` ``instances`` instances without restarting it; the job's status after."""
+    return await change(hosts, cluster, job, reconfigure.request_node(task, instances), secret, seconds)
+
+
+async def migrate(
+    hosts: str, cluster: str, job: str, instance: str, worker: str, secret: bytes, seconds: float
+) -> dict[str, Any]:
+    """Move ``instance`` (``task.index``) of running ``job`` to ``worker`` with its state, live; the status after."""
+    task, _, index = instance.rpartition(".")
+    if not task or not index.isdigit():
+        raise JobError(f"name the instance as TASK.INDEX (e.g. count.1), not {instance!r}")
+    request = reconfigure.request_node(task, migrate=(int(index), worker))
+    return await change(hosts, cluster, job, request, secret, seconds)
+
+
+async def change(
+    hosts: str, cluster: str, job: str, request: ReconfigureRequest, secret: bytes, seconds: float
+) -> dict[str, Any]:
+    """Ask for a live change of running ``job`` and wait until the leader has carried it out (or refused it)."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        asked_at = time.time()
+        before = await reconfigure.ask(store, job, request)
+        return await reconfigure.wait_done(store, job, before, asked_at, seconds)
+
+
+async def rebalance(
+    hosts: str, cluster: str, job: str, secret: bytes, seconds: float, dry_run: bool = False
+) -> tuple[list[Migration], dict[str, Any]]:
+    """Spread running ``job`` over the live workers by live migrations, one after the other (``dry_run``:
+    only say which); returns the moves and the job's status after them."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        moves = await rebalancing.planned_moves(store, job, time.time())
+        if not dry_run:
+            await rebalancing.carry_out(store, job, moves, seconds)
+        return moves, await jobs.job_status(store, job)
+
+
+async def savepoint(hosts: str, cluster: str, job: str, path: Path, secret: bytes, stop: bool = False) -> int:
+    """A savepoint of running ``job`` at ``path`` (with ``stop``: sources stop first, then the job is killed);
+    returns its epoch."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        epoch = await savepoints.take(store, job, path, secret, pause=stop)
+        if stop:
+            await jobs.kill(store, job, by="streamlet stop --savepoint")
+        return epoch
+
+
+async def remove(hosts: str, cluster: str, job: str, secret: bytes) -> None:
+    """Remove an ended job so that its name can be used again."""
+    async with ZkStore(hosts, cluster, secret=secret) as store:
+        await jobs.remove(store, job)
+
+
+def collected(status: dict[str, Any]) -> dict[str, list[list[Any]]]:
+    """Sink records the workers reported, merged by sink name."""
+    merged: dict[str, list[list[Any]]] = {}
+    for report in status["done"].values():
+        for sink, records in report.get("sinks", {}).items():
+            merged.setdefault(sink, []).extend(records)
+    return merged
+
+
+def describe(status: dict[str, Any]) -> str:
+    """One line per fact: state and reason, workers, errors, records per collecting sink."""
+    workers = ", ".join(status["workers"]) or "no worker yet"
+    lines = [f"job '{status['job']}' {status['state']} on {workers}: {status['reason']}"]
+    lines.extend(f"  error: {error}" for error in status["errors"])
+    lines.extend(f"  {sink}: {len(records)} records" for sink, records in sorted(collected(status).items()))
+    return "\n".join(lines)
+
+
+def public(status: dict[str, Any]) -> dict[str, Any]:
+    """A status as ``jobs --json`` prints it (without the workers' full reports): the dead letters as
+    ``{"count": N, "first": [...]}``, added up over the current attempt's reports."""
+    keys = (
+        "name", "state", "reason", "attempt", "reconfigurations", "workers", "instances", "decisions", "started",
+        "ended",
+    )  # fmt: skip
+    letters = dead_letters_of(status["done"])
+    return {**{key: status[key] for key in keys}, "dead_letters": {"count": letters.count, "first": letters.first}}
+
+
+def describe_listed(status: dict[str, Any]) -> str:
+    """How ``streamlet jobs`` lists a job: state, attempt and workers; why it is in that state (why it failed);
+    its dead letters, when its workers reported some (their count, the first few)."""
+    workers = ", ".join(status["workers"]) or "-"
+    lines = [f"{status['job']:<24} {status['state']:<13} attempt {status['attempt']:<3} workers: {workers}"]
+    why = "failed: " if status["state"] == JobState.FAILED.value else ""
+    lines.append(f"{'':<24} {why}{status['reason']}")
+    letters = dead_letters_of(status["done"])
+    if letters.count:
+        shown = f" (the first {len(letters.first)})" if len(letters.first) < letters.count else ""
+        lines.append(f"{'':<24} dead letters: {letters.count}{shown}")
+        lines.extend(f"{'':<26} {line}" for line in letters.first)
+    return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""Workers in the store: an ephemeral ``/workers/<id>`` node and an ephemeral ``/loads/<id>`` heartbeat.
+
+The worker state model follows SpeedStream: on the ZooKeeper side a worker is
+VOID (not registered), STANDBY (registered, nothing assigned) or LIVE
+(running instances); locally it is *waiting* or *running*. A worker's node
+vanishing (its session ended) or its heartbeat going stale is how the
+leader detects a failed worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.lifecycle import WORKER_MOVES, LocalState, WorkerState
+from streamlet.backends.cluster.tree.store import ClusterStore
+from streamlet.errors import CoordinationError, NodeExists
+
+
+def process_load() -> dict[str, Any]:
+    """CPU seconds used and resident memory of this process, for the heartbeat."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu_seconds": usage.ru_utime + usage.ru_stime, "rss_bytes": _rss_bytes(), "pid": os.getpid()}
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass
+class WorkerRegistration:
+    """Registers one worker and keeps its heartbeat going; re-registers after a lost session."""
+
+    zk: ClusterStore
+    worker_id: str
+    info: dict[str, Any]
+    heartbeat: float = 1.0
+    load: Callable[[], dict[str, Any]] = process_load
+    zk_state: WorkerState = WorkerState.VOID
+    local_state: LocalState = LocalState.WAITING
+    beats: int = field(default=0, init=False)
+    last_load: dict[str, Any] = field(default_factory=dict, init=False)  # the last heartbeat's load report
+
+    @property
+    def node(self) -> str:
+        """The worker's node path (relative to the cluster root)."""
+        return paths.worker(self.worker_id)
+
+    async def register(self) -> None:
+        """Create the ephemeral worker node (STANDBY until it runs instances)."""
+        if self.zk_state == WorkerState.VOID:
+            self.zk_state = WorkerState.STANDBY
+        try:
+            await self.zk.create(self.node, self._description(), ephemeral=True)
+        except NodeExists:  # a session we lost may not have expired yet: take the node over
+            await self.zk.set(self.node, self._description())
+        self.zk.on_state(self._on_state)
+
+    def _description(self) -> dict[str, Any]:
+        return {**self.info, "zk_state": self.zk_state.value, "local_state": self.local_state.value}
+
+    async def set_state(self, zk_state: WorkerState, local_state: LocalState) -> None:
+        """Move in the state model and publish it (the heartbeat loop re-registers if the session is gone)."""
+        assert zk_state in WORKER_MOVES[self.zk_state], f"worker {self.zk_state.value} -> {zk_state.value}"
+        self.zk_state, self.local_state = zk_state, local_state
+        try:
+            await self.zk.set(self.node, self._description())
+        except CoordinationError:
+            with contextlib.suppress(CoordinationError):  # the node went with a lost session: register again
+                await self.zk.create(self.node, self._description(), ephemeral=True)
+
+    def _on_state(self, state: str) -> None:
+        if state == "lost":
+            self._lost = True
+            self.zk_state = WorkerState.VOID
+
+    async def run(self) -> None:
+        """Heartbeat forever; after a lost session, register again once connected."""
+        self._lost = False
+        while True:
+            try:
+                if self._lost and self.zk.state == "connected":
+                    self._lost = False
+                    await self.register()
+                await self.beat()
+            except CoordinationError:
+                pass  # suspended or reconnecting: the next beat tries again
+            await anyio.sleep(self.heartbeat)
+
+    async def beat(self) -> None:
+        """Publish the load now."""
+        load = {**self.load(), "ts": time.time(), "beat": self.beats}
+        self.last_load = load
+        try:
+            await self.zk.set(paths.load(self.worker_id), load)
+        except CoordinationError:
+            await self.zk.create(paths.load(self.worker_id), load, ephemeral=True)
+        self.beats += 1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What the leader knows of a worker."""
+
+    worker_id: str
+    info: dict[str, Any]
+    load: dict[str, Any] | None
+
+    def stale(self, now: float, after: float) -> bool:
+        """No heartbeat for ``after`` seconds."""
+        return self.load is None or now - float(self.load.get("ts", 0.0)) > after
+
+
+async def workers(zk: ClusterStore) -> list[WorkerView]:
+    """Every registered worker with its last heartbeat."""
+    found = []
+    for worker_id in await zk.children(paths.WORKERS):
+        entry = await zk.get(paths.worker(worker_id))
+        if entry is None:
+            continue  # gone between the listing and the read
+        load = await zk.get(paths.load(worker_id))
+        found.append(WorkerView(worker_id, entry[0], None if load is None else load[0]))
+    return found

@@ -1,0 +1,589 @@
+"""A worker's part of the cluster's jobs: follow assignments and job states, run the local instances, report.
+
+Every poll the worker reads each job's assignment and state. A new attempt
+that names this worker (from a leader at least as new as any it has seen)
+starts its part: the spec's signature is checked before any of its code is
+imported, the part is built, ``/jobs/<job>/started/<attempt>/<me>`` says so,
+and when it ends the outcome goes to ``/jobs/<job>/done/<attempt>/<me>`` in
+a transaction fenced on the assignment's version. A job whose state has
+ended (KILLED, FAILED) or whose attempt was replaced is stopped at once.
+A live change of a running attempt that puts an instance on this worker
+while it runs no part of it makes it join the attempt (``joining``).
+Assignments, joins and live changes carry the epoch of the leader that
+wrote them: one older than the newest this worker has seen is ignored (a
+live change's refusal is reported, so the leader does not wait for it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import structlog
+
+from streamlet import job_code
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.election import EpochFence
+from streamlet.backends.cluster.tree.jobs import topology_of
+from streamlet.backends.cluster.tree.layouts import placed_instances, with_layout
+from streamlet.backends.cluster.tree.lifecycle import state_of, worker_states
+from streamlet.backends.cluster.tree.paths import Assignment, Reconfiguration, instance_id
+from streamlet.backends.cluster.tree.registry import WorkerRegistration, workers
+from streamlet.backends.cluster.tree.reports import dead_letters_report
+from streamlet.backends.cluster.tree.signing import verify
+from streamlet.backends.cluster.tree.store import ClusterStore, write_fenced
+from streamlet.backends.cluster.worker.checkpoint_agreement import AttemptInfo, RestoreScope, ZkAgreement
+from streamlet.backends.cluster.worker.handoff import ClusterHandoff
+from streamlet.backends.cluster.worker.joining import (
+    attempt_workers,
+    change_to_join,
+    incarnations_of,
+    joined_workers,
+    tables_of,
+)
+from streamlet.backends.cluster.worker.part_replicator import PartReplicator, acknowledge_stored
+from streamlet.backends.cluster.worker.replica_service import ReplicaService
+from streamlet.backends.cluster.worker.termination import ClusterQuiescence, LoopAttempt
+from streamlet.core.model.segments import SegmentTable
+from streamlet.core.model.topology import Topology
+from streamlet.core.runtime.channel import LocalChannel
+from streamlet.core.runtime.clock import SystemClock
+from streamlet.core.runtime.job import Job, JobResult
+from streamlet.core.runtime.plan import Placement
+from streamlet.core.runtime.reconfiguration import ReconfigurationPlan
+from streamlet.errors import CoordinationError, JobError, NodeExists, SpecError, TaskError, UnusableCheckpoint
+from streamlet.transport.tcp import DataServer
+from streamlet.transport.tcp_client import TcpClient
+
+log = structlog.get_logger("streamlet")
+POLL = 0.2
+SWEEP = 5.0  # seconds between sweeps of superseded checkpoint files
+MAX_REPORT_BYTES = 1_000_000  # ZooKeeper's jute.maxbuffer is 1 MiB for the whole request: leave it some room
+
+
+class WorkerJobs:
+    """Starts this worker's share of every assigned job, once, and reports how it ended."""
+
+    def __init__(
+        self,
+        zk: ClusterStore,
+        registration: WorkerRegistration,
+        server: DataServer,
+        client: TcpClient,
+        secret: bytes,
+        state_dir: Path,
+    ) -> None:
+        self.zk = zk
+        self.secret = secret
+        self.replicas = ReplicaService(state_dir, registration.worker_id, server, client)
+        self.replicas.on_stored = partial(acknowledge_stored, zk, registration.worker_id)
+        self.registration = registration
+        self.me = registration.worker_id
+        self.server = server
+        self.client = client
+        self.fence = EpochFence()
+        self.seen: dict[str, tuple[str, int]] = {}  # job -> (its uid, the attempt last looked at)
+        self.running: dict[tuple[str, int], anyio.CancelScope] = {}
+        self.jobs: dict[tuple[str, int], Job] = {}
+        self.ended: set[str] = set()  # uids of jobs whose state ended: stop, report nothing more
+        self.topologies: dict[str, Topology] = {}  # job -> its topology, as this worker loaded it
+        self.code: dict[str, tuple[str, str | None]] = {}  # job -> its target and code digest, forgotten at its end
+        self.agreements: dict[tuple[str, int], ZkAgreement] = {}  # checkpointed job parts running here
+        # per running part: its instance -> worker (live changes add to it), its run name and worker addresses
+        self.placements: dict[tuple[str, int], dict[str, str]] = {}
+        self.runs: dict[tuple[str, int], tuple[str, dict[str, tuple[str, int]]]] = {}
+        self.changes: set[tuple[str, int, str]] = set()  # live changes taken up: (job, attempt, id)
+
+    async def run(self) -> None:
+        """Poll for assignments and kill requests until cancelled."""
+        async with anyio.create_task_group() as group:
+            group.start_soon(self.replicas.run)  # other workers' checkpoint replicas, and fetches of them
+            group.start_soon(self._sweep_files)
+            while True:
+                try:
+                    await self._poll(group)
+                except CoordinationError as exc:  # suspended or expired: kazoo reconnects, the next poll retries
+                    log.debug("job poll skipped", worker=self.me, reason=str(exc))
+                await anyio.sleep(POLL)
+
+    async def _poll(self, group: anyio.abc.TaskGroup) -> None:
+        for job in await self.zk.children(paths.JOBS):
+            found, header = await self.zk.get(paths.assignment(job)), await self.zk.get(paths.job(job))
+            if found is None or header is None:
+                continue
+            assignment, version = found
+            uid, attempt = str((header[0] or {}).get("uid", "")), int(assignment["attempt"])
+            self._stop_outdated(job, attempt)
+            new_attempt = self.seen.get(job) != (uid, attempt)
+            # only jobs this worker runs, or may start now, are worth asking about (ended ones are not)
+            if (new_attempt or any(running == job for running, _ in self.running)) and await self._ended(job, uid):
+                self._cancel(job)
+                continue
+            if not new_attempt:
+                await self._join_running(job, uid, found[0], found[1], group)
+                continue
+            self.seen[job] = (uid, attempt)
+            if not self.fence.accept(int(assignment["epoch"])):
+                log.warning("ignoring an assignment from a deposed leader", job=job, epoch=assignment["epoch"])
+                continue
+            instances: dict[str, str] = assignment["instances"]
+            if self.me in instances.values():
+                group.start_soon(self._run_job, job, attempt, version, assignment)
+        for job, attempt in list(self.jobs):
+            await self._take_up_changes(job, attempt, group)
+            await self._follow_shedding(job, attempt)
+
+    async def _sweep_files(self) -> None:
+        """Every ``SWEEP`` seconds: delete the checkpoint files (own parts, replicas) no restore can need any
+        more: those older than the job's last complete checkpoint and the one before it, older attempts'
+        parts, and everything of jobs that ended or are gone."""
+        while True:
+            await anyio.sleep(SWEEP)
+            for key in self.replicas.jobs():
+                try:
+                    job, _, uid = key.rpartition(".")
+                    keep = await files_to_keep(self.zk, job, uid)
+                    removed = await anyio.to_thread.run_sync(self.replicas.sweep, key, keep)
+                except CoordinationError:
+                    continue  # ZooKeeper away: sweep next time, never on a guess
+                except Exception as exc:  # noqa: BLE001 - a stray file must not stop the worker: said, and left
+                    log.warning("sweeping checkpoint files failed", folder=key, error=f"{type(exc).__name__}: {exc}")
+                    continue
+                if removed:
+                    log.debug("superseded checkpoint files deleted", job=job, files=removed, worker=self.me)
+
+    async def _join_running(
+        self, job: str, uid: str, assignment: Assignment, version: int, group: anyio.abc.TaskGroup
+    ) -> None:
+        """Join the running attempt when a live change puts an instance on this worker (see ``joining``)."""
+        attempt = int(assignment["attempt"])
+        if (job, attempt) in self.running or uid in self.ended:
+            return
+        state = await self.zk.get(paths.state(job))
+        if state is None:
+            return
+        if state_of(state[0]).ended:
+            self.ended.add(uid)  # final: never asked again
+            return
+        change = await change_to_join(self.zk, job, attempt, self.me, state[0])
+        if change is None or (job, attempt, paths.change_name(int(change["id"]))) in self.changes:
+            return
+        if not self.fence.accept(int(change["epoch"])):
+            log.warning("ignoring a live change from a deposed leader", job=job, epoch=change["epoch"])
+            return
+        self.changes.add((job, attempt, paths.change_name(int(change["id"]))))  # carried out by the part itself
+        log.info("joining a running job", job=job, attempt=attempt, change=change["id"], worker=self.me)
+        group.start_soon(self._run_job, job, attempt, version, assignment, change)
+
+    async def _take_up_changes(self, job: str, attempt: int, group: anyio.abc.TaskGroup) -> None:
+        """Start this worker's part of every live change of a job part running here (``reconfigure``)."""
+        for name in await self.zk.children(paths.reconfigurations(job)):
+            if (job, attempt, name) in self.changes:
+                continue
+            found = await self.zk.get(f"{paths.reconfigurations(job)}/{name}")
+            if found is None:
+                continue
+            self.changes.add((job, attempt, name))
+            change: Reconfiguration = found[0]
+            base = f"{paths.reconfigurations(job)}/{name}"
+            if int(change["attempt"]) != attempt or self.me not in change["workers"]:
+                continue  # another attempt's, or one from before this worker joined the attempt
+            if not self.fence.accept(int(change["epoch"])):
+                await self._refuse_change(job, base, change)
+                continue
+            if await self.zk.get(f"{base}/done/{self.me}") is None:
+                group.start_soon(self._reconfigure, job, attempt, change)
+
+    async def _refuse_change(self, job: str, base: str, change: Reconfiguration) -> None:
+        """Carry out nothing of a change from an older leader than one already obeyed, and say so: the leader
+        then falls back to the next attempt instead of waiting for this worker's part for ever."""
+        log.warning("ignoring a live change from a deposed leader", job=job, epoch=change["epoch"])
+        why = f"change {change['id']} comes from leader epoch {change['epoch']}, older than {self.fence.highest}"
+        with contextlib.suppress(NodeExists):
+            await self.zk.create(f"{base}/done/{self.me}", {"error": f"refused: {why}"})
+
+    async def _follow_shedding(self, job: str, attempt: int) -> None:
+        """Shed at this part's sources the share the leader's shed policy set for the job (``paths.shedding``)."""
+        running = self.jobs.get((job, attempt))
+        qos = None if running is None else running.topology.qos
+        if running is None or qos is None:
+            return
+        found = await self.zk.get(paths.shedding(job))
+        ratio = 0.0 if found is None else min(float(found[0]["ratio"]), qos.max_shed_ratio)
+        if ratio != running.shed_ratio:
+            running.shed(ratio)
+            log.info("shedding", job=job, ratio=ratio, worker=self.me)
+
+    async def _reconfigure(self, job: str, attempt: int, change: Reconfiguration) -> None:
+        """Wire this worker's part of ``change``, wait until every worker has, run it, report; stop with
+        the job part."""
+        running = self.jobs.get((job, attempt))
+        if running is None:
+            return
+        base = paths.reconfiguration(job, int(change["id"]))
+        report: dict[str, Any] = {"at": time.time()}
+        async with anyio.create_task_group() as group:
+
+            async def until_ended() -> None:
+                await running.ended()
+                group.cancel_scope.cancel()  # the part is over (or replaced): so is its share of the change
+
+            group.start_soon(until_ended)
+            try:
+                await self._carry_out_change(job, attempt, change, running, base)
+            except Exception as exc:  # noqa: BLE001 - reported: the leader falls back to the next attempt
+                log.warning("live change failed", job=job, change=change["id"], error=f"{type(exc).__name__}: {exc}")
+                report = {"error": f"{type(exc).__name__}: {exc}"}
+            group.cancel_scope.cancel()
+        if (job, attempt) in self.jobs:  # a part that ended or was replaced has nothing to report
+            with contextlib.suppress(NodeExists):
+                await self.zk.create(f"{base}/done/{self.me}", report)
+
+    async def _carry_out_change(self, job: str, attempt: int, change: Reconfiguration, running: Job, base: str) -> None:
+        placement = self.placements[job, attempt]
+        before = dict(placement)
+        placement.update(change["placed"])
+        run, addresses = self.runs[job, attempt]
+        task = change["task"]
+        plan = ReconfigurationPlan(
+            int(change["id"]), task, SegmentTable.from_data(change["old"]), SegmentTable.from_data(change["new"]),
+            frozenset(int(index) for index in change.get("relocated", [])),
+        )  # fmt: skip
+
+        def worker_of(index: int) -> str:
+            return placement[instance_id(task, index)]
+
+        def source_of(index: int) -> str:
+            return before.get(instance_id(task, index)) or placement[instance_id(task, index)]
+
+        addresses.update(await self._addresses())  # a worker joining the attempt is reached at its address
+        handoff = ClusterHandoff(run, plan, self.me, worker_of, addresses, self.server, self.client, source_of)
+        handoff.register()
+
+        async def everyone_wired() -> None:
+            with contextlib.suppress(NodeExists):
+                await self.zk.create(f"{base}/wired/{self.me}", {"at": time.time()})
+            changed = await self.zk.watch_children(f"{base}/wired")
+            while not set(await self.zk.children(f"{base}/wired")) >= set(change["workers"]):
+                await changed.wait()
+                changed.clear()
+
+        await running.reconfigure_part(plan, handoff, everyone_wired)
+        agreement = self.agreements.get((job, attempt))
+        if agreement is not None:  # after the change: checkpoints in flight before it completed without them
+            agreement.join(change["workers"])
+        await self._publish_endpoints(job, self.topologies[job], placement, [*change["placed"]])
+
+    async def _ended(self, job: str, uid: str) -> bool:
+        """The job's state has ended (killed, failed): final, so remembered."""
+        if uid in self.ended:
+            return True
+        found = await self.zk.get(paths.state(job))
+        if found is not None and state_of(found[0]).ended:
+            self.ended.add(uid)
+            return True
+        return False
+
+    async def drain(self) -> None:
+        """Graceful stop: every checkpointed job part here takes a checkpoint before which all its workers'
+        sources stop reading (so the next attempt resumes with nothing read twice); then every part stops."""
+        async with anyio.create_task_group() as group:
+            for key, agreement in list(self.agreements.items()):
+                if key in self.running:
+                    group.start_soon(agreement.stop_checkpoint)
+        for scope in list(self.running.values()):
+            scope.cancel()
+
+    def _cancel(self, job: str) -> None:
+        for (running_job, _), scope in self.running.items():
+            if running_job == job:
+                scope.cancel()
+
+    def queue_depths(self) -> dict[str, tuple[int, bool]]:
+        """Every local receiving instance's queue: ``"job/node.index"`` -> (items queued, inbox full)."""
+        depths = {}
+        for (job, _), running in self.jobs.items():
+            for (node, index), depth in running.queue_depths().items():
+                depths[f"{job}/{instance_id(node, index)}"] = depth
+        return depths
+
+    def instance_statistics(self) -> dict[str, dict[str, Any]]:
+        """Every local instance's statistics snapshot: ``"job/node.index"`` -> its data (see ``load``)."""
+        found = {}
+        for (job, _), running in self.jobs.items():
+            for snapshot in running.instance_statistics():
+                found[f"{job}/{instance_id(snapshot.node, snapshot.index)}"] = snapshot.to_data()
+        return found
+
+    def job_statistics(self) -> dict[str, dict[str, Any]]:
+        """Every local job part's job-wide counters: ``job`` -> late, dead-lettered, dropped, discarded, shed,
+        restarts, completed checkpoints and their durations (a histogram's counts), and the attempt."""
+        found = {}
+        for (job, attempt), running in self.jobs.items():
+            stats = running.statistics()
+            found[job] = {
+                "attempt": attempt, "late": stats.late, "dead_lettered": stats.dead_lettered,
+                "dropped": stats.dropped, "discarded": stats.discarded, "shed": stats.shed,
+                "restarts": stats.restarts, "checkpoints": stats.checkpoints,
+                "checkpoint_durations": stats.checkpoint_durations,
+            }  # fmt: skip
+        return found
+
+    def _stop_outdated(self, job: str, attempt: int) -> None:
+        # a newer attempt replaces this one (a worker was lost): drop it without reporting
+        for (running_job, running_attempt), scope in self.running.items():
+            if running_job == job and running_attempt < attempt:
+                scope.cancel()
+
+    async def _run_job(
+        self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None = None
+    ) -> None:
+        """This worker's part of ``attempt``, until it ends; then its outcome reported. ``joining``: the live
+        change that brings this worker into the running attempt (it builds its part, then carries it out).
+        Every line logged meanwhile (its instances', its checkpoints') carries ``job`` and ``attempt``."""
+        with structlog.contextvars.bound_contextvars(job=job, attempt=attempt):
+            await self._run_part(job, attempt, version, assignment, joining)
+
+    async def _run_part(
+        self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None
+    ) -> None:
+        part_log = log.bind(job=job, attempt=attempt, worker=self.me)
+        part_log.info("job part starting", joining=joining is not None)
+        scope = self.running[job, attempt] = anyio.CancelScope()
+        self.changes = {taken for taken in self.changes if taken[0] != job or taken[1] >= attempt}  # older: over
+        payload: dict[str, Any] | None = None
+        try:
+            with scope:
+                await self.registration.set_state(*worker_states(len(self.running)))
+                tcp_before = self.server.counts["records"]
+                fetched_before = self.replicas.counts["fetched_bytes"]
+                result, restored_from = await self._execute(job, attempt, version, assignment, joining)
+                payload = {
+                    "restored_from": restored_from,
+                    "fetched_bytes": self.replicas.counts["fetched_bytes"] - fetched_before,
+                    "sinks": reportable(result),
+                    "statistics": _plain(asdict(result.statistics)),
+                    "tcp_records_in": self.server.counts["records"] - tcp_before,
+                }
+                dead_letters = dead_letters_report(result.dead_letters)
+                if dead_letters is not None:  # the count and the first few: the report is one ZooKeeper node
+                    payload["dead_letters"] = dead_letters
+        except UnusableCheckpoint as exc:  # the leader starts another attempt, which restores an older one
+            payload = {"error": f"CheckpointError: {exc}", "unusable": exc.epoch}
+        except TaskError as exc:  # an instance crashed: the leader may restart it elsewhere
+            payload = {"error": f"TaskError: {exc}", "instance": instance_id(exc.task, exc.instance)}
+            payload["retry"] = self._restartable(job, exc.task)
+            part_log.error("task failed", task=exc.task, instance=exc.instance, error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - whatever stopped the job is reported to the submitter
+            payload = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            del self.running[job, attempt]
+            if not any(running == job for running, _ in self.running):  # its code goes with its last part
+                job_code.forget(*self.code.pop(job, ("", None)))
+            self.jobs.pop((job, attempt), None)
+            self.agreements.pop((job, attempt), None)
+            self.placements.pop((job, attempt), None)
+            self.runs.pop((job, attempt), None)
+        if payload is not None:  # None: cancelled (superseded by a newer attempt, or the job ended)
+            _log_outcome(part_log, payload)
+            await self._report(paths.done(job, attempt), fitting_report(payload), (paths.assignment(job), version))
+        else:
+            part_log.info("job part stopped", reason="the job ended or a newer attempt replaced this one")
+        await self.registration.set_state(*worker_states(len(self.running)))
+
+    async def _report(self, directory: str, payload: dict[str, Any], fence: tuple[str, int]) -> None:
+        """Report the attempt's outcome, fenced: only while the assignment is still the one this ran."""
+        # retry through a suspended or re-established session: the outcome must reach ZooKeeper
+        for _ in range(100):
+            try:
+                await self.zk.ensure(directory)
+                if await write_fenced(self.zk, f"{directory}/{self.me}", payload, None, fence):
+                    return
+                if await self.zk.get(f"{directory}/{self.me}") is None:
+                    log.warning("dropping the outcome of a replaced attempt", path=directory)
+                return  # reported already, or the job moved on to a newer attempt
+            except CoordinationError:
+                await anyio.sleep(0.2)
+        log.error("could not report a job's outcome", path=directory)
+
+    async def _execute(
+        self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None
+    ) -> tuple[JobResult, int | None]:
+        """Run this worker's share of the attempt; the result and the checkpoint it resumed from."""
+        found = await self.zk.get(paths.spec(job))
+        if found is None:
+            raise SpecError(f"job '{job}' has no spec")
+        spec = verify(job, found[0], self.secret)  # before anything of it is imported
+        self.code[job] = (spec["target"], spec.get("module_sha256"))
+        found_layout = await self.zk.get(paths.layout(job))
+        layout = None if found_layout is None else found_layout[0]
+        topology = self.topologies[job] = with_layout(topology_of(spec), layout)
+        # live changes add instances to it; a joining worker starts from where they left them
+        assigned = assignment["instances"]
+        instances = self.placements[job, attempt] = (
+            dict(assigned) if joining is None else placed_instances(assigned, layout, attempt)
+        )
+        addresses = await self._addresses()
+        run = f"{job}.{spec['uid']}.{attempt}"  # this attempt of this submission: never the same twice
+        self.runs[job, attempt] = (run, addresses)
+        held = anyio.Event()  # a joining part: open until the change that brings it in is over
+        placement = Placement(
+            job=run,  # channel ids per attempt: an old attempt's frames never mix in
+            local=lambda node, index: instances[instance_id(node, index)] == self.me,
+            remote=lambda name, node, index: self.client.channel(addresses[instances[instance_id(node, index)]], name),
+            expose=self.server.register,
+            tables=tables_of(layout),
+            incarnations={} if joining is None else incarnations_of(layout, attempt),
+            hold_open=None if joining is None else held.wait,
+        )
+        await self._publish_endpoints(job, topology, instances)
+        workers_ = attempt_workers(assignment, joined_workers(layout, attempt, joining))
+        scope = RestoreScope(
+            frozenset(instance for instance, worker in instances.items() if worker == self.me),
+            {node.name: node.parallelism for node in topology.nodes.values()},
+            {task: table.to_data() for task, table in tables_of(layout).items()},
+        )
+        settings = spec.get("checkpoint")
+        uid = str(spec["uid"])
+        checkpoints = self._checkpoints(job, uid, attempt, version, workers_, settings, scope, joining is not None)
+        if checkpoints is not None:
+            self.agreements[job, attempt] = checkpoints
+        running = Job(
+            topology, channel_factory=LocalChannel, placement=placement,
+            coordinator=None if checkpoints is None else checkpoints.coordinator(),
+            job_id=f"{self.zk.cluster}.{job}", attempt=run, name=job,  # sinks stage per run; Kafka ids per job
+            quiescence=ClusterQuiescence(self.zk, LoopAttempt(job, attempt, self.me, attempt_workers(assignment))),
+        )  # fmt: skip
+        self.jobs[job, attempt] = running
+        with contextlib.suppress(NodeExists):
+            await self.zk.create(f"{paths.started(job, attempt)}/{self.me}", {"at": time.time()})
+        if joining is None:
+            result = await running.run()
+        else:
+            async with anyio.create_task_group() as group:
+
+                async def join() -> None:
+                    try:
+                        await self._reconfigure(job, attempt, joining)
+                    finally:
+                        held.set()
+
+                group.start_soon(join)
+                result = await running.run()
+        return result, None if checkpoints is None else checkpoints.restored_from
+
+    async def _addresses(self) -> dict[str, tuple[str, int]]:
+        """Every registered worker's data-plane address."""
+        return {view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)}
+
+    def _restartable(self, job: str, task: str) -> bool:
+        topology = self.topologies.get(job)
+        return topology is not None and topology.nodes[task].on_error == "restart"
+
+    def _checkpoints(
+        self,
+        job: str,
+        uid: str,
+        attempt: int,
+        version: int,
+        workers_: list[str],
+        settings: dict[str, Any] | None,
+        scope: RestoreScope,
+        joining: bool,
+    ) -> ZkAgreement | None:
+        if settings is None:
+            return None
+        info = AttemptInfo(job, attempt, self.me, workers_, version)
+        wanted = settings.get("replicas")  # None: one copy when another worker is live
+        replicas = 1 if wanted is None else int(wanted)
+        replicator = PartReplicator(self.zk, self.replicas, job, attempt, replicas, uid=uid)
+        replicator.insist = wanted is not None
+        return ZkAgreement(
+            self.zk, info, replicator, scope, settings.get("interval"), SystemClock(),
+            settings.get("from_savepoint"), joining=joining, secret=self.secret,
+        )  # fmt: skip
+
+    async def _publish_endpoints(
+        self, job: str, topology: Topology, instances: dict[str, str], only: list[str] | None = None
+    ) -> None:
+        """Seed 000: where each receiving instance port of this worker is served (``only``: of those instances;
+        a live change publishes the ones it put here)."""
+        address = f"{self.server.host}:{self.server.port}"
+        for node in topology.nodes.values():
+            for index in range(node.parallelism):
+                instance = instance_id(node.name, index)
+                if instances[instance] != self.me or (only is not None and instance not in only):
+                    continue
+                for port in range(node.inputs):
+                    path = paths.channel(job, instance, port)
+                    try:
+                        await self.zk.create(path, address)
+                    except NodeExists:
+                        await self.zk.set(path, address)
+
+
+async def files_to_keep(zk: ClusterStore, job: str, uid: str) -> dict[int, int] | None:
+    """The checkpoints of submission ``uid`` of ``job`` a restore may still read, epoch -> attempt (the last
+    complete one and the one before it); ``None`` when the job ended, is gone, or is another submission now
+    (nothing of it is needed)."""
+    header, state = await zk.get(paths.job(job)), await zk.get(paths.state(job))
+    if header is None or state is None or state_of(state[0]).ended or str((header[0] or {}).get("uid")) != uid:
+        return None
+    found = await zk.get(paths.completed(job))
+    if found is None:
+        return {0: 0}  # none complete yet: every file may be of the first one
+    records = [found[0], found[0].get("previous")]
+    return {int(record["epoch"]): int(record["attempt"]) for record in records if record is not None}
+
+
+def _log_outcome(part_log: Any, payload: dict[str, Any]) -> None:
+    """One line for how a part ended (a task's failure was logged with its task and instance already)."""
+    if "error" not in payload:
+        letters = payload.get("dead_letters", {}).get("count", 0)
+        part_log.info("job part finished", dead_letters=letters, restored_from=payload["restored_from"])
+    elif "instance" not in payload:
+        part_log.warning("job part failed", error=payload["error"])
+
+
+def fitting_report(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload``, or an error saying why when it is too big for a ZooKeeper node (which refuses it and drops
+    the connection, again at every retry): collected sink records are reported through ZooKeeper."""
+    size = len(json.dumps(payload).encode())
+    if size <= MAX_REPORT_BYTES:
+        return payload
+    collected = ", ".join(f"'{name}' {len(rows)}" for name, rows in payload.get("sinks", {}).items())
+    return {
+        "error": f"JobError: this worker's report is {size} bytes, over the {MAX_REPORT_BYTES} a ZooKeeper node "
+        f"holds (records collected by sinks: {collected or 'none'}); collect less, or write large outputs with "
+        "a FileSink or KafkaSink",
+    }
+
+
+def reportable(result: JobResult) -> dict[str, list[list[Any]]]:
+    """Collected sink records as JSON-ready rows; a record JSON cannot hold is a :class:`JobError` naming it."""
+    rows = {}
+    for name, records in result.collected().items():
+        for record in records:
+            try:
+                json.dumps([record.key, record.value, record.ts])
+            except (TypeError, ValueError) as exc:
+                raise JobError(
+                    f"sink '{name}' collected a record (key {record.key!r}) that cannot be reported as JSON: {exc}"
+                ) from exc
+        rows[name] = [[r.key, r.value, r.ts] for r in records]
+    return rows
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
