@@ -30,6 +30,7 @@ from benchmarks.recovery import recovery_with_replicas
 from streamlet.backends.cluster.client import api as client
 from streamlet.backends.cluster.local import local_cluster
 from streamlet.backends.cluster.local.processes import SESSION_TIMEOUT
+from streamlet.backends.cluster.tree import paths
 
 TARGET = "benchmarks.cluster_job:build_topology"
 
@@ -85,7 +86,6 @@ CHECKPOINT_INTERVAL = 0.5
 async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) -> list[float]:
     """The job again with a checkpoint every ``CHECKPOINT_INTERVAL`` s: the gaps between completions (s)."""
     from streamlet.backends.cluster.tree.zk import ZkStore
-    from streamlet.backends.cluster.worker.checkpoint_agreement import completed_path
 
     checkpoint = {"interval": CHECKPOINT_INTERVAL, "replicas": None}
     submission = client.Submission("benchmarks.cluster_job:build_long_topology", "checkpointed", checkpoint=checkpoint)
@@ -95,7 +95,7 @@ async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) ->
         version: int | None = None
         with anyio.fail_after(300):
             while True:
-                data, version = await zk.wait_changed(completed_path("checkpointed"), version)
+                data, version = await zk.wait_changed(paths.completed("checkpointed"), version)
                 if data is None:
                     continue
                 if data["finished"]:  # the final checkpoint comes when the job ends, not on the interval

@@ -364,7 +364,8 @@ def cluster_add_worker(context: click.Context, capacity: int, labels: tuple[str,
 def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: bool) -> None:
     """Leader and epoch, candidates, workers with state and load, jobs (with the cluster secret, from
     STREAMLET_SECRET or --state-dir: the jobs and the heartbeats are readable with it only)."""
-    from streamlet.backends.cluster.client.status import format_status, read_status
+    from streamlet.backends.cluster.client.status import format_status
+    from streamlet.backends.cluster.tree.status import read_status
     from streamlet.backends.cluster.tree.zk import ZkStore
 
     async def show(hosts: str, cluster: str, secret: bytes | None) -> str:
@@ -438,7 +439,7 @@ def submit_command(
 ) -> None:  # fmt: skip
     """Run TARGET (module:name or path/to/file.py[:name]) on the cluster, by reference."""
     from streamlet.backends.cluster.client import api as cluster_client
-    from streamlet.backends.cluster.tree.jobs import check_job_name
+    from streamlet.backends.cluster.client.job_commands import check_job_name
 
     try:
         if job_name is not None:
@@ -506,6 +507,7 @@ def jobs_command(zk: str | None, cluster: str | None, state_dir: Path, as_json: 
     """Every job on the cluster: state, reason (why it failed), attempt, workers, dead letters reported (job data:
     needs the cluster secret, from STREAMLET_SECRET or --state-dir)."""
     from streamlet.backends.cluster.client import api as cluster_client
+    from streamlet.backends.cluster.tree.jobs import public
 
     try:
         hosts, name = _where(zk, cluster, state_dir)
@@ -513,7 +515,7 @@ def jobs_command(zk: str | None, cluster: str | None, state_dir: Path, as_json: 
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     if as_json:
-        click.echo(json.dumps([cluster_client.public(status) for status in listing], indent=2))
+        click.echo(json.dumps([public(status) for status in listing], indent=2))
         return
     for status in listing:
         click.echo(cluster_client.describe_listed(status))

@@ -88,3 +88,80 @@ def test_every_seam_is_in_streamlet_abc_and_is_the_class_the_code_uses() -> None
         Channel, Clock, CheckpointStore, ClusterStore,
     )  # fmt: skip
     assert (seams.Source, seams.Sink, seams.Task) == (streamlet.Source, streamlet.Sink, streamlet.Task)
+
+
+# -- the cluster by role: leader, worker and client meet only in the coordination tree ----------------------------
+
+CLUSTER = PACKAGE / "backends" / "cluster"
+ROLES = ("leader", "worker", "client")  # talk to each other only through the tree's nodes
+STARTERS = ("local", "simulated")  # start the roles, so they may import them
+OTHER_BACKENDS_ALLOWED = ("streamlet.backends.cluster.tree",)  # what local.py, processes/, monitor/ may use
+
+
+def modules_under(folder: Path) -> dict[str, Path]:
+    return {
+        ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts): path for path in sorted(folder.rglob("*.py"))
+    }
+
+
+def backend_imports(path: Path) -> set[str]:
+    """The modules of ``streamlet.backends`` that ``path`` imports (packages and modules alike)."""
+    return {target for target in imported_modules(path) if target.startswith("streamlet.backends.")}
+
+
+def cluster_folder(target: str) -> str | None:
+    """``leader`` for ``streamlet.backends.cluster.leader.leader``; ``None`` outside the cluster backend."""
+    parts = target.split(".")
+    return parts[3] if parts[:3] == ["streamlet", "backends", "cluster"] and len(parts) > 3 else None
+
+
+def test_every_cluster_module_sits_in_a_role_folder() -> None:
+    loose = sorted(p.name for p in CLUSTER.glob("*.py") if p.name != "__init__.py")
+    folders = sorted(p.name for p in CLUSTER.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert (loose, folders) == ([], sorted(("tree", *ROLES, *STARTERS)))
+
+
+def test_the_roles_import_only_the_tree_and_never_each_other() -> None:
+    """leader/, worker/ and client/ use the tree (and core, transport, adaptation, shared modules), no other
+    role and no other backend: what one role tells another goes through a node of the tree."""
+    wrong = sorted(
+        f"{module} -> {target}"
+        for role in ROLES
+        for module, path in modules_under(CLUSTER / role).items()
+        for target in backend_imports(path)
+        if cluster_folder(target) not in ("tree", role)
+    )
+    assert wrong == []
+
+
+def test_the_tree_imports_no_role() -> None:
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, path in modules_under(CLUSTER / "tree").items()
+        for target in backend_imports(path)
+        if cluster_folder(target) != "tree"
+    )
+    assert wrong == []
+
+
+def test_the_other_backends_use_at_most_the_clusters_tree() -> None:
+    """The in-process backends, the process pool and the monitor read the tree, never a role's code."""
+    others = {
+        module: path
+        for module, path in modules_under(PACKAGE / "backends").items()
+        if cluster_folder(module) is None and module != "streamlet.backends.cluster"
+    }
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, path in others.items()
+        for target in backend_imports(path)
+        if target.startswith("streamlet.backends.cluster") and not target.startswith(OTHER_BACKENDS_ALLOWED)
+    )
+    assert wrong == []
+
+
+def test_the_layout_rules_catch_a_role_reaching_into_another(tmp_path: Path) -> None:
+    """The checks read real import statements: a worker module importing the leader is seen."""
+    reach = tmp_path / "reach.py"
+    reach.write_text("def f():\n    from streamlet.backends.cluster.leader.leader import Leader\n")
+    assert {cluster_folder(t) for t in backend_imports(reach)} == {"leader"}

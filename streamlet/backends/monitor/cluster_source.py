@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from streamlet.backends.cluster.client.status import read_status
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.outline import Outlines
 from streamlet.backends.cluster.tree.registry import workers
 from streamlet.backends.cluster.tree.signing import verify
+from streamlet.backends.cluster.tree.status import read_status
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.backends.monitor.views import Reading, graph_of
 from streamlet.errors import StreamletError

@@ -32,11 +32,11 @@ from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster.worker.checkpoint_agreement import merge_parts
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.histogram import LatencyHistogram
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.state.checkpoints import CheckpointInfo, Coordinator
+from streamlet.core.state.parts import merge_parts
 from streamlet.core.state.store import CheckpointStore, decode, encode
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]

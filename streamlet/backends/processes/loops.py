@@ -19,8 +19,8 @@ from typing import Any
 
 import anyio
 
-from streamlet.backends.cluster.worker.termination import MAX_ROUND_PAUSE, ROUND_PAUSE, looks_quiet, loop_views, quiet
 from streamlet.core.runtime.cycles import CycleTracker
+from streamlet.core.runtime.quiescence import MAX_ROUND_PAUSE, ROUND_PAUSE, looks_quiet, loop_views, quiet
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 

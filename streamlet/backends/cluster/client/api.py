@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from streamlet.adaptation.rebalance import Migration
-from streamlet.backends.cluster.client import savepoints
+from streamlet.backends.cluster.client import job_commands, live_changes, savepoints
 from streamlet.backends.cluster.tree import jobs, rebalancing
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree.lifecycle import JobState
@@ -52,13 +52,13 @@ async def submit_and_wait(
     """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass), showing each
     status read to ``watch`` (``submit``'s progress line)."""
     async with ZkStore(hosts, cluster, secret=secret) as store:  # the secret is checked before any code is loaded
-        spec = jobs.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
+        spec = job_commands.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
         if submission.from_savepoint is not None:
             if spec["checkpoint"] is None:
                 raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
             spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, spec)
-        name = jobs.check_job_name(submission.job or jobs.topology_of(spec).name)
-        await jobs.submit(store, name, spec, secret)
+        name = job_commands.check_job_name(submission.job or jobs.topology_of(spec).name)
+        await job_commands.submit(store, name, spec, secret)
         status = await jobs.job_status(store, name)
         if not wait:
             return status
@@ -94,7 +94,7 @@ async def list_jobs(hosts: str, cluster: str, secret: bytes | None) -> list[dict
 async def kill(hosts: str, cluster: str, job: str, secret: bytes) -> str:
     """Ask the cluster to stop ``job``; returns the state it was in."""
     async with ZkStore(hosts, cluster, secret=secret) as store:
-        return await jobs.kill(store, job)
+        return await job_commands.kill(store, job)
 
 
 async def rescale(
@@ -121,8 +121,8 @@ async def change(
     """Ask for a live change of running ``job`` and wait until the leader has carried it out (or refused it)."""
     async with ZkStore(hosts, cluster, secret=secret) as store:
         asked_at = time.time()
-        before = await reconfigure.ask(store, job, request)
-        return await reconfigure.wait_done(store, job, before, asked_at, seconds)
+        before = await live_changes.ask(store, job, request)
+        return await live_changes.wait_done(store, job, before, asked_at, seconds)
 
 
 async def rebalance(
@@ -133,7 +133,7 @@ async def rebalance(
     async with ZkStore(hosts, cluster, secret=secret) as store:
         moves = await rebalancing.planned_moves(store, job, time.time())
         if not dry_run:
-            await rebalancing.carry_out(store, job, moves, seconds)
+            await live_changes.carry_out(store, job, moves, seconds)
         return moves, await jobs.job_status(store, job)
 
 
@@ -143,14 +143,14 @@ async def savepoint(hosts: str, cluster: str, job: str, path: Path, secret: byte
     async with ZkStore(hosts, cluster, secret=secret) as store:
         epoch = await savepoints.take(store, job, path, secret, pause=stop)
         if stop:
-            await jobs.kill(store, job, by="streamlet stop --savepoint")
+            await job_commands.kill(store, job, by="streamlet stop --savepoint")
         return epoch
 
 
 async def remove(hosts: str, cluster: str, job: str, secret: bytes) -> None:
     """Remove an ended job so that its name can be used again."""
     async with ZkStore(hosts, cluster, secret=secret) as store:
-        await jobs.remove(store, job)
+        await job_commands.remove(store, job)
 
 
 def collected(status: dict[str, Any]) -> dict[str, list[list[Any]]]:
@@ -169,17 +169,6 @@ def describe(status: dict[str, Any]) -> str:
     lines.extend(f"  error: {error}" for error in status["errors"])
     lines.extend(f"  {sink}: {len(records)} records" for sink, records in sorted(collected(status).items()))
     return "\n".join(lines)
-
-
-def public(status: dict[str, Any]) -> dict[str, Any]:
-    """A status as ``jobs --json`` prints it (without the workers' full reports): the dead letters as
-    ``{"count": N, "first": [...]}``, added up over the current attempt's reports."""
-    keys = (
-        "name", "state", "reason", "attempt", "reconfigurations", "workers", "instances", "decisions", "started",
-        "ended",
-    )  # fmt: skip
-    letters = dead_letters_of(status["done"])
-    return {**{key: status[key] for key in keys}, "dead_letters": {"count": letters.count, "first": letters.first}}
 
 
 def describe_listed(status: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ from streamlet.backends.cluster.tree.lifecycle import JobState
 from streamlet.backends.cluster.tree.paths import JobSpec
 from streamlet.backends.cluster.tree.signing import sign_export
 from streamlet.backends.cluster.tree.store import ClusterStore
-from streamlet.backends.cluster.worker.checkpoint_agreement import completed_path, merge_parts
+from streamlet.core.state.parts import merge_parts
 from streamlet.core.state.savepoints import check_fits, read_savepoint, write_savepoint
 from streamlet.core.state.store import decode
 from streamlet.errors import JobError, NodeExists, VersionConflict
@@ -82,7 +82,7 @@ async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, exp
             continue
         if found is not None and found[0]["final"]:
             raise JobError(f"job '{job}' is finishing: its final checkpoint is under way")
-        completed = await store.get(completed_path(job))
+        completed = await store.get(paths.completed(job))
         done = 0 if completed is None else int(completed[0]["epoch"])
         epoch = max(done, 0 if found is None else int(found[0]["epoch"])) + 1
         trigger = {
@@ -104,7 +104,7 @@ async def _completed(store: ClusterStore, job: str, attempt: int, epoch: int) ->
     whose parts make it up (a later one is as good: it too holds everything read before the request)."""
     version: int | None = -2
     while True:
-        data, version = await store.wait_changed(completed_path(job), version)
+        data, version = await store.wait_changed(paths.completed(job), version)
         if data is not None and (int(data["attempt"]), int(data["epoch"])) >= (attempt, epoch):
             if int(data["attempt"]) != attempt:
                 raise JobError(f"job '{job}' moved on to attempt {data['attempt']} before the savepoint completed")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamlet.backends.cluster.client.status import read_status
 from streamlet.backends.cluster.tree.registry import workers
+from streamlet.backends.cluster.tree.status import read_status
 from streamlet.backends.cluster.tree.store import ClusterStore
 
 Load = dict[str, Any]  # one heartbeat, as a worker writes it to /loads/<id>

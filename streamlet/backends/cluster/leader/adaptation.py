@@ -43,11 +43,11 @@ from streamlet.adaptation.rebalance import Migration
 from streamlet.adaptation.session_table import balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.adaptation.shedding import decide, held_back, window_latency
-from streamlet.backends.cluster.leader.scheduler import live, live_loads
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree import paths, rebalancing
 from streamlet.backends.cluster.tree.election import LeaderFence
 from streamlet.backends.cluster.tree.lifecycle import JobState, state_of
+from streamlet.backends.cluster.tree.loads import live, live_loads
 from streamlet.backends.cluster.tree.outline import Outlines
 from streamlet.backends.cluster.tree.paths import ReconfigureRequest
 from streamlet.backends.cluster.tree.registry import workers

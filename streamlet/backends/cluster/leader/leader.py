@@ -36,12 +36,14 @@ import anyio
 import anyio.abc
 import structlog
 
+from streamlet.backends.cluster.leader import live_changes
 from streamlet.backends.cluster.leader.backup_control import BackupController
-from streamlet.backends.cluster.leader.scheduler import fitting_workers, live, live_loads, place, state_holders
+from streamlet.backends.cluster.leader.scheduler import place, state_holders
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import LeaderFence
 from streamlet.backends.cluster.tree.lifecycle import JobState, moved, state_of
+from streamlet.backends.cluster.tree.loads import fitting_workers, live, live_loads
 from streamlet.backends.cluster.tree.outline import Outlines
 from streamlet.backends.cluster.tree.paths import (
     Assignment,
@@ -310,11 +312,11 @@ class Leader:
         task = topology.nodes.get(str(request.get("task")))
         fitting = fitting_workers(task, loads) if task is not None else set()  # its workers=/labels= constraints
         room = {load.worker_id: load.capacity - load.used for load in loads if load.worker_id in fitting}
-        for worker in reconfigure.running_instances(instances, topology).values():  # this job's, live-added too
+        for worker in live_changes.running_instances(instances, topology).values():  # this job's, live-added too
             if worker in room:
                 room[worker] -= 1
         try:
-            change = reconfigure.plan(
+            change = live_changes.plan(
                 ident, topology, layout, request, instances, view.attempt, self.epoch, room, set(view.done)
             )
         except ReconfigurationError as exc:
@@ -339,11 +341,11 @@ class Leader:
         return await self._move(view, JobState.RECONFIGURING, f"change {ident} ({what})", steps)
 
     async def _hold_trigger(self, view: JobView, ident: int) -> Op:
-        path = reconfigure.trigger_path(view.name, view.attempt)
+        path = paths.trigger_path(view.name, view.attempt)
         found = await self.store.get(path)
         if found is None:
-            return Create(path, reconfigure.held(None, ident))
-        return SetData(path, reconfigure.held(found[0], ident), found[1])
+            return Create(path, live_changes.held(None, ident))
+        return SetData(path, live_changes.held(found[0], ident), found[1])
 
     async def _follow_change(self, view: JobView) -> str | None:
         """Every worker done with the change: RUNNING again, one more reconfiguration, the new layout, the
@@ -361,16 +363,16 @@ class Leader:
         if not isinstance(topology, Topology):
             return await self._cannot_run(view, topology)
         layout = None if view.layout is None else view.layout[0]
-        new_layout = reconfigure.next_layout(layout, change, topology)
+        new_layout = live_changes.next_layout(layout, change, topology)
         steps: list[Op] = [
             Create(paths.layout(view.name), new_layout)
             if view.layout is None
             else SetData(paths.layout(view.name), new_layout, view.layout[1])
         ]
-        trigger = await self.store.get(reconfigure.trigger_path(view.name, view.attempt))
+        trigger = await self.store.get(paths.trigger_path(view.name, view.attempt))
         if trigger is not None and trigger[0].get("hold") is not None:
             released = {key: value for key, value in trigger[0].items() if key != "hold"}
-            steps.append(SetData(reconfigure.trigger_path(view.name, view.attempt), released, trigger[1]))
+            steps.append(SetData(paths.trigger_path(view.name, view.attempt), released, trigger[1]))
         reason = f"change {change['id']} done: {_describe_change(change, done=True)}"
         return await self._move(view, JobState.RUNNING, reason, steps, reconfigured=True)
 

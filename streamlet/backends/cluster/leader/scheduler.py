@@ -11,14 +11,11 @@ from __future__ import annotations
 from streamlet.adaptation.dispatch import WorkerLoad, assign
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.jobs import held_instances
-from streamlet.backends.cluster.tree.lifecycle import state_of
+from streamlet.backends.cluster.tree.loads import fitting_workers
 from streamlet.backends.cluster.tree.paths import Assignment
-from streamlet.backends.cluster.tree.registry import WorkerView, workers
 from streamlet.backends.cluster.tree.store import ClusterStore
-from streamlet.core.model.topology import Node, Topology
+from streamlet.core.model.topology import Topology
 from streamlet.errors import DispatchError
-
-STALE_AFTER = 5.0  # seconds without a heartbeat before the leader counts a worker as lost
 
 Instance = tuple[str, int]
 
@@ -79,12 +76,6 @@ def place(
     return {paths.instance_id(node, index): worker for (node, index), worker in placed.items()}
 
 
-def fitting_workers(node: Node, loads: list[WorkerLoad]) -> set[str]:
-    """The workers of ``loads`` a node may run on: those it names (if it names any) carrying all its labels."""
-    fitting = {w.worker_id for w in loads if set(node.labels) <= w.labels}
-    return fitting if node.workers is None else fitting & set(node.workers)
-
-
 async def state_holders(store: ClusterStore, job: str, assignment: Assignment | None) -> dict[str, list[str]]:
     """Instance id -> the workers where its state is, to redeploy it without moving state: where it runs now
     (its newest local checkpoint part), the backup location controller's redeploy worker, then the holders
@@ -100,34 +91,3 @@ async def state_holders(store: ClusterStore, job: str, assignment: Assignment | 
     for instance, holders in ((found[0] if found else {}).get("holders") or {}).items():
         where[instance] = [*where.get(instance, []), *(h for h in holders if h not in where.get(instance, []))]
     return where
-
-
-def live(views: list[WorkerView], now: float) -> list[WorkerView]:
-    """The workers with a fresh heartbeat."""
-    return [view for view in views if not view.stale(now, STALE_AFTER)]
-
-
-async def live_loads(store: ClusterStore, now: float, exclude: str | None = None) -> list[WorkerLoad]:
-    """Live workers: capacity, instances of unfinished jobs (but ``exclude``) they hold, overload."""
-    views = live(await workers(store), now)
-    used = dict.fromkeys((v.worker_id for v in views), 0)
-    for job in await store.children(paths.JOBS):
-        found = await store.get(paths.assignment(job))
-        if job == exclude or found is None:
-            continue
-        state = await store.get(paths.state(job))
-        if state_of(None if state is None else state[0]).ended:
-            continue
-        for worker in (await held_instances(store, job, found[0])).values():
-            if worker in used:
-                used[worker] += 1
-    return [
-        WorkerLoad(
-            v.worker_id,
-            int(v.info.get("capacity", 8)),
-            used[v.worker_id],
-            bool((v.load or {}).get("overloaded", False)),
-            frozenset(v.info.get("labels", ())),
-        )
-        for v in views
-    ]

@@ -87,7 +87,7 @@ import anyio.abc
 import structlog.testing
 
 from streamlet.adaptation.settings import AdaptSettings
-from streamlet.backends.cluster.client import savepoints
+from streamlet.backends.cluster.client import job_commands, savepoints
 from streamlet.backends.cluster.client.api import collected as reported_records
 from streamlet.backends.cluster.leader.adaptation import AdaptationLoop
 from streamlet.backends.cluster.leader.leader import Leader
@@ -691,15 +691,15 @@ class SimulatedCluster:
         interval = self.checkpoint_interval if isinstance(checkpoint_interval, EllipsisType) else checkpoint_interval
         checkpoint: dict[str, Any] | None = None if interval is None else {"interval": interval, "replicas": None}
         adapting = None if adapt is None else adapt.to_data()
-        spec = cluster_jobs.new_spec(self._reference(target), dict(parallelism or {}), checkpoint, adapting)
+        spec = job_commands.new_spec(self._reference(target), dict(parallelism or {}), checkpoint, adapting)
         if from_savepoint is not None:
             if checkpoint is None:
                 raise JobError("from_savepoint needs checkpoints (a checkpoint_interval)")
             checkpoint["from_savepoint"] = savepoints.check_for_submit(Path(from_savepoint), spec)
-        name = cluster_jobs.check_job_name(job or cluster_jobs.topology_of(spec).name)
+        name = job_commands.check_job_name(job or cluster_jobs.topology_of(spec).name)
         if await self.store.get(paths.job(name)) is None:
             self._histories[name] = _History(triggers)  # before the job exists: its first state is seen too
-        await cluster_jobs.submit(self.store, name, spec, self.secret)
+        await job_commands.submit(self.store, name, spec, self.secret)
         return SimulatedJob(self, name)
 
     async def run(
@@ -851,7 +851,7 @@ class SimulatedJob:
 
     async def kill(self) -> None:
         """Ask the cluster to stop the job, as ``streamlet kill`` does (it ends KILLED)."""
-        await cluster_jobs.kill(self.cluster.store, self.name, by="the test")
+        await job_commands.kill(self.cluster.store, self.name, by="the test")
 
     async def outcome(self) -> JobOutcome:
         """Wait until the job has ended (FINISHED, FAILED or KILLED); then how it went."""

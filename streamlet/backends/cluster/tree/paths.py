@@ -338,3 +338,8 @@ def instance_id(node: str, index: int) -> str:
 def task_of(instance: str) -> str:
     """``count`` from ``count.1``."""
     return instance.rsplit(".", 1)[0]
+
+
+def trigger_path(job: str, attempt: int) -> str:
+    """The checkpoint trigger of ``attempt`` (see ``checkpoints``): the leader holds it during a change."""
+    return f"{checkpoints(job)}/attempt-{attempt}/trigger"

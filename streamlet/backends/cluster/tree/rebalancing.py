@@ -11,23 +11,19 @@ restart (it joins the running attempt with the first instance it gets).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from streamlet.adaptation.rebalance import Migration, rebalance
-from streamlet.backends.cluster.leader.scheduler import fitting_workers, live_loads
 from streamlet.backends.cluster.tree import jobs, paths
 from streamlet.backends.cluster.tree.jobs import held_instances
 from streamlet.backends.cluster.tree.layouts import (
-    ask,
     placed_instances,
-    request_node,
     unchangeable,
-    wait_done,
     with_layout,
 )
 from streamlet.backends.cluster.tree.lifecycle import JobState
+from streamlet.backends.cluster.tree.loads import fitting_workers, live_loads
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.errors import ReconfigurationError
 
@@ -79,16 +75,3 @@ async def planned_moves(store: ClusterStore, job: str, now: float) -> list[Migra
     """The migrations that would spread running ``job`` evenly over the live workers (empty: it is even)."""
     found = await situation(store, job, now)
     return rebalance(found.placed, found.room, found.movable, found.may_run)
-
-
-async def carry_out(store: ClusterStore, job: str, moves: list[Migration], seconds: float) -> None:
-    """Each move as a live migration, waiting for one before asking the next (the leader takes one change
-    at a time); a refused or unfinished one stops here, saying how far it got."""
-    for done, move in enumerate(moves):
-        asked_at = time.time()
-        request = request_node(paths.task_of(move.instance), migrate=(move.index, move.target))
-        try:
-            before = await ask(store, job, request)
-            await wait_done(store, job, before, asked_at, seconds)
-        except ReconfigurationError as exc:
-            raise ReconfigurationError(f"{exc} (moving {move.instance}; {done} of {len(moves)} moves done)") from exc

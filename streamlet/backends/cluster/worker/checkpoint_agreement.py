@@ -42,13 +42,14 @@ import structlog
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.signing import export_folder
 from streamlet.backends.cluster.tree.store import Check, ClusterStore, Create, Op, SetData, riding_out
-from streamlet.backends.cluster.worker.part_replicator import PartReplicator, instances_per_task, instances_to_restore
+from streamlet.backends.cluster.worker.part_replicator import PartReplicator, instances_to_restore
 from streamlet.core.model.clock import Clock
 from streamlet.core.state.checkpoints import Coordinator
 from streamlet.core.state.durable import write_file
+from streamlet.core.state.parts import merge_parts
 from streamlet.core.state.savepoints import read_savepoint
 from streamlet.core.state.store import decode
-from streamlet.errors import CheckpointError, JobError, NodeExists, SpecError, VersionConflict
+from streamlet.errors import CheckpointError, NodeExists, SpecError, VersionConflict
 
 log = structlog.get_logger("streamlet")
 
@@ -78,11 +79,6 @@ class RestoreScope:
         taken = completed.get("layout") or {}
         regrouped = {task for task, table in self.tables.items() if taken.get(task) != table}
         return instances_to_restore(completed["holders"], set(self.local), self.parallelism, regrouped)
-
-
-def completed_path(job: str) -> str:
-    """Where the job's last completed checkpoint is published."""
-    return paths.completed(job)
 
 
 class ZkAgreement:
@@ -129,7 +125,7 @@ class ZkAgreement:
     async def restore_point(self) -> tuple[int, dict[str, Any]] | None:
         """The state of this part's instances at the job's last usable complete checkpoint, as one document."""
         self._triggered = await self._highest_triggered()  # epochs of a new attempt never repeat an old one's
-        found = await self.zk.get(completed_path(self.job))
+        found = await self.zk.get(paths.completed(self.job))
         if self.joining:
             await self._join(found)
             return None
@@ -324,7 +320,7 @@ class ZkAgreement:
         return {"holders": holders, "sizes": sizes, "layout": layout, **run}
 
     async def _publish_completed(self, epoch: int, finished: bool, where: dict[str, Any]) -> None:
-        path = completed_path(self.job)
+        path = paths.completed(self.job)
         fence = (paths.assignment(self.job), self.info.assignment_version)
         value = {
             "attempt": self.info.attempt,
@@ -367,7 +363,7 @@ class ZkAgreement:
     async def _follow_completions(self, coordinator: Coordinator) -> None:
         version: int | None = None
         while True:
-            data, version = await riding_out(self.zk.wait_changed, completed_path(self.job), version)
+            data, version = await riding_out(self.zk.wait_changed, paths.completed(self.job), version)
             if data is None or int(data["attempt"]) != self.info.attempt:
                 continue
             epoch = int(data["epoch"])
@@ -388,30 +384,3 @@ class ZkAgreement:
             await self.zk.create(f"{self.base}/finished/{self.info.worker}", {})
         if set(await self.zk.children(f"{self.base}/finished")) >= set(self.info.workers):
             await self._publish_trigger(final=True)  # None when another worker wrote it first
-
-
-def merge_parts(parts: list[dict[str, Any]], completed: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One checkpoint document from workers' parts (or pieces of them): each node's snapshots in instance
-    order. Without ``completed`` every instance must be there; with it (the completed checkpoint's record)
-    an instance this worker did not read is ``None`` in its place."""
-    record = completed or {}
-    merged: dict[str, Any] = {
-        "epoch": parts[0]["epoch"] if parts else record.get("epoch"),
-        "job": parts[0]["job"] if parts else record.get("job_id"),
-        "finished": all(part["finished"] for part in parts) and record.get("finished", True),
-        "attempt": parts[0].get("attempt") if parts else record.get("run"),  # the run that took it: its staging
-        "layout": parts[0].get("layout", {}) if parts else record.get("layout", {}),
-    }
-    counts = instances_per_task(record.get("holders", {}))
-    for section in ("sources", "tasks"):
-        by_node: dict[str, dict[int, Any]] = {}
-        for part in parts:
-            for name, entries in part[section].items():
-                by_node.setdefault(name, {}).update({int(index): snapshot for index, snapshot in entries})
-        merged[section] = {}
-        for name, snapshots in by_node.items():
-            count = counts.get(name, len(snapshots))
-            if completed is None and sorted(snapshots) != list(range(count)):
-                raise JobError(f"checkpoint {merged['epoch']}: instances of '{name}' are missing from its parts")
-            merged[section][name] = [snapshots.get(index) for index in range(count)]
-    return merged

@@ -23,7 +23,6 @@ the next one restores from the checkpoint before it.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +41,7 @@ from streamlet.backends.cluster.worker.replica_service import (
     instances_of,
     piece,
 )
+from streamlet.core.state.parts import instances_per_task
 from streamlet.core.state.store import decode
 from streamlet.errors import CheckpointError, NodeExists, UnusableCheckpoint
 
@@ -63,11 +63,6 @@ def backups_for(
         topped = planned + [worker for worker in ring if worker not in planned]
         chosen[instance] = topped[:replicas]
     return chosen
-
-
-def instances_per_task(holders: Holders) -> dict[str, int]:
-    """How many instances of each task a checkpoint holds state of (its parallelism when taken)."""
-    return dict(Counter(task_of(instance) for instance in holders))
 
 
 def instances_to_restore(

@@ -44,13 +44,9 @@ import anyio
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.paths import LoopAnswer, LoopQuiet, LoopRound
 from streamlet.backends.cluster.tree.store import ClusterStore, riding_out
-from streamlet.core.runtime.cycles import CycleTracker, LoopCounters
+from streamlet.core.runtime.cycles import CycleTracker
+from streamlet.core.runtime.quiescence import MAX_ROUND_PAUSE, ROUND_PAUSE, LoopView, looks_quiet, loop_views, quiet
 from streamlet.errors import NodeExists
-
-ROUND_PAUSE = 0.02  # seconds between rounds while a loop runs; doubles each busy round ...
-MAX_ROUND_PAUSE = 0.5  # ... up to this, so a long-running loop costs ZooKeeper two rounds a second
-
-LoopView = dict[str, LoopCounters]  # one loop in one round: worker -> its counters
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,30 +57,6 @@ class LoopAttempt:
     attempt: int
     worker: str
     workers: list[str]  # every worker of the attempt, sorted: the first runs the detector
-
-
-def looks_quiet(view: LoopView) -> bool:
-    """One round shows nothing in flight, nothing busy and no sender outside the loop still open."""
-    counters = view.values()
-    balanced = sum(c.sent for c in counters) == sum(c.received for c in counters)
-    return balanced and all(c.external_open == 0 and not c.busy for c in counters)
-
-
-def quiet(previous: LoopView | None, current: LoopView) -> bool:
-    """Two successive rounds with the same counters that look quiet: the loop is quiet for good."""
-    return previous == current and looks_quiet(current)
-
-
-def loop_views(answers: Mapping[str, LoopAnswer]) -> dict[str, LoopView]:
-    """Per loop, every worker's counters, from the workers' answers to one round."""
-    views: dict[str, LoopView] = {}
-    for worker, answer in answers.items():
-        for loop, counters in answer["loops"].items():
-            views.setdefault(loop, {})[worker] = LoopCounters(
-                int(counters["sent"]), int(counters["received"]), int(counters["external_open"]),
-                bool(counters["busy"]),
-            )  # fmt: skip
-    return views
 
 
 class LoopDetector:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from streamlet.backends.cluster.client import job_commands
 from streamlet.backends.cluster.leader.leader import Leader
 from streamlet.backends.cluster.tree import jobs, paths
 from streamlet.backends.cluster.tree.registry import WorkerRegistration
@@ -52,7 +53,7 @@ class MemoryCluster:
 
     async def submit(self, job: str, source: str = PIPELINE, secret: bytes = SECRET) -> None:
         """Submit ``source``'s topology as ``job``."""
-        await jobs.submit(self.client, job, jobs.new_spec(self.module(source), {}, None), secret)
+        await job_commands.submit(self.client, job, job_commands.new_spec(self.module(source), {}, None), secret)
 
     async def state(self, job: str) -> tuple[str, str]:
         """The job's (state, reason)."""

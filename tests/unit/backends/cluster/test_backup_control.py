@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamlet.backends.cluster.tree import jobs, paths
+from streamlet.backends.cluster.client import job_commands
+from streamlet.backends.cluster.tree import paths
 from tests.unit.backends.cluster.conftest import SECRET, MemoryCluster
 
 
 async def running_with_checkpoints(cluster: MemoryCluster, sizes: dict[str, int]) -> dict[str, str]:
     """Job 'p' (4 instances) RUNNING on w0..w2 with checkpoints, its last checkpoint of state ``sizes``."""
-    spec = jobs.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": None})
-    await jobs.submit(cluster.client, "p", spec, SECRET)
+    spec = job_commands.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": None})
+    await job_commands.submit(cluster.client, "p", spec, SECRET)
     await cluster.leader.round()
     instances: dict[str, str] = (await cluster.assignment("p"))["instances"]  # type: ignore[assignment]
     for worker in set(instances.values()):

@@ -15,7 +15,6 @@ from streamlet.backends.cluster.worker.checkpoint_agreement import (
     AttemptInfo,
     RestoreScope,
     ZkAgreement,
-    completed_path,
     merge_parts,
 )
 from streamlet.backends.cluster.worker.part_replicator import PartReplicator
@@ -172,7 +171,7 @@ async def test_a_replaced_attempt_cannot_complete_a_checkpoint(tree: MemoryTree)
     zombie_a, zombie_b = agreement(tree, "w0"), agreement(tree, "w1")
     await saved(zombie_a, 1, False)
     await saved(zombie_b, 1, False)
-    assert await client.get(completed_path("wc")) is None
+    assert await client.get(paths.completed("wc")) is None
 
 
 async def test_the_final_checkpoint_begins_once_every_worker_has_finished(tree: MemoryTree) -> None:

@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 import anyio
 
 import streamlet as sl
+from streamlet.backends.cluster.client import job_commands
 from streamlet.backends.cluster.leader.adaptation import AdaptationLoop
 from streamlet.backends.cluster.leader.leader import Leader
-from streamlet.backends.cluster.tree import jobs, paths
+from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import LeaderElection, LeaderFence, leader
 from streamlet.backends.cluster.tree.layouts import request_node
 from streamlet.backends.cluster.tree.registry import WorkerRegistration
@@ -184,8 +185,8 @@ async def test_a_deposed_leaders_backup_placement_is_refused(cluster: MemoryClus
     """The old leader placed a RUNNING job's backups and stopped before writing them: nothing is written."""
     for worker in ("w0", "w1"):
         await cluster.add_worker(worker, capacity=4)
-    spec = jobs.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": 1})
-    await jobs.submit(cluster.client, "p", spec, SECRET)
+    spec = job_commands.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": 1})
+    await job_commands.submit(cluster.client, "p", spec, SECRET)
     old, session = await elected(cluster, "m0")
     await old.round()
     for worker in set((await cluster.assignment("p"))["instances"].values()):  # type: ignore[attr-defined]

@@ -9,9 +9,9 @@ import asyncio
 import time
 from typing import Any
 
+from streamlet.backends.cluster.client import live_changes as client_changes
 from streamlet.backends.cluster.tree import paths, rebalancing
 from streamlet.backends.cluster.tree.store import ClusterStore
-from streamlet.backends.cluster.worker.checkpoint_agreement import completed_path
 from streamlet.testing import SimulatedCluster
 from tests.unit.backends.cluster.test_live_rescale import (
     RUNNING_COUNTS,
@@ -32,7 +32,7 @@ async def checkpoint_with(store: ClusterStore, job: str, worker: str) -> dict[st
     """Wait (on the node's watch) for a completed checkpoint that holds ``worker``'s part."""
     version: int | None = None
     while True:
-        data, version = await store.wait_changed(completed_path(job), version)
+        data, version = await store.wait_changed(paths.completed(job), version)
         if data is not None and worker in data["workers"]:
             return dict(data)
 
@@ -95,7 +95,7 @@ async def test_rebalance_spreads_a_running_job_over_the_workers_added_since_it_s
         await cluster.add_worker()
         await cluster.add_worker()
         moves = await rebalancing.planned_moves(cluster.store, "rescaled", time.time())
-        await rebalancing.carry_out(cluster.store, "rescaled", moves, 30)
+        await client_changes.carry_out(cluster.store, "rescaled", moves, 30)
         again = await rebalancing.planned_moves(cluster.store, "rescaled", time.time())
         status = await job.state()
         gate.set()

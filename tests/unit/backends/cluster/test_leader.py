@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from streamlet.backends.cluster.client import job_commands
 from streamlet.backends.cluster.leader.leader import read_view
 from streamlet.backends.cluster.tree import jobs, paths
 from streamlet.errors import JobError, TopologyError
@@ -141,11 +142,11 @@ async def test_kill_yields_killed_and_is_idempotent(cluster: MemoryCluster) -> N
     await cluster.add_worker("w0")
     await cluster.submit("p")
     await cluster.leader.round()
-    assert await jobs.kill(cluster.client, "p") == "SCHEDULED"
-    assert await jobs.kill(cluster.client, "p") == "SCHEDULED"
+    assert await job_commands.kill(cluster.client, "p") == "SCHEDULED"
+    assert await job_commands.kill(cluster.client, "p") == "SCHEDULED"
     await cluster.leader.round()
     assert await cluster.state("p") == ("KILLED", "killed by streamlet kill")
-    assert await jobs.kill(cluster.client, "p") == "KILLED"
+    assert await job_commands.kill(cluster.client, "p") == "KILLED"
 
 
 async def test_an_ended_job_can_be_removed_and_its_name_reused(cluster: MemoryCluster) -> None:
@@ -153,12 +154,12 @@ async def test_an_ended_job_can_be_removed_and_its_name_reused(cluster: MemoryCl
     await cluster.add_worker("w0")
     await cluster.submit("p")
     with pytest.raises(JobError, match=r"^job 'p' is SUBMITTED: only an ended job can be removed"):
-        await jobs.remove(cluster.client, "p")
+        await job_commands.remove(cluster.client, "p")
     with pytest.raises(JobError, match=r"^a job called 'p' already exists on cluster 'memory'"):
         await cluster.submit("p")
-    await jobs.kill(cluster.client, "p")
+    await job_commands.kill(cluster.client, "p")
     await cluster.leader.round()
-    await jobs.remove(cluster.client, "p")
+    await job_commands.remove(cluster.client, "p")
     await cluster.submit("p")
     assert await cluster.state("p") == ("SUBMITTED", "waiting for the leader to schedule it")
 
@@ -190,10 +191,10 @@ async def test_a_loop_job_is_scheduled_with_its_loop_spread_over_the_workers(clu
 
 async def test_a_loop_with_checkpoints_is_refused_at_submit_naming_the_loop(cluster: MemoryCluster) -> None:
     """Barriers cannot align around a back edge: checkpoints on a loop job are refused before anything is written."""
-    spec = jobs.new_spec(cluster.module(LOOP), {}, {"interval": 1.0, "replicas": None})
+    spec = job_commands.new_spec(cluster.module(LOOP), {}, {"interval": 1.0, "replicas": None})
     message = "topology 'loop': checkpoints are not supported with cycles yet (back edge from 'halve' into 'halve')"
     with pytest.raises(TopologyError) as refused:
-        await jobs.submit(cluster.client, "loop", spec, SECRET)
+        await job_commands.submit(cluster.client, "loop", spec, SECRET)
     assert str(refused.value) == message
     assert await cluster.client.children(paths.JOBS) == []
 
@@ -235,7 +236,7 @@ async def test_a_deposed_leader_changes_nothing(cluster: MemoryCluster) -> None:
     await cluster.add_worker("w0")
     await cluster.submit("p")
     view = await read_view(cluster.leader.store, "p")
-    await jobs.kill(cluster.client, "p")
+    await job_commands.kill(cluster.client, "p")
     await cluster.leader.round()
     assert view is not None
     assert await cluster.leader._schedule(view) is None

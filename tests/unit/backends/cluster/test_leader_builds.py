@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from streamlet.backends.cluster.client import job_commands
 from streamlet.backends.cluster.leader.leader import Leader
 from streamlet.backends.cluster.tree import jobs, paths
 from streamlet.backends.cluster.tree.lifecycle import submitted
@@ -34,7 +35,7 @@ async def submit(cluster: MemoryCluster, job: str, source: str) -> None:
     build_topology itself): the leader is the one to build it."""
     target = cluster.module(source, name=f"{job}.py")  # each job its own file: the signed bytes are built
     await cluster.client.ensure(paths.JOBS)
-    spec = sign(jobs.new_spec(target, {}, None), SECRET)
+    spec = sign(job_commands.new_spec(target, {}, None), SECRET)
     steps = [
         Create(paths.job(job), {"uid": spec["uid"]}),
         Create(paths.spec(job), spec),

@@ -19,6 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import streamlet as sl
+from streamlet.backends.cluster.client import live_changes as client_changes
 from streamlet.backends.cluster.client import savepoints
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree import paths
@@ -88,8 +89,8 @@ def count_records_on(outcome: JobOutcome, attempt: int, worker: str) -> int:
 async def rescale(cluster: SimulatedCluster, job: str, instances: int) -> dict[str, object]:
     """Ask as ``streamlet rescale`` does and wait until the leader says it is done."""
     asked_at = time.time()
-    before = await reconfigure.ask(cluster.store, job, reconfigure.request_node("count", instances))
-    return await reconfigure.wait_done(cluster.store, job, before, asked_at, 30)
+    before = await client_changes.ask(cluster.store, job, reconfigure.request_node("count", instances))
+    return await client_changes.wait_done(cluster.store, job, before, asked_at, 30)
 
 
 @pytest.mark.parametrize("interval", [None, 0.05], ids=["no-checkpoints", "checkpoints"])
@@ -126,9 +127,9 @@ async def test_a_bad_rescale_is_refused_and_the_job_runs_on(gate: asyncio.Event)
         job = await cluster.submit(rescaled, checkpoint_interval=None)
         await job.wait_for("RUNNING")
         with pytest.raises(sl.ReconfigurationError, match="no task called 'nope'"):
-            await reconfigure.ask(cluster.store, "rescaled", reconfigure.request_node("nope", 2))
+            await client_changes.ask(cluster.store, "rescaled", reconfigure.request_node("nope", 2))
         with pytest.raises(sl.ReconfigurationError, match="1 to 128 instances"):
-            await reconfigure.ask(cluster.store, "rescaled", reconfigure.request_node("count", 129))
+            await client_changes.ask(cluster.store, "rescaled", reconfigure.request_node("count", 129))
         gate.set()
         outcome = await job.outcome()
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
@@ -155,7 +156,7 @@ async def test_a_worker_lost_during_a_change_falls_back_to_the_next_attempt_exac
         async with SimulatedCluster(workers=3, capacity=4) as cluster:
             job = await cluster.submit(stuck, checkpoint_interval=0.05)
             await job.wait_for("RUNNING")
-            await reconfigure.ask(cluster.store, "stuck", reconfigure.request_node("count", 3))
+            await client_changes.ask(cluster.store, "stuck", reconfigure.request_node("count", 3))
             await job.wait_for("RECONFIGURING")
             victim = (await job.instances())["count.0"]
             await cluster.kill_worker(victim)
@@ -256,8 +257,8 @@ async def test_a_rescale_past_the_workers_capacity_is_refused_by_the_leader(gate
 async def migrate(cluster: SimulatedCluster, job: str, index: int, worker: str) -> dict[str, object]:
     """Ask as ``streamlet migrate`` does and wait until the leader says it is done."""
     request, asked_at = reconfigure.request_node("count", migrate=(index, worker)), time.time()
-    before = await reconfigure.ask(cluster.store, job, request)
-    return await reconfigure.wait_done(cluster.store, job, before, asked_at, 30)
+    before = await client_changes.ask(cluster.store, job, request)
+    return await client_changes.wait_done(cluster.store, job, before, asked_at, 30)
 
 
 async def test_instances_migrate_to_another_worker_with_their_state(gate: asyncio.Event) -> None:

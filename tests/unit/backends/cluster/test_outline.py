@@ -9,6 +9,7 @@ from pathlib import Path
 import anyio
 
 import streamlet as sl
+from streamlet.backends.cluster.client import job_commands
 from streamlet.backends.cluster.tree import jobs
 from streamlet.backends.cluster.tree.outline import OutlinedTopology, Outlines, describe, outline, window_reason
 from streamlet.backends.cluster.tree.signing import sign
@@ -39,7 +40,7 @@ def job_file(tmp_path: Path, source: str, name: str = "shaped.py") -> Path:
 
 
 def signed(path: Path) -> dict[str, object]:
-    return dict(sign(jobs.new_spec(f"{path}:build_topology", {}, None), SECRET))
+    return dict(sign(job_commands.new_spec(f"{path}:build_topology", {}, None), SECRET))
 
 
 def test_an_outline_has_the_shape_of_the_topology_and_no_code(tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ async def test_simulated_targets_are_built_in_this_process() -> None:
 
     reference = simulated_targets.register(small)
     try:
-        built = await Outlines().build(dict(sign(jobs.new_spec(reference, {}, None), SECRET)))
+        built = await Outlines().build(dict(sign(job_commands.new_spec(reference, {}, None), SECRET)))
     finally:
         simulated_targets.forget(reference)
     assert isinstance(built, OutlinedTopology)

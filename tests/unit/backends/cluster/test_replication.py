@@ -14,7 +14,8 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from streamlet.backends.cluster.tree import jobs, paths
+from streamlet.backends.cluster.client import job_commands
+from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.registry import WorkerRegistration
 from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree
 from streamlet.backends.cluster.worker import replica_service as replicas
@@ -202,16 +203,16 @@ async def test_more_replicas_than_other_workers_are_refused_at_submit(cluster: M
     """Two workers: --replicas 1 is fine, --replicas 2 is refused naming both numbers; nothing is written."""
     await cluster.add_worker("w0")
     await cluster.add_worker("w1")
-    spec = jobs.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": 2})
+    spec = job_commands.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": 2})
     with pytest.raises(JobError) as refused:
-        await jobs.submit(cluster.client, "p", spec, SECRET)
+        await job_commands.submit(cluster.client, "p", spec, SECRET)
     assert str(refused.value) == (
         "--replicas 2 needs 3 workers (each copy on a worker other than the instance's own); "
         "the cluster has 2 registered"
     )
     assert await cluster.client.children(paths.JOBS) == []
-    await jobs.submit(
-        cluster.client, "p", jobs.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": 1}), SECRET
+    await job_commands.submit(
+        cluster.client, "p", job_commands.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": 1}), SECRET
     )
     assert await cluster.client.children(paths.JOBS) == ["p"]
 
@@ -248,7 +249,7 @@ async def test_the_files_to_keep_are_the_last_two_complete_checkpoints_of_a_job_
     await cluster.client.create(paths.completed("p"), {"attempt": 2, "epoch": 4, "previous": previous})
     assert await files_to_keep(cluster.client, "p", uid) == {4: 2, 3: 1}
     assert await files_to_keep(cluster.client, "p", "an-earlier-submission") is None
-    await jobs.kill(cluster.client, "p")
+    await job_commands.kill(cluster.client, "p")
     await cluster.leader.round()
     assert await files_to_keep(cluster.client, "p", uid) is None
     assert await files_to_keep(cluster.client, "gone", uid) is None

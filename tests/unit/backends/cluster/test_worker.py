@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from streamlet.backends.cluster.client import job_commands
 from streamlet.backends.cluster.client.api import collected
 from streamlet.backends.cluster.tree import jobs, paths
 from streamlet.backends.cluster.tree.registry import WorkerRegistration
@@ -84,7 +85,7 @@ async def test_a_killed_job_stops_on_the_worker_without_a_report(cluster: Memory
         await cluster.leader.round()
         with anyio.fail_after(10):
             await cluster.client.wait_changed(f"{paths.started('f', 1)}/w0", None)
-        await jobs.kill(cluster.client, "f")
+        await job_commands.kill(cluster.client, "f")
         await cluster.leader.round()
         with anyio.fail_after(10):
             while worker.running:

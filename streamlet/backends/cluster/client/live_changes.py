@@ -1,0 +1,68 @@
+"""The client's side of a live change: ask the leader for one, follow it until done or refused, and carry out a
+rebalance's moves one after the other.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from streamlet.adaptation.rebalance import Migration
+from streamlet.backends.cluster.tree import jobs, paths
+from streamlet.backends.cluster.tree.layouts import new_table, request_node, with_layout
+from streamlet.backends.cluster.tree.lifecycle import JobState
+from streamlet.backends.cluster.tree.paths import ReconfigureRequest
+from streamlet.backends.cluster.tree.store import ClusterStore
+from streamlet.errors import NodeExists, ReconfigurationError
+
+POLL = 0.1  # seconds between looks while a client waits for a change (as ``submit --wait`` does)
+
+
+async def ask(store: ClusterStore, job: str, request: ReconfigureRequest) -> int:
+    """Check ``request`` against the running job and leave it for the leader; returns the job's count of
+    reconfigurations before it (what :func:`wait_done` waits past)."""
+    status = await jobs.job_status(store, job)
+    if status["state"] != JobState.RUNNING.value:
+        raise ReconfigurationError(f"job '{job}' is {status['state']}: only a RUNNING job changes shape")
+    found = await store.get(paths.spec(job))
+    if found is None:
+        raise ReconfigurationError(f"job '{job}' has no spec")
+    layout = await store.get(paths.layout(job))
+    topology = with_layout(jobs.topology_of(found[0]), None if layout is None else layout[0])
+    new_table(topology, None if layout is None else layout[0], request)  # refused here, with the reason, at once
+    try:
+        await store.create(paths.reconfigure_request(job), request)
+    except NodeExists:
+        raise ReconfigurationError(f"a change of job '{job}' is waiting already: one at a time") from None
+    return int(status["reconfigurations"])
+
+
+async def wait_done(store: ClusterStore, job: str, before: int, asked_at: float, seconds: float) -> dict[str, Any]:
+    """Follow the job until the change is done (its status then) or refused (a :class:`ReconfigurationError`)."""
+    with anyio.move_on_after(seconds):
+        while True:
+            status = await jobs.job_status(store, job)
+            if int(status["reconfigurations"]) > before and status["state"] == JobState.RUNNING.value:
+                return status
+            if JobState(status["state"]).ended:
+                raise ReconfigurationError(f"job '{job}' ended ({status['state']}) before the change was done")
+            refused = await store.get(paths.reconfigure_refused(job))
+            if refused is not None and float(refused[0]["at"]) >= asked_at:
+                raise ReconfigurationError(f"the leader refused the change: {refused[0]['error']}")
+            await anyio.sleep(POLL)
+    raise ReconfigurationError(f"job '{job}' has not finished the change after {seconds:g} s ({status['reason']})")
+
+
+async def carry_out(store: ClusterStore, job: str, moves: list[Migration], seconds: float) -> None:
+    """Each move as a live migration, waiting for one before asking the next (the leader takes one change
+    at a time); a refused or unfinished one stops here, saying how far it got."""
+    for done, move in enumerate(moves):
+        asked_at = time.time()
+        request = request_node(paths.task_of(move.instance), migrate=(move.index, move.target))
+        try:
+            before = await ask(store, job, request)
+            await wait_done(store, job, before, asked_at, seconds)
+        except ReconfigurationError as exc:
+            raise ReconfigurationError(f"{exc} (moving {move.instance}; {done} of {len(moves)} moves done)") from exc

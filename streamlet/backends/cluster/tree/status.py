@@ -1,0 +1,57 @@
+"""What the whole cluster looks like, read from the tree alone: leader and candidates, workers with their load
+and instances, jobs with their state (readable with the cluster secret only).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.election import candidates, leader
+from streamlet.backends.cluster.tree.jobs import all_jobs, public
+from streamlet.backends.cluster.tree.lifecycle import JobState
+from streamlet.backends.cluster.tree.loads import STALE_AFTER
+from streamlet.backends.cluster.tree.registry import WorkerView, workers
+from streamlet.backends.cluster.tree.store import ClusterStore
+
+
+async def read_status(zk: ClusterStore) -> dict[str, Any]:
+    """Leader (with epoch), candidates, workers (state, load, instances, staleness) and jobs with their state."""
+    now = time.time()
+    jobs = await all_jobs(zk)
+    held: dict[str, list[str]] = {}
+    for job in jobs:
+        if JobState(job["state"]).ended:
+            continue
+        found = await zk.get(paths.assignment(job["job"]))
+        for instance, worker in ({} if found is None else found[0]["instances"]).items():
+            held.setdefault(worker, []).append(f"{job['job']}/{instance}")
+    dashboard = await zk.get(paths.DASHBOARD)
+    return {
+        "cluster": zk.cluster,
+        "dashboard": None if dashboard is None else dashboard[0]["url"],
+        "leader": await leader(zk),
+        "candidates": [c.get("name") for c in await candidates(zk)],
+        "workers": [_worker_row(view, now, held.get(view.worker_id, [])) for view in await workers(zk)],
+        "jobs": [public(job) for job in jobs],
+    }
+
+
+def _worker_row(view: WorkerView, now: float, instances: list[str]) -> dict[str, Any]:
+    load = view.load or {}
+    return {
+        "id": view.worker_id,
+        "address": f"{view.info.get('host')}:{view.info.get('data_port')}",
+        "metrics": None
+        if "metrics_port" not in view.info
+        else f"http://{view.info['host']}:{view.info['metrics_port']}/metrics",
+        "state": f"{view.info.get('zk_state')}/{view.info.get('local_state')}",
+        "load": "OVERLOADED" if load.get("overloaded") else "NORMAL",
+        "cpu": round(100 * float(load.get("cpu_share", 0.0))),
+        "queued": sum(load.get("queues", {}).values()),
+        "rss_mb": round(load.get("rss_bytes", 0) / 2**20, 1),
+        "labels": view.info.get("labels", []),
+        "instances": sorted(instances),
+        "stale": view.stale(now, STALE_AFTER),
+    }
