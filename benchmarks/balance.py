@@ -76,7 +76,7 @@ def main(repeats: int) -> dict[str, Any]:
 async def _ready(state: Any) -> None:
     from streamlet.backends.cluster.client.status import wait_until_ready
 
-    await wait_until_ready(state.zk, state.name, 2, state.secret())
+    await wait_until_ready(state.settings(), 2)
 
 
 def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
     name = job.replace("_", "-")
     settings = None if adapt is None else adapt.to_data()
     submission = client.Submission(f"benchmarks.balance_job:{job}", name, {}, None, None, settings)
-    anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
+    anyio.run(client.submit_and_wait, state.settings(), submission, False, 60)
     running = _wait_state(state, name, {"RUNNING"})
     beats = []
     for offset in (*LOADS_WINDOW, *RATES_WINDOW):

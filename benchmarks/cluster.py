@@ -54,12 +54,10 @@ def run_on_cluster(workers: int, records: int, repeats: int, target: str = TARGE
             for repeat in range(repeats):
                 outcome = anyio.run(
                     client.submit_and_wait,
-                    state.zk,
-                    state.name,
+                    state.settings(),
                     client.Submission(target, f"wc{repeat}"),
                     True,
                     300,
-                    state.secret(),
                 )
                 if outcome["state"] != "FINISHED":
                     raise RuntimeError(f"cluster job failed: {outcome['errors']}")
@@ -89,7 +87,7 @@ async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) ->
 
     checkpoint = {"interval": CHECKPOINT_INTERVAL, "replicas": None}
     submission = client.Submission("benchmarks.cluster_job:build_long_topology", "checkpointed", checkpoint=checkpoint)
-    await client.submit_and_wait(state.zk, state.name, submission, False, 60, state.secret())
+    await client.submit_and_wait(state.settings(), submission, False, 60)
     completions: list[float] = []
     async with ZkStore(state.zk, state.name, secret=state.secret()) as zk:
         version: int | None = None
@@ -107,7 +105,7 @@ async def checkpoint_gaps(state: local_cluster.ClusterState, state_dir: Path) ->
 async def _wait_ready(state: local_cluster.ClusterState, workers: int) -> None:
     from streamlet.backends.cluster.client.status import wait_until_ready
 
-    await wait_until_ready(state.zk, state.name, workers, state.secret())
+    await wait_until_ready(state.settings(), workers)
 
 
 def in_process(records: int, repeats: int) -> float:

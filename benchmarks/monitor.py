@@ -79,7 +79,7 @@ def idle_rss() -> dict[str, float]:
     with tempfile.TemporaryDirectory() as directory:
         state = local_cluster.up(Path(directory), "rss", 1, 1, None)
         try:
-            anyio.run(wait_until_ready, state.zk, state.name, 1, state.secret())
+            anyio.run(wait_until_ready, state.settings(), 1)
             time.sleep(3.0)  # a few heartbeats and dashboard refreshes: idle, not starting
             rss = {p["role"]: rss_mb(int(p["pid"])) for p in state.processes if p["role"] in ("master", "worker")}
         finally:

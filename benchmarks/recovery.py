@@ -78,10 +78,10 @@ def recovery_once() -> dict[str, Any]:
         state_dir = Path(directory)
         state = local_cluster.up(state_dir, "recovery", WORKERS, 1, None, capacity=3, loopback_hosts=True)
         try:
-            anyio.run(wait_until_ready, state.zk, state.name, WORKERS, state.secret())
+            anyio.run(wait_until_ready, state.settings(), WORKERS)
             checkpoint = {"interval": 0.2, "replicas": 1}
             submission = client.Submission("benchmarks.cluster_slow_job:build_topology", JOB, checkpoint=checkpoint)
-            anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
+            anyio.run(client.submit_and_wait, state.settings(), submission, False, 60)
             return anyio.run(_kill_and_recover, state, state_dir)
         finally:
             local_cluster.down(state_dir)

@@ -227,7 +227,7 @@ def on_cluster(changes: list[int]) -> dict[str, Any]:
 async def _ready(state: Any) -> None:
     from streamlet.backends.cluster.client.status import wait_until_ready
 
-    await wait_until_ready(state.zk, state.name, 2, state.secret())
+    await wait_until_ready(state.settings(), 2)
 
 
 def _cluster_live(state: Any, root: Path, changes: list[int]) -> Marks:
@@ -271,7 +271,7 @@ def _submit(state: Any, root: Path, job: str, parallelism: dict[str, int], savep
 
     checkpoint = {"interval": 1.0, "replicas": None}
     submission = client.Submission(f"benchmarks.rescale_job:{job}", job, parallelism, checkpoint, savepoint)
-    anyio.run(client.submit_and_wait, state.zk, state.name, submission, False, 60, state.secret())
+    anyio.run(client.submit_and_wait, state.settings(), submission, False, 60)
     _wait_state(state, job, {"RUNNING"})
 
 

@@ -89,7 +89,7 @@ def _per_step(decisions: list[dict[str, Any]], began: float) -> list[int]:
 async def _ready(state: Any) -> None:
     from streamlet.backends.cluster.client.status import wait_until_ready
 
-    await wait_until_ready(state.zk, state.name, 2, state.secret())
+    await wait_until_ready(state.settings(), 2)
 
 
 def _run(state: Any, out: Path, name: str, adapt: AdaptSettings | None) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def _run(state: Any, out: Path, name: str, adapt: AdaptSettings | None) -> dict[
     settings = None if adapt is None else adapt.to_data()
     submission = client.Submission("benchmarks.surge_job:surge", name, {}, None, None, settings)
     began = time.time()
-    anyio.run(client.submit_and_wait, state.zk, state.name, submission, True, 300, state.secret())
+    anyio.run(client.submit_and_wait, state.settings(), submission, True, 300)
     ended = time.time()
     status = {s["job"]: s for s in anyio.run(client.list_jobs, state.zk, state.name, state.secret())}[name]
     delivered, latency, per_second = _read(out, name, "out")

@@ -26,6 +26,7 @@ from streamlet.run_report import DEFAULT_ROWS, SORT_CHOICES, ReportOptions, prin
 
 if TYPE_CHECKING:
     from streamlet.backends.cluster.client.terminal import SubmitProgress
+    from streamlet.backends.cluster.tree.zk import StoreSettings
 
 
 @click.group()
@@ -311,7 +312,7 @@ def cluster_up(
             state_dir, name, workers, masters, zk, capacity, by_worker, loopback_hosts=loopback_hosts,
             logs=_log_settings(context),
         )  # fmt: skip
-        status = anyio.run(wait_until_ready, state.zk, name, workers, state.secret())
+        status = anyio.run(wait_until_ready, state.settings(), workers)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         if (state_dir / local_cluster.STATE_FILE).exists():
             local_cluster.down(state_dir)  # what this command started, and nothing else: it refused above
@@ -350,7 +351,7 @@ def cluster_add_worker(context: click.Context, capacity: int, labels: tuple[str,
         worker_id = local_cluster.add_worker(state_dir, capacity, list(labels), logs=_log_settings(context))
         state = local_cluster.ClusterState.load(state_dir)
         # live when this returns: rebalance sees it
-        anyio.run(wait_for_worker, state.zk, state.name, worker_id, state.secret())
+        anyio.run(wait_for_worker, state.settings(), worker_id)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     click.echo(f"started {worker_id} (capacity {capacity})")
@@ -366,16 +367,14 @@ def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: b
     STREAMLET_SECRET or --state-dir: the jobs and the heartbeats are readable with it only)."""
     from streamlet.backends.cluster.client.status import format_status
     from streamlet.backends.cluster.tree.status import read_status
-    from streamlet.backends.cluster.tree.zk import ZkStore
 
-    async def show(hosts: str, cluster: str, secret: bytes | None) -> str:
-        async with ZkStore(hosts, cluster, secret=secret) as store:
+    async def show(settings: StoreSettings) -> str:
+        async with settings.open() as store:
             status = await read_status(store)
         return json.dumps(status, indent=2) if as_json else format_status(status)
 
     try:
-        hosts, cluster = _where(zk, name, state_dir)
-        click.echo(anyio.run(show, hosts, cluster, _reader_secret(state_dir)))
+        click.echo(anyio.run(show, _settings(zk, name, state_dir, _reader_secret(state_dir))))
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
 
@@ -445,7 +444,6 @@ def submit_command(
         if job_name is not None:
             check_job_name(job_name)  # bad options are refused before anything is contacted
         adapting = _adapt_settings(adapt, bounds, adapt_interval, adapt_cooldown)
-        hosts, name = _where(zk, cluster, state_dir)
         counts = dict(_parallelism(item) for item in parallelism)
         checkpoint = None
         if checkpoint_interval is not None:
@@ -453,10 +451,10 @@ def submit_command(
         elif replicas is not None:
             raise click.UsageError("--replicas needs --checkpoint-interval (it copies checkpoints)")
         submission = cluster_client.Submission(target, job_name, counts, checkpoint, from_savepoint, adapting)
-        secret = _client_secret("submit", state_dir)
+        settings = _settings(zk, cluster, state_dir, _client_secret("submit", state_dir))
         with _progress(wait) as watch:
             run = partial(cluster_client.submit_and_wait, watch=watch)
-            outcome = anyio.run(run, hosts, name, submission, wait, timeout, secret)
+            outcome = anyio.run(run, settings, submission, wait, timeout)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     click.echo(cluster_client.describe(outcome))
@@ -510,8 +508,7 @@ def jobs_command(zk: str | None, cluster: str | None, state_dir: Path, as_json: 
     from streamlet.backends.cluster.tree.jobs import public
 
     try:
-        hosts, name = _where(zk, cluster, state_dir)
-        listing = anyio.run(cluster_client.list_jobs, hosts, name, _reader_secret(state_dir))
+        listing = anyio.run(cluster_client.list_jobs, _settings(zk, cluster, state_dir, _reader_secret(state_dir)))
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     if as_json:
@@ -536,8 +533,7 @@ def top_command(zk: str | None, cluster: str | None, state_dir: Path, once: bool
     from streamlet.backends.cluster.client.terminal import run_top
 
     try:
-        hosts, name = _where(zk, cluster, state_dir)
-        anyio.run(run_top, hosts, name, once, interval, Console(), _reader_secret(state_dir))
+        anyio.run(run_top, _settings(zk, cluster, state_dir, _reader_secret(state_dir)), once, interval, Console())
     except KeyboardInterrupt:
         return
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
@@ -552,8 +548,9 @@ def kill_command(job: str, zk: str | None, cluster: str | None, state_dir: Path)
     from streamlet.backends.cluster.client import api as cluster_client
 
     try:
-        hosts, name = _where(zk, cluster, state_dir)
-        state = anyio.run(cluster_client.kill, hosts, name, job, _client_secret("kill", state_dir))
+        state = anyio.run(
+            cluster_client.kill, _settings(zk, cluster, state_dir, _client_secret("kill", state_dir)), job
+        )
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     if state in ("FINISHED", "FAILED", "KILLED"):
@@ -600,9 +597,8 @@ def rebalance_command(
     from streamlet.backends.cluster.client import api as cluster_client
 
     try:
-        hosts, name = _where(zk, cluster, state_dir)
-        secret = _client_secret("rebalance", state_dir)
-        moves, status = anyio.run(cluster_client.rebalance, hosts, name, job, secret, timeout, dry_run)
+        settings = _settings(zk, cluster, state_dir, _client_secret("rebalance", state_dir))
+        moves, status = anyio.run(cluster_client.rebalance, settings, job, timeout, dry_run)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     for move in moves:
@@ -621,8 +617,9 @@ def _live_change(
 
     call = cluster_client.rescale if action == "rescale" else cluster_client.migrate
     try:
-        hosts, name = _where(zk, cluster, state_dir)
-        status = anyio.run(call, hosts, name, job, *what, _client_secret(action, state_dir), timeout)
+        status = anyio.run(
+            call, _settings(zk, cluster, state_dir, _client_secret(action, state_dir)), job, *what, timeout
+        )
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     count = status["reconfigurations"]
@@ -655,9 +652,8 @@ def _savepoint(job: str, path: Path, zk: str | None, cluster: str | None, state_
 
     action = "stop" if stop else "savepoint"
     try:
-        hosts, name = _where(zk, cluster, state_dir)
-        secret = _client_secret(action, state_dir)
-        epoch = anyio.run(cluster_client.savepoint, hosts, name, job, path.resolve(), secret, stop)
+        settings = _settings(zk, cluster, state_dir, _client_secret(action, state_dir))
+        epoch = anyio.run(cluster_client.savepoint, settings, job, path.resolve(), stop)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     ending = "; the job is stopping" if stop else ""
@@ -672,8 +668,7 @@ def rm_command(job: str, zk: str | None, cluster: str | None, state_dir: Path) -
     from streamlet.backends.cluster.client import api as cluster_client
 
     try:
-        hosts, name = _where(zk, cluster, state_dir)
-        anyio.run(cluster_client.remove, hosts, name, job, _client_secret("rm", state_dir))
+        anyio.run(cluster_client.remove, _settings(zk, cluster, state_dir, _client_secret("rm", state_dir)), job)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
     click.echo(f"removed job '{job}'")
@@ -686,6 +681,14 @@ def _where(zk: str | None, name: str | None, state_dir: Path) -> tuple[str, str]
 
     state = ClusterState.load(state_dir)
     return state.zk, name or state.name
+
+
+def _settings(zk: str | None, name: str | None, state_dir: Path, secret: bytes | None) -> StoreSettings:
+    """How to open the store of the cluster the options name (``--zk``/``--cluster``, else the recorded one)."""
+    from streamlet.backends.cluster.tree.zk import StoreSettings
+
+    hosts, cluster = _where(zk, name, state_dir)
+    return StoreSettings(hosts, cluster, secret)
 
 
 def _fail(exc: BaseException) -> NoReturn:

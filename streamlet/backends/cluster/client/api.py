@@ -24,7 +24,7 @@ from streamlet.backends.cluster.tree.lifecycle import JobState
 from streamlet.backends.cluster.tree.paths import ReconfigureRequest
 from streamlet.backends.cluster.tree.reports import dead_letters_of
 from streamlet.backends.cluster.tree.store import ClusterStore
-from streamlet.backends.cluster.tree.zk import ZkStore
+from streamlet.backends.cluster.tree.zk import StoreSettings, ZkStore
 from streamlet.errors import CoordinationError, JobError
 
 POLL = 0.1
@@ -46,12 +46,13 @@ Watcher = Callable[[ClusterStore, dict[str, Any]], Awaitable[None]]  # sees each
 
 
 async def submit_and_wait(
-    hosts: str, cluster: str, submission: Submission, wait: bool, seconds: float, secret: bytes,
+    settings: StoreSettings, submission: Submission, wait: bool, seconds: float,
     watch: Watcher | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass), showing each
     status read to ``watch`` (``submit``'s progress line)."""
-    async with ZkStore(hosts, cluster, secret=secret) as store:  # the secret is checked before any code is loaded
+    secret = _secret_of(settings, "submit")
+    async with settings.open() as store:  # the secret is checked before any code is loaded
         spec = job_commands.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
         if submission.from_savepoint is not None:
             if spec["checkpoint"] is None:
@@ -85,72 +86,73 @@ async def _riding_out(store: ZkStore, name: str, last: dict[str, Any]) -> dict[s
         return last
 
 
-async def list_jobs(hosts: str, cluster: str, secret: bytes | None) -> list[dict[str, Any]]:
+async def list_jobs(settings: StoreSettings) -> list[dict[str, Any]]:
     """Every job's status (job data is readable only with ``secret``: without it, :class:`NotAuthorized`)."""
-    async with ZkStore(hosts, cluster, secret=secret) as store:
+    async with settings.open() as store:
         return await jobs.all_jobs(store)
 
 
-async def kill(hosts: str, cluster: str, job: str, secret: bytes) -> str:
+async def kill(settings: StoreSettings, job: str) -> str:
     """Ask the cluster to stop ``job``; returns the state it was in."""
-    async with ZkStore(hosts, cluster, secret=secret) as store:
+    async with settings.open() as store:
         return await job_commands.kill(store, job)
 
 
-async def rescale(
-    hosts: str, cluster: str, job: str, task: str, instances: int, secret: bytes, seconds: float
-) -> dict[str, Any]:
+async def rescale(settings: StoreSettings, job: str, task: str, instances: int, seconds: float) -> dict[str, Any]:
     """Give ``task`` of running ``job`` ``instances`` instances without restarting it; the job's status after."""
-    return await change(hosts, cluster, job, reconfigure.request_node(task, instances), secret, seconds)
+    return await change(settings, job, reconfigure.request_node(task, instances), seconds)
 
 
-async def migrate(
-    hosts: str, cluster: str, job: str, instance: str, worker: str, secret: bytes, seconds: float
-) -> dict[str, Any]:
+async def migrate(settings: StoreSettings, job: str, instance: str, worker: str, seconds: float) -> dict[str, Any]:
     """Move ``instance`` (``task.index``) of running ``job`` to ``worker`` with its state, live; the status after."""
     task, _, index = instance.rpartition(".")
     if not task or not index.isdigit():
         raise JobError(f"name the instance as TASK.INDEX (e.g. count.1), not {instance!r}")
     request = reconfigure.request_node(task, migrate=(int(index), worker))
-    return await change(hosts, cluster, job, request, secret, seconds)
+    return await change(settings, job, request, seconds)
 
 
-async def change(
-    hosts: str, cluster: str, job: str, request: ReconfigureRequest, secret: bytes, seconds: float
-) -> dict[str, Any]:
+async def change(settings: StoreSettings, job: str, request: ReconfigureRequest, seconds: float) -> dict[str, Any]:
     """Ask for a live change of running ``job`` and wait until the leader has carried it out (or refused it)."""
-    async with ZkStore(hosts, cluster, secret=secret) as store:
+    async with settings.open() as store:
         asked_at = time.time()
         before = await live_changes.ask(store, job, request)
         return await live_changes.wait_done(store, job, before, asked_at, seconds)
 
 
 async def rebalance(
-    hosts: str, cluster: str, job: str, secret: bytes, seconds: float, dry_run: bool = False
+    settings: StoreSettings, job: str, seconds: float, dry_run: bool = False
 ) -> tuple[list[Migration], dict[str, Any]]:
     """Spread running ``job`` over the live workers by live migrations, one after the other (``dry_run``:
     only say which); returns the moves and the job's status after them."""
-    async with ZkStore(hosts, cluster, secret=secret) as store:
+    async with settings.open() as store:
         moves = await rebalancing.planned_moves(store, job, time.time())
         if not dry_run:
             await live_changes.carry_out(store, job, moves, seconds)
         return moves, await jobs.job_status(store, job)
 
 
-async def savepoint(hosts: str, cluster: str, job: str, path: Path, secret: bytes, stop: bool = False) -> int:
+async def savepoint(settings: StoreSettings, job: str, path: Path, stop: bool = False) -> int:
     """A savepoint of running ``job`` at ``path`` (with ``stop``: sources stop first, then the job is killed);
     returns its epoch."""
-    async with ZkStore(hosts, cluster, secret=secret) as store:
-        epoch = await savepoints.take(store, job, path, secret, pause=stop)
+    async with settings.open() as store:
+        epoch = await savepoints.take(store, job, path, _secret_of(settings, "savepoint"), pause=stop)
         if stop:
             await job_commands.kill(store, job, by="streamlet stop --savepoint")
         return epoch
 
 
-async def remove(hosts: str, cluster: str, job: str, secret: bytes) -> None:
+async def remove(settings: StoreSettings, job: str) -> None:
     """Remove an ended job so that its name can be used again."""
-    async with ZkStore(hosts, cluster, secret=secret) as store:
+    async with settings.open() as store:
         await job_commands.remove(store, job)
+
+
+def _secret_of(settings: StoreSettings, action: str) -> bytes:
+    """The cluster secret ``action`` signs or writes with (the command line checks it is there first)."""
+    if settings.secret is None:
+        raise JobError(f"{action} needs the cluster secret")
+    return settings.secret
 
 
 def collected(status: dict[str, Any]) -> dict[str, list[list[Any]]]:

@@ -74,7 +74,7 @@ async def take(
 async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, export: str, secret: bytes) -> int:
     """Write the next epoch into the attempt's trigger (waiting while a live change holds it), asking every
     worker to write its part into ``export`` too; returns the epoch."""
-    path = f"{paths.checkpoints(job)}/attempt-{attempt}/trigger"
+    path = paths.trigger_path(job, attempt)
     while True:
         found = await store.get(path)
         if found is not None and found[0].get("hold") is not None:

@@ -8,15 +8,13 @@ from typing import Any
 import anyio
 
 from streamlet.backends.cluster.tree.status import read_status
-from streamlet.backends.cluster.tree.zk import ZkStore
+from streamlet.backends.cluster.tree.zk import StoreSettings
 
 
-async def wait_until_ready(
-    zk_hosts: str, cluster: str, workers_expected: int, secret: bytes, seconds: float = 60.0
-) -> dict[str, Any]:
+async def wait_until_ready(settings: StoreSettings, workers_expected: int, seconds: float = 60.0) -> dict[str, Any]:
     """Poll until a leader is elected and ``workers_expected`` workers are registered (the status reads the
     jobs and heartbeats: ``secret``)."""
-    async with ZkStore(zk_hosts, cluster, secret=secret) as zk:
+    async with settings.open() as zk:
         with anyio.fail_after(seconds):
             while True:
                 status = await read_status(zk)
@@ -26,10 +24,10 @@ async def wait_until_ready(
                 await anyio.sleep(0.1)
 
 
-async def wait_for_worker(zk_hosts: str, cluster: str, worker_id: str, secret: bytes, seconds: float = 60.0) -> None:
+async def wait_for_worker(settings: StoreSettings, worker_id: str, seconds: float = 60.0) -> None:
     """Poll until ``worker_id`` is registered and heartbeating (the leader counts it live from then on; the
     heartbeats are readable with ``secret`` only)."""
-    async with ZkStore(zk_hosts, cluster, secret=secret) as zk:
+    async with settings.open() as zk:
         with anyio.fail_after(seconds):
             while True:
                 status = await read_status(zk)

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from streamlet.backends.cluster.client.top import Flow, HeartbeatRates, TopFrame, read_frame, read_loads
 from streamlet.backends.cluster.tree.store import ClusterStore
-from streamlet.backends.cluster.tree.zk import ZkStore
+from streamlet.backends.cluster.tree.zk import StoreSettings
 
 ONCE_WAIT = 5.0  # seconds top --once waits for every worker's second heartbeat (the slowest beats every 2 s)
 PROGRESS_EVERY = 1.0  # seconds between progress updates while submit waits
@@ -70,13 +70,11 @@ def _count(flow: Flow | None, which: str) -> str:
     return "-" if flow is None else f"{getattr(flow, which):,.0f}"
 
 
-async def run_top(
-    hosts: str, cluster: str, once: bool, interval: float, console: Console, secret: bytes | None
-) -> None:
+async def run_top(settings: StoreSettings, once: bool, interval: float, console: Console) -> None:
     """Show the cluster on ``console``: one frame (``once``), or a live view redrawn every ``interval`` s
-    (the jobs and heartbeats are readable with ``secret`` only: without it, :class:`NotAuthorized`)."""
+    (the jobs and heartbeats are readable with the cluster secret only: without it, :class:`NotAuthorized`)."""
     rates = HeartbeatRates()
-    async with ZkStore(hosts, cluster, secret=secret) as zk:
+    async with settings.open() as zk:
         frame = await read_frame(zk, rates)
         if once:
             with anyio.move_on_after(ONCE_WAIT):

@@ -281,7 +281,7 @@ class AdaptationLoop:
         """Keep the decision under the job's decisions, and log it."""
         decision = {"at": self.clock(), "policy": policy, "action": action, "reason": reason}
         await self.store.ensure(paths.decisions(job))
-        await self.store.create(f"{paths.decisions(job)}/d-", decision, sequence=True)
+        await self.store.create(paths.decision_prefix(job), decision, sequence=True)
         log.info("adaptation decision", job=job, **decision)
         return {"job": job, **decision}
 

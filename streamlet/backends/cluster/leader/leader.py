@@ -107,8 +107,8 @@ async def read_view(store: ClusterStore, job: str) -> JobView | None:
     assignment = await store.get(paths.assignment(job))
     attempt = 0 if assignment is None else int(assignment[0]["attempt"])
     changes = await store.children(paths.reconfigurations(job))
-    change = None if not changes else await store.get(f"{paths.reconfigurations(job)}/{changes[-1]}")
-    changed = {} if change is None else await read_all(store, f"{paths.reconfigurations(job)}/{changes[-1]}/done")
+    change = None if not changes else await store.get(paths.change(job, changes[-1]))
+    changed = {} if change is None else await read_all(store, paths.change_done(job, changes[-1]))
     return JobView(
         name=job,
         spec=spec[0],
@@ -423,7 +423,7 @@ class Leader:
         directory = paths.failures(view.name, instance)
         entry = {"attempt": view.attempt, "worker": worker, "error": error}
         await self.store.ensure(directory)  # a transaction creates no parents
-        await self.fence.commit([Create(f"{directory}/{view.attempt}", entry)])  # False: recorded already
+        await self.fence.commit([Create(paths.child(directory, str(view.attempt)), entry)])  # False: recorded already
         entries = list((await read_all(self.store, directory)).values())
         return sorted(entries, key=lambda entry: int(entry["attempt"]))
 

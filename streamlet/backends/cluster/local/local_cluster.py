@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
+from streamlet.backends.cluster.tree.zk import StoreSettings
 from streamlet.errors import ClusterError
 from streamlet.logs import LogSettings
 
@@ -59,6 +60,10 @@ class ClusterState:
     def secret(self) -> bytes:
         """The cluster secret."""
         return read_secret_file(Path(self.secret_file))
+
+    def settings(self) -> StoreSettings:
+        """How to open this cluster's store, with its secret."""
+        return StoreSettings(self.zk, self.name, self.secret())
 
 
 def streamlet_command() -> list[str]:

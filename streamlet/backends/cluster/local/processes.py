@@ -19,7 +19,7 @@ from streamlet.backends.cluster.tree.election import LeaderElection
 from streamlet.backends.cluster.tree.outline import Outlines
 from streamlet.backends.cluster.tree.registry import WorkerRegistration
 from streamlet.backends.cluster.tree.store import ClusterStore
-from streamlet.backends.cluster.tree.zk import ZkStore
+from streamlet.backends.cluster.tree.zk import SESSION_TIMEOUT, StoreSettings
 from streamlet.backends.cluster.worker.job_parts import WorkerJobs
 from streamlet.backends.cluster.worker.load_meter import LoadMeter
 from streamlet.errors import CoordinationError
@@ -30,7 +30,6 @@ from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 
 log = structlog.get_logger("streamlet")
-SESSION_TIMEOUT = 4.0
 DASHBOARD_PORT = 8780  # the leader's dashboard (another free port when this one is taken)
 
 
@@ -45,7 +44,10 @@ async def run_master(
     """Campaign and lead until SIGTERM; closing the session then removes ``/leader`` at once, so a
     candidate takes over without waiting for the session to time out. While leading, serve the dashboard
     on ``dashboard`` (host, port; ``None``: no dashboard)."""
-    async with ZkStore(zk_hosts, cluster, session_timeout, secret=secret) as zk, anyio.create_task_group() as group:
+    async with (
+        StoreSettings(zk_hosts, cluster, secret, session_timeout).open() as zk,
+        anyio.create_task_group() as group,
+    ):
         group.start_soon(_campaign_and_lead, zk, cluster, name, secret, dashboard)
         await until_terminated(_nothing_to_drain)
         group.cancel_scope.cancel()
@@ -143,7 +145,7 @@ async def run_worker(
     state_dir = state_dir or Path(".streamlet") / worker_id
     state_dir.mkdir(parents=True, exist_ok=True)
     async with (
-        ZkStore(zk_hosts, cluster, session_timeout, secret=secret) as zk,
+        StoreSettings(zk_hosts, cluster, secret, session_timeout).open() as zk,
         DataServer(secret, host=host) as server,
         TcpClient(secret) as client,
     ):

@@ -126,7 +126,7 @@ async def candidates(zk: ClusterStore) -> list[dict[str, Any]]:
     """Every registered candidate's identity, oldest first."""
     found = []
     for name in await zk.children(paths.CANDIDATES):
-        entry = await zk.get(f"{paths.CANDIDATES}/{name}")
+        entry = await zk.get(paths.candidate(name))
         if entry is not None:
             found.append(entry[0])
     return found

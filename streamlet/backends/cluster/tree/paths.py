@@ -297,7 +297,7 @@ def reconfigurations(name: str) -> str:
 
 def reconfiguration(name: str, ident: int) -> str:
     """Live change ``ident`` of the job."""
-    return f"{reconfigurations(name)}/{change_name(ident)}"
+    return change(name, change_name(ident))
 
 
 def change_name(ident: int) -> str:
@@ -340,6 +340,67 @@ def task_of(instance: str) -> str:
     return instance.rsplit(".", 1)[0]
 
 
-def trigger_path(job: str, attempt: int) -> str:
-    """The checkpoint trigger of ``attempt`` (see ``checkpoints``): the leader holds it during a change."""
-    return f"{checkpoints(job)}/attempt-{attempt}/trigger"
+def checkpoint_attempt(name: str, attempt: int) -> str:
+    """The checkpoints of one attempt of the job: its trigger, acknowledgements and finished marks."""
+    return f"{checkpoints(name)}/attempt-{attempt}"
+
+
+def attempt_of(node: str) -> int | None:
+    """``3`` from ``attempt-3`` (a child of :func:`checkpoints`); ``None`` for any other child."""
+    return int(node.removeprefix("attempt-")) if node.startswith("attempt-") else None
+
+
+def trigger_path(name: str, attempt: int) -> str:
+    """The checkpoint trigger of ``attempt`` (see ``checkpoint_agreement``): the leader holds it during a change."""
+    return f"{checkpoint_attempt(name, attempt)}/trigger"
+
+
+def checkpoint_acks(name: str, attempt: int, epoch: int | None = None) -> str:
+    """Where the workers of ``attempt`` acknowledge their parts (of checkpoint ``epoch``, when given)."""
+    acks = f"{checkpoint_attempt(name, attempt)}/acks"
+    return acks if epoch is None else f"{acks}/{epoch}"
+
+
+def replica_ack(name: str, attempt: int, epoch: int, owner: str, backup: str) -> str:
+    """``backup`` stored its copy of ``owner``'s part of checkpoint ``epoch``."""
+    return f"{checkpoint_acks(name, attempt, epoch)}/{owner}~{backup}"
+
+
+def checkpoint_finished(name: str, attempt: int) -> str:
+    """The workers of ``attempt`` whose part took its final checkpoint."""
+    return f"{checkpoint_attempt(name, attempt)}/finished"
+
+
+def unusable_epoch(name: str, epoch: int) -> str:
+    """Checkpoint ``epoch`` of the job cannot be restored (no intact copy of some instances)."""
+    return f"{unusable(name)}/{epoch}"
+
+
+def decision_prefix(name: str) -> str:
+    """The prefix of a sequential node under :func:`decisions`."""
+    return f"{decisions(name)}/d-"
+
+
+def candidate(master: str) -> str:
+    """A master's candidacy (a child of ``/candidates``)."""
+    return f"{CANDIDATES}/{master}"
+
+
+def change(name: str, node: str) -> str:
+    """Live change ``node`` (a child of :func:`reconfigurations`, see :func:`change_name`)."""
+    return f"{reconfigurations(name)}/{node}"
+
+
+def change_done(name: str, node: str) -> str:
+    """The workers that finished their side of live change ``node``."""
+    return f"{change(name, node)}/done"
+
+
+def change_wired(name: str, node: str) -> str:
+    """The workers that wired their side of live change ``node``."""
+    return f"{change(name, node)}/wired"
+
+
+def child(parent: str, name: str) -> str:
+    """The node ``name`` under ``parent`` (a worker's entry under a directory node)."""
+    return f"{parent}/{name}"

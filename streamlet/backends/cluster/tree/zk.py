@@ -33,6 +33,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -54,6 +55,27 @@ def _kazoo() -> Any:
     return kazoo
 
 
+SESSION_TIMEOUT = 4.0  # seconds: how long ZooKeeper waits for a silent client before its ephemeral nodes go
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Where a cluster's store is and how to open it: the one way every process and command gets a store.
+
+    ``secret``: the cluster secret (job data is readable and every node writable with it only; ``None``: an
+    anonymous reader of the cluster's own nodes). ``session_timeout``: see :data:`SESSION_TIMEOUT`.
+    """
+
+    hosts: str
+    cluster: str
+    secret: bytes | None = None
+    session_timeout: float = SESSION_TIMEOUT
+
+    def open(self) -> ZkStore:
+        """A store on these settings, not yet connected: ``async with settings.open() as store``."""
+        return ZkStore(self.hosts, self.cluster, self.session_timeout, secret=self.secret)
+
+
 class ZkStore:
     """The cluster's view of ZooKeeper: JSON nodes under ``/streamlet/<cluster>``.
 
@@ -63,7 +85,9 @@ class ZkStore:
         ...         await zk.create("/workers/w1", {"host": "10.0.0.5"}, ephemeral=True)
     """
 
-    def __init__(self, hosts: str, cluster: str, session_timeout: float = 4.0, secret: bytes | None = None) -> None:
+    def __init__(
+        self, hosts: str, cluster: str, session_timeout: float = SESSION_TIMEOUT, secret: bytes | None = None
+    ) -> None:
         self.hosts = hosts
         self.secret = secret
         self.cluster = cluster

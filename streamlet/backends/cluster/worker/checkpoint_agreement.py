@@ -106,7 +106,7 @@ class ZkAgreement:
         self.exports: dict[int, str] = {}  # epoch -> where a savepoint wants this worker's part too
         self.interval = interval
         self.clock = clock
-        self.base = f"{paths.checkpoints(info.job)}/attempt-{info.attempt}"
+        self.trigger = paths.trigger_path(info.job, info.attempt)
         self.restored_from: int | None = None
         self._published = 0  # the newest epoch known complete
         self._triggered = 0  # the newest epoch triggered, by this attempt or an earlier one
@@ -160,7 +160,7 @@ class ZkAgreement:
         """A part joining the running attempt restores nothing (it has no instances yet: a live change brings
         them, with their state) and takes part from the next epoch on; the ones triggered so far complete
         without it (the change waits for them, and checkpoints wait for the change)."""
-        trigger = await self.zk.get(f"{self.base}/trigger")
+        trigger = await self.zk.get(self.trigger)
         if trigger is not None:
             self._triggered = max(self._triggered, int(trigger[0]["epoch"]))
         if completed is not None and int(completed[0]["attempt"]) == self.info.attempt:
@@ -185,8 +185,9 @@ class ZkAgreement:
     async def _highest_triggered(self) -> int:
         highest = 0  # over earlier attempts only: this attempt's first trigger may already be out
         for name in await self.zk.children(paths.checkpoints(self.job)):
-            if name.startswith("attempt-") and int(name.removeprefix("attempt-")) < self.info.attempt:
-                found = await self.zk.get(f"{paths.checkpoints(self.job)}/{name}/trigger")
+            attempt = paths.attempt_of(name)
+            if attempt is not None and attempt < self.info.attempt:
+                found = await self.zk.get(paths.trigger_path(self.job, attempt))
                 highest = max(highest, 0 if found is None else int(found[0]["epoch"]))
         return highest
 
@@ -194,7 +195,7 @@ class ZkAgreement:
 
     async def run(self, coordinator: Coordinator) -> None:
         """Follow triggers and completions; the attempt's first worker also triggers."""
-        await riding_out(self.zk.ensure, f"{self.base}/acks")
+        await riding_out(self.zk.ensure, paths.checkpoint_acks(self.job, self.info.attempt))
         async with anyio.create_task_group() as group:
             group.start_soon(self._follow_triggers, coordinator)
             group.start_soon(self._follow_completions, coordinator)
@@ -227,7 +228,7 @@ class ZkAgreement:
     async def _publish_trigger(self, final: bool, pause: bool = False) -> int | None:
         """Write the next epoch's trigger; returns it (``None`` once the final one is under way). A periodic
         trigger while another epoch is still in flight writes nothing and returns that epoch."""
-        path = f"{self.base}/trigger"
+        path = self.trigger
         while True:
             found = await self.zk.get(path)
             if found is not None and found[0].get("hold") is not None:
@@ -253,7 +254,7 @@ class ZkAgreement:
         version: int | None = None
         begun = self._triggered  # epochs up to here belong to earlier attempts (or to the restored checkpoint)
         while True:
-            data, version = await riding_out(self.zk.wait_changed, f"{self.base}/trigger", version)
+            data, version = await riding_out(self.zk.wait_changed, self.trigger, version)
             if data is None:
                 continue
             epoch = int(data["epoch"])
@@ -287,7 +288,7 @@ class ZkAgreement:
         export = self.exports.pop(epoch, None)
         if export is not None:  # a savepoint: its parts go to the folder the client reads
             await anyio.to_thread.run_sync(write_file, Path(export) / f"{self.info.worker}.msgpack", data)
-        replicas = await self.replicator.replicate(self.base, epoch, data)
+        replicas = await self.replicator.replicate(epoch, data)
         part = decode(data, f"part {epoch}")
         # the run that took it and its job id: a worker restoring only sinks (no state) still needs them to
         # publish what that run staged for the checkpoint (a sink's staged output is part of the checkpoint)
@@ -296,9 +297,9 @@ class ZkAgreement:
         await riding_out(self._acknowledge, epoch, ack, finished)
 
     async def _acknowledge(self, epoch: int, ack: dict[str, Any], finished: bool) -> None:
-        acks = f"{self.base}/acks/{epoch}"
+        acks = paths.checkpoint_acks(self.job, self.info.attempt, epoch)
         with contextlib.suppress(NodeExists):
-            await self.zk.create(f"{acks}/{self.info.worker}", ack)
+            await self.zk.create(paths.child(acks, self.info.worker), ack)
         if set(await self.zk.children(acks)) >= set(self.info.workers):
             await self._publish_completed(epoch, finished, await self._holders(acks))
 
@@ -309,7 +310,7 @@ class ZkAgreement:
         layout: dict[str, Any] = {}
         run: dict[str, Any] = {}
         for worker in self.info.workers:
-            found = await self.zk.get(f"{acks}/{worker}")
+            found = await self.zk.get(paths.child(acks, worker))
             ack = {} if found is None else found[0]
             layout = layout or ack.get("layout", {})
             run = {"run": ack.get("run"), "job_id": ack.get("job_id")} if "run" in ack else run
@@ -358,7 +359,7 @@ class ZkAgreement:
         if time.time() - float(data.get("at", time.time())) < self.interval:
             return []
         trigger = {"epoch": epoch + 1, "final": False, "pause": False, "at": time.time()}
-        return [SetData(f"{self.base}/trigger", trigger, version)]
+        return [SetData(self.trigger, trigger, version)]
 
     async def _follow_completions(self, coordinator: Coordinator) -> None:
         version: int | None = None
@@ -381,6 +382,10 @@ class ZkAgreement:
 
     async def _announce_finished(self) -> None:
         with contextlib.suppress(NodeExists):
-            await self.zk.create(f"{self.base}/finished/{self.info.worker}", {})
-        if set(await self.zk.children(f"{self.base}/finished")) >= set(self.info.workers):
+            await self.zk.create(
+                paths.child(paths.checkpoint_finished(self.job, self.info.attempt), self.info.worker), {}
+            )
+        if set(await self.zk.children(paths.checkpoint_finished(self.job, self.info.attempt))) >= set(
+            self.info.workers
+        ):
             await self._publish_trigger(final=True)  # None when another worker wrote it first

@@ -187,27 +187,26 @@ class WorkerJobs:
         for name in await self.zk.children(paths.reconfigurations(job)):
             if (job, attempt, name) in self.changes:
                 continue
-            found = await self.zk.get(f"{paths.reconfigurations(job)}/{name}")
+            found = await self.zk.get(paths.change(job, name))
             if found is None:
                 continue
             self.changes.add((job, attempt, name))
             change: Reconfiguration = found[0]
-            base = f"{paths.reconfigurations(job)}/{name}"
             if int(change["attempt"]) != attempt or self.me not in change["workers"]:
                 continue  # another attempt's, or one from before this worker joined the attempt
             if not self.fence.accept(int(change["epoch"])):
-                await self._refuse_change(job, base, change)
+                await self._refuse_change(job, name, change)
                 continue
-            if await self.zk.get(f"{base}/done/{self.me}") is None:
+            if await self.zk.get(paths.child(paths.change_done(job, name), self.me)) is None:
                 group.start_soon(self._reconfigure, job, attempt, change)
 
-    async def _refuse_change(self, job: str, base: str, change: Reconfiguration) -> None:
+    async def _refuse_change(self, job: str, name: str, change: Reconfiguration) -> None:
         """Carry out nothing of a change from an older leader than one already obeyed, and say so: the leader
         then falls back to the next attempt instead of waiting for this worker's part for ever."""
         log.warning("ignoring a live change from a deposed leader", job=job, epoch=change["epoch"])
         why = f"change {change['id']} comes from leader epoch {change['epoch']}, older than {self.fence.highest}"
         with contextlib.suppress(NodeExists):
-            await self.zk.create(f"{base}/done/{self.me}", {"error": f"refused: {why}"})
+            await self.zk.create(paths.child(paths.change_done(job, name), self.me), {"error": f"refused: {why}"})
 
     async def _follow_shedding(self, job: str, attempt: int) -> None:
         """Shed at this part's sources the share the leader's shed policy set for the job (``paths.shedding``)."""
@@ -227,7 +226,7 @@ class WorkerJobs:
         running = self.jobs.get((job, attempt))
         if running is None:
             return
-        base = paths.reconfiguration(job, int(change["id"]))
+        name = paths.change_name(int(change["id"]))
         report: dict[str, Any] = {"at": time.time()}
         async with anyio.create_task_group() as group:
 
@@ -237,16 +236,16 @@ class WorkerJobs:
 
             group.start_soon(until_ended)
             try:
-                await self._carry_out_change(job, attempt, change, running, base)
+                await self._carry_out_change(job, attempt, change, running, name)
             except Exception as exc:  # noqa: BLE001 - reported: the leader falls back to the next attempt
                 log.warning("live change failed", job=job, change=change["id"], error=f"{type(exc).__name__}: {exc}")
                 report = {"error": f"{type(exc).__name__}: {exc}"}
             group.cancel_scope.cancel()
         if (job, attempt) in self.jobs:  # a part that ended or was replaced has nothing to report
             with contextlib.suppress(NodeExists):
-                await self.zk.create(f"{base}/done/{self.me}", report)
+                await self.zk.create(paths.child(paths.change_done(job, name), self.me), report)
 
-    async def _carry_out_change(self, job: str, attempt: int, change: Reconfiguration, running: Job, base: str) -> None:
+    async def _carry_out_change(self, job: str, attempt: int, change: Reconfiguration, running: Job, name: str) -> None:
         placement = self.placements[job, attempt]
         before = dict(placement)
         placement.update(change["placed"])
@@ -267,11 +266,13 @@ class WorkerJobs:
         handoff = ClusterHandoff(run, plan, self.me, worker_of, addresses, self.server, self.client, source_of)
         handoff.register()
 
+        wired = paths.change_wired(job, name)
+
         async def everyone_wired() -> None:
             with contextlib.suppress(NodeExists):
-                await self.zk.create(f"{base}/wired/{self.me}", {"at": time.time()})
-            changed = await self.zk.watch_children(f"{base}/wired")
-            while not set(await self.zk.children(f"{base}/wired")) >= set(change["workers"]):
+                await self.zk.create(paths.child(wired, self.me), {"at": time.time()})
+            changed = await self.zk.watch_children(wired)
+            while not set(await self.zk.children(wired)) >= set(change["workers"]):
                 await changed.wait()
                 changed.clear()
 
@@ -404,9 +405,9 @@ class WorkerJobs:
         for _ in range(100):
             try:
                 await self.zk.ensure(directory)
-                if await write_fenced(self.zk, f"{directory}/{self.me}", payload, None, fence):
+                if await write_fenced(self.zk, paths.child(directory, self.me), payload, None, fence):
                     return
-                if await self.zk.get(f"{directory}/{self.me}") is None:
+                if await self.zk.get(paths.child(directory, self.me)) is None:
                     log.warning("dropping the outcome of a replaced attempt", path=directory)
                 return  # reported already, or the job moved on to a newer attempt
             except CoordinationError:
@@ -463,7 +464,7 @@ class WorkerJobs:
         )  # fmt: skip
         self.jobs[job, attempt] = running
         with contextlib.suppress(NodeExists):
-            await self.zk.create(f"{paths.started(job, attempt)}/{self.me}", {"at": time.time()})
+            await self.zk.create(paths.child(paths.started(job, attempt), self.me), {"at": time.time()})
         if joining is None:
             result = await running.run()
         else:

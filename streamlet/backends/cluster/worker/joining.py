@@ -62,12 +62,12 @@ async def change_to_join(
     names = await store.children(paths.reconfigurations(job))
     if not names:
         return None
-    found = await store.get(f"{paths.reconfigurations(job)}/{names[-1]}")
+    found = await store.get(paths.change(job, names[-1]))
     if found is None:
         return None
     change: Reconfiguration = found[0]
     if int(change["attempt"]) != attempt or me not in change["placed"].values():
         return None
-    if await store.get(f"{paths.reconfigurations(job)}/{names[-1]}/done/{me}") is not None:
+    if await store.get(paths.child(paths.change_done(job, names[-1]), me)) is not None:
         return None  # its part of the change is over (and the part it joined with has ended)
     return change

@@ -94,9 +94,9 @@ class PartReplicator:
 
     # -- saving -------------------------------------------------------------------
 
-    async def replicate(self, base: str, epoch: int, data: bytes) -> dict[str, list[str]]:
+    async def replicate(self, epoch: int, data: bytes) -> dict[str, list[str]]:
         """Send every instance's piece of this worker's part of ``epoch`` (``data``) to its backups and wait
-        until each backup acknowledged it (``base``: the attempt's checkpoint node); returns instance ->
+        until each backup acknowledged it (under the attempt's ``paths.checkpoint_acks``); returns instance ->
         backups."""
         document = decode(data, f"part {epoch} of {self.me}")
         instances = instances_of(document)
@@ -109,7 +109,7 @@ class PartReplicator:
             chosen = backups_for(self.me, instances, live, await self._plan(), self.replicas)
             if self.insist and any(len(backups) < self.replicas for backups in chosen.values()):
                 log.warning("too few live workers for every replica", job=self.job, epoch=epoch, want=self.replicas)
-            lagging = await self._send(base, epoch, document, chosen, addresses)
+            lagging = await self._send(epoch, document, chosen, addresses)
             if not lagging:
                 return chosen
             failed |= lagging
@@ -118,7 +118,6 @@ class PartReplicator:
 
     async def _send(
         self,
-        base: str,
         epoch: int,
         document: dict[str, Any],
         chosen: dict[str, list[str]],
@@ -130,7 +129,7 @@ class PartReplicator:
             for backup in backups:
                 by_backup.setdefault(backup, []).append(instance)
         failed: set[str] = set()
-        acks = f"{base}/acks/{epoch}"
+        acks = paths.checkpoint_acks(self.job, self.attempt, epoch)
         await riding_out(self.zk.ensure, acks)
         extra = {"owner": self.me, "job_name": self.job, "job_key": self.key, "attempt_number": self.attempt}
         async with anyio.create_task_group() as group:
@@ -139,7 +138,9 @@ class PartReplicator:
         waiting = set(by_backup) - failed
         with anyio.move_on_after(ACK_TIMEOUT):
             for backup in sorted(waiting):  # one-shot watches: each returns once its node exists
-                await riding_out(self.zk.wait_changed, f"{acks}/{self.me}~{backup}", None)
+                await riding_out(
+                    self.zk.wait_changed, paths.replica_ack(self.job, self.attempt, epoch, self.me, backup), None
+                )
         return failed | (waiting - _acknowledged(await self.zk.children(acks), self.me))
 
     async def _push_one(self, backup: str, address: Address, document: dict[str, Any], failed: set[str]) -> None:
@@ -214,7 +215,7 @@ class PartReplicator:
     async def _mark_unusable(self, epoch: int, instances: list[str]) -> None:
         with contextlib.suppress(NodeExists):
             await riding_out(self.zk.ensure, paths.unusable(self.job))
-            await riding_out(self.zk.create, f"{paths.unusable(self.job)}/{epoch}", {"instances": instances})
+            await riding_out(self.zk.create, paths.unusable_epoch(self.job, epoch), {"instances": instances})
 
 
 async def acknowledge_stored(zk: ClusterStore, me: str, piece: dict[str, Any], owner: str, size: int) -> None:
@@ -222,7 +223,7 @@ async def acknowledge_stored(zk: ClusterStore, me: str, piece: dict[str, Any], o
     owner waits for it before it acknowledges its part."""
     job, attempt, epoch = str(piece["job_name"]), int(piece["attempt_number"]), int(piece["epoch"])
     with contextlib.suppress(NodeExists):
-        path = f"{paths.checkpoints(job)}/attempt-{attempt}/acks/{epoch}/{owner}~{me}"
+        path = paths.replica_ack(job, attempt, epoch, owner, me)
         await riding_out(zk.create, path, {"bytes": size})
 
 

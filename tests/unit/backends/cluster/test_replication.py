@@ -37,7 +37,6 @@ from streamlet.transport.tcp_client import TcpClient
 from tests.unit.backends.cluster.conftest import MemoryCluster
 
 SECRET = b"replication secret"
-BASE = f"{paths.checkpoints('wc')}/attempt-1"
 
 
 def test_backups_follow_the_plan_while_its_workers_live_then_the_ring_after_the_owner() -> None:
@@ -101,7 +100,7 @@ async def save_and_replicate(replicator: PartReplicator, document: dict[str, Any
     """What a worker's coordinator and agreement do: save the part locally, then replicate it."""
     data = encode(document)
     replicator.service.parts("wc", 1).save(int(document["epoch"]), data)
-    return await replicator.replicate(BASE, int(document["epoch"]), data)
+    return await replicator.replicate(int(document["epoch"]), data)
 
 
 def completed(epoch: int, *owned: tuple[str, dict[str, list[str]]]) -> dict[str, Any]:
@@ -120,7 +119,7 @@ async def test_a_part_is_acknowledged_only_once_its_backup_stored_it_and_survive
         document = part(5, [0, 1])
         chosen = await save_and_replicate(found["w0"], document)
         assert chosen == {"count.0": ["w1"], "count.1": ["w1"]}
-        assert await found["w0"].zk.children(f"{BASE}/acks/5") == ["w0~w1"]
+        assert await found["w0"].zk.children(paths.checkpoint_acks("wc", 1, 5)) == ["w0~w1"]
         shutil.rmtree(tmp_path / "w0")
         pieces = await found["w2"].read(completed(5, ("w0", chosen)), {"count.0", "count.1"})
         assert merge_parts(pieces) == merge_parts([document])
