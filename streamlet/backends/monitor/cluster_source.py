@@ -34,7 +34,7 @@ class ClusterSource:
     async def _job(self, status: dict[str, Any]) -> dict[str, Any]:
         name = status["name"]
         completed = await self.store.get(paths.completed(name))
-        checkpoint = None if completed is None else {key: completed[0].get(key) for key in ("epoch", "attempt", "at")}
+        checkpoint = None if completed is None else {key: completed.data.get(key) for key in ("epoch", "attempt", "at")}
         return {**status, "graph": await self._graph(name), "checkpoint": checkpoint}
 
     async def _graph(self, job: str) -> dict[str, Any] | None:
@@ -42,10 +42,10 @@ class ClusterSource:
         found = await self.store.get(paths.spec(job))
         if found is None:
             return None
-        uid = str(found[0].get("uid"))
+        uid = str(found.data.get("uid"))
         if uid not in self._graphs:
             try:
-                shape = await self.outlines.build(verify(job, found[0], self.secret))  # never run here
+                shape = await self.outlines.build(verify(job, found.data, self.secret))  # never run here
             except StreamletError as exc:  # a bad signature: shown as such
                 shape = f"{type(exc).__name__}: {exc}"
             if isinstance(shape, str):

@@ -30,8 +30,8 @@ async def ask(store: ClusterStore, job: str, request: ReconfigureRequest) -> int
     if found is None:
         raise ReconfigurationError(f"job '{job}' has no spec")
     layout = await store.get(paths.layout(job))
-    topology = with_layout(jobs.topology_of(found[0]), None if layout is None else layout[0])
-    new_table(topology, None if layout is None else layout[0], request)  # refused here, with the reason, at once
+    topology = with_layout(jobs.topology_of(found.data), None if layout is None else layout.data)
+    new_table(topology, None if layout is None else layout.data, request)  # refused here, with the reason, at once
     try:
         await store.create(paths.reconfigure_request(job), request)
     except NodeExists:
@@ -49,8 +49,8 @@ async def wait_done(store: ClusterStore, job: str, before: int, asked_at: float,
             if JobState(status["state"]).ended:
                 raise ReconfigurationError(f"job '{job}' ended ({status['state']}) before the change was done")
             refused = await store.get(paths.reconfigure_refused(job))
-            if refused is not None and float(refused[0]["at"]) >= asked_at:
-                raise ReconfigurationError(f"the leader refused the change: {refused[0]['error']}")
+            if refused is not None and float(refused.data["at"]) >= asked_at:
+                raise ReconfigurationError(f"the leader refused the change: {refused.data['error']}")
             await anyio.sleep(POLL)
     raise ReconfigurationError(f"job '{job}' has not finished the change after {seconds:g} s ({status['reason']})")
 

@@ -45,7 +45,7 @@ async def take(
     if status["state"] != JobState.RUNNING.value:
         raise JobError(f"job '{job}' is {status['state']}: a savepoint is taken of a RUNNING job")
     spec = await store.get(paths.spec(job))
-    settings = None if spec is None else spec[0].get("checkpoint")
+    settings = None if spec is None else spec.data.get("checkpoint")
     if settings is None:
         raise JobError(f"job '{job}' takes no checkpoints: submit it with --checkpoint-interval to take savepoints")
     attempt = int(status["attempt"])
@@ -77,14 +77,14 @@ async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, exp
     path = paths.trigger_path(job, attempt)
     while True:
         found = await store.get(path)
-        if found is not None and found[0].get("hold") is not None:
-            await store.wait_changed(path, found[1])
+        if found is not None and found.data.get("hold") is not None:
+            await store.wait_changed(path, found.version)
             continue
-        if found is not None and found[0]["final"]:
+        if found is not None and found.data["final"]:
             raise JobError(f"job '{job}' is finishing: its final checkpoint is under way")
         completed = await store.get(paths.completed(job))
-        done = 0 if completed is None else int(completed[0]["epoch"])
-        epoch = max(done, 0 if found is None else int(found[0]["epoch"])) + 1
+        done = 0 if completed is None else int(completed.data["epoch"])
+        epoch = max(done, 0 if found is None else int(found.data["epoch"])) + 1
         trigger = {
             "epoch": epoch, "final": False, "pause": pause, "at": time.time(), "export": export,
             "export_signature": sign_export(secret, job, epoch, export),
@@ -93,7 +93,7 @@ async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, exp
             if found is None:
                 await store.create(path, trigger)
             else:
-                await store.set(path, trigger, found[1])
+                await store.set(path, trigger, found.version)
             return epoch
         except (NodeExists, VersionConflict):
             continue  # a worker triggered meanwhile: look again

@@ -123,10 +123,10 @@ class AdaptationLoop:
 
     async def _look(self, job: str, beats: dict[str, tuple[float, dict[str, dict[str, Any]]]], now: float) -> Any:
         found = await self.store.get(paths.spec(job))
-        spec = None if found is None else found[0]
+        spec = None if found is None else found.data
         settings = None if spec is None or not spec.get("adapt") else AdaptSettings.from_data(spec["adapt"])
         state = await self.store.get(paths.state(job))
-        if spec is None or settings is None or state is None or state_of(state[0]) != JobState.RUNNING:
+        if spec is None or settings is None or state is None or state_of(state.data) != JobState.RUNNING:
             self._watches.pop(job, None)
             return None
         if await self.store.get(paths.reconfigure_request(job)) is not None:
@@ -152,7 +152,7 @@ class AdaptationLoop:
 
     async def _layout(self, job: str) -> Any:
         found = await self.store.get(paths.layout(job))
-        return None if found is None else found[0]
+        return None if found is None else found.data
 
     async def _decide(
         self,
@@ -247,7 +247,7 @@ class AdaptationLoop:
 
     async def _shed(self, job: str, topology: Topology, qos: QoS, base: Beats, current: Beats) -> dict[str, Any] | None:
         found = await self.store.get(paths.shedding(job))
-        now_shedding = 0.0 if found is None else float(found[0]["ratio"])
+        now_shedding = 0.0 if found is None else float(found.data["ratio"])
         edges = node_edges(topology)
         everything_before: dict[str, dict[str, Any]] = {}
         everything_now: dict[str, dict[str, Any]] = {}
@@ -264,7 +264,7 @@ class AdaptationLoop:
             return None
         data = {"ratio": shedding.ratio, "at": self.clock()}
         path = paths.shedding(job)
-        if not await self.fence.commit([Create(path, data) if found is None else SetData(path, data, found[1])]):
+        if not await self.fence.commit([Create(path, data) if found is None else SetData(path, data, found.version)]):
             return None  # another write got there first, or this leader was deposed
         return await self._record(job, "shed", f"shed {shedding.ratio:.0%} at the sources", shedding.reason)
 

@@ -100,7 +100,7 @@ class BackupController:
             return None  # no checkpoints, or nowhere to put a copy
         instances = await held_instances(self.store, job, assignment)
         found = await self.store.get(paths.completed(job))
-        sizes = {} if found is None else dict(found[0].get("sizes") or {})
+        sizes = {} if found is None else dict(found.data.get("sizes") or {})
         seen = (sorted(load.worker_id for load in loads), sorted(instances.items()), sorted(sizes.items()))
         last = self._last.get(job)
         now = self.clock()
@@ -115,11 +115,11 @@ class BackupController:
             return None
         record = plan_record(greedy_placement(problem, replicas))
         current = await self.store.get(paths.backups(job))
-        if current is not None and {k: v for k, v in current[0].items() if k != "at"} == record:
+        if current is not None and {k: v for k, v in current.data.items() if k != "at"} == record:
             return None
         record["at"] = now
         path = paths.backups(job)
-        write = Create(path, record) if current is None else SetData(path, record, current[1])
+        write = Create(path, record) if current is None else SetData(path, record, current.version)
         if not await self.fence.commit([write]):
             self._last.pop(job, None)  # not written (a newer placement, a deposed leader): the next pass looks again
             return None

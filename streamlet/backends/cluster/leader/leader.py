@@ -55,7 +55,7 @@ from streamlet.backends.cluster.tree.paths import (
 )
 from streamlet.backends.cluster.tree.registry import workers
 from streamlet.backends.cluster.tree.signing import verify
-from streamlet.backends.cluster.tree.store import ClusterStore, Create, Delete, Op, SetData, read_all
+from streamlet.backends.cluster.tree.store import ClusterStore, Create, Delete, Found, Op, SetData, read_all
 from streamlet.core.model.topology import Topology
 from streamlet.errors import CoordinationError, DispatchError, ReconfigurationError, SpecError
 
@@ -72,28 +72,28 @@ class JobView:
     spec: dict[str, Any]
     state: JobStateNode
     state_version: int
-    assignment: tuple[Assignment, int] | None
+    assignment: Found[Assignment] | None
     started: set[str]
     done: dict[str, dict[str, Any]]
     kill: dict[str, Any] | None
     request: tuple[ReconfigureRequest, int] | None = None  # a client's request for a live change
     change: Reconfiguration | None = None  # the newest live change of the job
     changed: dict[str, dict[str, Any]] = field(default_factory=dict)  # workers done with it: worker -> report
-    layout: tuple[Layout, int] | None = None
+    layout: Found[Layout] | None = None
 
     @property
     def attempt(self) -> int:
         """The current attempt (0 before the first)."""
-        return 0 if self.assignment is None else int(self.assignment[0]["attempt"])
+        return 0 if self.assignment is None else int(self.assignment.data["attempt"])
 
     @property
     def involved(self) -> set[str]:
         """Workers of the current attempt: those it was assigned to, and those live changes brought in."""
         if self.assignment is None:
             return set()
-        workers = set(self.assignment[0]["instances"].values())
-        if self.layout is not None and self.layout[0]["attempt"] == self.attempt:
-            workers |= set(self.layout[0]["placed"].values())
+        workers = set(self.assignment.data["instances"].values())
+        if self.layout is not None and self.layout.data["attempt"] == self.attempt:
+            workers |= set(self.layout.data["placed"].values())
         if self.change is not None and int(self.change["attempt"]) == self.attempt:
             workers |= set(self.change["placed"].values())  # a worker joining it runs a part from the start
         return workers
@@ -105,21 +105,21 @@ async def read_view(store: ClusterStore, job: str) -> JobView | None:
     if spec is None or state is None:
         return None
     assignment = await store.get(paths.assignment(job))
-    attempt = 0 if assignment is None else int(assignment[0]["attempt"])
+    attempt = 0 if assignment is None else int(assignment.data["attempt"])
     changes = await store.children(paths.reconfigurations(job))
     change = None if not changes else await store.get(paths.change(job, changes[-1]))
     changed = {} if change is None else await read_all(store, paths.change_done(job, changes[-1]))
     return JobView(
         name=job,
-        spec=spec[0],
-        state=state[0],
-        state_version=state[1],
+        spec=spec.data,
+        state=state.data,
+        state_version=state.version,
         assignment=assignment,
         started=set(await store.children(paths.started(job, attempt))),
         done=await read_all(store, paths.done(job, attempt)),
-        kill=None if (found := await store.get(paths.kill(job))) is None else found[0],
+        kill=None if (found := await store.get(paths.kill(job))) is None else found.data,
         request=await store.get(paths.reconfigure_request(job)),
-        change=None if change is None else change[0],
+        change=None if change is None else change.data,
         changed=changed,
         layout=await store.get(paths.layout(job)),
     )
@@ -170,7 +170,7 @@ class Leader:
         decisions = []
         for job in await self.store.children(paths.JOBS):
             state = await self.store.get(paths.state(job))
-            if state is None or state_of(state[0]).ended:
+            if state is None or state_of(state.data).ended:
                 continue  # ended jobs cost one read a round, not the whole view
             view = await read_view(self.store, job)
             if view is None:
@@ -192,7 +192,7 @@ class Leader:
         loads = None
         for job in await self.store.children(paths.JOBS):
             state = await self.store.get(paths.state(job))
-            if state is None or state_of(state[0]) != JobState.RUNNING:  # one read for a job not running
+            if state is None or state_of(state.data) != JobState.RUNNING:  # one read for a job not running
                 self.backups.forget(job)
                 continue
             spec, assignment = await self.store.get(paths.spec(job)), await self.store.get(paths.assignment(job))
@@ -200,7 +200,7 @@ class Leader:
                 continue
             loads = loads or await live_loads(self.store, now)
             try:
-                await self.backups.step(job, spec[0], assignment[0], views, loads)
+                await self.backups.step(job, spec.data, assignment.data, views, loads)
             except CoordinationError as exc:  # another leader's write, a lost session: the next pass retries
                 log.warning("placing backups failed", job=job, error=str(exc))
 
@@ -280,7 +280,7 @@ class Leader:
             return None
         if isinstance(found, str):
             return found
-        return reconfigure.with_layout(found, None if view.layout is None else view.layout[0])
+        return reconfigure.with_layout(found, None if view.layout is None else view.layout.data)
 
     def _build_later(self, spec: JobSpec) -> None:
         """Build ``spec``'s outline in the background (once): a slow build_topology holds no round up."""
@@ -305,9 +305,9 @@ class Leader:
         topology = await self._topology(view)
         if not isinstance(topology, Topology):
             return await self._cannot_run(view, topology)
-        layout = None if view.layout is None else view.layout[0]
+        layout = None if view.layout is None else view.layout.data
         ident = 1 if view.change is None else int(view.change["id"]) + 1
-        instances = reconfigure.placed_instances(view.assignment[0]["instances"], layout, view.attempt)
+        instances = reconfigure.placed_instances(view.assignment.data["instances"], layout, view.attempt)
         loads = await live_loads(self.store, self.clock(), exclude=view.name)
         task = topology.nodes.get(str(request.get("task")))
         fitting = fitting_workers(task, loads) if task is not None else set()  # its workers=/labels= constraints
@@ -325,7 +325,7 @@ class Leader:
             answer = (
                 Create(paths.reconfigure_refused(view.name), why)
                 if refused is None
-                else SetData(paths.reconfigure_refused(view.name), why, refused[1])
+                else SetData(paths.reconfigure_refused(view.name), why, refused.version)
             )
             if not await self.fence.commit([Delete(paths.reconfigure_request(view.name), version), answer]):
                 return None  # the request or the answer moved meanwhile, or this leader was deposed: look again
@@ -345,7 +345,7 @@ class Leader:
         found = await self.store.get(path)
         if found is None:
             return Create(path, live_changes.held(None, ident))
-        return SetData(path, live_changes.held(found[0], ident), found[1])
+        return SetData(path, live_changes.held(found.data, ident), found.version)
 
     async def _follow_change(self, view: JobView) -> str | None:
         """Every worker done with the change: RUNNING again, one more reconfiguration, the new layout, the
@@ -362,17 +362,17 @@ class Leader:
         topology = await self._topology(view)
         if not isinstance(topology, Topology):
             return await self._cannot_run(view, topology)
-        layout = None if view.layout is None else view.layout[0]
+        layout = None if view.layout is None else view.layout.data
         new_layout = live_changes.next_layout(layout, change, topology)
         steps: list[Op] = [
             Create(paths.layout(view.name), new_layout)
             if view.layout is None
-            else SetData(paths.layout(view.name), new_layout, view.layout[1])
+            else SetData(paths.layout(view.name), new_layout, view.layout.version)
         ]
         trigger = await self.store.get(paths.trigger_path(view.name, view.attempt))
-        if trigger is not None and trigger[0].get("hold") is not None:
-            released = {key: value for key, value in trigger[0].items() if key != "hold"}
-            steps.append(SetData(paths.trigger_path(view.name, view.attempt), released, trigger[1]))
+        if trigger is not None and trigger.data.get("hold") is not None:
+            released = {key: value for key, value in trigger.data.items() if key != "hold"}
+            steps.append(SetData(paths.trigger_path(view.name, view.attempt), released, trigger.version))
         reason = f"change {change['id']} done: {_describe_change(change, done=True)}"
         return await self._move(view, JobState.RUNNING, reason, steps, reconfigured=True)
 
@@ -384,7 +384,7 @@ class Leader:
             return await self._cannot_run(view, topology)
         try:
             loads = await live_loads(self.store, self.clock(), exclude=view.name)
-            holders = await state_holders(self.store, view.name, view.assignment[0])
+            holders = await state_holders(self.store, view.name, view.assignment.data)
             mapping = place(topology, loads, avoid, holders)  # where the state is: a recovery moves little
         except DispatchError as exc:
             return await self._move(view, JobState.STALLED, f"{why}; no live worker can take it: {exc}")

@@ -85,9 +85,9 @@ async def state_holders(store: ClusterStore, job: str, assignment: Assignment | 
         for instance, worker in (await held_instances(store, job, assignment)).items():
             where[instance] = [worker]
     planned = await store.get(paths.backups(job))
-    for instance, worker in ((planned[0] if planned else {}).get("redeploy") or {}).items():
+    for instance, worker in ((planned.data if planned else {}).get("redeploy") or {}).items():
         where[instance] = [*where.get(instance, []), worker]  # the backup location controller's choice
     found = await store.get(paths.completed(job))
-    for instance, holders in ((found[0] if found else {}).get("holders") or {}).items():
+    for instance, holders in ((found.data if found else {}).get("holders") or {}).items():
         where[instance] = [*where.get(instance, []), *(h for h in holders if h not in where.get(instance, []))]
     return where

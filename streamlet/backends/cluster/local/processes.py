@@ -17,6 +17,7 @@ from streamlet.backends.cluster.leader.leader import Leader
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import LeaderElection
 from streamlet.backends.cluster.tree.outline import Outlines
+from streamlet.backends.cluster.tree.paths import WorkerInfo
 from streamlet.backends.cluster.tree.registry import WorkerRegistration
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.backends.cluster.tree.zk import SESSION_TIMEOUT, StoreSettings
@@ -149,7 +150,7 @@ async def run_worker(
         DataServer(secret, host=host) as server,
         TcpClient(secret) as client,
     ):
-        info: dict[str, Any] = {
+        info: WorkerInfo = {
             "host": host, "data_port": server.port, "capacity": capacity, "labels": labels or [], "pid": os.getpid(),
             "bandwidth_mbit": bandwidth,
         }  # fmt: skip

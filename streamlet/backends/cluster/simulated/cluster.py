@@ -96,6 +96,7 @@ from streamlet.backends.cluster.tree import jobs as cluster_jobs
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import LeaderElection
 from streamlet.backends.cluster.tree.lifecycle import JobState
+from streamlet.backends.cluster.tree.paths import WorkerInfo
 from streamlet.backends.cluster.tree.registry import WorkerRegistration, process_load
 from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree, read_all
 from streamlet.backends.cluster.worker.job_parts import WorkerJobs
@@ -593,7 +594,7 @@ class SimulatedCluster:
         """One worker, as ``streamlet worker`` runs it, until killed or stopped."""
         try:
             async with DataServer(self.secret) as server, TcpClient(self.secret) as client:
-                info = {
+                info: WorkerInfo = {
                     "host": server.host, "data_port": server.port, "capacity": worker.capacity,
                     "labels": worker.labels, "pid": os.getpid(),
                 }  # fmt: skip
@@ -822,7 +823,7 @@ class SimulatedJob:
     async def instances(self) -> dict[str, str]:
         """Instance -> worker in the current attempt (empty before the first): whom to kill, say."""
         found = await self.cluster.store.get(paths.assignment(self.name))
-        return {} if found is None else dict(found[0]["instances"])
+        return {} if found is None else dict(found.data["instances"])
 
     async def wait_for(self, *states: str | JobState) -> tuple[str, str]:
         """Wait until the job is in one of ``states``; returns (state, reason).

@@ -70,8 +70,8 @@ async def _next_epoch(zk: ClusterStore) -> tuple[int, Op]:
     found = await zk.get(EPOCH)
     if found is None:
         return 1, Create(EPOCH, {"epoch": 1})
-    epoch = int(found[0]["epoch"]) + 1
-    return epoch, SetData(EPOCH, {"epoch": epoch}, found[1])
+    epoch = int(found.data["epoch"]) + 1
+    return epoch, SetData(EPOCH, {"epoch": epoch}, found.version)
 
 
 class LeaderFence:
@@ -101,16 +101,16 @@ class LeaderFence:
         """The version of ``/epoch`` holding this leader's epoch (``None``: a newer leader's is there)."""
         while self._version is None:
             found = await self.store.get(EPOCH)
-            held = None if found is None else int(found[0]["epoch"])
+            held = None if found is None else int(found.data["epoch"])
             if found is not None and held == self.epoch:
-                self._version = found[1]
+                self._version = found.version
             elif held is not None and held > self.epoch:
                 return None
             else:  # no election wrote this epoch: take /epoch for it (a newer leader's write wins the race)
                 step = (
                     Create(EPOCH, {"epoch": self.epoch})
                     if found is None
-                    else SetData(EPOCH, {"epoch": self.epoch}, found[1])
+                    else SetData(EPOCH, {"epoch": self.epoch}, found.version)
                 )
                 await self.store.commit([step])
         return self._version
@@ -119,7 +119,7 @@ class LeaderFence:
 async def leader(zk: ClusterStore) -> dict[str, Any] | None:
     """The current leader's identity and epoch, if there is one."""
     found = await zk.get(LEADER)
-    return None if found is None else found[0]
+    return None if found is None else found.data
 
 
 async def candidates(zk: ClusterStore) -> list[dict[str, Any]]:
@@ -128,7 +128,7 @@ async def candidates(zk: ClusterStore) -> list[dict[str, Any]]:
     for name in await zk.children(paths.CANDIDATES):
         entry = await zk.get(paths.candidate(name))
         if entry is not None:
-            found.append(entry[0])
+            found.append(entry.data)
     return found
 
 

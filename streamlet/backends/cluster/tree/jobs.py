@@ -36,9 +36,9 @@ async def held_instances(store: ClusterStore, job: str, assignment: Assignment) 
     (moved, added, and without those a rescale took out)."""
     held = dict(assignment["instances"])
     found = await store.get(paths.layout(job))
-    if found is None or found[0]["attempt"] != assignment["attempt"]:
+    if found is None or found.data["attempt"] != assignment["attempt"]:
         return held
-    layout = found[0]
+    layout = found.data
     held.update(layout["placed"])
     counts = layout["parallelism"]
     return {
@@ -54,11 +54,11 @@ async def job_status(store: ClusterStore, job: str) -> dict[str, Any]:
     found = await store.get(paths.state(job))
     if found is None:
         raise JobError(f"no job called '{job}' on cluster '{store.cluster}'")
-    node = found[0]
+    node = found.data
     assignment = await store.get(paths.assignment(job))
-    attempt = 0 if assignment is None else int(assignment[0]["attempt"])
+    attempt = 0 if assignment is None else int(assignment.data["attempt"])
     done = await read_all(store, paths.done(job, attempt)) if attempt else {}
-    held = {} if assignment is None else await held_instances(store, job, assignment[0])
+    held = {} if assignment is None else await held_instances(store, job, assignment.data)
     decisions = await read_all(store, paths.decisions(job))
     state = state_of(node)
     errors = [node["reason"]] if state == JobState.FAILED else []

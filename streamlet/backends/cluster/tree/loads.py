@@ -35,9 +35,9 @@ async def live_loads(store: ClusterStore, now: float, exclude: str | None = None
         if job == exclude or found is None:
             continue
         state = await store.get(paths.state(job))
-        if state_of(None if state is None else state[0]).ended:
+        if state_of(None if state is None else state.data).ended:
             continue
-        for worker in (await held_instances(store, job, found[0])).values():
+        for worker in (await held_instances(store, job, found.data)).values():
             if worker in used:
                 used[worker] += 1
     return [

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
+from streamlet.backends.cluster.tree.store import NodePath
+
 LEADER = "/leader"
 EPOCH = "/epoch"
 CANDIDATES = "/candidates"
@@ -76,6 +78,8 @@ class WorkerInfo(TypedDict, total=False):
     capacity: int
     labels: list[str]
     pid: int
+    bandwidth_mbit: float  # configured, for the backup placement (``streamlet worker --bandwidth``)
+    metrics_port: int  # its Prometheus /metrics, when it serves one
     zk_state: str  # VOID / STANDBY / LIVE
     local_state: str  # waiting / running
 
@@ -180,9 +184,9 @@ class LoopQuiet(TypedDict):
     round: int
 
 
-def leader() -> str:
+def leader() -> NodePath[LeaderNode]:
     """The leader's ephemeral node."""
-    return LEADER
+    return NodePath(LEADER)
 
 
 def epoch() -> str:
@@ -195,9 +199,9 @@ def candidate_prefix() -> str:
     return f"{CANDIDATES}/c-"
 
 
-def worker(worker_id: str) -> str:
+def worker(worker_id: str) -> NodePath[WorkerInfo]:
     """A worker's ephemeral registration."""
-    return f"{WORKERS}/{worker_id}"
+    return NodePath(f"{WORKERS}/{worker_id}")
 
 
 def load(worker_id: str) -> str:
@@ -210,19 +214,19 @@ def job(name: str) -> str:
     return f"{JOBS}/{name}"
 
 
-def spec(name: str) -> str:
+def spec(name: str) -> NodePath[JobSpec]:
     """What the job runs."""
-    return f"{JOBS}/{name}/spec"
+    return NodePath(f"{JOBS}/{name}/spec")
 
 
-def state(name: str) -> str:
+def state(name: str) -> NodePath[JobStateNode]:
     """The job's lifecycle state."""
-    return f"{JOBS}/{name}/state"
+    return NodePath(f"{JOBS}/{name}/state")
 
 
-def assignment(name: str) -> str:
+def assignment(name: str) -> NodePath[Assignment]:
     """The job's current attempt."""
-    return f"{JOBS}/{name}/assignment"
+    return NodePath(f"{JOBS}/{name}/assignment")
 
 
 def started(name: str, attempt: int) -> str:
@@ -270,9 +274,9 @@ def unusable(name: str) -> str:
     return f"{checkpoints(name)}/unusable"
 
 
-def reconfigure_request(name: str) -> str:
+def reconfigure_request(name: str) -> NodePath[ReconfigureRequest]:
     """A client's request for a live change, until the leader takes it up."""
-    return f"{JOBS}/{name}/reconfigure"
+    return NodePath(f"{JOBS}/{name}/reconfigure")
 
 
 def shedding(name: str) -> str:
@@ -295,9 +299,9 @@ def reconfigurations(name: str) -> str:
     return f"{JOBS}/{name}/reconfigurations"
 
 
-def reconfiguration(name: str, ident: int) -> str:
+def reconfiguration(name: str, ident: int) -> NodePath[Reconfiguration]:
     """Live change ``ident`` of the job."""
-    return change(name, change_name(ident))
+    return NodePath(change(name, change_name(ident)))
 
 
 def change_name(ident: int) -> str:
@@ -305,9 +309,9 @@ def change_name(ident: int) -> str:
     return f"{ident:06d}"
 
 
-def layout(name: str) -> str:
+def layout(name: str) -> NodePath[Layout]:
     """The job's shape after its live changes."""
-    return f"{JOBS}/{name}/layout"
+    return NodePath(f"{JOBS}/{name}/layout")
 
 
 def loops(name: str, attempt: int) -> str:
@@ -315,19 +319,19 @@ def loops(name: str, attempt: int) -> str:
     return f"{JOBS}/{name}/loops/attempt-{attempt}"
 
 
-def loop_round(name: str, attempt: int) -> str:
+def loop_round(name: str, attempt: int) -> NodePath[LoopRound]:
     """The detector's current round: every worker answers it with its counters."""
-    return f"{loops(name, attempt)}/round"
+    return NodePath(f"{loops(name, attempt)}/round")
 
 
-def loop_counters(name: str, attempt: int, worker_id: str) -> str:
+def loop_counters(name: str, attempt: int, worker_id: str) -> NodePath[LoopAnswer]:
     """A worker's answer to the last round it saw."""
-    return f"{loops(name, attempt)}/counters/{worker_id}"
+    return NodePath(f"{loops(name, attempt)}/counters/{worker_id}")
 
 
-def loop_quiet(name: str, attempt: int) -> str:
+def loop_quiet(name: str, attempt: int) -> NodePath[LoopQuiet]:
     """The loops found quiet for good: every worker ends them."""
-    return f"{loops(name, attempt)}/quiet"
+    return NodePath(f"{loops(name, attempt)}/quiet")
 
 
 def instance_id(node: str, index: int) -> str:
@@ -386,9 +390,9 @@ def candidate(master: str) -> str:
     return f"{CANDIDATES}/{master}"
 
 
-def change(name: str, node: str) -> str:
+def change(name: str, node: str) -> NodePath[Reconfiguration]:
     """Live change ``node`` (a child of :func:`reconfigurations`, see :func:`change_name`)."""
-    return f"{reconfigurations(name)}/{node}"
+    return NodePath(f"{reconfigurations(name)}/{node}")
 
 
 def change_done(name: str, node: str) -> str:

@@ -47,9 +47,9 @@ async def situation(store: ClusterStore, job: str, now: float) -> Situation:
     spec, found = await store.get(paths.spec(job)), await store.get(paths.assignment(job))
     if spec is None or found is None:
         raise ReconfigurationError(f"job '{job}' has no spec or assignment")
-    assignment = found[0]
-    layout = None if (node := await store.get(paths.layout(job))) is None else node[0]
-    topology = with_layout(jobs.topology_of(spec[0]), layout)
+    assignment = found.data
+    layout = None if (node := await store.get(paths.layout(job))) is None else node.data
+    topology = with_layout(jobs.topology_of(spec.data), layout)
     held = await held_instances(store, job, assignment)
     attempt = int(assignment["attempt"])
     finished = set(await store.children(paths.done(job, attempt)))

@@ -21,6 +21,7 @@ import anyio
 
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.lifecycle import WORKER_MOVES, LocalState, WorkerState
+from streamlet.backends.cluster.tree.paths import WorkerInfo
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.errors import CoordinationError, NodeExists
 
@@ -45,7 +46,7 @@ class WorkerRegistration:
 
     zk: ClusterStore
     worker_id: str
-    info: dict[str, Any]
+    info: WorkerInfo
     heartbeat: float = 1.0
     load: Callable[[], dict[str, Any]] = process_load
     zk_state: WorkerState = WorkerState.VOID
@@ -115,7 +116,7 @@ class WorkerView:
     """What the leader knows of a worker."""
 
     worker_id: str
-    info: dict[str, Any]
+    info: WorkerInfo
     load: dict[str, Any] | None
 
     def stale(self, now: float, after: float) -> bool:
@@ -131,5 +132,5 @@ async def workers(zk: ClusterStore) -> list[WorkerView]:
         if entry is None:
             continue  # gone between the listing and the read
         load = await zk.get(paths.load(worker_id))
-        found.append(WorkerView(worker_id, entry[0], None if load is None else load[0]))
+        found.append(WorkerView(worker_id, entry.data, None if load is None else load.data))
     return found

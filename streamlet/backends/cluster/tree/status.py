@@ -25,12 +25,12 @@ async def read_status(zk: ClusterStore) -> dict[str, Any]:
         if JobState(job["state"]).ended:
             continue
         found = await zk.get(paths.assignment(job["job"]))
-        for instance, worker in ({} if found is None else found[0]["instances"]).items():
+        for instance, worker in ({} if found is None else found.data["instances"]).items():
             held.setdefault(worker, []).append(f"{job['job']}/{instance}")
     dashboard = await zk.get(paths.DASHBOARD)
     return {
         "cluster": zk.cluster,
-        "dashboard": None if dashboard is None else dashboard[0]["url"],
+        "dashboard": None if dashboard is None else dashboard.data["url"],
         "leader": await leader(zk),
         "candidates": [c.get("name") for c in await candidates(zk)],
         "workers": [_worker_row(view, now, held.get(view.worker_id, [])) for view in await workers(zk)],

@@ -28,13 +28,28 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, overload
 
 import anyio
 
 from streamlet.errors import CoordinationError, NodeExists, NotAuthorized, VersionConflict
 
 T = TypeVar("T")
+D = TypeVar("D")  # what a node holds
+
+
+class NodePath(str, Generic[D]):
+    """A path whose node holds a ``D`` (one of the node shapes of ``paths``): the store's :meth:`get
+    <ClusterStore.get>` on it returns its data typed, so a read names its fields, never positions."""
+
+    __slots__ = ()
+
+
+class Found(NamedTuple, Generic[D]):
+    """A node as read: its data and its version (what a conditional write or a wait starts from)."""
+
+    data: D
+    version: Version
 
 
 class Version(int):
@@ -125,8 +140,14 @@ class ClusterStore(Protocol):
     def on_state(self, callback: Callable[[str], None]) -> None:
         """Call ``callback("suspended" | "lost" | "connected")`` on the loop when the session changes."""
 
-    async def get(self, path: str) -> tuple[Any, Version] | None:
-        """``(data, version)`` of a node, or ``None`` when it does not exist."""
+    @overload
+    async def get(self, path: NodePath[D]) -> Found[D] | None: ...
+
+    @overload
+    async def get(self, path: str) -> Found[Any] | None: ...
+
+    async def get(self, path: str) -> Found[Any] | None:
+        """A node's data and version, or ``None`` when it does not exist."""
 
     async def create(self, path: str, data: Any, *, ephemeral: bool = False, sequence: bool = False) -> str:
         """Create a node (and missing parents); returns its path. Raises :class:`NodeExists`."""
@@ -189,7 +210,7 @@ async def read_all(store: ClusterStore, path: str) -> dict[str, Any]:
     for name in await store.children(path):
         entry = await store.get(f"{path}/{name}")
         if entry is not None:
-            found[name] = entry[0]
+            found[name] = entry.data
     return found
 
 
@@ -306,9 +327,9 @@ class MemoryClusterStore:
 
     # -- nodes ----------------------------------------------------------------------
 
-    async def get(self, path: str) -> tuple[Any, Version] | None:
+    async def get(self, path: str) -> Found[Any] | None:
         node = self._usable().get(path)
-        return None if node is None else (_load(node.raw), Version(node.version, node.mzxid))
+        return None if node is None else Found(_load(node.raw), Version(node.version, node.mzxid))
 
     async def create(self, path: str, data: Any, *, ephemeral: bool = False, sequence: bool = False) -> str:
         nodes = self._usable()
@@ -406,9 +427,9 @@ class MemoryClusterStore:
         while True:
             changed = self.tree.watch(path)
             found = await self.get(path)
-            current = None if found is None else found[1]
+            current = None if found is None else found.version
             if moved(version, current):
-                return (None if found is None else found[0]), current
+                return (None if found is None else found.data), current
             await changed.wait()
 
     async def wait_gone(self, path: str) -> None:

@@ -40,7 +40,7 @@ import anyio
 import structlog
 
 from streamlet.backends.cluster.tree.paths import world_readable
-from streamlet.backends.cluster.tree.store import Check, Create, Delete, Op, SetData, Version, moved
+from streamlet.backends.cluster.tree.store import Check, Create, Delete, Found, Op, SetData, Version, moved
 from streamlet.errors import CoordinationError, NodeExists, NotAuthorized, VersionConflict
 
 log = structlog.get_logger("streamlet")
@@ -247,18 +247,18 @@ class ZkStore:
         )
         return created[len(self.root) :]
 
-    async def get(self, relative: str) -> tuple[Any, Version] | None:
-        """``(data, version)`` of a node, or ``None`` when it does not exist."""
+    async def get(self, relative: str) -> Found[Any] | None:
+        """A node's data and version, or ``None`` when it does not exist."""
         kazoo = _kazoo()
 
-        def read() -> tuple[Any, Version] | None:
+        def read() -> Found[Any] | None:
             try:
                 raw, stat = self._client.get(self.path(relative))
             except kazoo.exceptions.NoNodeError:
                 return None
-            return (json.loads(raw) if raw else None), Version(stat.version, stat.mzxid)
+            return Found(json.loads(raw) if raw else None, Version(stat.version, stat.mzxid))
 
-        result: tuple[Any, Version] | None = await self._call(read, reading=relative)
+        result: Found[Any] | None = await self._call(read, reading=relative)
         return result
 
     async def set(self, relative: str, data: Any, version: int = -1) -> Version:

@@ -41,7 +41,7 @@ import structlog
 
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.signing import export_folder
-from streamlet.backends.cluster.tree.store import Check, ClusterStore, Create, Op, SetData, riding_out
+from streamlet.backends.cluster.tree.store import Check, ClusterStore, Create, Found, Op, SetData, riding_out
 from streamlet.backends.cluster.worker.part_replicator import PartReplicator, instances_to_restore
 from streamlet.core.model.clock import Clock
 from streamlet.core.state.checkpoints import Coordinator
@@ -129,7 +129,7 @@ class ZkAgreement:
         if self.joining:
             await self._join(found)
             return None
-        done = None if found is None else await self._usable(found[0])
+        done = None if found is None else await self._usable(found.data)
         if done is None:
             return await self._savepoint()
         epoch = int(done["epoch"])
@@ -156,15 +156,15 @@ class ZkAgreement:
             f"{epochs}, nor at an earlier one kept; it cannot resume without losing state"
         )
 
-    async def _join(self, completed: tuple[dict[str, Any], int] | None) -> None:
+    async def _join(self, completed: Found[dict[str, Any]] | None) -> None:
         """A part joining the running attempt restores nothing (it has no instances yet: a live change brings
         them, with their state) and takes part from the next epoch on; the ones triggered so far complete
         without it (the change waits for them, and checkpoints wait for the change)."""
         trigger = await self.zk.get(self.trigger)
         if trigger is not None:
-            self._triggered = max(self._triggered, int(trigger[0]["epoch"]))
-        if completed is not None and int(completed[0]["attempt"]) == self.info.attempt:
-            self._published = int(completed[0]["epoch"])
+            self._triggered = max(self._triggered, int(trigger.data["epoch"]))
+        if completed is not None and int(completed.data["attempt"]) == self.info.attempt:
+            self._published = int(completed.data["epoch"])
 
     def join(self, workers: list[str]) -> None:
         """Workers that joined the attempt by a live change: from now on a checkpoint completes with their
@@ -188,7 +188,7 @@ class ZkAgreement:
             attempt = paths.attempt_of(name)
             if attempt is not None and attempt < self.info.attempt:
                 found = await self.zk.get(paths.trigger_path(self.job, attempt))
-                highest = max(highest, 0 if found is None else int(found[0]["epoch"]))
+                highest = max(highest, 0 if found is None else int(found.data["epoch"]))
         return highest
 
     # -- triggering -------------------------------------------------------------
@@ -231,12 +231,12 @@ class ZkAgreement:
         path = self.trigger
         while True:
             found = await self.zk.get(path)
-            if found is not None and found[0].get("hold") is not None:
-                await self.zk.wait_changed(path, found[1])  # a live change holds checkpoints until it is over
+            if found is not None and found.data.get("hold") is not None:
+                await self.zk.wait_changed(path, found.version)  # a live change holds checkpoints until it is over
                 continue
-            if found is not None and found[0]["final"]:
+            if found is not None and found.data["final"]:
                 return None  # the final checkpoint is under way: nothing comes after it
-            in_flight = 0 if found is None else int(found[0]["epoch"])
+            in_flight = 0 if found is None else int(found.data["epoch"])
             if not (final or pause) and in_flight > self._published:
                 return in_flight
             epoch = max(self._triggered, self._published, in_flight) + 1
@@ -245,7 +245,7 @@ class ZkAgreement:
                 if found is None:
                     await self.zk.create(path, trigger)
                 else:
-                    await self.zk.set(path, trigger, found[1])
+                    await self.zk.set(path, trigger, found.version)
                 return epoch
             except (NodeExists, VersionConflict):
                 continue  # another worker moved it first: look again
@@ -311,7 +311,7 @@ class ZkAgreement:
         run: dict[str, Any] = {}
         for worker in self.info.workers:
             found = await self.zk.get(paths.child(acks, worker))
-            ack = {} if found is None else found[0]
+            ack = {} if found is None else found.data
             layout = layout or ack.get("layout", {})
             run = {"run": ack.get("run"), "job_id": ack.get("job_id")} if "run" in ack else run
             replicas = ack.get("replicas", {})
@@ -334,18 +334,21 @@ class ZkAgreement:
         next_trigger = self._next_trigger_if_due(epoch, finished)
         while True:
             found = await self.zk.get(path)
-            if found is not None and (found[0]["attempt"], found[0]["epoch"]) >= (self.info.attempt, epoch):
+            if found is not None and (found.data["attempt"], found.data["epoch"]) >= (self.info.attempt, epoch):
                 return  # a later checkpoint is published already
             if found is not None:  # kept: a restore falls back to it when this one has an instance nowhere intact
-                value["previous"] = {key: item for key, item in found[0].items() if key != "previous"}
-            steps: list[Op] = [Check(*fence), Create(path, value) if found is None else SetData(path, value, found[1])]
+                value["previous"] = {key: item for key, item in found.data.items() if key != "previous"}
+            steps: list[Op] = [
+                Check(*fence),
+                Create(path, value) if found is None else SetData(path, value, found.version),
+            ]
             if await self.zk.commit(steps + next_trigger):
                 return
             if next_trigger:
                 next_trigger = []  # the trigger moved meanwhile (a final or pausing one): complete without it
                 continue
             current = await self.zk.get(fence[0])
-            if current is None or current[1] != self.info.assignment_version:
+            if current is None or current.version != self.info.assignment_version:
                 return  # the job moved on to another attempt: this one completes nothing
 
     def _next_trigger_if_due(self, epoch: int, finished: bool) -> list[Op]:

@@ -127,7 +127,7 @@ class WorkerJobs:
                 self._cancel(job)
                 continue
             if not new_attempt:
-                await self._join_running(job, uid, found[0], found[1], group)
+                await self._join_running(job, uid, found.data, found.version, group)
                 continue
             self.seen[job] = (uid, attempt)
             if not self.fence.accept(int(assignment["epoch"])):
@@ -169,10 +169,10 @@ class WorkerJobs:
         state = await self.zk.get(paths.state(job))
         if state is None:
             return
-        if state_of(state[0]).ended:
+        if state_of(state.data).ended:
             self.ended.add(uid)  # final: never asked again
             return
-        change = await change_to_join(self.zk, job, attempt, self.me, state[0])
+        change = await change_to_join(self.zk, job, attempt, self.me, state.data)
         if change is None or (job, attempt, paths.change_name(int(change["id"]))) in self.changes:
             return
         if not self.fence.accept(int(change["epoch"])):
@@ -191,7 +191,7 @@ class WorkerJobs:
             if found is None:
                 continue
             self.changes.add((job, attempt, name))
-            change: Reconfiguration = found[0]
+            change: Reconfiguration = found.data
             if int(change["attempt"]) != attempt or self.me not in change["workers"]:
                 continue  # another attempt's, or one from before this worker joined the attempt
             if not self.fence.accept(int(change["epoch"])):
@@ -215,7 +215,7 @@ class WorkerJobs:
         if running is None or qos is None:
             return
         found = await self.zk.get(paths.shedding(job))
-        ratio = 0.0 if found is None else min(float(found[0]["ratio"]), qos.max_shed_ratio)
+        ratio = 0.0 if found is None else min(float(found.data["ratio"]), qos.max_shed_ratio)
         if ratio != running.shed_ratio:
             running.shed(ratio)
             log.info("shedding", job=job, ratio=ratio, worker=self.me)
@@ -287,7 +287,7 @@ class WorkerJobs:
         if uid in self.ended:
             return True
         found = await self.zk.get(paths.state(job))
-        if found is not None and state_of(found[0]).ended:
+        if found is not None and state_of(found.data).ended:
             self.ended.add(uid)
             return True
         return False
@@ -421,10 +421,10 @@ class WorkerJobs:
         found = await self.zk.get(paths.spec(job))
         if found is None:
             raise SpecError(f"job '{job}' has no spec")
-        spec = verify(job, found[0], self.secret)  # before anything of it is imported
+        spec = verify(job, found.data, self.secret)  # before anything of it is imported
         self.code[job] = (spec["target"], spec.get("module_sha256"))
         found_layout = await self.zk.get(paths.layout(job))
-        layout = None if found_layout is None else found_layout[0]
+        layout = None if found_layout is None else found_layout.data
         topology = self.topologies[job] = with_layout(topology_of(spec), layout)
         # live changes add instances to it; a joining worker starts from where they left them
         assigned = assignment["instances"]
@@ -535,12 +535,12 @@ async def files_to_keep(zk: ClusterStore, job: str, uid: str) -> dict[int, int] 
     complete one and the one before it); ``None`` when the job ended, is gone, or is another submission now
     (nothing of it is needed)."""
     header, state = await zk.get(paths.job(job)), await zk.get(paths.state(job))
-    if header is None or state is None or state_of(state[0]).ended or str((header[0] or {}).get("uid")) != uid:
+    if header is None or state is None or state_of(state.data).ended or str((header[0] or {}).get("uid")) != uid:
         return None
     found = await zk.get(paths.completed(job))
     if found is None:
         return {0: 0}  # none complete yet: every file may be of the first one
-    records = [found[0], found[0].get("previous")]
+    records = [found.data, found.data.get("previous")]
     return {int(record["epoch"]): int(record["attempt"]) for record in records if record is not None}
 
 

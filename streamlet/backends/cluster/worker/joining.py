@@ -65,7 +65,7 @@ async def change_to_join(
     found = await store.get(paths.change(job, names[-1]))
     if found is None:
         return None
-    change: Reconfiguration = found[0]
+    change: Reconfiguration = found.data
     if int(change["attempt"]) != attempt or me not in change["placed"].values():
         return None
     if await store.get(paths.child(paths.change_done(job, names[-1]), me)) is not None:

@@ -152,7 +152,7 @@ class PartReplicator:
 
     async def _plan(self) -> dict[str, list[str]]:
         found = await self.zk.get(paths.backups(self.job))
-        return {} if found is None else dict(found[0].get("backups", {}))
+        return {} if found is None else dict(found.data.get("backups", {}))
 
     async def _live_addresses(self) -> dict[str, Address]:
         return {view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)}

@@ -43,7 +43,7 @@ import anyio
 
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.paths import LoopAnswer, LoopQuiet, LoopRound
-from streamlet.backends.cluster.tree.store import ClusterStore, riding_out
+from streamlet.backends.cluster.tree.store import ClusterStore, Found, riding_out
 from streamlet.core.runtime.cycles import CycleTracker
 from streamlet.core.runtime.quiescence import MAX_ROUND_PAUSE, ROUND_PAUSE, LoopView, looks_quiet, loop_views, quiet
 from streamlet.errors import NodeExists
@@ -105,10 +105,10 @@ class LoopDetector:
         """``worker``'s answer to this round, once it is there (a watch, no polling)."""
         path = paths.loop_counters(self.attempt.job, self.attempt.attempt, worker)
         found = await self.store.get(path)
-        while found is None or int(found[0]["round"]) < self.round:
-            data, version = await self.store.wait_changed(path, None if found is None else found[1])
-            found = None if version is None else (data, version)
-        answer: LoopAnswer = found[0]
+        while found is None or int(found.data["round"]) < self.round:
+            data, version = await self.store.wait_changed(path, None if found is None else found.version)
+            found = None if version is None else Found(data, version)
+        answer: LoopAnswer = found.data
         return answer
 
 

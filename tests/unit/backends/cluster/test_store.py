@@ -129,12 +129,12 @@ async def test_versions_carry_the_id_of_the_write_that_made_them(tree: MemoryTre
     """get and set hand out the data version with the tree's zxid of the write; a transaction is one write."""
     store = MemoryClusterStore(tree)
     await store.create("/a", 1)  # write 1
-    assert repr(await store.get("/a")) == "(1, Version(0, mzxid=1))"
+    assert repr(await store.get("/a")) == "Found(data=1, version=Version(0, mzxid=1))"
     assert repr(await store.set("/a", 2, version=0)) == "Version(1, mzxid=2)"
     assert await store.commit([SetData("/a", 3, 1), Create("/b", 4), Delete("/a")])  # write 3, every step
-    assert repr(await store.get("/b")) == "(4, Version(0, mzxid=3))"
+    assert repr(await store.get("/b")) == "Found(data=4, version=Version(0, mzxid=3))"
     await store.create("/a", 5)
-    assert repr(await store.get("/a")) == "(5, Version(0, mzxid=4))"
+    assert repr(await store.get("/a")) == "Found(data=5, version=Version(0, mzxid=4))"
 
 
 def test_a_version_is_its_data_version_wherever_an_int_goes() -> None:
