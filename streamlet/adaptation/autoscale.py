@@ -86,8 +86,6 @@ class NodeRates:
     name: str
     kind: str
     instances: int
-    observed_in: float  # records per second, all instances
-    observed_out: float
     true_in: float  # records processed per busy second, per instance (sources: read per unblocked second)
     selectivity: float  # records out per record in
 
@@ -99,7 +97,6 @@ def node_rates(observed: Sequence[InstanceWindow]) -> dict[str, NodeRates]:
         by_node.setdefault(window.node, []).append(window)
     rates = {}
     for name, group in by_node.items():
-        seconds = group[0].seconds
         records_in = sum(w.records_in for w in group)
         records_out = sum(w.records_out for w in group)
         kind = group[0].kind
@@ -111,7 +108,7 @@ def node_rates(observed: Sequence[InstanceWindow]) -> dict[str, NodeRates]:
             busy = sum(w.busy for w in group)
             true = records_in / busy if busy > 0 else 0.0
             selectivity = records_out / records_in if records_in else 1.0
-        rates[name] = NodeRates(name, kind, len(group), records_in / seconds, records_out / seconds, true, selectivity)
+        rates[name] = NodeRates(name, kind, len(group), true, selectivity)
     return rates
 
 

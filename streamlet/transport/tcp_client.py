@@ -58,8 +58,6 @@ class ClientStatistics:
     """Counters of a TCP client."""
 
     connects: int
-    frames_sent: int
-    frames_resent: int
 
 
 class TcpChannel:
@@ -220,7 +218,6 @@ class TcpChannel:
             _seq, data = self._resend.popleft()
             self.credit -= 1
             self.link.write(data)
-            self.link.client.resent += 1
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -245,7 +242,6 @@ class _Link:
     def write(self, data: bytes) -> None:
         if self.up and self._writer is not None and not self._writer.is_closing():
             self._writer.write(data)
-            self.client.sent += 1
 
     def raise_if_failed(self) -> None:
         if self.failure is not None:
@@ -357,7 +353,7 @@ class TcpClient:
         self.max_reconnect_delay = max_reconnect_delay
         self.connect_timeout = connect_timeout
         self.max_frame = max_frame
-        self.connects = self.sent = self.resent = 0
+        self.connects = 0
         self._links: dict[Address, _Link] = {}
         self._group: anyio.abc.TaskGroup | None = None
 
@@ -390,7 +386,7 @@ class TcpClient:
 
     def statistics(self) -> ClientStatistics:
         """A snapshot of the counters."""
-        return ClientStatistics(self.connects, self.sent, self.resent)
+        return ClientStatistics(self.connects)
 
 
 class LoopbackTransport:

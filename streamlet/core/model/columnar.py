@@ -148,7 +148,6 @@ class ColumnarTask(Task):
     """Base of the built-in columnar tasks: :meth:`execute_columns` takes a whole columnar batch."""
 
     columnar = True
-    isolates_records = True
 
     @abstractmethod
     def execute_columns(self, batch: ColumnBatch, outputs: Outputs) -> None:

@@ -6,7 +6,7 @@ import itertools
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from streamlet.core.model.kept import IMMUTABLE, keep, put_back
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
@@ -33,7 +33,6 @@ class Task(ABC):
     """
 
     #: Set by function shortcuts that report the failing record themselves.
-    isolates_records: ClassVar[bool] = False
     #: This instance's keyed state; the runtime sets it before ``prepare``.
     state: StateStore
     #: This instance's per-key timers (they call :meth:`on_timer`); the runtime sets them before ``prepare``.
@@ -118,7 +117,6 @@ def _view() -> Record:
 class MapTask(Task):
     """``fn(record) -> (key, value)``; the output keeps the input's event time."""
 
-    isolates_records = True
 
     def __init__(self, fn: Callable[[Record], tuple[Any, Any]]) -> None:
         self.fn = fn
@@ -154,7 +152,6 @@ class MapTask(Task):
 class FilterTask(Task):
     """Keeps the records for which ``fn(record)`` is true, unchanged."""
 
-    isolates_records = True
 
     def __init__(self, fn: Callable[[Record], bool]) -> None:
         self.fn = fn
@@ -187,7 +184,6 @@ class FilterTask(Task):
 class FlatMapTask(Task):
     """``fn(record) -> iterable of (key, value)``; zero or more outputs each."""
 
-    isolates_records = True
 
     def __init__(self, fn: Callable[[Record], Iterable[tuple[Any, Any]]]) -> None:
         self.fn = fn
@@ -224,7 +220,6 @@ class FlatMapTask(Task):
 class KeyByTask(Task):
     """Re-keys records: ``fn(record) -> key``; value and time unchanged."""
 
-    isolates_records = True
 
     def __init__(self, fn: Callable[[Record], Any]) -> None:
         self.fn = fn
@@ -267,7 +262,6 @@ class ReduceTask(Task):
     in one instance.
     """
 
-    isolates_records = True
 
     def __init__(self, fn: Callable[[Any, Any], Any], emit: ReduceEmit = "batch") -> None:
         if emit not in ("batch", "record"):
@@ -378,7 +372,6 @@ class WindowReduceTask(Task):
     per-key results of a closed window and passes them on.
     """
 
-    isolates_records = True
 
     def __init__(self, how: FoldHow) -> None:
         self.window_fold = how

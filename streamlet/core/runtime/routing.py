@@ -87,10 +87,6 @@ class Route(ABC):
         for record in records:
             self.add(record)
 
-    def buffered(self) -> int:
-        """Largest number of records waiting in one buffer."""
-        return max(len(buffer) for buffer in self.buffers)
-
     def marks(self) -> list[int]:
         """Buffer lengths now (the columnar batches' last), to roll back to with :meth:`truncate`."""
         return [*(len(buffer) for buffer in self.buffers), len(self.columns)]

@@ -30,9 +30,9 @@ def observed() -> list[InstanceWindow]:
 
 def test_true_rates_come_from_busy_time_and_unblocked_time() -> None:
     rates = node_rates(observed())
-    assert (rates["src"].true_in, rates["src"].observed_out) == (10_000.0, 5_000.0)
+    assert (rates["src"].true_in, rates["src"].selectivity) == (10_000.0, 1.0)
     assert (rates["parse"].true_in, rates["parse"].selectivity) == (5_000.0, 2.0)
-    assert (rates["count"].true_in, rates["count"].instances, rates["count"].observed_in) == (20_000.0, 2, 10_000.0)
+    assert (rates["count"].true_in, rates["count"].instances) == (20_000.0, 2)
 
 
 def test_ds2_scales_the_bottleneck_up_and_the_idle_task_down_in_one_decision() -> None:
