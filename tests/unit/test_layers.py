@@ -165,3 +165,29 @@ def test_the_layout_rules_catch_a_role_reaching_into_another(tmp_path: Path) -> 
     reach = tmp_path / "reach.py"
     reach.write_text("def f():\n    from streamlet.backends.cluster.leader.leader import Leader\n")
     assert {cluster_folder(t) for t in backend_imports(reach)} == {"leader"}
+
+
+def private_reaches(path: Path) -> list[str]:
+    """``x._name`` where ``x`` is not ``self``/``cls``, and any write to ``__class__``, at their lines."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Attribute):
+            continue
+        own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+        private = node.attr.startswith("_") and not node.attr.endswith("__")
+        if (private and not own) or (node.attr == "__class__" and isinstance(node.ctx, ast.Store)):
+            found.append(f"{path.name}:{node.lineno} .{node.attr}")
+    return sorted(found)
+
+
+def test_the_simulated_cluster_touches_no_private_attribute_of_another_object() -> None:
+    """The harness drives the roles through their public seams (``WorkerJobs.poll``, ``on_part_built``, an
+    injected load sample, ``Job.built``, the counters' observer), so what it tests is what runs."""
+    reaches = [reach for path in sorted((CLUSTER / "simulated").glob("*.py")) for reach in private_reaches(path)]
+    assert reaches == []
+
+
+def test_the_private_reach_check_sees_a_reach_and_a_class_swap(tmp_path: Path) -> None:
+    source = tmp_path / "harness.py"
+    source.write_text("def f(parts, counters):\n    parts._poll()\n    counters.__class__ = int\n    self._own = 1\n")
+    assert private_reaches(source) == ["harness.py:2 ._poll", "harness.py:3 .__class__"]

@@ -117,7 +117,6 @@ def _view() -> Record:
 class MapTask(Task):
     """``fn(record) -> (key, value)``; the output keeps the input's event time."""
 
-
     def __init__(self, fn: Callable[[Record], tuple[Any, Any]]) -> None:
         self.fn = fn
 
@@ -152,7 +151,6 @@ class MapTask(Task):
 class FilterTask(Task):
     """Keeps the records for which ``fn(record)`` is true, unchanged."""
 
-
     def __init__(self, fn: Callable[[Record], bool]) -> None:
         self.fn = fn
 
@@ -183,7 +181,6 @@ class FilterTask(Task):
 
 class FlatMapTask(Task):
     """``fn(record) -> iterable of (key, value)``; zero or more outputs each."""
-
 
     def __init__(self, fn: Callable[[Record], Iterable[tuple[Any, Any]]]) -> None:
         self.fn = fn
@@ -219,7 +216,6 @@ class FlatMapTask(Task):
 
 class KeyByTask(Task):
     """Re-keys records: ``fn(record) -> key``; value and time unchanged."""
-
 
     def __init__(self, fn: Callable[[Record], Any]) -> None:
         self.fn = fn
@@ -261,7 +257,6 @@ class ReduceTask(Task):
     Route its input by ``SAME_KEY`` when it runs in parallel, so each key lives
     in one instance.
     """
-
 
     def __init__(self, fn: Callable[[Any, Any], Any], emit: ReduceEmit = "batch") -> None:
         if emit not in ("batch", "record"):
@@ -371,7 +366,6 @@ class WindowReduceTask(Task):
     The window folds records as they arrive, so ``execute`` receives the
     per-key results of a closed window and passes them on.
     """
-
 
     def __init__(self, how: FoldHow) -> None:
         self.window_fold = how

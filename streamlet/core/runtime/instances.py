@@ -303,7 +303,7 @@ class SourceInstance(Instance):
                 patience = REPLAY_PATIENCE if replaying else None
                 batch, cancelled = await self._read(reader, size, idle_after, last_data, patience)
                 if batch:
-                    self.counters.records_in += len(batch)
+                    self.counters.count_in(len(batch))
                     if shedder is not None and not isinstance(batch, ColumnBatch):  # a columnar source is not shed
                         batch = await self._shed(shedder, batch, size)
                 elif replaying and shedder is not None and (batch is not None or cancelled):
@@ -488,7 +488,7 @@ class Receiver(Instance):
             item = inbox.pop(channel)
             if type(item) is list or type(item) is ColumnBatch:  # a columnar batch reaches columnar nodes only
                 arrived, began = inbox.last_arrival, perf_counter()
-                counters.records_in += len(item)
+                counters.count_in(len(item))
                 if watermarks.any_idle:  # an idle sender speaks again: it holds the watermark back from now on
                     watermarks.activate(channel)
                 if cycle is None:

@@ -285,6 +285,12 @@ class Job:
         """Return once the job has ended, however it ended (see :meth:`wait` for how)."""
         await self._finished.wait()
 
+    async def built(self) -> PhysicalPlan | None:
+        """Return once the job's instances exist (built, maybe not yet running): its physical plan, or ``None``
+        when it failed before building them. What a harness watching instances waits for."""
+        await self._started.wait()
+        return self._plan
+
     async def checkpoint(self) -> int:
         """Take a checkpoint now and wait until it is complete; returns its epoch."""
         if self._coordinator is None:

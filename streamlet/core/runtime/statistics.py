@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -77,15 +78,24 @@ class InstanceCounters:
     the input queue to the end of its processing. All are per batch, never per record.
     """
 
-    __slots__ = ("batches", "blocked", "busy", "latency", "records_in", "shed")
+    __slots__ = ("batches", "blocked", "busy", "latency", "observer", "records_in", "shed")
 
     def __init__(self) -> None:
         self.records_in = 0
+        #: Called with the new total after every batch counted in (``None``: nobody watches; a test harness
+        #: sets it to act when an instance has taken a number of records).
+        self.observer: Callable[[int], None] | None = None
         self.shed = 0  # records a source shed (load shedding under a QoS)
         self.batches = 0
         self.busy = 0.0
         self.blocked = 0.0
         self.latency = LatencyHistogram()
+
+    def count_in(self, records: int) -> None:
+        """``records`` more went in (once per batch)."""
+        self.records_in += records
+        if self.observer is not None:
+            self.observer(self.records_in)
 
 
 @dataclass(frozen=True, slots=True)

@@ -598,7 +598,7 @@ class TaskInstance(Receiver):
                     if channel is not None:
                         self.watermarks.activate(channel)
             records = [element for batch in batches for element in batch]
-            self.counters.records_in += len(records)
+            self.counters.count_in(len(records))
             self.outputs.ts = records[-1][2]
             if self.cycle is not None:
                 self.outputs.iteration = max(map(iteration_of, records))

@@ -69,11 +69,11 @@ import contextlib
 import copy
 import dataclasses
 import json
-import math
 import os
 import secrets
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -106,7 +106,6 @@ from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWrit
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.instances import Instance
 from streamlet.core.runtime.job import Job
-from streamlet.core.runtime.statistics import InstanceCounters
 from streamlet.errors import CoordinationError, JobError
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
@@ -387,18 +386,11 @@ class _Worker:
     group: anyio.abc.TaskGroup | None = None
     alive: bool = True
     meter: LoadMeter | None = None  # its heartbeats' load report
+    cpu_share: float = 0.0  # the share of a core its heartbeats report (set_cpu); they all share this process
 
-
-class _JobParts(dict[tuple[str, int], Job]):
-    """``WorkerJobs.jobs``, telling the harness about each job part as soon as it is built."""
-
-    def __init__(self, on_new: Callable[[tuple[str, int], Job], None]) -> None:
-        super().__init__()
-        self.on_new = on_new
-
-    def __setitem__(self, key: tuple[str, int], value: Job) -> None:
-        super().__setitem__(key, value)
-        self.on_new(key, value)
+    def load_sample(self) -> dict[str, Any]:
+        """This process's memory, and CPU seconds as if the worker used ``cpu_share`` of a core all along."""
+        return {**process_load(), "cpu_seconds": self.cpu_share * time.monotonic()}
 
 
 class SimulatedCluster:
@@ -516,7 +508,7 @@ class SimulatedCluster:
         for reference in self._references:
             simulated_targets.forget(reference)
         for job in self._histories:
-            ExactlyOnceSink.forget(self._job_id(job))
+            ExactlyOnceSink.forget(self.job_id(job))
         self._group = None
 
     def _require_group(self) -> anyio.abc.TaskGroup:
@@ -580,13 +572,8 @@ class SimulatedCluster:
         worker = self._workers.get(worker_id)
         if worker is None or worker.meter is None or not worker.alive:
             raise JobError(f"no live worker called '{worker_id}' (live: {', '.join(self.workers) or 'none'})")
-        meter = worker.meter
-
-        def sample() -> dict[str, Any]:
-            return {**process_load(), "cpu_seconds": share * meter.clock()}  # share of a core per second
-
-        meter.sample, meter.cpu_limit = sample, LoadMeter.cpu_limit
-        meter.restart()
+        worker.cpu_share = share
+        worker.meter.restart()  # the next beat measures the new share afresh
 
     async def _host(
         self, worker: _Worker, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -601,15 +588,17 @@ class SimulatedCluster:
                 registration = WorkerRegistration(worker.session, worker.worker_id, info)
                 assert self.checkpoint_dir is not None
                 own = self.checkpoint_dir / worker.worker_id
-                worker.parts = WorkerJobs(worker.session, registration, server, client, self.secret, own)
-                # statistics as a real worker's beat has them; CPU overload never (every worker shares this process)
+                worker.parts = WorkerJobs(
+                    worker.session, registration, server, client, self.secret, own,
+                    on_part_built=partial(self._part_built, worker),
+                )  # fmt: skip
+                # statistics as a real worker's beat has them; CPU as set_cpu says (every worker shares this process)
                 registration.load = worker.meter = LoadMeter(
                     worker.parts.queue_depths,
                     worker.parts.instance_statistics,
                     worker.parts.job_statistics,
-                    cpu_limit=math.inf,
+                    sample=worker.load_sample,
                 )
-                worker.parts.jobs = _JobParts(partial(self._part_built, worker))
                 with worker.scope:
                     await registration.register()
                     await registration.beat()  # live for the leader's next round
@@ -629,7 +618,7 @@ class SimulatedCluster:
             while True:
                 worker.wake.clear()
                 with contextlib.suppress(CoordinationError):
-                    await parts._poll(group)
+                    await parts.poll(group)
                 await worker.wake.wait()
 
     async def kill_worker(self, worker_id: str) -> None:
@@ -737,8 +726,13 @@ class SimulatedCluster:
         self._references.append(reference)
         return reference
 
-    def _job_id(self, job: str) -> str:
-        return f"{self.name}.{job}"  # what the workers give sinks as SinkContext.job_id
+    def job_id(self, job: str) -> str:
+        """What the workers give the sinks of ``job`` as ``SinkContext.job_id``."""
+        return f"{self.name}.{job}"
+
+    def history(self, job: str) -> _History:
+        """What the harness saw of ``job`` (its states, checkpoints, armed kill points) since it was submitted."""
+        return self._histories.get(job) or _History([])
 
     # -- what the harness sees in the store ------------------------------------------------------------------
 
@@ -785,8 +779,7 @@ class SimulatedCluster:
             worker.group.start_soon(self._count_records, worker, key[0], job, history)
 
     async def _count_records(self, worker: _Worker, name: str, job: Job, history: _History) -> None:
-        await job._started.wait()  # its instances exist (not yet running)
-        plan = job._plan
+        plan = await job.built()  # its instances exist (not yet running)
         if plan is None:
             return  # it failed before its instances were built
         for trigger in [t for t in history.armed if t.after_records is not None and t.worker == worker.worker_id]:
@@ -809,7 +802,7 @@ class SimulatedJob:
     def __init__(self, cluster: SimulatedCluster, name: str) -> None:
         self.cluster = cluster
         self.name = name
-        self._history = cluster._histories.get(name) or _History([])
+        self._history = cluster.history(name)
         self._seen = 0  # states before this index were passed by an earlier wait_for
 
     def __repr__(self) -> str:
@@ -883,7 +876,7 @@ class SimulatedJob:
             checkpoints=list(history.checkpoints),
             kills=[kill for kill in cluster.kills if kill.job == self.name or self.name in kill.running],
             collected={sink: [Record(*row) for row in rows] for sink, rows in reported_records(status).items()},
-            committed=ExactlyOnceSink.committed(cluster._job_id(self.name)),
+            committed=ExactlyOnceSink.committed(cluster.job_id(self.name)),
         )
 
     async def _until(self, found: Callable[[], T | None], what: str) -> T:
@@ -921,33 +914,20 @@ def _copy_of(topology: Topology) -> Topology:
 
 
 def _watch_records(instances: Sequence[Instance], threshold: int, reached: Callable[[int], None]) -> None:
-    """Call ``reached(total)`` once the records ``instances`` took reach ``threshold`` (checked at every count).
-
-    The instances' counters are the runtime's own (``InstanceCounters.records_in``, bumped per batch); each is
-    switched in place to a subclass whose ``records_in`` setter also checks the total, so an instance already
-    running is watched from its next batch on. Nothing else changes.
-    """
-    slot = InstanceCounters.__dict__["records_in"]  # the slot's descriptor, under the property
+    """Call ``reached(total)`` once the records ``instances`` took reach ``threshold`` (checked at every batch
+    counted in: the instances' counters' ``observer``), so an instance already running is watched from its next
+    batch on."""
     fired = False
 
     def total() -> int:
-        return sum(int(slot.__get__(instance.counters, InstanceCounters)) for instance in instances)
+        return sum(instance.counters.records_in for instance in instances)
 
-    def set_records_in(counters: InstanceCounters, value: int) -> None:
+    def check(_: int) -> None:
         nonlocal fired
-        slot.__set__(counters, value)
         if not fired and total() >= threshold:
             fired = True
             reached(total())
 
-    watched = type(
-        "WatchedCounters",
-        (InstanceCounters,),
-        {"__slots__": (), "records_in": property(lambda counters: slot.__get__(counters, InstanceCounters),
-                                                 set_records_in)},
-    )  # fmt: skip
     for instance in instances:
-        instance.counters.__class__ = watched
-    if total() >= threshold:  # taken before the watch began
-        fired = True
-        reached(total())
+        instance.counters.observer = check
+    check(0)  # taken before the watch began

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -79,8 +80,12 @@ class WorkerJobs:
         client: TcpClient,
         secret: bytes,
         state_dir: Path,
+        on_part_built: Callable[[tuple[str, int], Job], None] | None = None,
     ) -> None:
+        """``on_part_built(key, job)``: told of each job part (job name, attempt) as soon as it is built, before
+        it runs (a test harness arms its kill points there)."""
         self.zk = zk
+        self.on_part_built = on_part_built
         self.secret = secret
         self.replicas = ReplicaService(state_dir, registration.worker_id, server, client)
         self.replicas.on_stored = partial(acknowledge_stored, zk, registration.worker_id)
@@ -108,12 +113,15 @@ class WorkerJobs:
             group.start_soon(self._sweep_files)
             while True:
                 try:
-                    await self._poll(group)
+                    await self.poll(group)
                 except CoordinationError as exc:  # suspended or expired: kazoo reconnects, the next poll retries
                     log.debug("job poll skipped", worker=self.me, reason=str(exc))
                 await anyio.sleep(POLL)
 
-    async def _poll(self, group: anyio.abc.TaskGroup) -> None:
+    async def poll(self, group: anyio.abc.TaskGroup) -> None:
+        """Look once at every job: start this worker's part of a new attempt (in ``group``), stop parts of
+        ended jobs or outdated attempts, take up live changes and shedding. :meth:`run` calls it every
+        ``POLL`` seconds; a harness may call it whenever the tree changed."""
         for job in await self.zk.children(paths.JOBS):
             found, header = await self.zk.get(paths.assignment(job)), await self.zk.get(paths.job(job))
             if found is None or header is None:
@@ -463,6 +471,8 @@ class WorkerJobs:
             quiescence=ClusterQuiescence(self.zk, LoopAttempt(job, attempt, self.me, attempt_workers(assignment))),
         )  # fmt: skip
         self.jobs[job, attempt] = running
+        if self.on_part_built is not None:
+            self.on_part_built((job, attempt), running)
         with contextlib.suppress(NodeExists):
             await self.zk.create(paths.child(paths.started(job, attempt), self.me), {"at": time.time()})
         if joining is None:
