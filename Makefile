@@ -48,8 +48,8 @@ run: $(STAMP) java
 	$(BIN)/python examples/sensor_pipeline.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check streamlet tests examples benchmarks docs
-	$(BIN)/ruff format --check streamlet tests examples benchmarks docs
+	$(BIN)/ruff check streamlet tests examples benchmarks docs/*.py
+	$(BIN)/ruff format --check streamlet tests examples benchmarks docs/*.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
