@@ -4,7 +4,8 @@
 Spark as a local session. The stream is generated (a fixed seed, no server):
 temperature readings of eight sensors, 100 per second of event time, out of
 order by up to two seconds, with rare spikes. Each sensor's readings are
-windowed by event time (60 s, tumbling, 5 s allowed lateness); every closed
+windowed by event time (60 s, tumbling; the source's watermark trails the
+newest reading by 5 s, so readings up to 5 s out of order are on time); every closed
 window becomes one row ``{count, min, max, mean}`` with its bounds, and a
 ``SparkSink`` writes the rows to Parquet under ``out/sensor_pipeline/``,
 exactly once per checkpoint epoch. Spark then reads the folder back and

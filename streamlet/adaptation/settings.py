@@ -8,7 +8,7 @@ from typing import Any
 
 from streamlet.errors import JobError
 
-POLICIES = ("autoscale", "balance", "migrate", "rebalance", "shed")  # what each does: README, "Adapting to load"
+POLICIES = ("autoscale", "balance", "migrate", "rebalance", "shed")  # what each does: docs/cluster/adaptation.md
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,8 +81,9 @@ class KafkaSink(Sink):
         topic: the topic to write to.
         bootstrap_servers: ``"host:port"`` or a list of them.
         transactional: exactly-once with checkpoints (see the module docstring); needs ``staging_dir``.
-        key_serializer, value_serializer: ``value -> bytes | None``; default: bytes as they are,
-            ``str`` as UTF-8, ``None`` as null, anything else as compact JSON.
+        key_serializer: ``key -> bytes | None``; default: bytes as they are, ``str`` as UTF-8,
+            ``None`` as null, anything else as compact JSON.
+        value_serializer: ``value -> bytes | None``; the same default as ``key_serializer``.
         headers: ``record -> [(name, bytes), ...]`` for each record's Kafka headers.
         staging_dir: where a transactional sink stages each epoch's records (durable local disk).
         transactional_id: prefix of the instances' transactional ids (default: from the job and sink name).

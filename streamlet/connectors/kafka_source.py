@@ -47,8 +47,9 @@ class KafkaSource(Source):
         topics: a topic name or several.
         bootstrap_servers: ``"host:port"`` or a list of them.
         group_id: the consumer group that stores committed offsets (``None``: none kept).
-        key_deserializer, value_deserializer: ``bytes -> value``; default UTF-8 text.
-            A null key or value (a tombstone) stays ``None`` without a call.
+        key_deserializer: ``bytes -> key``; default UTF-8 text. A null key stays ``None`` without a call.
+        value_deserializer: ``bytes -> value``; default UTF-8 text. A null value (a tombstone) stays
+            ``None`` without a call.
         with_headers: make each value ``{"value": value, "headers": [(name, bytes), ...]}``.
         on_error: what an undecodable record (a deserializer raised) does: ``"skip"``
             (default: it goes to ``result.dead_letters`` with its raw bytes, is counted in

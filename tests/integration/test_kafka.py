@@ -278,17 +278,16 @@ async def test_barriers_that_cancel_waiting_reads_lose_nothing(
     assert sorted(record.value for record in result.sink("out")) == sorted(f"r{i}" for i in range(200))
 
 
-def readme_kafka_example() -> str:
-    """The python block of the README's Kafka section."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Kafka") :]
-    block = re.search(r"```python(?: no-run)?\n(.*?)```", section, re.DOTALL)  # no-run: it needs a broker
+def docs_kafka_example() -> str:
+    """The first python block of docs/kafka.md."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "kafka.md").read_text(encoding="utf-8")
+    block = re.search(r"```python(?: no-run)?\n(.*?)```", page, re.DOTALL)  # no-run: it needs a broker
     assert block is not None
     return block.group(1)
 
 
-def test_readme_kafka_example_counts_clicks_per_page_and_minute(kafka_broker: MockBroker, tmp_path: Path) -> None:
-    """The README's example, pointed at the mock broker, writes one exact count per page and minute."""
+def test_docs_kafka_example_counts_clicks_per_page_and_minute(kafka_broker: MockBroker, tmp_path: Path) -> None:
+    """The example of docs/kafka.md, pointed at the mock broker, writes one exact count per page and minute."""
     kafka_broker.create_topic("clicks", 2)
     kafka_broker.create_topic("clicks-per-page", 1)
     minute = 1_700_000_040  # a multiple of 60: event-time windows start on whole minutes
@@ -299,12 +298,12 @@ def test_readme_kafka_example_counts_clicks_per_page_and_minute(kafka_broker: Mo
     ]
     anyio.run(produce, kafka_broker.bootstrap, "clicks", sent)
     code = (
-        readme_kafka_example()
+        docs_kafka_example()
         .replace("localhost:9092", kafka_broker.bootstrap)
         .replace('"ckpt/"', repr(str(tmp_path / "ckpt")))
         .replace('"kafka-staging"', repr(str(tmp_path / "staging")))
     )
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme_kafka"})
+    exec(compile(code, "docs/kafka.md", "exec"), {"__name__": "docs_kafka"})
     written = anyio.run(consume, kafka_broker.bootstrap, "clicks-per-page")
     assert sorted((m.key, m.value, m.timestamp_ms) for m in written) == [
         (b"cart", b"1", (minute + 60) * 1000 - 1),  # each count carries its minute's last millisecond

@@ -30,8 +30,8 @@ class Watermarks:
     partitions) is asked first. With ``fn``, the watermark is instead the
     largest ``fn(record)`` that is not ``None`` (punctuated watermarks: a
     record can say "event time has reached t"). A watermark never goes
-    back: a lower value from ``fn`` or a reader is ignored, counted in the
-    job's ``watermark_regressions`` and logged once per instance.
+    back: a lower value from ``fn`` or a reader is ignored, and logged the
+    first time per instance.
 
     With ``idle_after`` (seconds of the job clock), an instance that reads
     nothing for that long declares itself idle, so it holds back no

@@ -113,7 +113,7 @@ def test_a_timeline_records_only_changes_and_merges_the_adaptation_decisions() -
 
 
 def test_the_metrics_carry_every_family_with_its_labels_and_counters_grow_between_scrapes() -> None:
-    """Parsed with prometheus_client's own parser: the families and labels the README lists; records in grow
+    """Parsed with prometheus_client's own parser: the families and labels docs/operations.md lists; records in grow
     from the first reading's scrape to the second's."""
     first = {f.name: f for f in text_string_to_metric_families(exposition(reading(1.0, 100, [0.001]).samples)
                                                                  .decode())}  # fmt: skip
