@@ -92,7 +92,50 @@ def written(output: Path) -> bool:
     return any(output.glob("epoch=*/instance=0/_SUCCESS"))
 
 
-def build(sink: sl.Sink, records: list[sl.Record] | None = None, how: Any = "sum", sinks: int = 1) -> sl.Topology:
+class HeldEvents(sl.Source):
+    """``records``, holding those from event time ``hold_from`` on until a checkpoint holding every record
+    before them completed: the windows that closed before then reach the sink in an epoch of their own, and
+    the later ones in later epochs, however slow the machine is. A checkpoint's barrier goes out while the
+    reader waits."""
+
+    def __init__(self, records: list[sl.Record], hold_from: float) -> None:
+        self.records = records
+        self.split = next(i for i, record in enumerate(records) if record.ts >= hold_from)
+
+    def open(self, context: sl.SourceContext) -> sl.SourceReader:
+        return _HeldReader(self.records, self.split)
+
+
+class _HeldReader(sl.SourceReader):
+    def __init__(self, records: list[sl.Record], split: int) -> None:
+        self.records, self.split, self.done = records, split, 0
+        self.released = asyncio.Event()
+
+    async def read(self, max_records: int) -> list[sl.Record] | None:
+        if self.done == len(self.records):
+            return None
+        if self.done == self.split:
+            await self.released.wait()
+        end = min(self.split if self.done < self.split else len(self.records), self.done + max_records)
+        batch, self.done = self.records[self.done : end], end
+        return batch
+
+    def position(self) -> int:
+        return self.done
+
+    async def seek(self, position: int) -> None:
+        self.done = position
+        if position >= self.split:
+            self.released.set()
+
+    def checkpoint_complete(self, epoch: int, position: int) -> None:
+        if position >= self.split:
+            self.released.set()
+
+
+def build(
+    sink: sl.Sink, records: list[sl.Record] | sl.Source | None = None, how: Any = "sum", sinks: int = 1
+) -> sl.Topology:
     """events -> throttle -> bomb -> window_reduce(how) per key over 5 s event-time windows -> ``sinks`` x sink."""
     topology = sl.Topology("spark-sums")
     source = topology.add_source(

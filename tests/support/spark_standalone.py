@@ -308,7 +308,8 @@ def run_job(master: str, output: Path, count: int) -> dict[str, str]:
     from tests.support import spark_job
 
     sink = sl.SparkSink(output, master=master)
-    topology = spark_job.build(sink, spark_job.events(count))
+    # the windows closed by event time 10 go to Spark in an epoch of their own, the rest in later ones
+    topology = spark_job.build(sink, spark_job.HeldEvents(spark_job.events(count), 2 * spark_job.WINDOW))
     sl.run(topology, checkpoint_dir=output.parent / "checkpoints", checkpoint_interval=0.05, batch_size=10)
     spark = sink.spark()
     context = spark.sparkContext
