@@ -29,7 +29,7 @@ from benchmarks.common import report
 from benchmarks.recovery import recovery_with_replicas
 from streamlet.backends.cluster.client import api as client
 from streamlet.backends.cluster.local import local_cluster
-from streamlet.backends.cluster.local.processes import SESSION_TIMEOUT
+from streamlet.backends.cluster.local.run import SESSION_TIMEOUT
 from streamlet.backends.cluster.tree import paths
 
 TARGET = "benchmarks.cluster_job:build_topology"

@@ -215,7 +215,7 @@ def master_command(
     no_dashboard: bool, secret_file: Path | None,
 ) -> None:  # fmt: skip
     """Run one master: a candidate that leads the cluster when elected."""
-    from streamlet.backends.cluster.local.processes import run_master
+    from streamlet.backends.cluster.local.run import run_master
 
     master_id = master_id or f"master-{os.getpid()}"
     (state_dir / master_id).mkdir(parents=True, exist_ok=True)
@@ -255,7 +255,7 @@ def worker_command(
     state_dir: Path, bandwidth: float, metrics_port: int | None, secret_file: Path | None,
 ) -> None:  # fmt: skip
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
-    from streamlet.backends.cluster.local.processes import run_worker
+    from streamlet.backends.cluster.local.run import run_worker
 
     worker_id = worker_id or f"worker-{os.getpid()}"
     if not WORKER_ID.fullmatch(worker_id):  # it names folders and acknowledgements ('owner~backup')

@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from streamlet.backends.cluster.local.local_cluster import alive
-from streamlet.backends.cluster.local.processes import SESSION_TIMEOUT
+from streamlet.backends.cluster.local.run import SESSION_TIMEOUT
 from tests.integration.test_cluster_jobs import LIVE
 from tests.support.cluster import (
     cluster_store,

@@ -33,9 +33,9 @@ from typing import Any, NoReturn
 import anyio
 import structlog
 
-from streamlet.backends.processes.checkpoints import PartAgreement, RestorePoint
 from streamlet.backends.processes.failures import described
 from streamlet.backends.processes.loops import LoopAnswers
+from streamlet.backends.processes.part_agreement import PartAgreement, RestorePoint
 from streamlet.backends.processes.placement import Where
 from streamlet.backends.processes.wire import CHUNK, Control, record_chunks
 from streamlet.core.model.topology import Topology

@@ -44,10 +44,10 @@ from typing import Any
 import structlog
 
 from streamlet.adaptation.settings import AdaptSettings
-from streamlet.backends.processes.checkpoints import CheckpointLeader, RestorePoint, Send
 from streamlet.backends.processes.child import Launch, run_child
 from streamlet.backends.processes.failures import rebuilt
 from streamlet.backends.processes.loops import LoopRounds
+from streamlet.backends.processes.part_agreement import CheckpointLeader, RestorePoint, Send
 from streamlet.backends.processes.placement import spread
 from streamlet.backends.processes.results import Checkpoints, PartReport, merged
 from streamlet.backends.processes.wire import Control
