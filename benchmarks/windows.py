@@ -141,13 +141,11 @@ class Total(sl.Sink):
     def __init__(self) -> None:
         self.total = 0
 
-    def open(self, context: sl.SinkContext) -> sl.SinkWriter:
+    def open(self, context: sl.SinkContext) -> sl.ElementWriter:
         return _TotalWriter(self)
 
 
-class _TotalWriter(sl.SinkWriter):
-    takes_elements = True  # it only reads values: the runtime's tuples, no record made per result
-
+class _TotalWriter(sl.ElementWriter):
     def __init__(self, sink: Total) -> None:
         self.sink = sink
 

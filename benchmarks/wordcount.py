@@ -164,13 +164,11 @@ class LastValues(sl.Sink):
     def __init__(self) -> None:
         self.values: dict[Any, Any] = {}
 
-    def open(self, context: sl.SinkContext) -> sl.SinkWriter:
+    def open(self, context: sl.SinkContext) -> sl.ElementWriter:
         return _LastValuesWriter(self.values)
 
 
-class _LastValuesWriter(sl.SinkWriter):
-    takes_elements = True  # it reads keys and values only
-
+class _LastValuesWriter(sl.ElementWriter):
     def __init__(self, values: dict[Any, Any]) -> None:
         self.values = values
 

@@ -23,7 +23,15 @@ from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.qos import QoS
 from streamlet.core.model.record import DeadLetter, FiredWindowRecord, Record, WindowRecord
 from streamlet.core.model.segments import SegmentTable
-from streamlet.core.model.sinks import CallbackSink, CollectSink, RestorePoint, Sink, SinkContext, SinkWriter
+from streamlet.core.model.sinks import (
+    CallbackSink,
+    CollectSink,
+    ElementWriter,
+    RestorePoint,
+    Sink,
+    SinkContext,
+    SinkWriter,
+)
 from streamlet.core.model.sources import IterableSource, QueueSource, Source, SourceContext, SourceReader
 from streamlet.core.model.state import StateStore
 from streamlet.core.model.task import Task
@@ -107,6 +115,7 @@ __all__ = (
     "SinkContext",
     "SinkError",
     "SinkWriter",
+    "ElementWriter",
     "Source",
     "SourceContext",
     "SourceError",

@@ -21,7 +21,7 @@ from __future__ import annotations
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.core.model.clock import Clock, Timer
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
-from streamlet.core.model.sinks import Sink, SinkWriter
+from streamlet.core.model.sinks import ElementWriter, Sink, SinkWriter
 from streamlet.core.model.sources import Source, SourceReader
 from streamlet.core.model.state import StateStore
 from streamlet.core.model.task import Task
@@ -46,6 +46,7 @@ __all__ = (
     "Quiescence",
     "Sink",
     "SinkWriter",
+    "ElementWriter",
     "Source",
     "SourceReader",
     "StateStore",

@@ -32,7 +32,7 @@ from typing import IO, Any
 import anyio
 
 from streamlet.core.model.record import Batch, Record
-from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
+from streamlet.core.model.sinks import ElementWriter, RestorePoint, Sink, SinkContext
 from streamlet.core.model.sources import Source, SourceContext, SourceReader
 from streamlet.core.state.durable import fsync_directory, seal
 
@@ -110,7 +110,7 @@ class FileSink(Sink):
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
 
-    def open(self, context: SinkContext) -> SinkWriter:
+    def open(self, context: SinkContext) -> ElementWriter:
         """A writer for instance ``context.index``, staging under ``context.attempt``."""
         return _FileWriter(self.directory, context.index, context.attempt)
 
@@ -144,7 +144,7 @@ def _remove_if_empty(directory: Path) -> None:
         directory.rmdir()
 
 
-class _FileWriter(SinkWriter):
+class _FileWriter(ElementWriter):
     def __init__(self, directory: Path, index: int, attempt: str) -> None:
         self.directory = directory
         self.index = index
@@ -154,9 +154,7 @@ class _FileWriter(SinkWriter):
         self._current = self.staging / f"{index:04d}.inprogress"
         self._file: IO[str] = open(self._current, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
-    takes_elements = True
-
-    def write(self, batch: Batch) -> None:  # type: ignore[override]  # takes elements
+    def write(self, batch: Batch) -> None:
         dumps = json.dumps
         self._file.write("".join(dumps([e[0], e[1], e[2]]) + "\n" for e in batch))
 

@@ -87,7 +87,7 @@ from streamlet.connectors.spark_rows import (
 from streamlet.connectors.spark_session import spark_session
 from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.record import Batch
-from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
+from streamlet.core.model.sinks import ElementWriter, RestorePoint, Sink, SinkContext
 from streamlet.errors import ConnectorError
 
 STAGING = "_staging"
@@ -140,7 +140,7 @@ class SparkSink(Sink):
         self.staging_dir = Path(staging_dir) if staging_dir is not None else default_staging
         self.max_rows = max_rows
 
-    def open(self, context: SinkContext) -> SinkWriter:
+    def open(self, context: SinkContext) -> ElementWriter:
         """A writer for instance ``context.index``."""
         return _SparkWriter(self, context)
 
@@ -199,9 +199,7 @@ def _insert_overwrite(spark: Any, table: str, format_: str, rows: Any, epoch: in
 Held: TypeAlias = tuple[Batch, list[Any]]
 
 
-class _SparkWriter(SinkWriter):
-    takes_elements = True  # rows go straight from the runtime's tuples into Arrow columns
-
+class _SparkWriter(ElementWriter):
     def __init__(self, sink: SparkSink, context: SinkContext) -> None:
         self.sink = sink
         self.index = context.index
@@ -233,7 +231,7 @@ class _SparkWriter(SinkWriter):
         rows, tables = held
         write_tables(self._open, [*tables, to_arrow(rows, self.where)] if rows else tables)
 
-    async def write(self, batch: Batch) -> None:  # type: ignore[override]  # takes elements
+    async def write(self, batch: Batch) -> None:
         self._rows.extend(batch)
         await self._spill_if_full()
 

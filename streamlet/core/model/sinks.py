@@ -63,17 +63,9 @@ class RestorePoint:
     attempt: str | None
 
 
-class SinkWriter(ABC):
-    """One instance's writer; ``write`` may be plain or ``async def``."""
-
-    #: ``write`` takes the runtime's elements (plain ``(key, value, ts)`` tuples, six wide for loop and
-    #: window records: see ``streamlet.core.model.record``) instead of :class:`Record` objects; a writer
-    #: that only reads fields sets it and saves making a record per element.
-    takes_elements: ClassVar[bool] = False
-
-    @abstractmethod
-    def write(self, batch: Records) -> Any:
-        """Consume one batch (read-only: the same list may reach other sinks)."""
+class BaseWriter(ABC):
+    """What every writer of one sink instance does besides ``write``: see :class:`SinkWriter` (``write`` takes
+    records) and :class:`ElementWriter` (``write`` takes the runtime's elements)."""
 
     def close(self) -> Any:
         """Called once after the input has ended; may be ``async def``."""
@@ -85,15 +77,13 @@ class SinkWriter(ABC):
         so keep it short: a writer bounds its own network calls).
         """
 
+    @abstractmethod
     def write_columns(self, batch: ColumnBatch) -> Any:
         """Consume one columnar batch (only where the sink's ``takes_columns`` is set); plain or ``async def``.
 
-        The default writes its elements (or records) through :meth:`write`; a writer that can use the
-        Arrow record batch itself (``SparkSink``'s) overrides it.
+        The default writes its elements (or records) through ``write``; a writer that can use the Arrow
+        record batch itself (``SparkSink``'s) overrides it.
         """
-        if self.takes_elements:
-            return self.write(batch.elements())  # type: ignore[arg-type]  # such a writer's write takes elements
-        return self.write(records_of(batch.elements()))
 
     def prepare_commit(self, epoch: int) -> Any:
         """Checkpoint ``epoch`` reached this sink: stage what was written since the last one.
@@ -121,6 +111,40 @@ class SinkWriter(ABC):
         return None
 
 
+class SinkWriter(BaseWriter):
+    """One instance's writer of :class:`Record` objects; ``write`` may be plain or ``async def``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "takes_elements" in cls.__dict__:  # the flag of earlier versions: the type says it now
+            raise TypeError(f"{cls.__name__}: a writer taking elements derives from ElementWriter (no takes_elements)")
+
+    @abstractmethod
+    def write(self, batch: Records) -> Any:
+        """Consume one batch of records (read-only: the same list may reach other sinks)."""
+
+    def write_columns(self, batch: ColumnBatch) -> Any:
+        """Writes the batch's records through :meth:`write`."""
+        return self.write(records_of(batch.elements()))
+
+
+class ElementWriter(BaseWriter):
+    """One instance's writer of the runtime's elements (plain ``(key, value, ts)`` tuples, six wide for loop
+    and window records: see ``streamlet.core.model.record``) instead of :class:`Record` objects: a writer that
+    only reads fields saves making a record per element. ``write`` may be plain or ``async def``."""
+
+    @abstractmethod
+    def write(self, batch: Batch) -> Any:
+        """Consume one batch of elements (read-only: the same list may reach other sinks)."""
+
+    def write_columns(self, batch: ColumnBatch) -> Any:
+        """Writes the batch's elements through :meth:`write`."""
+        return self.write(batch.elements())
+
+
+Writer = SinkWriter | ElementWriter  # what a sink's open returns: its type says what its write takes
+
+
 class Sink(ABC):
     """Base class of sinks: configuration that opens one writer per instance."""
 
@@ -129,8 +153,8 @@ class Sink(ABC):
     takes_columns: ClassVar[bool] = False
 
     @abstractmethod
-    def open(self, context: SinkContext) -> SinkWriter:
-        """A writer for instance ``context.index``."""
+    def open(self, context: SinkContext) -> Writer:
+        """A writer for instance ``context.index``: a :class:`SinkWriter` or an :class:`ElementWriter`."""
 
 
 class CollectSink(Sink):
@@ -140,18 +164,16 @@ class CollectSink(Sink):
         >>> sink = CollectSink()
     """
 
-    def open(self, context: SinkContext) -> SinkWriter:
+    def open(self, context: SinkContext) -> ElementWriter:
         """A writer that appends to its own list."""
         return _CollectWriter()
 
 
-class _CollectWriter(SinkWriter):
-    takes_elements = True  # kept as elements while the job runs; records are made once, for the result
-
+class _CollectWriter(ElementWriter):  # kept as elements while the job runs; records are made once, for the result
     def __init__(self) -> None:
         self.elements: Batch = []
 
-    def write(self, batch: Batch) -> None:  # type: ignore[override]
+    def write(self, batch: Batch) -> None:
         self.elements.extend(batch)
 
     def result(self) -> list[Record]:
@@ -195,8 +217,11 @@ class _CallbackWriter(SinkWriter):
             raise WriteFailed(record) from exc
 
 
-class _AsyncCallbackWriter(_CallbackWriter):
-    async def write(self, batch: Records) -> None:  # type: ignore[override]
+class _AsyncCallbackWriter(SinkWriter):
+    def __init__(self, fn: Callable[[Record], Any]) -> None:
+        self.fn = fn
+
+    async def write(self, batch: Records) -> None:
         fn = self.fn
         record = None
         try:

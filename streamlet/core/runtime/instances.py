@@ -40,7 +40,7 @@ from streamlet.core.model.record import (
     Watermark,
     records_of,
 )  # fmt: skip
-from streamlet.core.model.sinks import RestorePoint, SinkContext, SinkWriter, WriteFailed
+from streamlet.core.model.sinks import ElementWriter, RestorePoint, SinkContext, WriteFailed, Writer
 from streamlet.core.model.sources import SourceContext, SourceReader, read_elements
 from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.runtime.channel import Inbox
@@ -648,16 +648,16 @@ class Receiver(Instance):
 
 
 class SinkInstance(Receiver):
-    """Hands every batch to a ``SinkWriter``."""
+    """Hands every batch to its writer: records to a ``SinkWriter``, elements to an ``ElementWriter``."""
 
     def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
         assert node.sink is not None
         context = SinkContext(node.name, index, node.parallelism, env.job_id, env.attempt)
         with self._failing("to open"):
-            self.writer: SinkWriter = node.sink.open(context)
+            self.writer: Writer = node.sink.open(context)
         self._async = inspect.iscoroutinefunction(self.writer.write)
-        self._elements = self.writer.takes_elements
+        self._elements = isinstance(self.writer, ElementWriter)
 
     async def process(self, port: int, batch: Batch | ColumnBatch) -> None:
         """Write the batch."""
