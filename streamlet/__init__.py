@@ -9,6 +9,8 @@ module only re-exports the public API.
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.backends.local import run, start
 from streamlet.backends.local_adaptation import balance_segments
@@ -18,11 +20,10 @@ from streamlet.connectors.spark import SparkSink
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.columnar import ColumnarSource
 from streamlet.core.model.constants import LATE, SHED
-from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, Partitioning, stable_hash
+from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, Partitioning
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.qos import QoS
 from streamlet.core.model.record import DeadLetter, FiredWindowRecord, Record, WindowRecord
-from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sinks import (
     CallbackSink,
     CollectSink,
@@ -62,81 +63,103 @@ from streamlet.errors import (
 from streamlet.gc_policy import tune_gc
 
 __all__ = (
+    # building a topology
     "AdaptSettings",
     "BROADCAST",
-    "QoS",
-    "SHED",
-    "balance_segments",
-    "tune_gc",
-    "LATE",
-    "ROUND_ROBIN",
-    "SAME_KEY",
-    "SESSION_TABLE",
-    "CallbackSink",
-    "CheckpointError",
-    "CheckpointStore",
-    "Clock",
-    "ColumnarSource",
-    "CollectSink",
-    "ConnectorError",
-    "CountOrTimeWindow",
-    "CountWindow",
     "DeadLetter",
-    "DirectoryCheckpointStore",
-    "EncodingError",
-    "FieldError",
-    "FileSink",
-    "FileSource",
-    "InMemoryCheckpointStore",
+    "FiredWindowRecord",
     "Inputs",
-    "IterableSource",
-    "Job",
-    "JobError",
-    "JobResult",
-    "JobStatistics",
-    "KafkaError",
-    "KafkaSink",
-    "KafkaSource",
-    "KeyedState",
-    "ManualClock",
+    "LATE",
     "NodeHandle",
-    "NodeStatistics",
     "Outputs",
     "Partitioning",
     "PortDeclarer",
-    "PortError",
-    "QueueSource",
-    "ReconfigurationError",
+    "QoS",
     "Record",
-    "RestorePoint",
-    "SegmentTable",
+    "ROUND_ROBIN",
+    "SAME_KEY",
+    "SESSION_TABLE",
+    "SHED",
+    "Task",
+    "Topology",
+    "WindowRecord",
+    # windows, event time and timers
+    "CountOrTimeWindow",
+    "CountWindow",
     "SessionWindow",
+    "Timers",
+    "TimeWindow",
+    "Watermarks",
+    "WindowSpec",
+    # sources and sinks
+    "CallbackSink",
+    "CollectSink",
+    "ColumnarSource",
+    "ElementWriter",
+    "FileSink",
+    "FileSource",
+    "IterableSource",
+    "KafkaSink",
+    "KafkaSource",
+    "QueueSource",
+    "read_file_sink",
+    "RestorePoint",
     "Sink",
     "SinkContext",
-    "SinkError",
     "SinkWriter",
-    "ElementWriter",
     "Source",
     "SourceContext",
-    "SourceError",
     "SourceReader",
     "SparkSink",
+    # state and checkpoints
+    "CheckpointStore",
+    "DirectoryCheckpointStore",
+    "InMemoryCheckpointStore",
+    "KeyedState",
     "StateStore",
-    "StreamletError",
+    # running
+    "balance_segments",
+    "Clock",
+    "Job",
+    "JobResult",
+    "JobStatistics",
+    "ManualClock",
+    "NodeStatistics",
+    "run",
+    "start",
     "SystemClock",
-    "Task",
+    "tune_gc",
+    # errors
+    "CheckpointError",
+    "ConnectorError",
+    "EncodingError",
+    "FieldError",
+    "JobError",
+    "KafkaError",
+    "PortError",
+    "ReconfigurationError",
+    "SinkError",
+    "SourceError",
+    "StreamletError",
     "TaskError",
-    "TimeWindow",
-    "Timers",
-    "Topology",
     "TopologyError",
     "TransportError",
-    "WindowRecord",
-    "Watermarks",
-    "FiredWindowRecord",
-    "WindowSpec",
-    "read_file_sink",
-    "run",
-    "stable_hash",
-    "start",
 )
+
+# Internals once exported here, each now imported from the module that owns it; the old names still work, with a
+# DeprecationWarning saying where the name lives.
+_MOVED = {
+    "stable_hash": "streamlet.core.model.partition",
+    "SegmentTable": "streamlet.core.model.segments",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'streamlet' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn(f"streamlet.{name} is deprecated: import it from {module}", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(module), name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,31 @@ def test_import_does_not_configure_stdlib_logging(fresh_import: dict[str, object
 def test_import_does_not_import_uvloop(fresh_import: dict[str, object]) -> None:
     """uvloop is chosen when a loop is created, not imported with the package."""
     assert fresh_import["uvloop_imported"] is False
+
+
+def test_all_is_grouped_with_each_group_sorted() -> None:
+    """__all__ reads as a table of contents: groups under a comment each, names sorted within a group."""
+    source = (Path(streamlet.__file__)).read_text(encoding="utf-8")
+    block = source[source.index("__all__ = (") : source.index(")\n", source.index("__all__ = ("))]
+    groups: list[list[str]] = []
+    for line in block.splitlines()[1:]:
+        if line.strip().startswith("#"):
+            groups.append([])
+        elif line.strip():
+            groups[-1].append(line.strip().strip('",'))
+    assert len(groups) == 6
+    assert all(names == sorted(names, key=str.lower) for names in groups)
+    assert [name for names in groups for name in names] == list(streamlet.__all__)
+
+
+@pytest.mark.parametrize(
+    ("name", "owner"),
+    [("stable_hash", "streamlet.core.model.partition"), ("SegmentTable", "streamlet.core.model.segments")],
+)
+def test_an_internal_once_exported_still_imports_with_a_warning_naming_its_module(name: str, owner: str) -> None:
+    import importlib
+
+    with pytest.warns(DeprecationWarning, match=f"streamlet.{name} is deprecated: import it from {owner}"):
+        found = getattr(streamlet, name)
+    assert found is getattr(importlib.import_module(owner), name)
+    assert name not in streamlet.__all__

@@ -15,7 +15,7 @@ import msgpack
 import pytest
 
 import streamlet as sl
-from streamlet.core.model.partition import partition_of
+from streamlet.core.model.partition import partition_of, stable_hash
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable, segment_of, spread
 from streamlet.core.runtime.channel import Inbox, LocalChannel
 from streamlet.core.runtime.routing import KeyedRoute
@@ -82,7 +82,7 @@ def hashes_in_subprocess(seed: str) -> list[Any]:
 
 def test_stable_hash_is_the_same_across_hash_seeds() -> None:
     """Processes with PYTHONHASHSEED 1 and 2 agree with this one on stable_hash and partition_of."""
-    here = [[sl.stable_hash(key), partition_of(key, 7)] for key in KEYS]
+    here = [[stable_hash(key), partition_of(key, 7)] for key in KEYS]
     seed_1, seed_2 = hashes_in_subprocess("1"), hashes_in_subprocess("2")
     assert seed_1[0] != seed_2[0]  # the seeds really change Python's own hash
     assert seed_1[1] == here
@@ -92,8 +92,8 @@ def test_stable_hash_is_the_same_across_hash_seeds() -> None:
 @pytest.mark.parametrize(("key", "expected"), list(zip(KEYS, KNOWN_HASHES, strict=True)))
 def test_stable_hash_known_values(key: Any, expected: int) -> None:
     """stable_hash is CRC-32 of the key's msgpack encoding, with fixed known values."""
-    assert sl.stable_hash(key) == expected
-    assert sl.stable_hash(key) == zlib.crc32(msgpack.packb(key, use_bin_type=True))
+    assert stable_hash(key) == expected
+    assert stable_hash(key) == zlib.crc32(msgpack.packb(key, use_bin_type=True))
 
 
 def test_partition_of_is_stable_hash_modulo_parts() -> None:
@@ -248,4 +248,4 @@ def test_round_robin_spreads_whole_batches() -> None:
 )
 def test_stable_hash_of_a_whole_float_beyond_64_bits_is_its_float_encoding(key: Any, hashed_as: Any) -> None:
     """A whole float too big for a 64-bit int hashes as the float it is (it used to fail: the int does not encode)."""
-    assert sl.stable_hash(key) == zlib.crc32(msgpack.packb(hashed_as, use_bin_type=True))
+    assert stable_hash(key) == zlib.crc32(msgpack.packb(hashed_as, use_bin_type=True))

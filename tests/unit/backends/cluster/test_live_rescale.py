@@ -23,6 +23,7 @@ from streamlet.backends.cluster.client import live_changes as client_changes
 from streamlet.backends.cluster.client import savepoints
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree import paths
+from streamlet.core.model.segments import SegmentTable
 from streamlet.core.state.savepoints import read_savepoint
 from streamlet.testing import ExactlyOnceSink, JobOutcome, SimulatedCluster
 from tests.unit.backends.cluster.test_simulated import Hold
@@ -76,7 +77,7 @@ def pairs(records: list[sl.Record]) -> list[tuple[str, int]]:
 def gated_words_of(instances: int, indices: set[int]) -> int:
     """How many of the words behind the gate belong to ``indices`` of ``count`` run with ``instances``
     instances (contiguous segments): what those instances take at least once the gate opens."""
-    owner = sl.SegmentTable.contiguous(128, instances).owner_function()
+    owner = SegmentTable.contiguous(128, instances).owner_function()
     return sum(1 for word in WORDS[FREE:] if owner(word) in indices)
 
 
