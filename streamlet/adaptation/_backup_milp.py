@@ -20,7 +20,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from streamlet.adaptation.backup_placement import EPS, RATE_EPS, Choice, Problem, _State
+from streamlet.adaptation.backup_model import EPS, RATE_EPS, Choice, Problem, State
 
 MIP_REL_GAP = 1e-6  # 'proven optimal' means within a millionth (the benchmark prints its gap in percent)
 
@@ -35,7 +35,7 @@ class Solution:
     message: str
 
 
-def solve(problem: Problem, state: _State, replicas: int, time_limit_s: float) -> Solution:
+def solve(problem: Problem, state: State, replicas: int, time_limit_s: float) -> Solution:
     """Write the MILP down and solve it within ``time_limit_s``."""
     model = _Model()
     x, z, v = _build(problem, state, replicas, model)
@@ -94,7 +94,7 @@ class _Model:
 
 
 def _build(
-    problem: Problem, state: _State, replicas: int, model: _Model
+    problem: Problem, state: State, replicas: int, model: _Model
 ) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], list[int]]:
     """Write the MILP of :func:`exact_placement` into ``model``; its x, z and v columns. Pairs no plan can
     use (no link, no room even alone, past the deadline) get no variable at all."""
@@ -126,7 +126,7 @@ def _build(
 
 
 def _columns(
-    problem: Problem, state: _State, model: _Model
+    problem: Problem, state: State, model: _Model
 ) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], dict[tuple[int, int, int], int]]:
     """The x, z and u variables (u keyed by (task, holder, redeploy server))."""
     x: dict[tuple[int, int], int] = {}
@@ -152,7 +152,7 @@ def _columns(
 
 
 def _capacities(
-    problem: Problem, state: _State, x: dict[tuple[int, int], int], z: dict[tuple[int, int], int], model: _Model
+    problem: Problem, state: State, x: dict[tuple[int, int], int], z: dict[tuple[int, int], int], model: _Model
 ) -> None:
     """CPU rows (reserved on each redeploy server) and backup bandwidth rows (each host's link to a holder),
     as shares of the capacity: bytes/s next to core counts would span 9 orders of magnitude, which HiGHS's

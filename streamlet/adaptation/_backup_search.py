@@ -1,5 +1,5 @@
 """The local search of :func:`streamlet.adaptation.backup_placement.greedy_placement`: a module of its own
-so the controller's module stays readable. It works on the greedy's indexed state (``_State``) and options.
+so the controller's module stays readable. It works on the greedy's indexed state (``State``) and options.
 
 The neighbourhood. Each task that restores over a link (or was left out) first takes the best option free
 now; else it is given a server where it would restore for nothing (its backup there too) by an ejection
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from streamlet.adaptation.backup_placement import EPS, RATE_EPS, Option, Problem, _at, _best, _reserve, _State
+from streamlet.adaptation.backup_model import EPS, RATE_EPS, Option, Problem, State, best_option, option_at, reserve
 
 # measured on the benchmark's instances (mean gap to the optimum; 120 x 30 median time of the greedy):
 CHAIN_DEPTH = 1  # how far down a task moved out of the way may move others: 0, 12 %; 1, 2.8 %; 2, 3.8 %
@@ -28,7 +28,7 @@ GAIN = 1e-9  # a move must lower the total by more than this (relative), so floa
 class Search:
     """The greedy's plan ``chosen`` (task -> option) and ``state`` (what it reserves), improved in place."""
 
-    def __init__(self, problem: Problem, state: _State, chosen: dict[int, Option], replicas: int) -> None:
+    def __init__(self, problem: Problem, state: State, chosen: dict[int, Option], replicas: int) -> None:
         self.problem, self.state, self.chosen, self.replicas = problem, state, chosen, replicas
         self.on: list[set[int]] = [set() for _ in state.names]  # redeploy server -> the tasks redeployed there
         for i, (_, (_, d)) in chosen.items():
@@ -64,7 +64,7 @@ class Search:
             return False
         self.effort = EFFORT
         self.assign(i, None)
-        plain = _best(self.problem.tasks[i], i, self.state, self.replicas, before)
+        plain = best_option(self.problem.tasks[i], i, self.state, self.replicas, before)
         limit = before if plain is None else min(before, plain[0])
         if (plain is None or plain[0] > 0) and self.make_room(i, limit, CHAIN_DEPTH):
             return True
@@ -87,13 +87,13 @@ class Search:
     def _set(self, i: int, option: Option | None) -> None:
         task, old = self.problem.tasks[i], self.chosen.pop(i, None)
         if old is not None:
-            _reserve(self.state, task, i, old[1], -1.0)
+            reserve(self.state, task, i, old[1], -1.0)
             self.on[old[1][1]].discard(i)
         self.costly.discard(i)
         if option is not None:
             if option[0] > 0:
                 self.costly.add(i)
-            _reserve(self.state, task, i, option[1])
+            reserve(self.state, task, i, option[1])
             self.chosen[i] = option
             self.on[option[1][1]].add(i)
 
@@ -137,7 +137,7 @@ class Search:
                 break
             self.assign(j, None)
             moved.append(j)
-        mine = _at(tasks[i], i, state, d, self.replicas)
+        mine = option_at(tasks[i], i, state, d, self.replicas)
         if mine is None or mine[0] >= limit:
             self.undo(mark)
             return False
@@ -166,9 +166,9 @@ class Search:
             spare = state.room[host][d] + (state.rate[k] if d in old[1][0] else 0.0)  # its own backup may be on d
             if host == d or state.free[d] + EPS < tasks[k].cpu or spare + RATE_EPS < state.rate[k]:
                 continue
-            _reserve(state, tasks[k], k, old[1], -1.0)  # so that _at sees that room
-            option = _at(tasks[k], k, state, d, self.replicas)
-            _reserve(state, tasks[k], k, old[1])
+            reserve(state, tasks[k], k, old[1], -1.0)  # so that option_at sees that room
+            option = option_at(tasks[k], k, state, d, self.replicas)
+            reserve(state, tasks[k], k, old[1])
             if option is not None and option[0] < old[0]:
                 self.assign(k, option)
             if state.free[d] <= EPS:
@@ -179,7 +179,7 @@ class Search:
         ``depth`` allows, if it then costs less than ``allowance``; whether it did."""
         if allowance <= 0:  # nothing left to pay for it
             return False
-        plain = _best(self.problem.tasks[j], j, self.state, self.replicas, allowance)
+        plain = best_option(self.problem.tasks[j], j, self.state, self.replicas, allowance)
         bound = allowance if plain is None else min(plain[0], allowance)
         if (plain is None or plain[0] > 0) and depth > 0 and self.make_room(j, bound, depth - 1):
             return True

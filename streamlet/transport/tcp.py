@@ -30,7 +30,8 @@ from typing import Any
 import structlog
 
 from streamlet.core.model.columns import ColumnBatch
-from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item, Reconfigure, Watermark
+from streamlet.core.model.items import Item
+from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Reconfigure, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import FrameError
 from streamlet.transport import auth

@@ -31,7 +31,8 @@ import anyio.abc
 import structlog
 
 from streamlet.core.model.columns import ColumnBatch
-from streamlet.core.model.record import Barrier, Batch, EndOfStream, Item, Reconfigure, Watermark
+from streamlet.core.model.items import Item
+from streamlet.core.model.record import Barrier, Batch, EndOfStream, Reconfigure, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import AuthenticationError, FrameError, RecordTooLarge, TransportError
 from streamlet.transport import auth

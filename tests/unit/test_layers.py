@@ -191,3 +191,44 @@ def test_the_private_reach_check_sees_a_reach_and_a_class_swap(tmp_path: Path) -
     source = tmp_path / "harness.py"
     source.write_text("def f(parts, counters):\n    parts._poll()\n    counters.__class__ = int\n    self._own = 1\n")
     assert private_reaches(source) == ["harness.py:2 ._poll", "harness.py:3 .__class__"]
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every group of modules that import each other, directly or round a circle (Tarjan's components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """Not even lazily or for type checking: a circle means two modules that are one (or a seam not cut)."""
+    paths = {name.removesuffix(".__init__"): path for name, path in modules_under(PACKAGE).items()}
+    graph = {name: {t for t in imported_modules(path) if t in paths and t != name} for name, path in paths.items()}
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_circle_of_three() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]

@@ -9,10 +9,7 @@ is delivered after every batch sent before it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
-
-if TYPE_CHECKING:
-    from streamlet.core.model.columns import ColumnBatch
+from typing import Any, Final, TypeAlias
 
 
 class Record:
@@ -235,9 +232,6 @@ class Reconfigure(Marker):
 
 END_OF_STREAM: Final = EndOfStream()
 CYCLE_END: Final = CycleEnd()
-
-#: What a channel carries: a batch of elements, a columnar batch (between built-in columnar nodes), a marker.
-Item: TypeAlias = "Batch | ColumnBatch | Marker"
 
 
 @dataclass(frozen=True, slots=True)

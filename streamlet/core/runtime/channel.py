@@ -17,7 +17,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Protocol
 
-from streamlet.core.model.record import Item
+from streamlet.core.model.items import Item
 
 UNBOUNDED = 1 << 62
 

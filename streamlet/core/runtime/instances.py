@@ -28,13 +28,13 @@ from streamlet.core.model.clock import Clock
 from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.constants import SHED
 from streamlet.core.model.hooks import maybe_await
+from streamlet.core.model.items import Item
 from streamlet.core.model.record import (
     Barrier,
     Batch,
     CycleEnd,
     DeadLetter,
     EndOfStream,
-    Item,
     Marker,
     Reconfigure,
     Watermark,

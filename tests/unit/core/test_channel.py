@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import streamlet as sl
-from streamlet.core.model.record import END_OF_STREAM, Item
+from streamlet.core.model.items import Item
+from streamlet.core.model.record import END_OF_STREAM
 from streamlet.core.runtime.channel import Inbox
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Item
+from streamlet.core.model.items import Item
+from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import RecordTooLarge, TransportError
 from streamlet.transport import auth, tcp_client
