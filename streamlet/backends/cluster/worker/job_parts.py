@@ -20,7 +20,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,25 @@ SWEEP = 5.0  # seconds between sweeps of superseded checkpoint files
 MAX_REPORT_BYTES = 1_000_000  # ZooKeeper's jute.maxbuffer is 1 MiB for the whole request: leave it some room
 
 
+@dataclass(eq=False)
+class JobPart:
+    """This worker's part of one attempt of a job: everything kept for it, dropped together when it ends."""
+
+    job: str
+    attempt: int
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # cancelled: the part stops
+    topology: Topology | None = None  # as this worker loaded it, with the parallelism live changes gave it
+    placement: dict[str, str] = field(default_factory=dict)  # instance -> worker (live changes add to it)
+    run: str = ""  # this attempt of this submission: names its channels and its sinks' staging
+    addresses: dict[str, tuple[str, int]] = field(default_factory=dict)  # worker -> data-plane address
+    agreement: ZkAgreement | None = None  # its share of the checkpoints, when the job keeps them
+    built: Job | None = None  # its instances, once they exist
+
+    def restartable(self, task: str) -> bool:
+        """Whether a crash of ``task`` may be retried elsewhere (its error policy is ``restart``)."""
+        return self.topology is not None and self.topology.nodes[task].on_error == "restart"
+
+
 class WorkerJobs:
     """Starts this worker's share of every assigned job, once, and reports how it ended."""
 
@@ -95,16 +114,19 @@ class WorkerJobs:
         self.client = client
         self.fence = EpochFence()
         self.seen: dict[str, tuple[str, int]] = {}  # job -> (its uid, the attempt last looked at)
-        self.running: dict[tuple[str, int], anyio.CancelScope] = {}
-        self.jobs: dict[tuple[str, int], Job] = {}
+        self.parts: dict[tuple[str, int], JobPart] = {}  # (job, attempt) -> this worker's part, while it runs
         self.ended: set[str] = set()  # uids of jobs whose state ended: stop, report nothing more
-        self.topologies: dict[str, Topology] = {}  # job -> its topology, as this worker loaded it
         self.code: dict[str, tuple[str, str | None]] = {}  # job -> its target and code digest, forgotten at its end
-        self.agreements: dict[tuple[str, int], ZkAgreement] = {}  # checkpointed job parts running here
-        # per running part: its instance -> worker (live changes add to it), its run name and worker addresses
-        self.placements: dict[tuple[str, int], dict[str, str]] = {}
-        self.runs: dict[tuple[str, int], tuple[str, dict[str, tuple[str, int]]]] = {}
         self.changes: set[tuple[str, int, str]] = set()  # live changes taken up: (job, attempt, id)
+
+    @property
+    def running(self) -> list[tuple[str, int]]:
+        """The (job, attempt) of every part running here."""
+        return list(self.parts)
+
+    def _built(self) -> list[tuple[JobPart, Job]]:
+        """The parts whose instances exist, each with its job."""
+        return [(part, part.built) for part in self.parts.values() if part.built is not None]
 
     async def run(self) -> None:
         """Poll for assignments and kill requests until cancelled."""
@@ -131,7 +153,7 @@ class WorkerJobs:
             self._stop_outdated(job, attempt)
             new_attempt = self.seen.get(job) != (uid, attempt)
             # only jobs this worker runs, or may start now, are worth asking about (ended ones are not)
-            if (new_attempt or any(running == job for running, _ in self.running)) and await self._ended(job, uid):
+            if (new_attempt or any(running == job for running, _ in self.parts)) and await self._ended(job, uid):
                 self._cancel(job)
                 continue
             if not new_attempt:
@@ -144,7 +166,8 @@ class WorkerJobs:
             instances: dict[str, str] = assignment["instances"]
             if self.me in instances.values():
                 group.start_soon(self._run_job, job, attempt, version, assignment)
-        for job, attempt in list(self.jobs):
+        for part, _ in self._built():
+            job, attempt = part.job, part.attempt
             await self._take_up_changes(job, attempt, group)
             await self._follow_shedding(job, attempt)
 
@@ -172,7 +195,7 @@ class WorkerJobs:
     ) -> None:
         """Join the running attempt when a live change puts an instance on this worker (see ``joining``)."""
         attempt = int(assignment["attempt"])
-        if (job, attempt) in self.running or uid in self.ended:
+        if (job, attempt) in self.parts or uid in self.ended:
             return
         state = await self.zk.get(paths.state(job))
         if state is None:
@@ -218,7 +241,8 @@ class WorkerJobs:
 
     async def _follow_shedding(self, job: str, attempt: int) -> None:
         """Shed at this part's sources the share the leader's shed policy set for the job (``paths.shedding``)."""
-        running = self.jobs.get((job, attempt))
+        part = self.parts.get((job, attempt))
+        running = None if part is None else part.built
         qos = None if running is None else running.topology.qos
         if running is None or qos is None:
             return
@@ -231,7 +255,8 @@ class WorkerJobs:
     async def _reconfigure(self, job: str, attempt: int, change: Reconfiguration) -> None:
         """Wire this worker's part of ``change``, wait until every worker has, run it, report; stop with
         the job part."""
-        running = self.jobs.get((job, attempt))
+        part = self.parts.get((job, attempt))
+        running = None if part is None else part.built
         if running is None:
             return
         name = paths.change_name(int(change["id"]))
@@ -249,15 +274,16 @@ class WorkerJobs:
                 log.warning("live change failed", job=job, change=change["id"], error=f"{type(exc).__name__}: {exc}")
                 report = {"error": f"{type(exc).__name__}: {exc}"}
             group.cancel_scope.cancel()
-        if (job, attempt) in self.jobs:  # a part that ended or was replaced has nothing to report
+        if (job, attempt) in self.parts:  # a part that ended or was replaced has nothing to report
             with contextlib.suppress(NodeExists):
                 await self.zk.create(paths.child(paths.change_done(job, name), self.me), report)
 
     async def _carry_out_change(self, job: str, attempt: int, change: Reconfiguration, running: Job, name: str) -> None:
-        placement = self.placements[job, attempt]
+        part = self.parts[job, attempt]
+        placement = part.placement
         before = dict(placement)
         placement.update(change["placed"])
-        run, addresses = self.runs[job, attempt]
+        run, addresses = part.run, part.addresses
         task = change["task"]
         plan = ReconfigurationPlan(
             int(change["id"]), task, SegmentTable.from_data(change["old"]), SegmentTable.from_data(change["new"]),
@@ -285,10 +311,11 @@ class WorkerJobs:
                 changed.clear()
 
         await running.reconfigure_part(plan, handoff, everyone_wired)
-        agreement = self.agreements.get((job, attempt))
+        agreement = part.agreement
         if agreement is not None:  # after the change: checkpoints in flight before it completed without them
             agreement.join(change["workers"])
-        await self._publish_endpoints(job, self.topologies[job], placement, [*change["placed"]])
+        assert part.topology is not None  # loaded before the part was built
+        await self._publish_endpoints(job, part.topology, placement, [*change["placed"]])
 
     async def _ended(self, job: str, uid: str) -> bool:
         """The job's state has ended (killed, failed): final, so remembered."""
@@ -304,41 +331,41 @@ class WorkerJobs:
         """Graceful stop: every checkpointed job part here takes a checkpoint before which all its workers'
         sources stop reading (so the next attempt resumes with nothing read twice); then every part stops."""
         async with anyio.create_task_group() as group:
-            for key, agreement in list(self.agreements.items()):
-                if key in self.running:
-                    group.start_soon(agreement.stop_checkpoint)
-        for scope in list(self.running.values()):
-            scope.cancel()
+            for part in list(self.parts.values()):
+                if part.agreement is not None:
+                    group.start_soon(part.agreement.stop_checkpoint)
+        for part in list(self.parts.values()):
+            part.scope.cancel()
 
     def _cancel(self, job: str) -> None:
-        for (running_job, _), scope in self.running.items():
-            if running_job == job:
-                scope.cancel()
+        for part in self.parts.values():
+            if part.job == job:
+                part.scope.cancel()
 
     def queue_depths(self) -> dict[str, tuple[int, bool]]:
         """Every local receiving instance's queue: ``"job/node.index"`` -> (items queued, inbox full)."""
         depths = {}
-        for (job, _), running in self.jobs.items():
+        for part, running in self._built():
             for (node, index), depth in running.queue_depths().items():
-                depths[f"{job}/{instance_id(node, index)}"] = depth
+                depths[f"{part.job}/{instance_id(node, index)}"] = depth
         return depths
 
     def instance_statistics(self) -> dict[str, dict[str, Any]]:
         """Every local instance's statistics snapshot: ``"job/node.index"`` -> its data (see ``load``)."""
         found = {}
-        for (job, _), running in self.jobs.items():
+        for part, running in self._built():
             for snapshot in running.instance_statistics():
-                found[f"{job}/{instance_id(snapshot.node, snapshot.index)}"] = snapshot.to_data()
+                found[f"{part.job}/{instance_id(snapshot.node, snapshot.index)}"] = snapshot.to_data()
         return found
 
     def job_statistics(self) -> dict[str, dict[str, Any]]:
         """Every local job part's job-wide counters: ``job`` -> late, dead-lettered, dropped, discarded, shed,
         restarts, completed checkpoints and their durations (a histogram's counts), and the attempt."""
         found = {}
-        for (job, attempt), running in self.jobs.items():
+        for part, running in self._built():
             stats = running.statistics()
-            found[job] = {
-                "attempt": attempt, "late": stats.late, "dead_lettered": stats.dead_lettered,
+            found[part.job] = {
+                "attempt": part.attempt, "late": stats.late, "dead_lettered": stats.dead_lettered,
                 "dropped": stats.dropped, "discarded": stats.discarded, "shed": stats.shed,
                 "restarts": stats.restarts, "checkpoints": stats.checkpoints,
                 "checkpoint_durations": stats.checkpoint_durations,
@@ -347,9 +374,9 @@ class WorkerJobs:
 
     def _stop_outdated(self, job: str, attempt: int) -> None:
         # a newer attempt replaces this one (a worker was lost): drop it without reporting
-        for (running_job, running_attempt), scope in self.running.items():
-            if running_job == job and running_attempt < attempt:
-                scope.cancel()
+        for part in self.parts.values():
+            if part.job == job and part.attempt < attempt:
+                part.scope.cancel()
 
     async def _run_job(
         self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None = None
@@ -365,12 +392,13 @@ class WorkerJobs:
     ) -> None:
         part_log = log.bind(job=job, attempt=attempt, worker=self.me)
         part_log.info("job part starting", joining=joining is not None)
-        scope = self.running[job, attempt] = anyio.CancelScope()
+        part = self.parts[job, attempt] = JobPart(job, attempt)
+        scope = part.scope
         self.changes = {taken for taken in self.changes if taken[0] != job or taken[1] >= attempt}  # older: over
         payload: dict[str, Any] | None = None
         try:
             with scope:
-                await self.registration.set_state(*worker_states(len(self.running)))
+                await self.registration.set_state(*worker_states(len(self.parts)))
                 tcp_before = self.server.counts["records"]
                 fetched_before = self.replicas.counts["fetched_bytes"]
                 result, restored_from = await self._execute(job, attempt, version, assignment, joining)
@@ -388,24 +416,20 @@ class WorkerJobs:
             payload = {"error": f"CheckpointError: {exc}", "unusable": exc.epoch}
         except TaskError as exc:  # an instance crashed: the leader may restart it elsewhere
             payload = {"error": f"TaskError: {exc}", "instance": instance_id(exc.task, exc.instance)}
-            payload["retry"] = self._restartable(job, exc.task)
+            payload["retry"] = part.restartable(exc.task)
             part_log.error("task failed", task=exc.task, instance=exc.instance, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - whatever stopped the job is reported to the submitter
             payload = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
-            del self.running[job, attempt]
-            if not any(running == job for running, _ in self.running):  # its code goes with its last part
+            del self.parts[job, attempt]  # and with it everything kept for it
+            if not any(running == job for running, _ in self.parts):  # its code goes with its last part
                 job_code.forget(*self.code.pop(job, ("", None)))
-            self.jobs.pop((job, attempt), None)
-            self.agreements.pop((job, attempt), None)
-            self.placements.pop((job, attempt), None)
-            self.runs.pop((job, attempt), None)
         if payload is not None:  # None: cancelled (superseded by a newer attempt, or the job ended)
             _log_outcome(part_log, payload)
             await self._report(paths.done(job, attempt), fitting_report(payload), (paths.assignment(job), version))
         else:
             part_log.info("job part stopped", reason="the job ended or a newer attempt replaced this one")
-        await self.registration.set_state(*worker_states(len(self.running)))
+        await self.registration.set_state(*worker_states(len(self.parts)))
 
     async def _report(self, directory: str, payload: dict[str, Any], fence: tuple[str, int]) -> None:
         """Report the attempt's outcome, fenced: only while the assignment is still the one this ran."""
@@ -426,6 +450,7 @@ class WorkerJobs:
         self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None
     ) -> tuple[JobResult, int | None]:
         """Run this worker's share of the attempt; the result and the checkpoint it resumed from."""
+        part = self.parts[job, attempt]
         found = await self.zk.get(paths.spec(job))
         if found is None:
             raise SpecError(f"job '{job}' has no spec")
@@ -433,15 +458,13 @@ class WorkerJobs:
         self.code[job] = (spec["target"], spec.get("module_sha256"))
         found_layout = await self.zk.get(paths.layout(job))
         layout = None if found_layout is None else found_layout.data
-        topology = self.topologies[job] = with_layout(topology_of(spec), layout)
+        topology = part.topology = with_layout(topology_of(spec), layout)
         # live changes add instances to it; a joining worker starts from where they left them
         assigned = assignment["instances"]
-        instances = self.placements[job, attempt] = (
-            dict(assigned) if joining is None else placed_instances(assigned, layout, attempt)
-        )
+        instances = part.placement = dict(assigned) if joining is None else placed_instances(assigned, layout, attempt)
         addresses = await self._addresses()
         run = f"{job}.{spec['uid']}.{attempt}"  # this attempt of this submission: never the same twice
-        self.runs[job, attempt] = (run, addresses)
+        part.run, part.addresses = run, addresses
         held = anyio.Event()  # a joining part: open until the change that brings it in is over
         placement = Placement(
             job=run,  # channel ids per attempt: an old attempt's frames never mix in
@@ -462,15 +485,14 @@ class WorkerJobs:
         settings = spec.get("checkpoint")
         uid = str(spec["uid"])
         checkpoints = self._checkpoints(job, uid, attempt, version, workers_, settings, scope, joining is not None)
-        if checkpoints is not None:
-            self.agreements[job, attempt] = checkpoints
+        part.agreement = checkpoints
         running = Job(
             topology, channel_factory=LocalChannel, placement=placement,
             coordinator=None if checkpoints is None else checkpoints.coordinator(),
             job_id=f"{self.zk.cluster}.{job}", attempt=run, name=job,  # sinks stage per run; Kafka ids per job
             quiescence=ClusterQuiescence(self.zk, LoopAttempt(job, attempt, self.me, attempt_workers(assignment))),
         )  # fmt: skip
-        self.jobs[job, attempt] = running
+        part.built = running
         if self.on_part_built is not None:
             self.on_part_built((job, attempt), running)
         with contextlib.suppress(NodeExists):
@@ -493,10 +515,6 @@ class WorkerJobs:
     async def _addresses(self) -> dict[str, tuple[str, int]]:
         """Every registered worker's data-plane address."""
         return {view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)}
-
-    def _restartable(self, job: str, task: str) -> bool:
-        topology = self.topologies.get(job)
-        return topology is not None and topology.nodes[task].on_error == "restart"
 
     def _checkpoints(
         self,
