@@ -106,7 +106,7 @@ from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWrit
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.instances import Instance
 from streamlet.core.runtime.job import Job
-from streamlet.errors import CoordinationError, JobError
+from streamlet.errors import JobError
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 
@@ -388,6 +388,12 @@ class _Worker:
     meter: LoadMeter | None = None  # its heartbeats' load report
     cpu_share: float = 0.0  # the share of a core its heartbeats report (set_cpu); they all share this process
 
+    async def next_change(self) -> None:
+        """Return once an assignment or a job state changed since the last return (``WorkerJobs.run``'s next
+        look: instead of polling)."""
+        await self.wake.wait()
+        self.wake.clear()
+
     def load_sample(self) -> dict[str, Any]:
         """This process's memory, and CPU seconds as if the worker used ``cpu_share`` of a core all along."""
         return {**process_load(), "cpu_seconds": self.cpu_share * time.monotonic()}
@@ -605,21 +611,12 @@ class SimulatedCluster:
                     async with anyio.create_task_group() as group:
                         worker.group = group
                         group.start_soon(registration.run)  # the heartbeat, every second
-                        group.start_soon(worker.parts.replicas.run)  # other workers' checkpoint replicas
-                        group.start_soon(self._follow_assignments, worker, worker.parts)
+                        # as a worker process runs its parts, looking again whenever the tree changed
+                        group.start_soon(worker.parts.run, worker.next_change)
                         task_status.started()
         finally:
             worker.alive = False
             worker.stopped.set()
-
-    async def _follow_assignments(self, worker: _Worker, parts: WorkerJobs) -> None:
-        """``WorkerJobs.run``, looking again whenever an assignment or a job state changed instead of polling."""
-        async with anyio.create_task_group() as group:  # the job parts run here
-            while True:
-                worker.wake.clear()
-                with contextlib.suppress(CoordinationError):
-                    await parts.poll(group)
-                await worker.wake.wait()
 
     async def kill_worker(self, worker_id: str) -> None:
         """Kill a live worker now, as SIGKILL would; returns once its tasks and sockets are gone."""

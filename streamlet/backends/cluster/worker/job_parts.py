@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -128,8 +128,10 @@ class WorkerJobs:
         """The parts whose instances exist, each with its job."""
         return [(part, part.built) for part in self.parts.values() if part.built is not None]
 
-    async def run(self) -> None:
-        """Poll for assignments and kill requests until cancelled."""
+    async def run(self, next_look: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Look at the jobs (:meth:`poll`) until cancelled: again every ``POLL`` seconds, or whenever
+        ``next_look()`` returns (a harness that knows when the tree changed); serve other workers' checkpoint
+        replicas and sweep superseded checkpoint files meanwhile."""
         async with anyio.create_task_group() as group:
             group.start_soon(self.replicas.run)  # other workers' checkpoint replicas, and fetches of them
             group.start_soon(self._sweep_files)
@@ -138,7 +140,7 @@ class WorkerJobs:
                     await self.poll(group)
                 except CoordinationError as exc:  # suspended or expired: kazoo reconnects, the next poll retries
                     log.debug("job poll skipped", worker=self.me, reason=str(exc))
-                await anyio.sleep(POLL)
+                await (anyio.sleep(POLL) if next_look is None else next_look())
 
     async def poll(self, group: anyio.abc.TaskGroup) -> None:
         """Look once at every job: start this worker's part of a new attempt (in ``group``), stop parts of
