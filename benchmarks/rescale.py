@@ -49,6 +49,7 @@ import uvloop
 
 import streamlet as sl
 from streamlet.connectors.files import read_file_sink
+from streamlet.core.model.segments import SegmentTable
 
 KEYS = 100_000
 RATE = 100_000  # records per second fed during the steady phases
@@ -138,7 +139,7 @@ async def _restarts(sink: _Arrivals, feeder: _Feeder, changes: list[int], direct
     await feeder.load(job)
     await feeder.steady(job, WINDOW)
     for instances in changes:
-        old = sl.SegmentTable.contiguous(128, parallelism)
+        old = SegmentTable.contiguous(128, parallelism)
         await feeder.steady(job, WINDOW / 2)
         began = time.perf_counter()
         await job.settle()  # drain first, as a stop with a savepoint would: nothing read is lost
@@ -149,7 +150,7 @@ async def _restarts(sink: _Arrivals, feeder: _Feeder, changes: list[int], direct
         ended = time.perf_counter()
         await feeder.steady(job, 1.5 * WINDOW)
         parallelism = instances
-        marks.append((began, ended, set(old.changes(sl.SegmentTable.contiguous(128, instances)))))
+        marks.append((began, ended, set(old.changes(SegmentTable.contiguous(128, instances)))))
     await job_context.__aexit__(None, None, None)
     return marks
 
@@ -291,7 +292,7 @@ def _wait_state(state: Any, job: str, wanted: set[str]) -> None:
 
 
 def _moved(before: int, after: int) -> set[int]:
-    return set(sl.SegmentTable.contiguous(128, before).changes(sl.SegmentTable.contiguous(128, after)))
+    return set(SegmentTable.contiguous(128, before).changes(SegmentTable.contiguous(128, after)))
 
 
 def _cluster_figures(records: list[sl.Record], marks: Marks) -> dict[str, Any]:

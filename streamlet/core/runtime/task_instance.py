@@ -19,6 +19,7 @@ from streamlet.core.model.task import RecordFailure, ReduceTask, Task, WindowRed
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import WindowSpec
 from streamlet.core.runtime.channel import Inbox
+from streamlet.core.runtime.error_policy import POLICIES
 from streamlet.core.runtime.instances import Environment, Receiver, count_batch
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.state.expiring import ExpiringState
@@ -53,7 +54,8 @@ class TaskInstance(Receiver):
         #: Takes back what a failed call did to state and timers before skip or restart replays; only tasks
         #: under those policies that do not isolate their failed records themselves pay for it.
         self.undo: CallUndo | None = None
-        if node.on_error != "fail" and not leaves_nothing_on_failure(task):
+        self.policy = POLICIES[node.on_error]
+        if self.policy.replays and not leaves_nothing_on_failure(task):
             state = undoable_state(node.state_ttl, env.clock.now)
             self.undo = CallUndo(state, self.timers)
             self.state: KeyedState = state
@@ -89,7 +91,7 @@ class TaskInstance(Receiver):
     def _adopt(self, task: Task) -> Task:
         """Give ``task`` this instance's state and timers; it is the one ``execute`` calls from now on."""
         task.state = self.state
-        if isinstance(task, ReduceTask) and self.node.on_error != "fail":
+        if isinstance(task, ReduceTask) and self.policy.replays:
             task.keeps_accumulators = True
         task.timers = self.timers
         self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
@@ -384,13 +386,7 @@ class TaskInstance(Receiver):
         ``Record(key, None, when)``: a timer has no record of its own."""
         timer = (key, None, when)
         what = f"the {time}-time timer at {when!r} for key"
-        if self.node.on_error == "skip":
-            self._dead_letter(timer, error)
-            return False
-        if self.node.on_error == "restart":
-            self._restart(timer, error, what=what)
-            return True
-        raise self._task_error(timer, error, what=what) from error
+        return self.policy.failed(self, timer, error, what)
 
     async def _run_window(self, window: ClosedWindow) -> None:
         if window.folded is not None and self._passes_folds_on:
@@ -479,7 +475,7 @@ class TaskInstance(Receiver):
         """Execute one batch under the error policy, isolating the failing record."""
         self.outputs.ts = batch[-1][2]
         while batch:
-            marks = self.outputs.marks() if self.node.on_error != "fail" else None
+            marks = self.outputs.marks() if self.policy.replays else None
             self.inputs.set_one(port, batch)
             try:
                 await self._call()
@@ -503,19 +499,13 @@ class TaskInstance(Receiver):
 
     def _record_failed(self, batch: Batch, index: int, error: BaseException) -> Batch:
         """A shortcut told us which record failed: apply the policy, return what is left."""
-        record = batch[index]
-        if self.node.on_error == "skip":
-            self._dead_letter(record, error)
-            return batch[index + 1 :]
-        if self.node.on_error == "restart":
-            self._restart(record, error)
-            return batch[index:]
-        raise self._task_error(record, error)
+        again = self.policy.failed(self, batch[index], error, "record with key")
+        return batch[index:] if again else batch[index + 1 :]
 
     async def _batch_failed(self, port: int, batch: Batch, error: BaseException) -> Batch:
         """``execute`` raised on a whole batch: retry after a restart, or isolate the record."""
-        if self.node.on_error == "restart":
-            self._restart(batch[0], error)
+        if self.policy.retries_batches:
+            self.policy.failed(self, batch[0], error, "record with key")
             return batch
         for record in batch:  # replay one record at a time so the policy lands on the exact record
             self.inputs.set_one(port, [record])
@@ -523,13 +513,10 @@ class TaskInstance(Receiver):
                 await self._call()
             except TopologyError:
                 raise
-            except Exception as exc:
-                if self.node.on_error == "skip":
-                    self._dead_letter(record, exc)
-                else:
-                    raise self._task_error(record, exc) from exc
-        if self.node.on_error == "fail":  # the replay did not fail again: report the batch
-            raise self._task_error(batch[0], error, what=f"a batch of {len(batch)} records starting with key")
+            except Exception as exc:  # noqa: BLE001 - user code: the policy says what becomes of the record
+                self.policy.failed(self, record, exc, "record with key")
+        if not self.policy.replays:  # fail, and the replay did not fail again: report the batch
+            raise self.task_error(batch[0], error, what=f"a batch of {len(batch)} records starting with key")
         return []
 
     async def _execute_unit(self, records: Batch, set_inputs: Callable[[], None], what: str) -> None:
@@ -545,34 +532,30 @@ class TaskInstance(Receiver):
             except Exception as exc:  # noqa: BLE001 - user code
                 self.outputs.rollback(marks)
                 error = exc.__cause__ if isinstance(exc, RecordFailure) and exc.__cause__ else exc
-                first: Element = records[0] if records else (None, None, None)
-                if self.node.on_error == "skip":
-                    for record in records:
-                        self._dead_letter(record, error)
+                if not self.policy.failed_unit(self, records, error, what):
                     return
-                if self.node.on_error == "restart":
-                    self._restart(first, error)
-                    continue
-                raise self._task_error(first, error, what=what) from error
 
     # -- policies ---------------------------------------------------------------
 
-    def _dead_letter(self, element: Element, error: BaseException) -> None:
+    def dead_letter(self, element: Element, error: BaseException) -> None:
+        """Set ``element`` aside with ``error`` in the job's dead letters (the ``skip`` policy)."""
         record = record_of(element)
         self.env.dead_letters.append(DeadLetter(self.node.name, self.index, record, _describe(error), error))
         self.log.warning("record dead-lettered", key=record.key, error=_describe(error))
 
-    def _restart(self, element: Element, error: BaseException, *, what: str = "record with key") -> None:
+    def restart(self, element: Element, error: BaseException, *, what: str = "record with key") -> None:
+        """A fresh task object (state kept), or the ``TaskError`` past ``max_failures`` (the ``restart`` policy)."""
         self.failures += 1
         if self.failures > self.node.max_failures:
-            raise self._task_error(element, error, what=what, after=f" after {self.node.max_failures} restarts")
+            raise self.task_error(element, error, what=what, after=f" after {self.node.max_failures} restarts")
         self.log.warning("restarting instance", key=element[0], error=_describe(error), failures=self.failures)
         self.task = self._new_task()
         self._prepare()
 
-    def _task_error(
+    def task_error(
         self, element: Element, error: BaseException, *, what: str = "record with key", after: str = ""
     ) -> TaskError:
+        """The ``TaskError`` naming the instance, ``element``'s key and ``error`` (the ``fail`` policy)."""
         key = element[0]
         message = f"task '{self.node.name}' instance {self.index} failed on {what} {key!r}{after}: {_describe(error)}"
         task_error = TaskError(message, task=self.node.name, instance=self.index, key=key)

@@ -15,6 +15,7 @@ import pytest
 
 import streamlet as sl
 from streamlet.core.model.columns import ColumnBatch, import_pyarrow
+from streamlet.core.model.segments import SegmentTable
 from streamlet.core.runtime.routing import KeyedRoute
 
 ROWS = 1_000
@@ -146,7 +147,7 @@ def test_same_key_splits_a_columnar_batch_where_its_elements_go() -> None:
     """A keyed route splits columnar batches by the segment table: each row reaches its key's instance,
     for new keys, keys seen before (the Arrow cache), a null key, and after the table changes."""
     channels: list[Any] = [object() for _ in range(3)]
-    table = sl.SegmentTable.contiguous(128, 3)
+    table = SegmentTable.contiguous(128, 3)
     route = KeyedRoute(channels, table)
     route.columnar = True
 
@@ -171,7 +172,7 @@ def test_same_key_routes_dictionary_encoded_keys_like_plain_ones() -> None:
     """A dictionary-encoded key column (Parquet, pandas categoricals) goes row for row where the plain one goes,
     mixed with plain batches of the same keys, and counts over two instances as plain Python does."""
     channels: list[Any] = [object() for _ in range(3)]
-    route = KeyedRoute(channels, sl.SegmentTable.contiguous(128, 3))
+    route = KeyedRoute(channels, SegmentTable.contiguous(128, 3))
     route.columnar = True
     keys = [f"w{i % 7}" if i % 11 else None for i in range(200)]
 
