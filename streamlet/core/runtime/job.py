@@ -32,13 +32,14 @@ from streamlet.core.runtime.channel import ChannelFactory
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
-from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables, fitting
+from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan, StateHandoff
 from streamlet.core.runtime.rescale import Reconfigurer
 from streamlet.core.runtime.routing import segment_loads
 from streamlet.core.runtime.shedding import Shedder
 from streamlet.core.runtime.statistics import InstanceSnapshot, JobStatistics, NodeStatistics, queue_state
 from streamlet.core.runtime.task_instance import TaskInstance
+from streamlet.core.runtime.where import where
 from streamlet.core.state.checkpoints import Coordinator
 from streamlet.core.state.restore import layout_of, restore
 from streamlet.core.state.savepoints import check_fits, read_savepoint, write_savepoint
@@ -124,7 +125,7 @@ class Job:
         topology = topology.validate()  # a resolved copy: the caller's topology stays as it was
         self.job_id = job_id or f"local.{topology.name}"
         self.attempt = new_attempt() if attempt is None else check_attempt(attempt)
-        self._placement = placement
+        self._where = where(placement)
         self._quiescence = quiescence
         if placement is not None and quiescence is None:
             # no process sees all of a split loop's counters: ending it by local counts could end it early
@@ -214,11 +215,10 @@ class Job:
             point = None if self._coordinator is None else await self._coordinator.restore_point()
             document = None if point is None else point[1]
             tables = layout_of(document, default_tables(self.topology))  # state stays where a checkpoint left it
-            if self._placement is not None:
-                tables.update(fitting(self._placement.tables, self.topology))  # a live change's layout wins
+            tables.update(self._where.tables(self.topology))  # a live change's layout wins
             self._plan = build_plan(
                 self.topology, self._env, channel_factory=self._channel_factory,
-                channel_capacity=self._channel_capacity, task_group=instances, placement=self._placement,
+                channel_capacity=self._channel_capacity, task_group=instances, placement=self._where.placement,
                 quiescence=self._quiescence, tables=tables,
             )  # fmt: skip
             plan = self._plan
@@ -241,8 +241,8 @@ class Job:
         self._started.set()
         for instance in self._plan.all():
             instances.start_soon(self._guarded, instance.run, outer)
-        if self._placement is not None and self._placement.hold_open is not None:
-            instances.start_soon(self._guarded, self._placement.hold_open, outer)  # joining: open until given work
+        if self._where.hold_open is not None:
+            instances.start_soon(self._guarded, self._where.hold_open, outer)  # joining: open until given work
         if self._quiescence is not None and self._plan.trackers:
             # among the instances: this part of the job ends only once its loops have ended everywhere
             instances.start_soon(self._guarded, partial(self._quiescence.run, self._plan.trackers), outer)
@@ -356,8 +356,7 @@ class Job:
         await self._started.wait()
         if self._reconfigurer is None or self._finished.is_set() or self._error is not None:
             raise ReconfigurationError(f"job '{self.topology.name}' is not running")
-        if self._placement is not None:
-            raise ReconfigurationError(f"job '{self.topology.name}' runs on a cluster: 'streamlet rescale' changes it")
+        self._where.check_live_change(self.topology.name)
         return self._reconfigurer
 
     async def reconfigure_part(
@@ -415,8 +414,7 @@ class Job:
         Only for a job in this process: a placed (cluster) job raises
         :class:`JobError` ("settle() works for in-process jobs").
         """
-        if self._placement is not None:
-            raise JobError("settle() works for in-process jobs")
+        self._where.check_settle()
         await self._started.wait()
         while not self._finished.is_set() and not self._idle():
             went_idle = self._went_idle
