@@ -22,7 +22,7 @@ from streamlet.backends.cluster.tree.registry import WorkerRegistration
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.backends.cluster.tree.zk import SESSION_TIMEOUT, StoreSettings
 from streamlet.backends.cluster.worker.job_parts import WorkerJobs
-from streamlet.backends.cluster.worker.load_meter import LoadMeter
+from streamlet.backends.cluster.worker.serving import assemble_worker, serve_worker
 from streamlet.errors import CoordinationError
 
 if TYPE_CHECKING:
@@ -154,18 +154,15 @@ async def run_worker(
             "host": host, "data_port": server.port, "capacity": capacity, "labels": labels or [], "pid": os.getpid(),
             "bandwidth_mbit": bandwidth,
         }  # fmt: skip
-        registration = WorkerRegistration(zk, worker_id, info, heartbeat=heartbeat)
-        jobs = WorkerJobs(zk, registration, server, client, secret, state_dir)
-        registration.load = LoadMeter(jobs.queue_depths, jobs.instance_statistics, jobs.job_statistics)
+        worker = assemble_worker(zk, worker_id, info, server, client, secret, state_dir, heartbeat)
+        registration, jobs = worker.registration, worker.jobs
         metrics = None if metrics_port is None else _worker_metrics(worker_id, host, metrics_port, registration, jobs)
         if metrics is not None:
             info["metrics_port"] = metrics.port
-        await registration.register()
-        log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{host}:{server.port}")
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(registration.run)
-                group.start_soon(jobs.run)
+                await group.start(serve_worker, worker)
+                log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{host}:{server.port}")
                 await until_terminated(jobs.drain)
                 group.cancel_scope.cancel()
         finally:

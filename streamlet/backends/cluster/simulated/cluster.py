@@ -97,10 +97,11 @@ from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import LeaderElection
 from streamlet.backends.cluster.tree.lifecycle import JobState
 from streamlet.backends.cluster.tree.paths import WorkerInfo
-from streamlet.backends.cluster.tree.registry import WorkerRegistration, process_load
+from streamlet.backends.cluster.tree.registry import process_load
 from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree, read_all
 from streamlet.backends.cluster.worker.job_parts import WorkerJobs
 from streamlet.backends.cluster.worker.load_meter import LoadMeter
+from streamlet.backends.cluster.worker.serving import WorkerSeams, assemble_worker, serve_worker
 from streamlet.core.model.record import Record, Records
 from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
 from streamlet.core.model.topology import Topology
@@ -591,28 +592,20 @@ class SimulatedCluster:
                     "host": server.host, "data_port": server.port, "capacity": worker.capacity,
                     "labels": worker.labels, "pid": os.getpid(),
                 }  # fmt: skip
-                registration = WorkerRegistration(worker.session, worker.worker_id, info)
                 assert self.checkpoint_dir is not None
-                own = self.checkpoint_dir / worker.worker_id
-                worker.parts = WorkerJobs(
-                    worker.session, registration, server, client, self.secret, own,
-                    on_part_built=partial(self._part_built, worker),
+                seams = WorkerSeams(  # CPU as set_cpu says (every worker shares this process); look on changes
+                    load_sample=worker.load_sample, on_part_built=partial(self._part_built, worker),
+                    next_look=worker.next_change,
                 )  # fmt: skip
-                # statistics as a real worker's beat has them; CPU as set_cpu says (every worker shares this process)
-                registration.load = worker.meter = LoadMeter(
-                    worker.parts.queue_depths,
-                    worker.parts.instance_statistics,
-                    worker.parts.job_statistics,
-                    sample=worker.load_sample,
-                )
+                served = assemble_worker(
+                    worker.session, worker.worker_id, info, server, client, self.secret,
+                    self.checkpoint_dir / worker.worker_id, seams=seams,
+                )  # fmt: skip
+                worker.parts, worker.meter = served.jobs, served.meter
                 with worker.scope:
-                    await registration.register()
-                    await registration.beat()  # live for the leader's next round
                     async with anyio.create_task_group() as group:
                         worker.group = group
-                        group.start_soon(registration.run)  # the heartbeat, every second
-                        # as a worker process runs its parts, looking again whenever the tree changed
-                        group.start_soon(worker.parts.run, worker.next_change)
+                        await group.start(serve_worker, served)  # as a worker process serves
                         task_status.started()
         finally:
             worker.alive = False
