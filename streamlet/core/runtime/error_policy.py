@@ -62,7 +62,7 @@ class Fail(ErrorPolicy):
         raise host.task_error(element, error, what=what) from error
 
     def failed_unit(self, host: FailureHost, elements: Sequence[Element], error: BaseException, what: str) -> bool:
-        raise host.task_error(elements[0] if elements else (None, None, None), error, what=what) from error
+        raise host.task_error(_first(elements), error, what=what) from error
 
 
 class Skip(ErrorPolicy):
@@ -91,8 +91,13 @@ class Restart(ErrorPolicy):
         return True
 
     def failed_unit(self, host: FailureHost, elements: Sequence[Element], error: BaseException, what: str) -> bool:
-        host.restart(elements[0] if elements else (None, None, None), error, what=what)
+        host.restart(_first(elements), error, what=what)
         return True
+
+
+def _first(elements: Sequence[Element]) -> Element:
+    """The element a unit's failure is named by (a unit may hold none)."""
+    return elements[0] if elements else (None, None, None)
 
 
 POLICIES: dict[str, ErrorPolicy] = {policy.name: policy for policy in (Fail(), Skip(), Restart())}
