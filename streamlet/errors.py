@@ -23,6 +23,7 @@ instance, the port and, where there is one, the record's key::
     │   ├── AuthenticationError  a peer does not share the cluster secret
     │   ├── RecordTooLarge   one record does not fit in a frame (names the channel, the size and the limit)
     │   └── BlobTooLarge     a state or checkpoint blob passed the size its receiver takes
+    ├── SimulationStalled    a simulated cluster came to a stop: every task waits for ever, or time never moves
     └── ClusterError         the cluster could not do what was asked
         ├── CoordinationError    ZooKeeper (or the store) unreachable, or a node not as expected
         │   ├── VersionConflict  a conditional write lost to someone else's
@@ -97,6 +98,11 @@ class EncodingError(StreamletError):
         self.value_type = value_type
 
 
+class SimulationStalled(StreamletError):
+    """A simulated cluster (``streamlet.testing.chaos``) came to a stop: nothing is ready and no timer is set
+    (every task waits for something that will never come), or callbacks run on and on while time never moves."""
+
+
 class JobError(StreamletError):
     """A job was used wrongly (unknown source, sent to after it ended, ...)."""
 
@@ -111,8 +117,9 @@ class CheckpointError(StreamletError):
 
 
 class UnusableCheckpoint(CheckpointError):
-    """No live worker holds an intact copy of some instance's state at cluster checkpoint ``epoch``; it is
-    marked unusable and the next attempt restores from the checkpoint before it."""
+    """No live worker holds an intact copy of some instance's state at cluster checkpoint ``epoch``: it is
+    marked unusable (with who holds it) and the job waits, STALLED, for a worker that holds it. It never
+    resumes from the checkpoint before: its sinks may have committed the last one's output already."""
 
     def __init__(self, message: str, epoch: int) -> None:
         super().__init__(message)

@@ -29,8 +29,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-import anyio
-
+from streamlet.core.model import world
 from streamlet.core.model.record import Batch, Record
 from streamlet.core.model.sinks import ElementWriter, RestorePoint, Sink, SinkContext
 from streamlet.core.model.sources import Source, SourceContext, SourceReader
@@ -87,7 +86,7 @@ class _FileReader(SourceReader):
         return lines
 
     async def read(self, max_records: int) -> Batch | None:
-        lines = await anyio.to_thread.run_sync(self._read_lines, max_records)
+        lines = await world.blocking(self._read_lines, max_records)
         if not lines:
             return None
         ts = self._clock.now()
@@ -159,14 +158,14 @@ class _FileWriter(ElementWriter):
         self._file.write("".join(dumps([e[0], e[1], e[2]]) + "\n" for e in batch))
 
     async def prepare_commit(self, epoch: int) -> None:
-        await anyio.to_thread.run_sync(self._stage, epoch)
+        await world.blocking(self._stage, epoch)
 
     def _stage(self, epoch: int) -> None:
         seal(self._file, self._current, self.staging / pending_name(epoch, self.index))
         self._file = open(self._current, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     async def commit(self, epoch: int) -> None:
-        await anyio.to_thread.run_sync(self._publish, self.staging, epoch)
+        await world.blocking(self._publish, self.staging, epoch)
 
     def _publish(self, staging: Path, epoch: int) -> None:
         publish(staging / pending_name(epoch, self.index), self.directory / part_name(epoch, self.index))

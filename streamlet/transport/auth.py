@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
+
+from streamlet.core.model import world
 
 NONCE_BYTES = 16
 HELLO_MAX = 1024  # bytes a frame may have before the peer is authenticated
@@ -20,7 +21,7 @@ HELLO_MAX = 1024  # bytes a frame may have before the peer is authenticated
 
 def nonce() -> bytes:
     """A fresh random challenge."""
-    return secrets.token_bytes(NONCE_BYTES)
+    return world.token_bytes(NONCE_BYTES)
 
 
 def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:

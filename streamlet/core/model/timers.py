@@ -20,10 +20,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import time as wall_clock
 from collections.abc import Callable, Generator
 from typing import Any, Literal
 
+from streamlet.core.model import world
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
 
@@ -84,7 +84,7 @@ class Timers:
 
     __slots__ = ("_now", "_order", "_queues", "_undo_log", "watermark")
 
-    def __init__(self, now: Callable[[], float] = wall_clock.time) -> None:
+    def __init__(self, now: Callable[[], float] = world.wall_time) -> None:
         self._queues: dict[str, _Queue] = {time: _Queue() for time in TIME_DOMAINS}
         self._order = itertools.count()
         self._now = now

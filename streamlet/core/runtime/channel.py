@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from time import perf_counter
 from typing import Protocol
 
 from streamlet.core.model.items import Item
+from streamlet.core.model.world import monotonic
 
 UNBOUNDED = 1 << 62
 
@@ -64,7 +64,7 @@ class Inbox:
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._queues: list[deque[Item]] = []
-        self._arrivals: list[deque[float]] = []  # perf_counter() when each queued item came in
+        self._arrivals: list[deque[float]] = []  # monotonic() when each queued item came in
         self.last_arrival = 0.0
         self._capacities: list[int] = []
         self._space_waiters: list[deque[asyncio.Future[None]]] = []
@@ -122,13 +122,13 @@ class Inbox:
                 self._pass_on_wakeup(channel, waiter)
                 raise
         queue.append(item)
-        self._arrivals[channel].append(perf_counter())
+        self._arrivals[channel].append(monotonic())
         self.wake()
 
     def put_nowait(self, channel: int, item: Item) -> None:
         """Append ``item`` ignoring capacity (control markers from the runtime)."""
         self._queues[channel].append(item)
-        self._arrivals[channel].append(perf_counter())
+        self._arrivals[channel].append(monotonic())
         self.wake()
 
     def head(self, channel: int) -> Item | None:

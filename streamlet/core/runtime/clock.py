@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import time
 from collections.abc import Callable
 
+from streamlet.core.model import world
 from streamlet.core.model.clock import Timer
 
 
@@ -16,7 +16,7 @@ class SystemClock:
 
     def now(self) -> float:
         """Seconds since the Unix epoch."""
-        return time.time()
+        return world.wall_time()
 
     async def sleep(self, seconds: float) -> None:
         """Sleep on the running event loop."""
@@ -24,7 +24,7 @@ class SystemClock:
 
     def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
         """Schedule ``callback`` on the running loop."""
-        return asyncio.get_running_loop().call_later(max(0.0, when - time.time()), callback)
+        return asyncio.get_running_loop().call_later(max(0.0, when - world.wall_time()), callback)
 
 
 class ManualClock:

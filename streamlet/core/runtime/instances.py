@@ -18,7 +18,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -43,6 +42,7 @@ from streamlet.core.model.record import (
 from streamlet.core.model.sinks import ElementWriter, RestorePoint, SinkContext, WriteFailed, Writer
 from streamlet.core.model.sources import SourceContext, SourceReader, read_elements
 from streamlet.core.model.watermarks import Watermarks
+from streamlet.core.model.world import monotonic
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.runtime.shedding import REPLAY_PATIENCE, Shedder, split_snapshot
@@ -293,7 +293,7 @@ class SourceInstance(Instance):
             on_idle = self.env.on_idle
             if on_idle is not None:
                 on_idle()  # ``settle`` looks once this task waits (here: in read, when nothing is ready)
-            began = perf_counter()
+            began = monotonic()
             shedder = self.shedder
             batch: Batch | ColumnBatch | None
             if shedder is not None and shedder.preserve_order and shedder.replaying():
@@ -309,13 +309,13 @@ class SourceInstance(Instance):
                 elif replaying and shedder is not None and (batch is not None or cancelled):
                     batch = shedder.take_held(size)
             if batch:
-                read = perf_counter()
+                read = monotonic()
                 if isinstance(batch, ColumnBatch):
                     outputs.emit_columns(batch)
                 else:
                     outputs.emit_elements(batch)
                 await outputs.flush()
-                count_batch(self.counters, read, began, read, perf_counter())
+                count_batch(self.counters, read, began, read, monotonic())
                 if self.watermarks is not None:
                     last_data = self.env.clock.now()
                     await self._send_watermark(batch)
@@ -487,23 +487,23 @@ class Receiver(Instance):
                 budget = turns(inbox.fill())  # a turn's length is set by the queue as the turn begins
             item = inbox.pop(channel)
             if type(item) is list or type(item) is ColumnBatch:  # a columnar batch reaches columnar nodes only
-                arrived, began = inbox.last_arrival, perf_counter()
+                arrived, began = inbox.last_arrival, monotonic()
                 counters.count_in(len(item))
                 if watermarks.any_idle:  # an idle sender speaks again: it holds the watermark back from now on
                     watermarks.activate(channel)
                 if cycle is None:
                     await self.process(ports[channel], item)
-                    processed = perf_counter()
+                    processed = monotonic()
                     await outputs.flush(size)
                 else:
                     assert type(item) is list  # columnar nodes are never inside a cycle
                     for iteration, run in _runs_by_iteration(item):
                         outputs.iteration = iteration  # what the task emits inherits the loop count
                         await self.process(ports[channel], run)
-                    processed = perf_counter()
+                    processed = monotonic()
                     await outputs.flush()  # inside a loop nothing may linger, or the loop looks idle
                     cycle.batches_done(1)
-                count_batch(counters, arrived, began, processed, perf_counter())
+                count_batch(counters, arrived, began, processed, monotonic())
                 if turns is not None:
                     taken += 1
                     if taken >= budget:

@@ -7,8 +7,6 @@ instance cancels the others and is raised from :meth:`Job.wait`.
 from __future__ import annotations
 
 import os
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ import anyio
 import anyio.abc
 import structlog
 
+from streamlet.core.model import world
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.record import DeadLetter, Record
@@ -189,7 +188,7 @@ class Job:
         return await self.wait()
 
     async def _run_plan(self) -> None:
-        self._began = time.perf_counter()
+        self._began = world.monotonic()
         try:
             async with anyio.create_task_group() as outer:
                 async with anyio.create_task_group() as instances:
@@ -200,7 +199,7 @@ class Job:
                     await self._guarded(self._coordinator.finish, outer)
                 outer.cancel_scope.cancel()  # the coordinator's loop runs until the job is over
         finally:
-            self._ended = time.perf_counter()
+            self._ended = world.monotonic()
             if self._coordinator is not None:
                 self._coordinator.close()
             if self._error is not None or not self._started.is_set() or self._unfinished():
@@ -342,10 +341,10 @@ class Job:
         if coordinator is None or coordinator.agreement is not None:
             raise JobError(f"job '{self.topology.name}' has no checkpoint store of its own (pass checkpoint_dir=...)")
         epoch = await self.checkpoint()
-        found = await anyio.to_thread.run_sync(coordinator.store.latest)
+        found = await world.blocking(coordinator.store.latest)
         if found is None or found[0] < epoch:
             raise JobError(f"checkpoint {epoch} of job '{self.topology.name}' cannot be read back for the savepoint")
-        return await anyio.to_thread.run_sync(write_savepoint, path, found[1])
+        return await world.blocking(write_savepoint, path, found[1])
 
     @property
     def reconfigurations(self) -> int:
@@ -560,7 +559,7 @@ class Job:
                     name, node.kind, node.parallelism,
                     sum(i.counters.records_in for i in group), sum(i.records_out() for i in group), queued,
                 )  # fmt: skip
-        end = self._ended if self._finished.is_set() else time.perf_counter()
+        end = self._ended if self._finished.is_set() else world.monotonic()
         coordinator = self._coordinator
         return JobStatistics(
             job=self.topology.name,
@@ -591,7 +590,7 @@ class Job:
 
 def new_attempt() -> str:
     """A token for one run of a job, unique in practice (12 hex digits)."""
-    return uuid.uuid4().hex[:12]
+    return world.token_hex(6)
 
 
 @asynccontextmanager

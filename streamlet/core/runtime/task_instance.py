@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from functools import partial
-from time import perf_counter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamlet.core.model.columnar import AggregateTask
@@ -18,6 +17,7 @@ from streamlet.core.model.record import Barrier, Batch, DeadLetter, Element, Rec
 from streamlet.core.model.task import RecordFailure, ReduceTask, Task, WindowReduceTask, leaves_nothing_on_failure
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import WindowSpec
+from streamlet.core.model.world import monotonic
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.error_policy import POLICIES
 from streamlet.core.runtime.instances import Environment, Receiver, count_batch
@@ -573,7 +573,7 @@ class TaskInstance(Receiver):
             if picks is None:
                 await self.idle()
                 continue
-            began = perf_counter()
+            began = monotonic()
             batches = [[] if channel is None else _pop_batch(self.inbox, channel) for channel in picks]
             arrived = self.inbox.last_arrival  # the last batch taken: the one that completed the wake-up
             if self.watermarks.any_idle:  # an idle sender speaks again: it holds the watermark back from now on
@@ -593,13 +593,13 @@ class TaskInstance(Receiver):
                 await self._execute_unit(
                     records, partial(self.inputs.set_all, batches), "a sync wake-up starting with key"
                 )
-            processed = perf_counter()
+            processed = monotonic()
             if self.cycle is None:
                 await self.outputs.flush(self.env.batch_size)
             else:
                 await self.outputs.flush()
                 self.cycle.batches_done(sum(1 for channel in picks if channel is not None))
-            count_batch(self.counters, arrived, began, processed, perf_counter())
+            count_batch(self.counters, arrived, began, processed, monotonic())
         await self.complete()
 
     def has_work(self) -> bool:

@@ -30,7 +30,6 @@ A checkpoint document::
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
+from streamlet.core.model import world
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.encoding import encoding_error, first_unencodable
 from streamlet.core.model.histogram import LatencyHistogram
@@ -54,7 +54,7 @@ log = structlog.get_logger("streamlet")
 class _Pending:
     snapshots: dict[tuple[str, int], Any] = field(default_factory=dict)
     done: anyio.Event = field(default_factory=anyio.Event)
-    began: float = field(default_factory=time.perf_counter)
+    began: float = field(default_factory=world.monotonic)
     abandoned: bool = False
 
 
@@ -236,9 +236,9 @@ class Coordinator:
             return await self.agreement.restore_point()
         if self.start_from is not None:
             epoch, document = self.start_from
-            stored = await anyio.to_thread.run_sync(self.store.epochs)
+            stored = await world.blocking(self.store.epochs)
             return max([epoch, *stored]), document  # epochs go on after any the store holds already
-        return await anyio.to_thread.run_sync(self.store.latest)
+        return await world.blocking(self.store.latest)
 
     # -- completing -------------------------------------------------------------
 
@@ -312,7 +312,7 @@ class Coordinator:
     def _completed(self, epoch: int, size: int) -> None:
         pending = self._pending.pop(epoch)
         self.completed += 1
-        self.last = CheckpointInfo(epoch, size, time.perf_counter() - pending.began)
+        self.last = CheckpointInfo(epoch, size, world.monotonic() - pending.began)
         self.durations.add(self.last.seconds)
         pending.done.set()
 

@@ -8,7 +8,6 @@ opened with it, and ZooKeeper refuses writes from anyone without it).
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from streamlet.backends.cluster.tree.paths import ReconfigureRequest
 from streamlet.backends.cluster.tree.reports import dead_letters_of
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.backends.cluster.tree.zk import StoreSettings, ZkStore
+from streamlet.core.model import world
 from streamlet.errors import CoordinationError, JobError
 
 POLL = 0.1
@@ -115,7 +115,7 @@ async def migrate(settings: StoreSettings, job: str, instance: str, worker: str,
 async def change(settings: StoreSettings, job: str, request: ReconfigureRequest, seconds: float) -> dict[str, Any]:
     """Ask for a live change of running ``job`` and wait until the leader has carried it out (or refused it)."""
     async with settings.open() as store:
-        asked_at = time.time()
+        asked_at = world.wall_time()
         before = await live_changes.ask(store, job, request)
         return await live_changes.wait_done(store, job, before, asked_at, seconds)
 
@@ -126,7 +126,7 @@ async def rebalance(
     """Spread running ``job`` over the live workers by live migrations, one after the other (``dry_run``:
     only say which); returns the moves and the job's status after them."""
     async with settings.open() as store:
-        moves = await rebalancing.planned_moves(store, job, time.time())
+        moves = await rebalancing.planned_moves(store, job, world.wall_time())
         if not dry_run:
             await live_changes.carry_out(store, job, moves, seconds)
         return moves, await jobs.job_status(store, job)

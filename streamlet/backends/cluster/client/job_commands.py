@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ from streamlet.backends.cluster.tree.lifecycle import JobState, submitted
 from streamlet.backends.cluster.tree.paths import JobSpec
 from streamlet.backends.cluster.tree.signing import sign
 from streamlet.backends.cluster.tree.store import ClusterStore, Create
+from streamlet.core.model import world
 from streamlet.errors import JobError, NodeExists
 
 
@@ -29,8 +28,8 @@ def new_spec(
     if location.endswith(".py"):
         target = str(Path(location).resolve()) + colon + name
     return {
-        "target": target, "parallelism": parallelism, "checkpoint": checkpoint, "submitted": time.time(),
-        "uid": uuid.uuid4().hex[:12], "adapt": adapt,
+        "target": target, "parallelism": parallelism, "checkpoint": checkpoint, "submitted": world.wall_time(),
+        "uid": world.token_hex(6), "adapt": adapt,
     }  # fmt: skip
 
 
@@ -87,7 +86,7 @@ async def kill(store: ClusterStore, job: str, by: str = "streamlet kill") -> str
     if JobState(state).ended:
         return state
     with contextlib.suppress(NodeExists):  # asked already: kill is idempotent
-        await store.create(paths.kill(job), {"by": by, "at": time.time()})
+        await store.create(paths.kill(job), {"by": by, "at": world.wall_time()})
     return state
 
 

@@ -4,7 +4,6 @@ rebalance's moves one after the other.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -15,6 +14,7 @@ from streamlet.backends.cluster.tree.layouts import new_table, request_node, wit
 from streamlet.backends.cluster.tree.lifecycle import JobState
 from streamlet.backends.cluster.tree.paths import ReconfigureRequest
 from streamlet.backends.cluster.tree.store import ClusterStore
+from streamlet.core.model import world
 from streamlet.errors import NodeExists, ReconfigurationError
 
 POLL = 0.1  # seconds between looks while a client waits for a change (as ``submit --wait`` does)
@@ -59,7 +59,7 @@ async def carry_out(store: ClusterStore, job: str, moves: list[Migration], secon
     """Each move as a live migration, waiting for one before asking the next (the leader takes one change
     at a time); a refused or unfinished one stops here, saying how far it got."""
     for done, move in enumerate(moves):
-        asked_at = time.time()
+        asked_at = world.wall_time()
         request = request_node(paths.task_of(move.instance), migrate=(move.index, move.target))
         try:
             before = await ask(store, job, request)

@@ -17,7 +17,6 @@ file when it has no checkpoint of its own yet.
 from __future__ import annotations
 
 import shutil
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from streamlet.backends.cluster.tree.lifecycle import JobState
 from streamlet.backends.cluster.tree.paths import JobSpec
 from streamlet.backends.cluster.tree.signing import sign_export
 from streamlet.backends.cluster.tree.store import ClusterStore
+from streamlet.core.model import world
 from streamlet.core.state.parts import merge_parts
 from streamlet.core.state.savepoints import check_fits, read_savepoint, write_savepoint
 from streamlet.core.state.store import decode
@@ -50,7 +50,7 @@ async def take(
         raise JobError(f"job '{job}' takes no checkpoints: submit it with --checkpoint-interval to take savepoints")
     attempt = int(status["attempt"])
     folder = Path(await anyio.Path(path).resolve()).with_name(f"{path.name}.parts")
-    await anyio.to_thread.run_sync(partial(folder.mkdir, parents=True, exist_ok=True))
+    await world.blocking(partial(folder.mkdir, parents=True, exist_ok=True))
     try:
         with anyio.fail_after(seconds):
             asked = await _trigger(store, job, attempt, pause, str(folder), secret)
@@ -62,12 +62,12 @@ async def take(
             return merge_parts([decode(file.read_bytes(), str(file)) for file in files])
 
         try:
-            document = await anyio.to_thread.run_sync(merged)
+            document = await world.blocking(merged)
         except (OSError, ValueError) as exc:
             raise JobError(f"checkpoint {epoch} of job '{job}' cannot be read for the savepoint: {exc}") from exc
-        await anyio.to_thread.run_sync(write_savepoint, path, document)
+        await world.blocking(write_savepoint, path, document)
     finally:
-        await anyio.to_thread.run_sync(partial(shutil.rmtree, folder, ignore_errors=True))
+        await world.blocking(partial(shutil.rmtree, folder, ignore_errors=True))
     return epoch
 
 
@@ -86,7 +86,7 @@ async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, exp
         done = 0 if completed is None else int(completed.data["epoch"])
         epoch = max(done, 0 if found is None else int(found.data["epoch"])) + 1
         trigger = {
-            "epoch": epoch, "final": False, "pause": pause, "at": time.time(), "export": export,
+            "epoch": epoch, "final": False, "pause": pause, "at": world.wall_time(), "export": export,
             "export_signature": sign_export(secret, job, epoch, export),
         }  # fmt: skip
         try:

@@ -29,7 +29,6 @@ rates measured across a change never drive the next one.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +52,7 @@ from streamlet.backends.cluster.tree.paths import ReconfigureRequest
 from streamlet.backends.cluster.tree.registry import workers
 from streamlet.backends.cluster.tree.signing import verify
 from streamlet.backends.cluster.tree.store import ClusterStore, Create, SetData
+from streamlet.core.model import world
 from streamlet.core.model.qos import QoS
 from streamlet.core.model.topology import Topology
 from streamlet.errors import CoordinationError, ReconfigurationError
@@ -81,7 +81,7 @@ class AdaptationLoop:
         store: ClusterStore,
         secret: bytes,
         fence: LeaderFence,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = world.wall_time,
         outlines: Outlines | None = None,
     ) -> None:
         self.store = store

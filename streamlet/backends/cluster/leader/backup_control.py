@@ -20,7 +20,6 @@ tests and the benchmark.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +33,7 @@ from streamlet.backends.cluster.tree.jobs import held_instances
 from streamlet.backends.cluster.tree.paths import Assignment
 from streamlet.backends.cluster.tree.registry import WorkerView
 from streamlet.backends.cluster.tree.store import ClusterStore, Create, SetData
+from streamlet.core.model import world
 
 log = structlog.get_logger("streamlet")
 RERUN_EVERY = 10.0  # seconds: loads drift between the changes that trigger a run at once
@@ -85,7 +85,7 @@ class BackupController:
     """Runs the greedy controller for the leader's RUNNING jobs when something it depends on changed; writes
     through ``fence``, the leader's term."""
 
-    def __init__(self, store: ClusterStore, fence: LeaderFence, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: ClusterStore, fence: LeaderFence, clock: Callable[[], float] = world.wall_time) -> None:
         self.store = store
         self.fence = fence
         self.clock = clock

@@ -27,7 +27,6 @@ leader's epoch, which workers check too.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,11 +55,13 @@ from streamlet.backends.cluster.tree.paths import (
 from streamlet.backends.cluster.tree.registry import workers
 from streamlet.backends.cluster.tree.signing import verify
 from streamlet.backends.cluster.tree.store import ClusterStore, Create, Delete, Found, Op, SetData, read_all
+from streamlet.core.model import world
 from streamlet.core.model.topology import Topology
 from streamlet.errors import CoordinationError, DispatchError, ReconfigurationError, SpecError
 
 log = structlog.get_logger("streamlet")
 ROUND = 0.2  # seconds between rounds when nothing wakes the leader earlier
+HOLDER_RETRY = 10.0  # seconds a job STALLED on a checkpoint without a live copy waits before it tries again
 BACKUP_ROUND = 1.0  # seconds between runs of the backup location controller (it reruns only on changes)
 
 
@@ -133,7 +134,7 @@ class Leader:
         store: ClusterStore,
         epoch: int,
         secret: bytes,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = world.wall_time,
         outlines: Outlines | None = None,
     ) -> None:
         self.store = store
@@ -211,6 +212,8 @@ class Leader:
         if view.assignment is None:
             return await self._schedule(view)
         if state == JobState.STALLED:
+            if await self._waiting_for_a_holder(view):
+                return None
             return await self._next_attempt(view, "a worker can take it again", {})
         errors = {worker: report for worker, report in view.done.items() if "error" in report}
         if errors:
@@ -398,8 +401,7 @@ class Leader:
         """A task failed: instance failover when every error asks for a retry, else the job fails."""
         worker, report = sorted(errors.items())[0]
         if all("unusable" in entry for entry in errors.values()):
-            why = f"checkpoint {report['unusable']} has an instance with no intact copy on a live worker ({worker})"
-            return await self._next_attempt(view, f"{why}; trying the checkpoint before it", {})
+            return await self._move(view, JobState.STALLED, await self._unusable_reason(view, report, worker))
         if not all(entry.get("retry") for entry in errors.values()):
             return await self._move(view, JobState.FAILED, f"{report['error']} (on {worker})")
         instance = str(report["instance"])
@@ -417,6 +419,29 @@ class Leader:
             return await self._move(view, JobState.FAILED, reason)
         avoid = {node.name: {entry["worker"] for entry in history}}
         return await self._next_attempt(view, f"{instance} crashed on {worker}", avoid)
+
+    async def _unusable_reason(self, view: JobView, report: dict[str, Any], worker: str) -> str:
+        epoch = int(report["unusable"])
+        marker = await self.store.get(paths.unusable_epoch(view.name, epoch))
+        held = "" if marker is None else f" (held by {', '.join(marker.data.get('holders', [])) or 'nobody'})"
+        return (
+            f"checkpoint {epoch} has an instance with no intact copy on a live worker ({worker}){held}; waiting "
+            "for a worker that holds it: resuming from an earlier checkpoint would commit its output twice"
+        )
+
+    async def _waiting_for_a_holder(self, view: JobView) -> bool:
+        """Whether the job is STALLED on its last checkpoint having no intact copy on a live worker, the
+        registered workers are still those of that finding and it is recent (a restore now would most likely
+        find the same: a holder cut off then may be back since, so it is tried again every ``HOLDER_RETRY``)."""
+        completed = await self.store.get(paths.completed(view.name))
+        if completed is None:
+            return False
+        marker = await self.store.get(paths.unusable_epoch(view.name, int(completed.data["epoch"])))
+        if marker is None:
+            return False
+        registered = sorted(view.worker_id for view in await workers(self.store))
+        recent = self.clock() - float(marker.data.get("at", 0.0)) < HOLDER_RETRY
+        return recent and registered == list(marker.data.get("workers", []))
 
     async def _record_failure(self, view: JobView, instance: str, worker: str, error: str) -> list[dict[str, Any]]:
         # one entry per attempt: a leader that looks twice (or a new leader) does not count a crash twice

@@ -4,13 +4,13 @@ instance) and the job's layout once the change is done.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
 from typing import Any
 
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.layouts import new_table
 from streamlet.backends.cluster.tree.paths import Layout, Reconfiguration, ReconfigureRequest
+from streamlet.core.model import world
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.topology import Topology
 from streamlet.errors import ReconfigurationError
@@ -130,5 +130,5 @@ def next_layout(layout: Layout | None, reconfiguration: Reconfiguration, topolog
 
 def held(trigger: dict[str, Any] | None, ident: int) -> dict[str, Any]:
     """The trigger's data held for change ``ident`` (created at epoch 0 when no checkpoint began yet)."""
-    base = trigger or {"epoch": 0, "final": False, "pause": False, "at": time.time()}
+    base = trigger or {"epoch": 0, "final": False, "pause": False, "at": world.wall_time()}
     return {**base, "hold": ident}

@@ -49,7 +49,7 @@ async def run_master(
         StoreSettings(zk_hosts, cluster, secret, session_timeout).open() as zk,
         anyio.create_task_group() as group,
     ):
-        group.start_soon(_campaign_and_lead, zk, cluster, name, secret, dashboard)
+        group.start_soon(campaign_and_lead, zk, cluster, name, secret, dashboard)
         await until_terminated(_nothing_to_drain)
         group.cancel_scope.cancel()
     log.info("master stopped", cluster=cluster, master=name)
@@ -59,11 +59,17 @@ async def _nothing_to_drain() -> None:
     """A master holds no data: it stops at once."""
 
 
-async def _campaign_and_lead(
-    zk: ClusterStore, cluster: str, name: str, secret: bytes, dashboard: tuple[str, int] | None
+async def campaign_and_lead(
+    zk: ClusterStore,
+    cluster: str,
+    name: str,
+    secret: bytes,
+    dashboard: tuple[str, int] | None,
+    identity: dict[str, Any] | None = None,
 ) -> None:
-    """Campaign for leadership and lead until the session is lost; then campaign again."""
-    identity = {"name": name, "pid": os.getpid(), "host": socket.gethostname()}
+    """Campaign for leadership and lead until the session is lost; then campaign again. ``identity``: what
+    the candidate node says of this master (default: its name, process id and host)."""
+    identity = identity or {"name": name, "pid": os.getpid(), "host": socket.gethostname()}
     while True:
         election = LeaderElection(zk, identity)
         epoch = await election.campaign()

@@ -26,9 +26,10 @@ from typing import Any
 _TARGETS: dict[str, Callable[[], Any]] = {}
 
 
-def register(factory: Callable[[], Any]) -> str:
-    """A reference that loads ``factory`` (a function returning a Topology) in this process."""
-    token = f"target_{uuid.uuid4().hex[:12]}"
+def register(factory: Callable[[], Any], token: str | None = None) -> str:
+    """A reference that loads ``factory`` (a function returning a Topology) in this process (``token``: the
+    name it goes by, a new one by default)."""
+    token = token or f"target_{uuid.uuid4().hex[:12]}"
     _TARGETS[token] = factory
     return f"{__name__}:{token}"
 

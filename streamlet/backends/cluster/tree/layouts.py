@@ -22,11 +22,9 @@
 
 from __future__ import annotations
 
-import time
-
 from streamlet.backends.cluster.tree.outline import window_reason
 from streamlet.backends.cluster.tree.paths import Layout, ReconfigureRequest
-from streamlet.core.model import graph
+from streamlet.core.model import graph, world
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.topology import Topology
 from streamlet.errors import ReconfigurationError
@@ -98,7 +96,7 @@ def request_node(
     by: str = "streamlet",
 ) -> ReconfigureRequest:
     """What ``streamlet rescale`` / ``streamlet migrate`` (or an adaptation policy, ``by``) writes."""
-    request: ReconfigureRequest = {"task": task, "by": by, "at": time.time()}
+    request: ReconfigureRequest = {"task": task, "by": by, "at": world.wall_time()}
     if migrate is not None:
         request["migrate"], request["to"] = migrate
     if instances is not None:

@@ -19,11 +19,11 @@ locally.
 
 from __future__ import annotations
 
-import time
 from enum import StrEnum
 from typing import Any
 
 from streamlet.backends.cluster.tree.paths import JobStateNode
+from streamlet.core.model import world
 from streamlet.errors import LifecycleError
 
 
@@ -72,7 +72,7 @@ def check_move(current: JobState, target: JobState) -> None:
 
 def submitted(now: float | None = None) -> JobStateNode:
     """The state a job is born in."""
-    at = time.time() if now is None else now
+    at = world.wall_time() if now is None else now
     return {
         "state": JobState.SUBMITTED.value, "reason": "waiting for the leader to schedule it", "at": at,
         "attempt": 0, "started": None, "ended": None, "reconfigurations": 0,
@@ -82,7 +82,7 @@ def submitted(now: float | None = None) -> JobStateNode:
 def moved(node: JobStateNode, target: JobState, reason: str, attempt: int, now: float | None = None) -> JobStateNode:
     """``node`` after a legal move to ``target`` (raises :class:`LifecycleError` otherwise)."""
     check_move(JobState(node["state"]), target)
-    at = time.time() if now is None else now
+    at = world.wall_time() if now is None else now
     return {
         **node,
         "state": target.value,

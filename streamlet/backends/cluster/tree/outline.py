@@ -31,6 +31,7 @@ import anyio
 import structlog
 
 from streamlet.backends.cluster.tree.paths import JobSpec
+from streamlet.core.model import world
 from streamlet.core.model.partition import Partitioning, PartitionSpec
 from streamlet.core.model.qos import QoS
 from streamlet.core.model.record import Record
@@ -150,7 +151,7 @@ class Outlines:
     async def _described(self, spec: Spec) -> dict[str, Any] | str:
         try:
             if str(spec.get("target", "")).startswith(IN_PROCESS):
-                return await anyio.to_thread.run_sync(_describe_spec, spec)
+                return await world.blocking(_describe_spec, spec)
             return await _describe_in_a_process(spec, self.build_seconds)
         except BuildFailed as exc:  # the build's own words
             return f"cannot load the job: {exc}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.lifecycle import WORKER_MOVES, LocalState, WorkerState
 from streamlet.backends.cluster.tree.paths import WorkerInfo
 from streamlet.backends.cluster.tree.store import ClusterStore
+from streamlet.core.model import world
 from streamlet.errors import CoordinationError, NodeExists
 
 
@@ -102,7 +102,7 @@ class WorkerRegistration:
 
     async def beat(self) -> None:
         """Publish the load now."""
-        load = {**self.load(), "ts": time.time(), "beat": self.beats}
+        load = {**self.load(), "ts": world.wall_time(), "beat": self.beats}
         self.last_load = load
         try:
             await self.zk.set(paths.load(self.worker_id), load)

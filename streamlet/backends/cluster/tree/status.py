@@ -4,7 +4,6 @@ and instances, jobs with their state (readable with the cluster secret only).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from streamlet.backends.cluster.tree import paths
@@ -14,11 +13,12 @@ from streamlet.backends.cluster.tree.lifecycle import JobState
 from streamlet.backends.cluster.tree.loads import STALE_AFTER
 from streamlet.backends.cluster.tree.registry import WorkerView, workers
 from streamlet.backends.cluster.tree.store import ClusterStore
+from streamlet.core.model import world
 
 
 async def read_status(zk: ClusterStore) -> dict[str, Any]:
     """Leader (with epoch), candidates, workers (state, load, instances, staleness) and jobs with their state."""
-    now = time.time()
+    now = world.wall_time()
     jobs = await all_jobs(zk)
     held: dict[str, list[str]] = {}
     for job in jobs:

@@ -31,7 +31,6 @@ checkpoint that no restore found unusable.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,13 +42,14 @@ from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.signing import export_folder
 from streamlet.backends.cluster.tree.store import Check, ClusterStore, Create, Found, Op, SetData, riding_out
 from streamlet.backends.cluster.worker.part_replicator import PartReplicator, instances_to_restore
+from streamlet.core.model import world
 from streamlet.core.model.clock import Clock
 from streamlet.core.state.checkpoints import Coordinator
 from streamlet.core.state.durable import write_file
 from streamlet.core.state.parts import merge_parts
 from streamlet.core.state.savepoints import read_savepoint
 from streamlet.core.state.store import decode
-from streamlet.errors import CheckpointError, NodeExists, SpecError, VersionConflict
+from streamlet.errors import NodeExists, SpecError, VersionConflict
 
 log = structlog.get_logger("streamlet")
 
@@ -138,23 +138,12 @@ class ZkAgreement:
         self._triggered = max(self._triggered, epoch)
         return epoch, merge_parts(pieces, done)
 
-    async def _usable(self, completed: dict[str, Any]) -> dict[str, Any] | None:
-        """The newest of the last complete checkpoint and the one before it that no restore found unusable;
-        ``CheckpointError`` when neither is (the job cannot resume without losing state)."""
-        unusable = set(await self.zk.children(paths.unusable(self.job)))
-        for candidate in (completed, completed.get("previous")):
-            if candidate is None:
-                break
-            if str(candidate["epoch"]) not in unusable:
-                if candidate is not completed:
-                    log.warning("restoring from the checkpoint before the last", job=self.job,
-                                unusable=completed["epoch"], epoch=candidate["epoch"])  # fmt: skip
-                return candidate
-        epochs = ", ".join(str(epoch) for epoch in sorted(int(name) for name in unusable))
-        raise CheckpointError(
-            f"job '{self.job}': no live worker holds an intact copy of every instance's state at checkpoint "
-            f"{epochs}, nor at an earlier one kept; it cannot resume without losing state"
-        )
+    async def _usable(self, completed: dict[str, Any]) -> dict[str, Any]:
+        """The last complete checkpoint: the only one a job resumes from. Its sinks may have committed its
+        output already, so resuming from the one before it would commit that output twice; when no live
+        worker holds a copy of some instance, the restore says so (``UnusableCheckpoint``) and the leader
+        holds the job STALLED until a worker that holds it is back."""
+        return completed
 
     async def _join(self, completed: Found[dict[str, Any]] | None) -> None:
         """A part joining the running attempt restores nothing (it has no instances yet: a live change brings
@@ -177,7 +166,7 @@ class ZkAgreement:
         """The savepoint the job was submitted to start from (``None``: none), while it has no checkpoint."""
         if self.savepoint is None:
             return None
-        epoch, document = await anyio.to_thread.run_sync(read_savepoint, self.savepoint)
+        epoch, document = await world.blocking(read_savepoint, self.savepoint)
         self.restored_from = self._published = epoch
         self._triggered = max(self._triggered, epoch)
         return epoch, document
@@ -241,7 +230,7 @@ class ZkAgreement:
                 return in_flight
             epoch = max(self._triggered, self._published, in_flight) + 1
             try:
-                trigger = {"epoch": epoch, "final": final, "pause": pause, "at": time.time()}
+                trigger = {"epoch": epoch, "final": final, "pause": pause, "at": world.wall_time()}
                 if found is None:
                     await self.zk.create(path, trigger)
                 else:
@@ -284,10 +273,10 @@ class ZkAgreement:
     async def saved(self, epoch: int, size: int, finished: bool) -> None:
         """This worker's part of ``epoch`` is saved: replicate it, then say so; the last worker to say so
         publishes it complete."""
-        data = await anyio.to_thread.run_sync(self.store.path(epoch).read_bytes)
+        data = await world.blocking(self.store.path(epoch).read_bytes)
         export = self.exports.pop(epoch, None)
         if export is not None:  # a savepoint: its parts go to the folder the client reads
-            await anyio.to_thread.run_sync(write_file, Path(export) / f"{self.info.worker}.msgpack", data)
+            await world.blocking(write_file, Path(export) / f"{self.info.worker}.msgpack", data)
         replicas = await self.replicator.replicate(epoch, data)
         part = decode(data, f"part {epoch}")
         # the run that took it and its job id: a worker restoring only sinks (no state) still needs them to
@@ -328,7 +317,7 @@ class ZkAgreement:
             "epoch": epoch,
             "workers": self.info.workers,
             "finished": finished,
-            "at": time.time(),
+            "at": world.wall_time(),
             **where,
         }
         next_trigger = self._next_trigger_if_due(epoch, finished)
@@ -359,9 +348,9 @@ class ZkAgreement:
         data, version = self._trigger_seen
         if version is None or int(data["epoch"]) != epoch or data["final"] or data.get("pause") or data.get("hold"):
             return []
-        if time.time() - float(data.get("at", time.time())) < self.interval:
+        if world.wall_time() - float(data.get("at", world.wall_time())) < self.interval:
             return []
-        trigger = {"epoch": epoch + 1, "final": False, "pause": False, "at": time.time()}
+        trigger = {"epoch": epoch + 1, "final": False, "pause": False, "at": world.wall_time()}
         return [SetData(self.trigger, trigger, version)]
 
     async def _follow_completions(self, coordinator: Coordinator) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -52,6 +51,7 @@ from streamlet.backends.cluster.worker.joining import (
 from streamlet.backends.cluster.worker.part_replicator import PartReplicator, acknowledge_stored
 from streamlet.backends.cluster.worker.replica_service import ReplicaService
 from streamlet.backends.cluster.worker.termination import ClusterQuiescence, LoopAttempt
+from streamlet.core.model import world
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.channel import LocalChannel
@@ -183,7 +183,7 @@ class WorkerJobs:
                 try:
                     job, _, uid = key.rpartition(".")
                     keep = await files_to_keep(self.zk, job, uid)
-                    removed = await anyio.to_thread.run_sync(self.replicas.sweep, key, keep)
+                    removed = await world.blocking(self.replicas.sweep, key, keep)
                 except CoordinationError:
                     continue  # ZooKeeper away: sweep next time, never on a guess
                 except Exception as exc:  # noqa: BLE001 - a stray file must not stop the worker: said, and left
@@ -262,7 +262,7 @@ class WorkerJobs:
         if running is None:
             return
         name = paths.change_name(int(change["id"]))
-        report: dict[str, Any] = {"at": time.time()}
+        report: dict[str, Any] = {"at": world.wall_time()}
         async with anyio.create_task_group() as group:
 
             async def until_ended() -> None:
@@ -306,7 +306,7 @@ class WorkerJobs:
 
         async def everyone_wired() -> None:
             with contextlib.suppress(NodeExists):
-                await self.zk.create(paths.child(wired, self.me), {"at": time.time()})
+                await self.zk.create(paths.child(wired, self.me), {"at": world.wall_time()})
             changed = await self.zk.watch_children(wired)
             while not set(await self.zk.children(wired)) >= set(change["workers"]):
                 await changed.wait()
@@ -498,7 +498,7 @@ class WorkerJobs:
         if self.on_part_built is not None:
             self.on_part_built((job, attempt), running)
         with contextlib.suppress(NodeExists):
-            await self.zk.create(paths.child(paths.started(job, attempt), self.me), {"at": time.time()})
+            await self.zk.create(paths.child(paths.started(job, attempt), self.me), {"at": world.wall_time()})
         if joining is None:
             result = await running.run()
         else:

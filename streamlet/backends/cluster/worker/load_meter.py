@@ -15,12 +15,12 @@ another core.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamlet.backends.cluster.tree.registry import process_load
+from streamlet.core.model import world
 
 QueueDepths = dict[str, tuple[int, bool]]  # "job/node.index" -> (items queued, inbox full)
 InstanceStatistics = dict[str, dict[str, Any]]  # "job/node.index" -> InstanceSnapshot.to_data()
@@ -35,7 +35,7 @@ class LoadMeter:
     jobs: Callable[[], dict[str, dict[str, Any]]] | None = None  # every local job part's job-wide counters
     cpu_limit: float = 0.9
     sample: Callable[[], dict[str, Any]] = process_load  # CPU seconds and memory of this process
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = world.monotonic
     _last: tuple[float, float] | None = field(default=None, init=False)  # (wall clock, cpu seconds)
 
     def restart(self) -> None:

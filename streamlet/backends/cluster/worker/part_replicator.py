@@ -41,6 +41,7 @@ from streamlet.backends.cluster.worker.replica_service import (
     instances_of,
     piece,
 )
+from streamlet.core.model import world
 from streamlet.core.state.parts import instances_per_task
 from streamlet.core.state.store import decode
 from streamlet.errors import CheckpointError, NodeExists, UnusableCheckpoint
@@ -197,7 +198,10 @@ class PartReplicator:
             remaining = [instance for instance in remaining if instance not in here]
             if not remaining:
                 return found
-        await self._mark_unusable(epoch, remaining)
+        held_by = sorted({h for i in remaining for h in holders[i]})
+        await self._mark_unusable(epoch, {
+            "instances": remaining, "holders": held_by, "workers": sorted(addresses), "at": world.wall_time(),
+        })  # fmt: skip
         raise UnusableCheckpoint(
             f"checkpoint {epoch} of job '{self.job}': no live worker holds an intact copy of {', '.join(remaining)} "
             f"(held by {', '.join(sorted({h for i in remaining for h in holders[i]}))})",
@@ -209,13 +213,17 @@ class PartReplicator:
     ) -> dict[str, Any]:
         if holder == self.me:
             read = self.service.read_piece
-            return await anyio.to_thread.run_sync(read, self.key, attempt, epoch, owner, instances)
+            return await world.blocking(read, self.key, attempt, epoch, owner, instances)
         return await self.service.fetch(addresses[holder], self.key, attempt, epoch, owner, instances)
 
-    async def _mark_unusable(self, epoch: int, instances: list[str]) -> None:
-        with contextlib.suppress(NodeExists):
-            await riding_out(self.zk.ensure, paths.unusable(self.job))
-            await riding_out(self.zk.create, paths.unusable_epoch(self.job, epoch), {"instances": instances})
+    async def _mark_unusable(self, epoch: int, marker: dict[str, Any]) -> None:
+        """Say which instances of checkpoint ``epoch`` no live worker could give, who holds them, and which
+        workers were registered then: the leader tries again only once that changes."""
+        await riding_out(self.zk.ensure, paths.unusable(self.job))
+        try:
+            await riding_out(self.zk.create, paths.unusable_epoch(self.job, epoch), marker)
+        except NodeExists:
+            await riding_out(self.zk.set, paths.unusable_epoch(self.job, epoch), marker)
 
 
 async def acknowledge_stored(zk: ClusterStore, me: str, piece: dict[str, Any], owner: str, size: int) -> None:

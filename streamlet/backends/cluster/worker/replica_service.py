@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +39,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
 from streamlet.backends.cluster.tree.paths import instance_id
+from streamlet.core.model import world
 from streamlet.core.model.encoding import packb, unpackb
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.state.store import DirectoryCheckpointStore, decode, encode
@@ -229,7 +229,7 @@ class ReplicaService:
     async def _store(self, blob: bytes) -> None:
         document = decode(blob, "a pushed replica")  # the checksum: a corrupt push is never stored
         job, owner, epoch = _name(document["job_key"]), _name(document["owner"]), int(document["epoch"])
-        await anyio.to_thread.run_sync(self.replicas(job, owner).save, epoch, blob)
+        await world.blocking(self.replicas(job, owner).save, epoch, blob)
         self.counts["stored"] += 1
         if self.on_stored is not None:
             await self.on_stored(document, owner, len(blob))
@@ -241,7 +241,7 @@ class ReplicaService:
         if not reply.startswith(ANSWER):
             raise ValueError(f"a fetch asks for its answer on {reply!r}")
         try:
-            answer = await anyio.to_thread.run_sync(self.read_piece, job, attempt, epoch, owner, wanted)
+            answer = await world.blocking(self.read_piece, job, attempt, epoch, owner, wanted)
         except (OSError, ValueError, CheckpointError, msgpack.UnpackException) as exc:
             answer = {"error": f"{self.me} cannot read its copy: {exc}"}
             log.warning("replica unreadable", job=job, epoch=epoch, owner=owner, reason=str(exc))
@@ -258,7 +258,7 @@ class ReplicaService:
         """Send ``document`` (a piece, with ``owner``, ``job_name`` and ``attempt_number`` set) to the backup
         at ``address``; returns once it is delivered (the backup acknowledges it in ZooKeeper once stored)."""
         data = encode(document)
-        channel = self.client.channel(address, f"{PUSH}{uuid.uuid4().hex}")
+        channel = self.client.channel(address, f"{PUSH}{world.token_hex(16)}")
         with abandoned_on_failure(channel), anyio.fail_after(transfer_timeout(len(data))):
             await send_blob(channel, data)
             await channel.release()
@@ -268,7 +268,7 @@ class ReplicaService:
     ) -> dict[str, Any]:
         """``instances`` of ``owner``'s part of ``epoch``, from the holder at ``address``. ``ValueError`` when
         the holder has no intact copy; ``TimeoutError`` when it does not answer."""
-        reply = f"{ANSWER}{uuid.uuid4().hex}"
+        reply = f"{ANSWER}{world.token_hex(16)}"
         inbox = Inbox(8)
         channel = inbox.add_channel(0)
         self.server.register(reply, inbox, channel)
@@ -277,7 +277,7 @@ class ReplicaService:
                 "job": job, "attempt": attempt, "epoch": epoch, "owner": owner, "instances": instances,
                 "reply": [self.server.host, self.server.port, reply],
             }  # fmt: skip
-            asking = self.client.channel(address, f"{FETCH}{uuid.uuid4().hex}")
+            asking = self.client.channel(address, f"{FETCH}{world.token_hex(16)}")
             with abandoned_on_failure(asking), anyio.fail_after(TRANSFER_TIMEOUT * 6):
                 await send_blob(asking, packb(request))
                 blob = await receive_blob(inbox, channel)  # the answer may be large: the holder times its send

@@ -10,7 +10,6 @@ import pytest
 
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree
-from streamlet.backends.cluster.worker import checkpoint_agreement as checkpoints
 from streamlet.backends.cluster.worker.checkpoint_agreement import (
     AttemptInfo,
     RestoreScope,
@@ -19,6 +18,7 @@ from streamlet.backends.cluster.worker.checkpoint_agreement import (
 )
 from streamlet.backends.cluster.worker.part_replicator import PartReplicator
 from streamlet.backends.cluster.worker.replica_service import ReplicaService
+from streamlet.core.model import world
 from streamlet.core.state.store import encode
 from streamlet.errors import JobError
 from streamlet.testing import ManualClock
@@ -243,12 +243,16 @@ async def test_a_graceful_stop_pauses_every_worker_and_returns_once_complete(tre
 
 
 async def test_a_checkpoint_slower_than_the_interval_triggers_the_next_with_its_completion(
-    tree: MemoryTree, monkeypatch: pytest.MonkeyPatch
+    tree: MemoryTree,
 ) -> None:
     """Epoch 1 took 2 s of a 1 s interval: the worker completing it publishes trigger 2 in the same transaction,
     so both begin epoch 2 at once, with no turn of the triggering worker's clock."""
-    wall = [1000.0]
-    monkeypatch.setattr(checkpoints.time, "time", lambda: wall[0])
+    wall = Wall(1000.0)
+    with world.using(wall):
+        await _slower_than_the_interval(tree, wall)
+
+
+async def _slower_than_the_interval(tree: MemoryTree, wall: Wall) -> None:
     await MemoryClusterStore(tree).create(paths.assignment("wc"), {"attempt": 1})
     first, second = agreement(tree, "w0", interval=1.0), agreement(tree, "w1", interval=1.0)
     seen = {"w0": FakeCoordinator(), "w1": FakeCoordinator()}
@@ -256,7 +260,7 @@ async def test_a_checkpoint_slower_than_the_interval_triggers_the_next_with_its_
         group.start_soon(first.run, seen["w0"])
         group.start_soon(second.run, seen["w1"])
         await settle_on(first.zk)
-        wall[0] += 2.0
+        wall.now += 2.0
         await saved(first, 1, False)
         await saved(second, 1, False)
         await settle_on(first.zk)
@@ -265,3 +269,13 @@ async def test_a_checkpoint_slower_than_the_interval_triggers_the_next_with_its_
         assert trigger is not None
         assert trigger[0] == {"epoch": 2, "final": False, "pause": False, "at": 1002.0}
         group.cancel_scope.cancel()
+
+
+class Wall(world.RealWorld):
+    """The time of day a test sets."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def wall_time(self) -> float:
+        return self.now

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamlet.backends.cluster.simulated.cluster import (
@@ -42,8 +42,8 @@ from streamlet.backends.cluster.simulated.cluster import (
 from streamlet.backends.local import run, start
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.record import Record
-from streamlet.core.model.sinks import CollectSink
-from streamlet.core.model.sources import IterableSource
+from streamlet.core.model.sinks import CollectSink, Sink
+from streamlet.core.model.sources import IterableSource, Source
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.clock import ManualClock
 from streamlet.core.runtime.job import JobResult
@@ -59,6 +59,7 @@ __all__ = (
     "SimulatedCluster",
     "SimulatedJob",
     "arun_topology",
+    "replaced_io",
     "run_topology",
     "with_test_io",
 )
@@ -66,16 +67,22 @@ __all__ = (
 
 def with_test_io(topology: Topology, inputs: dict[str, Iterable[Any]]) -> Topology:
     """A copy of ``topology`` whose named sources read ``inputs`` and whose sinks all collect."""
-    unknown = sorted(set(inputs) - {n.name for n in topology.nodes.values() if n.kind == "source"})
+    sources: dict[str, Source] = {name: IterableSource(list(items)) for name, items in inputs.items()}
+    return replaced_io(topology, sources, CollectSink)
+
+
+def replaced_io(topology: Topology, sources: dict[str, Source], sink: Callable[[], Sink]) -> Topology:
+    """A copy of ``topology`` whose named sources are ``sources`` and whose every sink is a new ``sink()``."""
+    unknown = sorted(set(sources) - {n.name for n in topology.nodes.values() if n.kind == "source"})
     if unknown:
         raise TopologyError(f"topology '{topology.name}' has no source called {unknown[0]!r}")
     test_copy = copy.copy(topology)
     test_copy.nodes = {}
     for name, node in topology.nodes.items():
-        if node.kind == "source" and name in inputs:
-            node = dataclasses.replace(node, source=IterableSource(list(inputs[name])))
+        if node.kind == "source" and name in sources:
+            node = dataclasses.replace(node, source=sources[name])
         elif node.kind == "sink":
-            node = dataclasses.replace(node, sink=CollectSink())
+            node = dataclasses.replace(node, sink=sink())
         test_copy.nodes[name] = node
     test_copy.edges = list(topology.edges)
     return test_copy

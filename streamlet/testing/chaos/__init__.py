@@ -1,0 +1,1 @@
+"""Deterministic simulation of the whole cluster under seeded faults, checked for exact answers."""
