@@ -51,6 +51,7 @@ from streamlet.transport.codec import (
 log = structlog.get_logger("streamlet")
 HANDSHAKE_TIMEOUT = 5.0
 _GONE = (asyncio.IncompleteReadError, ConnectionError, TimeoutError)
+MAX_WAITING_OPENS = 10_000  # channels opened before their receiver registered them, at most, per server
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,8 @@ class DataServer:
         self._acceptors: dict[str, Callable[[str], tuple[Inbox, int]]] = {}
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
+        # channels a sender opened before their receiver registered them: credit comes at register()
+        self._waiting: dict[str, _Connection] = {}
         self._drained = asyncio.Event()
         self._drained.set()
         self.counts = {
@@ -168,9 +171,15 @@ class DataServer:
         return self.host, self.port
 
     def register(self, channel_id: str, inbox: Inbox, channel: int) -> None:
-        """Frames for ``channel_id`` go to ``channel`` of ``inbox``."""
+        """Frames for ``channel_id`` go to ``channel`` of ``inbox``; a sender that opened it already (and
+        waits, without credit) gets its credit now."""
         inlet = self._inlets[channel_id] = _Inlet(channel_id, inbox, channel)
         inbox.on_pop(channel, lambda: self._consumed(inlet))
+        waiting = self._waiting.pop(channel_id, None)
+        if waiting is not None and waiting in self._connections:
+            inlet.link = waiting
+            inlet.outstanding = inlet.granted = max(0, inlet.window - inbox.queued(channel))
+            waiting.grant(inlet)
 
     def accept(self, prefix: str, factory: Callable[[str], tuple[Inbox, int]]) -> None:
         """Channels named ``prefix...`` that nobody registered are made on demand when a sender opens them:
@@ -181,6 +190,11 @@ class DataServer:
     def unregister(self, channel_id: str) -> None:
         """Forget a channel (its transfer is over); later frames for it are refused."""
         self._inlets.pop(channel_id, None)
+
+    def forget_waiting(self, connection: _Connection) -> None:
+        """``connection`` is gone: the opens it left waiting go with it (its sender opens them again)."""
+        for channel_id in [cid for cid, waiting in self._waiting.items() if waiting is connection]:
+            del self._waiting[channel_id]
 
     def statistics(self) -> ServerStatistics:
         """A snapshot of the counters."""
@@ -216,18 +230,32 @@ class DataServer:
             inlet = self._inlets.get(channel_id) if isinstance(channel_id, str) else None
             if inlet is None:
                 inlet = self._accepted(channel_id)
+            if inlet is None:  # not registered yet (its instance is still restoring): no credit until it is
+                self._wait_for(connection, channel_id)
+                replies.append([channel_id, 0, 0])
+                continue
             inlet.link = connection
             inlet.outstanding = max(0, inlet.window - inlet.inbox.queued(inlet.channel))
             inlet.granted = 0
             replies.append([channel_id, inlet.last_seq, inlet.outstanding])
         return replies
 
-    def _accepted(self, channel_id: Any) -> _Inlet:
+    def _accepted(self, channel_id: Any) -> _Inlet | None:
+        if not isinstance(channel_id, str):
+            raise FrameError(f"a channel is named by a string, not {channel_id!r}")
         for prefix, factory in self._acceptors.items():
-            if isinstance(channel_id, str) and channel_id.startswith(prefix):
+            if channel_id.startswith(prefix):
                 self.register(channel_id, *factory(channel_id))
                 return self._inlets[channel_id]
-        raise FrameError(f"unknown channel {channel_id!r}")
+        return None
+
+    def _wait_for(self, connection: _Connection, channel_id: str) -> None:
+        """Hold a sender's open of a channel nobody registered yet. Closing the connection instead would cut
+        every other channel on it, among them the answers a restoring receiver waits for before it can
+        register this one."""
+        if channel_id not in self._waiting and len(self._waiting) >= MAX_WAITING_OPENS:
+            raise FrameError(f"unknown channel {channel_id!r} ({MAX_WAITING_OPENS} opens wait already)")
+        self._waiting[channel_id] = connection
 
     def deliver(self, connection: _Connection, kind: FrameType, body: list[Any], flags: int = 0, size: int = 0) -> None:
         """One DATA, BARRIER, WATERMARK or EOS frame of ``size`` bytes: drop it if seen, else into the inbox (a
@@ -393,3 +421,4 @@ class _Connection:
         for inlet in self.server._inlets.values():
             if inlet.link is self:
                 inlet.link = None
+        self.server.forget_waiting(self)

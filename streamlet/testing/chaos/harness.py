@@ -18,6 +18,7 @@ party, an expired session, a lost disk, a restart.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import shutil
 from collections.abc import Callable
@@ -101,6 +102,7 @@ class ChaosCluster:
     processes: dict[str, _Process] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)  # killed and not restarted yet
     buried: list[Party] = field(default_factory=list)  # the parties of processes killed and started again
+    harness: contextvars.Context | None = None  # the driver's context: the run's world, no party
 
     @classmethod
     def make(cls, seed: int, shape: ClusterShape, folder: Path) -> ChaosCluster:
@@ -133,7 +135,9 @@ class ChaosCluster:
     # -- starting ---------------------------------------------------------------------------------
 
     def start_all(self) -> None:
-        """Every master and worker, each on its own party."""
+        """Every master and worker, each on its own party (called by the run's driver, whose context the
+        harness's own timers then run in)."""
+        self.harness = contextvars.copy_context()
         for number, name in enumerate(self.masters):
             self._start(name, "master", number)
         for number, name in enumerate(self.workers):
@@ -243,7 +247,14 @@ class ChaosCluster:
         process.session.cut()
         if process.expiry is None:
             when = self.loop.time() + self.shape.session_timeout
-            process.expiry = self.loop.call_at(when, self._expired, process)
+            process.expiry = self.later(when, self._expired, process)
+
+    def later(self, when: float, action: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
+        """Run ``action(*args)`` at virtual time ``when`` as the harness: never as the party whose doing
+        brought it about (a kill at a crash point happens inside the victim's write; its restart must not
+        die with it)."""
+        handle: asyncio.TimerHandle = self.loop.call_at(when, action, *args, context=self.harness)
+        return handle
 
     def _expired(self, process: _Process) -> None:
         process.expiry = None

@@ -144,7 +144,10 @@ class SimLoop(asyncio.SelectorEventLoop):
         if self._now != self._steps_since[0]:
             self._steps_since = (self._now, self.steps)
         elif self.steps - self._steps_since[1] > FROZEN_STEPS:
-            raise SimulationStalled(f"{FROZEN_STEPS} loop turns without time moving at {self._now:.3f} s: a livelock")
+            ready = list(getattr(self, "_ready", ()))[:3]  # what keeps it turning, for the report
+            raise SimulationStalled(
+                f"{FROZEN_STEPS} loop turns without time moving at {self._now:.3f} s: a livelock ({ready})"
+            )
         super()._run_once()  # type: ignore[misc]
 
     # -- no real I/O --------------------------------------------------------------------------------

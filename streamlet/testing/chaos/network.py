@@ -228,6 +228,9 @@ class _Link:
     def _schedule(self, receiver: int) -> None:
         if self.pumping[receiver] or not self.queues[receiver] or len(self.transports) < 2:
             return
+        if self.transports[receiver].lost:  # that end is gone: nothing more reaches it
+            self.queues[receiver].clear()
+            return
         self.pumping[receiver] = True
         transport = self.transports[receiver]
         due = self.queues[receiver][0][0]

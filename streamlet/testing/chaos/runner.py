@@ -251,7 +251,7 @@ def _crash(cluster: ChaosCluster, target: str, lasts: float) -> None:
         return
     cluster.trace.add(f"crash point reached: {target}")
     cluster.kill(target)
-    cluster.loop.call_at(cluster.loop.time() + lasts, cluster.restart, target)
+    cluster.later(cluster.loop.time() + lasts, cluster.restart, target)
 
 
 def _tear_down(cluster: ChaosCluster) -> None:

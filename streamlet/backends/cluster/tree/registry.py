@@ -65,8 +65,9 @@ class WorkerRegistration:
             self.zk_state = WorkerState.STANDBY
         try:
             await self.zk.create(self.node, self._description(), ephemeral=True)
-        except NodeExists:  # a session we lost may not have expired yet: take the node over
-            await self.zk.set(self.node, self._description())
+        except NodeExists:  # a session we lost (this worker before a restart) has not expired yet: take the
+            await self.zk.delete(self.node)  # node over as ours; left to that session, it would go when the
+            await self.zk.create(self.node, self._description(), ephemeral=True)  # session expires
         self.zk.on_state(self._on_state)
 
     def _description(self) -> dict[str, Any]:
@@ -79,8 +80,11 @@ class WorkerRegistration:
         try:
             await self.zk.set(self.node, self._description())
         except CoordinationError:
-            with contextlib.suppress(CoordinationError):  # the node went with a lost session: register again
-                await self.zk.create(self.node, self._description(), ephemeral=True)
+            with contextlib.suppress(CoordinationError):  # the node went with a lost session: register again,
+                standby = {**self._description(), "zk_state": WorkerState.STANDBY.value}  # as the lifecycle says:
+                await self.zk.create(self.node, standby, ephemeral=True)  # VOID -> STANDBY, then the state
+                if zk_state is not WorkerState.STANDBY:
+                    await self.zk.set(self.node, self._description())
 
     def _on_state(self, state: str) -> None:
         if state == "lost":
@@ -96,6 +100,8 @@ class WorkerRegistration:
                     self._lost = False
                     await self.register()
                 await self.beat()
+                if await self.zk.get(self.node) is None:  # gone with a session that was not ours (see register)
+                    await self.register()
             except CoordinationError:
                 pass  # suspended or reconnecting: the next beat tries again
             await anyio.sleep(self.heartbeat)

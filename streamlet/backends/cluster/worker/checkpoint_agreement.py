@@ -136,7 +136,12 @@ class ZkAgreement:
         pieces = await self.replicator.read(done, self.scope.wanted(done))
         self.restored_from = self._published = epoch
         self._triggered = max(self._triggered, epoch)
-        return epoch, merge_parts(pieces, done)
+        document = merge_parts(pieces, done)
+        # A later attempt resumes even from the job's final checkpoint: its sources at their ends, its sinks
+        # publishing what that checkpoint staged. (A finished document otherwise means "run it all again",
+        # which for an attempt would commit every record a second time.)
+        document["finished"] = False
+        return epoch, document
 
     async def _usable(self, completed: dict[str, Any]) -> dict[str, Any]:
         """The last complete checkpoint: the only one a job resumes from. Its sinks may have committed its
