@@ -30,6 +30,7 @@ instance, the port and, where there is one, the record's key::
         │   ├── NodeExists       the node was already there
         │   └── NotAuthorized    the store refused: no cluster secret
         ├── DispatchError    no live worker can take an instance
+        ├── PartLost         a worker restarted while its part of an attempt ran: the attempt cannot go on
         ├── LifecycleError   a job state change the lifecycle does not allow
         ├── SpecError        a job spec that must not run (unsigned, or naming other code)
         ├── BuildFailed      a job's topology could not be built to describe it (the build's own words)
@@ -181,6 +182,11 @@ class NotAuthorized(CoordinationError):
 
 class DispatchError(ClusterError):
     """No worker can take an instance."""
+
+
+class PartLost(ClusterError):
+    """This worker (a new process under the same name) finds it started its part of the attempt before: the
+    old process's part, its instances and their progress, are gone, so the attempt cannot go on with it."""
 
 
 class LifecycleError(ClusterError):

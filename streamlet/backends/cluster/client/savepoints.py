@@ -85,10 +85,10 @@ async def _trigger(store: ClusterStore, job: str, attempt: int, pause: bool, exp
         completed = await store.get(paths.completed(job))
         done = 0 if completed is None else int(completed.data["epoch"])
         epoch = max(done, 0 if found is None else int(found.data["epoch"])) + 1
-        trigger = {
-            "epoch": epoch, "final": False, "pause": pause, "at": world.wall_time(), "export": export,
-            "export_signature": sign_export(secret, job, epoch, export),
-        }  # fmt: skip
+        trigger = paths.next_trigger(
+            None if found is None else found.data, epoch, final=False, pause=pause, at=world.wall_time(),
+            export=export, export_signature=sign_export(secret, job, epoch, export),
+        )  # fmt: skip
         try:
             if found is None:
                 await store.create(path, trigger)

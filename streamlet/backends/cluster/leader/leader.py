@@ -400,6 +400,8 @@ class Leader:
     async def _crashed(self, view: JobView, errors: dict[str, dict[str, Any]]) -> str | None:
         """A task failed: instance failover when every error asks for a retry, else the job fails."""
         worker, report = sorted(errors.items())[0]
+        if all("restarted" in entry for entry in errors.values()):
+            return await self._next_attempt(view, f"{worker} restarted during attempt {view.attempt}", {})
         if all("unusable" in entry for entry in errors.values()):
             return await self._move(view, JobState.STALLED, await self._unusable_reason(view, report, worker))
         if not all(entry.get("retry") for entry in errors.values()):

@@ -359,6 +359,15 @@ def trigger_path(name: str, attempt: int) -> str:
     return f"{checkpoint_attempt(name, attempt)}/trigger"
 
 
+def next_trigger(previous: dict[str, Any] | None, epoch: int, **fields: Any) -> dict[str, Any]:
+    """The data of an attempt's trigger asking for ``epoch`` (with ``fields``: final, pause, at, export...),
+    carrying ``since``: the attempt's first epoch. A worker begins the epochs of its attempt from there on,
+    never one an earlier attempt triggered after this one had started (that epoch never completes here, and
+    a sink that staged its last records under it would never publish them)."""
+    since = None if previous is None else previous.get("since")
+    return {"epoch": epoch, **fields, "since": int(since) if since else epoch}
+
+
 def checkpoint_acks(name: str, attempt: int, epoch: int | None = None) -> str:
     """Where the workers of ``attempt`` acknowledge their parts (of checkpoint ``epoch``, when given)."""
     acks = f"{checkpoint_attempt(name, attempt)}/acks"

@@ -68,6 +68,7 @@ class WorkerRegistration:
         except NodeExists:  # a session we lost (this worker before a restart) has not expired yet: take the
             await self.zk.delete(self.node)  # node over as ours; left to that session, it would go when the
             await self.zk.create(self.node, self._description(), ephemeral=True)  # session expires
+            await self.zk.delete(paths.load(self.worker_id))  # its load node too: the next beat makes ours
         self.zk.on_state(self._on_state)
 
     def _description(self) -> dict[str, Any]:

@@ -235,7 +235,8 @@ class ZkAgreement:
                 return in_flight
             epoch = max(self._triggered, self._published, in_flight) + 1
             try:
-                trigger = {"epoch": epoch, "final": final, "pause": pause, "at": world.wall_time()}
+                previous = None if found is None else found.data
+                trigger = paths.next_trigger(previous, epoch, final=final, pause=pause, at=world.wall_time())
                 if found is None:
                     await self.zk.create(path, trigger)
                 else:
@@ -252,6 +253,8 @@ class ZkAgreement:
             if data is None:
                 continue
             epoch = int(data["epoch"])
+            if data.get("since"):  # epochs before it are earlier attempts', even one triggered after we began
+                begun = max(begun, int(data["since"]) - 1)
             self._triggered = max(self._triggered, epoch)
             self._trigger_seen = (data, version)
             if data.get("export"):
@@ -355,7 +358,7 @@ class ZkAgreement:
             return []
         if world.wall_time() - float(data.get("at", world.wall_time())) < self.interval:
             return []
-        trigger = {"epoch": epoch + 1, "final": False, "pause": False, "at": world.wall_time()}
+        trigger = paths.next_trigger(data, epoch + 1, final=False, pause=False, at=world.wall_time())
         return [SetData(self.trigger, trigger, version)]
 
     async def _follow_completions(self, coordinator: Coordinator) -> None:

@@ -59,7 +59,7 @@ from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.plan import Placement
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan
-from streamlet.errors import CoordinationError, JobError, NodeExists, SpecError, TaskError, UnusableCheckpoint
+from streamlet.errors import CoordinationError, JobError, NodeExists, PartLost, SpecError, TaskError, UnusableCheckpoint
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
 
@@ -389,6 +389,13 @@ class WorkerJobs:
         with structlog.contextvars.bound_contextvars(job=job, attempt=attempt):
             await self._run_part(job, attempt, version, assignment, joining)
 
+    async def _refuse_a_part_started_before(self, job: str, attempt: int) -> None:
+        """A part this worker's name started already in ``attempt`` was an earlier process's: it died with
+        it. Running again here would leave the attempt waiting for what that process had (its instances'
+        progress, its channels' places), so the leader must start another attempt."""
+        if await self.zk.get(paths.child(paths.started(job, attempt), self.me)) is not None:
+            raise PartLost(f"{self.me} restarted while running its part of attempt {attempt} of job '{job}'")
+
     async def _run_part(
         self, job: str, attempt: int, version: int, assignment: Assignment, joining: Reconfiguration | None
     ) -> None:
@@ -400,6 +407,7 @@ class WorkerJobs:
         payload: dict[str, Any] | None = None
         try:
             with scope:
+                await self._refuse_a_part_started_before(job, attempt)
                 await self.registration.set_state(*worker_states(len(self.parts)))
                 tcp_before = self.server.counts["records"]
                 fetched_before = self.replicas.counts["fetched_bytes"]
@@ -414,7 +422,9 @@ class WorkerJobs:
                 dead_letters = dead_letters_report(result.dead_letters)
                 if dead_letters is not None:  # the count and the first few: the report is one ZooKeeper node
                     payload["dead_letters"] = dead_letters
-        except UnusableCheckpoint as exc:  # the leader starts another attempt, which restores an older one
+        except PartLost as exc:  # the leader starts another attempt, from the last checkpoint
+            payload = {"error": f"PartLost: {exc}", "restarted": True}
+        except UnusableCheckpoint as exc:  # the leader holds the job until a worker holding the state is back
             payload = {"error": f"CheckpointError: {exc}", "unusable": exc.epoch}
         except TaskError as exc:  # an instance crashed: the leader may restart it elsewhere
             payload = {"error": f"TaskError: {exc}", "instance": instance_id(exc.task, exc.instance)}
