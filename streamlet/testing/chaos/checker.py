@@ -31,6 +31,12 @@ from typing import Any
 from streamlet.backends.cluster.tree.lifecycle import JOB_MOVES, WORKER_MOVES, JobState, WorkerState
 from streamlet.core.model.record import Record
 
+# a job FAILED or STALLED with one of these in its reason broke on the cluster's own code, not on a fault it
+# explains (a lost copy, a worker gone): a violation, even though it did not hang
+INTERNAL_ERRORS = (
+    "ExceptionGroup", "CoordinationError", "AssertionError", "RuntimeError", "TypeError", "KeyError",
+    "AttributeError", "IndexError", "NameError", "UnboundLocalError", "ZeroDivisionError",
+)  # fmt: skip
 MOST_REPORTED = 6  # differences listed per sink: the first few say enough
 
 
@@ -130,6 +136,9 @@ def liveness(final: tuple[str, str], healed_at: float, ended_at: float | None, b
     """Within ``bound`` seconds of the last fault healing, the job FINISHED, or is FAILED or STALLED with a
     reason that names the cause: anything else (still running, recovering; no reason) is a silent hang."""
     state, reason = final
+    internal = [name for name in INTERNAL_ERRORS if name in reason]
+    if state in (JobState.FAILED.value, JobState.STALLED.value) and internal:
+        return [f"the job is {state} on an internal error, not a cause a user can act on: {reason}"]
     if state in (JobState.FAILED.value, JobState.STALLED.value) and reason.strip():
         return []
     if state == JobState.FINISHED.value and ended_at is not None and ended_at <= healed_at + bound:

@@ -9,7 +9,8 @@ sink by an :class:`~streamlet.testing.ExactlyOnceSink`; the checker compares
 what those committed with the same topology run in-process.
 
 The built-in workloads (:data:`WORKLOADS`): keyed counts into an exactly-once
-sink, event-time windows, a loop, a live rescale under load.
+sink, event-time windows, a loop, a live rescale under load, and a task that
+skips poison records after writing their state.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from streamlet.core.model.record import Batch
 from streamlet.core.model.sources import Source, SourceContext, SourceReader, to_elements
 
 RECORDS = 10_000  # records of each built-in workload
+POISON_EVERY = 97  # the poison workload's task fails on values divisible by it
 
 
 class PacedSource(Source):
@@ -141,9 +143,37 @@ def loop_topology() -> sl.Topology:
     return topology
 
 
+class _CountSkippingPoison(sl.Task):
+    """Counts each key's records in keyed state and emits the running count; a poison value (every 97th)
+    fails the call after its state write, and the ``skip`` policy drops that record: its write must go."""
+
+    def execute(self, inputs: Any, outputs: Any) -> None:
+        for record in inputs.get():
+            count = self.state.get(record.key, 0) + 1
+            self.state.put(record.key, count)
+            if record.value % POISON_EVERY == 0:
+                raise ValueError(f"poison value {record.value}")
+            outputs.emit(record.key, count, ts=record.ts)
+
+
+def poison_topology() -> sl.Topology:
+    """Keyed counts whose task skips poison records (``on_error="skip"``): each skipped record counts zero."""
+    topology = sl.Topology("poison")
+    words = topology.add_source("words", [])
+    counts = topology.add_task("count", _CountSkippingPoison, parallelism=2, on_error="skip")
+    counts.set_input(words, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(counts)
+    return topology
+
+
+def _valued(records: int) -> list[sl.Record]:
+    return [sl.Record(f"k{n % 20}", n, n * 0.001) for n in range(records)]
+
+
 WORKLOADS: dict[str, Workload] = {
     "counts": Workload("counts", counts_topology, {"words": _keyed(RECORDS)}),
     "windows": Workload("windows", windows_topology, {"events": _keyed(RECORDS)}),
     "loop": Workload("loop", loop_topology, {"numbers": _numbers(RECORDS)}, checkpoint_interval=None),
     "rescale": Workload("rescale", counts_topology, {"words": _keyed(RECORDS)}, rescale=("count", 3)),
+    "poison": Workload("poison", poison_topology, {"words": _valued(RECORDS)}),
 }

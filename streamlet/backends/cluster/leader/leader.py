@@ -81,6 +81,7 @@ class JobView:
     change: Reconfiguration | None = None  # the newest live change of the job
     changed: dict[str, dict[str, Any]] = field(default_factory=dict)  # workers done with it: worker -> report
     layout: Found[Layout] | None = None
+    started_boots: dict[str, str] = field(default_factory=dict)  # worker -> the boot that started its part
 
     @property
     def attempt(self) -> int:
@@ -116,7 +117,8 @@ async def read_view(store: ClusterStore, job: str) -> JobView | None:
         state=state.data,
         state_version=state.version,
         assignment=assignment,
-        started=set(await store.children(paths.started(job, attempt))),
+        started=set(started := await read_all(store, paths.started(job, attempt))),
+        started_boots={worker: str(entry.get("boot", "")) for worker, entry in started.items() if entry},
         done=await read_all(store, paths.done(job, attempt)),
         kill=None if (found := await store.get(paths.kill(job))) is None else found.data,
         request=await store.get(paths.reconfigure_request(job)),
@@ -149,6 +151,7 @@ class Leader:
         self.fence = LeaderFence(store, epoch)  # every write of this term goes through it
         self.backups = BackupController(store, self.fence, clock)
         self._backups_placed_at = -BACKUP_ROUND
+        self._boots: dict[str, str] = {}  # live worker -> its boot, as of this round
 
     async def run(self) -> None:
         """Rounds until cancelled: at once when a worker comes or goes, else every ``ROUND``."""
@@ -167,7 +170,9 @@ class Leader:
 
     async def round(self) -> list[str]:
         """Look at every job once; returns a line per decision taken."""
-        live_ids = {view.worker_id for view in live(await workers(self.store), self.clock())}
+        views = live(await workers(self.store), self.clock())
+        live_ids = {view.worker_id for view in views}
+        self._boots = {view.worker_id: str(view.info.get("boot", "")) for view in views}
         decisions = []
         for job in await self.store.children(paths.JOBS):
             state = await self.store.get(paths.state(job))
@@ -223,7 +228,7 @@ class Leader:
             return await self._move(view, JobState.RUNNING, f"running on {', '.join(sorted(view.involved))}")
         if view.involved <= set(view.done):
             return await self._move(view, JobState.FINISHED, f"every worker finished ({len(view.done)})")
-        lost = sorted(view.involved - live_ids)
+        lost = sorted((view.involved - live_ids) | self._restarted(view))
         if lost:
             return await self._next_attempt(view, f"lost {', '.join(lost)}", {})
         if state == JobState.RECONFIGURING:
@@ -262,7 +267,9 @@ class Leader:
             mapping = place(topology, await live_loads(self.store, self.clock()))
         except DispatchError as exc:
             return await self._move(view, JobState.STALLED, f"no live worker can take it: {exc}")
-        assignment: Assignment = {"epoch": self.epoch, "attempt": 1, "instances": mapping}
+        assignment: Assignment = {
+            "epoch": self.epoch, "attempt": 1, "instances": mapping, "boots": self._booted(mapping),
+        }  # fmt: skip
         workers_ = ", ".join(sorted(set(mapping.values())))
         created = Create(paths.assignment(view.name), assignment)
         return await self._move(view, JobState.SCHEDULED, f"assigned to {workers_}", [created], attempt=1)
@@ -356,6 +363,9 @@ class Leader:
         change = view.change
         if change is None or int(change["attempt"]) != view.attempt:
             return await self._move(view, JobState.RUNNING, "no live change under way")
+        gone = sorted(set(change["workers"]) - set(self._boots))  # a worker joining by the change died, say
+        if self._boots and gone:
+            return await self._next_attempt(view, f"lost {', '.join(gone)} during change {change['id']}", {})
         failed = {worker: report for worker, report in view.changed.items() if "error" in report}
         if failed:
             worker, report = sorted(failed.items())[0]
@@ -379,6 +389,17 @@ class Leader:
         reason = f"change {change['id']} done: {_describe_change(change, done=True)}"
         return await self._move(view, JobState.RUNNING, reason, steps, reconfigured=True)
 
+    def _restarted(self, view: JobView) -> set[str]:
+        """Workers of the attempt that are live under a boot other than the one it was given to: a restarted
+        process has none of its part (its instances, their progress, the ports its peers know)."""
+        assert view.assignment is not None
+        given = {**view.assignment.data.get("boots", {}), **view.started_boots}  # joiners: by their start
+        return {worker for worker, boot in given.items() if boot and self._boots.get(worker, boot) != boot}
+
+    def _booted(self, mapping: dict[str, str]) -> dict[str, str]:
+        """The boot of each worker ``mapping`` places instances on (what :meth:`_restarted` compares)."""
+        return {worker: self._boots[worker] for worker in sorted(set(mapping.values())) if worker in self._boots}
+
     async def _next_attempt(self, view: JobView, why: str, avoid: dict[str, set[str]]) -> str | None:
         """The next attempt over the live workers (RECOVERING), or STALLED when none can take it."""
         assert view.assignment is not None
@@ -393,7 +414,12 @@ class Leader:
             return await self._move(view, JobState.STALLED, f"{why}; no live worker can take it: {exc}")
         current, version = view.assignment
         attempt = int(current["attempt"]) + 1
-        new: Assignment = {"epoch": self.epoch, "attempt": attempt, "instances": mapping}
+        new: Assignment = {
+            "epoch": self.epoch,
+            "attempt": attempt,
+            "instances": mapping,
+            "boots": self._booted(mapping),
+        }
         step = SetData(paths.assignment(view.name), new, version)
         return await self._move(view, JobState.RECOVERING, f"attempt {attempt}: {why}", [step], attempt)
 

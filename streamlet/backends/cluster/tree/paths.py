@@ -82,6 +82,7 @@ class WorkerInfo(TypedDict, total=False):
     metrics_port: int  # its Prometheus /metrics, when it serves one
     zk_state: str  # VOID / STANDBY / LIVE
     local_state: str  # waiting / running
+    boot: str  # this process of the worker: a restart under the same id is a new boot
 
 
 class JobSpec(TypedDict, total=False):
@@ -115,6 +116,7 @@ class Assignment(TypedDict):
     epoch: int  # the leader's
     attempt: int
     instances: dict[str, str]  # "task.index" -> worker id
+    boots: NotRequired[dict[str, str]]  # worker id -> the boot (process) of it the attempt was given to
 
 
 class ReconfigureRequest(TypedDict, total=False):

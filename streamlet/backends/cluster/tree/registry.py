@@ -52,6 +52,7 @@ class WorkerRegistration:
     zk_state: WorkerState = WorkerState.VOID
     local_state: LocalState = LocalState.WAITING
     beats: int = field(default=0, init=False)
+    boot: str = field(default_factory=lambda: world.token_hex(6), init=False)  # this process of the worker
     last_load: dict[str, Any] = field(default_factory=dict, init=False)  # the last heartbeat's load report
 
     @property
@@ -72,7 +73,7 @@ class WorkerRegistration:
         self.zk.on_state(self._on_state)
 
     def _description(self) -> dict[str, Any]:
-        return {**self.info, "zk_state": self.zk_state.value, "local_state": self.local_state.value}
+        return {**self.info, "zk_state": self.zk_state.value, "local_state": self.local_state.value, "boot": self.boot}
 
     async def set_state(self, zk_state: WorkerState, local_state: LocalState) -> None:
         """Move in the state model and publish it (the heartbeat loop re-registers if the session is gone)."""

@@ -166,6 +166,9 @@ class WorkerJobs:
                 log.warning("ignoring an assignment from a deposed leader", job=job, epoch=assignment["epoch"])
                 continue
             instances: dict[str, str] = assignment["instances"]
+            boot = assignment.get("boots", {}).get(self.me)
+            if boot is not None and boot != self.registration.boot:
+                continue  # given to this worker's previous process: the leader starts another attempt
             if self.me in instances.values():
                 group.start_soon(self._run_job, job, attempt, version, assignment)
         for part, _ in self._built():
@@ -508,7 +511,8 @@ class WorkerJobs:
         if self.on_part_built is not None:
             self.on_part_built((job, attempt), running)
         with contextlib.suppress(NodeExists):
-            await self.zk.create(paths.child(paths.started(job, attempt), self.me), {"at": world.wall_time()})
+            started = {"at": world.wall_time(), "boot": self.registration.boot}
+            await self.zk.create(paths.child(paths.started(job, attempt), self.me), started)
         if joining is None:
             result = await running.run()
         else:

@@ -152,11 +152,13 @@ class PartReplicator:
             failed.add(backup)
 
     async def _plan(self) -> dict[str, list[str]]:
-        found = await self.zk.get(paths.backups(self.job))
+        found = await riding_out(self.zk.get, paths.backups(self.job))
         return {} if found is None else dict(found.data.get("backups", {}))
 
     async def _live_addresses(self) -> dict[str, Address]:
-        return {view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in await workers(self.zk)}
+        # ridden out: a suspended session (the store out of reach a moment) must not fail the checkpoint
+        views = await riding_out(workers, self.zk)
+        return {view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in views}
 
     # -- restoring ----------------------------------------------------------------
 
