@@ -12,7 +12,7 @@ export JAVA_HOME := $(JAVA_17)
 endif
 endif
 
-.PHONY: run test lint typecheck docs unit bench clean zookeeper java browser
+.PHONY: run test lint typecheck docs unit chaos bench clean zookeeper java browser
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "streamlet needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
@@ -64,6 +64,10 @@ unit: $(STAMP) zookeeper java browser
 	$(BIN)/pytest -q
 
 test: lint typecheck docs unit
+
+# 5 000 seeded runs of the whole cluster under random faults, every answer checked (make test runs 200).
+chaos: $(STAMP)
+	$(BIN)/python -m streamlet.testing.chaos --seed 0 --runs 5000 --jobs 2 --json
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks wordcount --json

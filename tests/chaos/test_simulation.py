@@ -56,7 +56,7 @@ def test_two_hundred_seeded_runs_break_no_rule() -> None:
     assert code == (1 if KNOWN_OPEN else 0)
     assert summary["faults_injected"] >= 3 * len(CI_SEEDS)
     assert summary["fault_kinds"] == sorted(KINDS)
-    assert summary["records"] >= 10_000 * (len(CI_SEEDS) - len(KNOWN_OPEN)) * 0.9  # a failed job commits less
+    assert summary["records"] == 10_000 * len(CI_SEEDS)
     assert len(set(summary["trace_hashes"].values())) == len(CI_SEEDS)  # every seed its own run
     for seed, rule in KNOWN_OPEN.items():
         assert rule in output, f"seed {seed} no longer breaks '{rule}': take it off KNOWN_OPEN"
@@ -95,13 +95,15 @@ def tripwire() -> Iterator[list[str]]:
         if event != "c_call":
             return
         for name, matches in FORBIDDEN.items():
-            if matches(arg):
-                caller = frame
-                while caller is not None and not caller.f_code.co_filename.startswith(package):
-                    caller = caller.f_back
-                if caller is not None or frame.f_code.co_filename == __file__:
-                    where = caller or frame
-                    calls.append(f"{name} from {where.f_code.co_filename}:{where.f_lineno}")
+            if matches(arg) and on_streamlets_path(frame):
+                calls.append(f"{name} from {frame.f_code.co_filename}:{frame.f_lineno}")
+
+    def on_streamlets_path(frame: Any) -> bool:
+        while frame is not None:
+            if frame.f_code.co_filename.startswith(package):
+                return True
+            frame = frame.f_back
+        return False
 
     sys.setprofile(watch)
     try:
@@ -172,14 +174,15 @@ def test_without_the_sinks_idempotent_publish_a_record_is_committed_twice(monkey
 
 
 def test_without_the_epoch_fence_a_deposed_leader_writes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every leader write checks /epoch (LeaderFence). Without it, a master paused past its session (a
-    zombie) writes the job's state when it wakes, in another master's epoch: the checker names it."""
+    """Every leader write checks /epoch (LeaderFence). Without it, a master stopped in the middle of a write
+    for longer than its session (a pause-commit: a zombie) has that write land in the next leader's epoch when
+    it goes on: the checker names the master, the path and the epoch."""
 
     async def unfenced(self: Any, ops: Any) -> bool:
         return bool(await self.store.commit(list(ops)))
 
     monkeypatch.setattr(election.LeaderFence, "commit", unfenced)
-    found = runs(CI_SEEDS[:60], "counts", kinds=("pause", "isolate"))
+    found = runs(CI_SEEDS[:40], "counts", kinds=("pause-commit",))
     deposed = [r.seed for r in found if any(" wrote /jobs/chaos/" in v and ", led by " in v for v in r.violations)]
     assert deposed, [r.violations[:1] for r in found]
 

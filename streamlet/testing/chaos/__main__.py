@@ -7,7 +7,8 @@ Prints a line per run, then, for each run that broke a rule, the seed, the
 schedule, the end of its trace and the command that replays it. With
 ``--json`` the last line is one JSON object: ``runs``, ``violations``,
 ``seeds_failed``, ``trace_hashes`` (seed -> hash), ``faults_injected``,
-``records``, ``outcomes`` (final job states), ``seconds``. Exit status 1 when
+``fault_kinds``, ``records`` (read by the sources), ``committed`` (by the
+sinks), ``outcomes`` (final job states), ``seconds``. Exit status 1 when
 any run broke a rule.
 """
 
@@ -52,7 +53,8 @@ def report(results: list[RunResult], seconds: float) -> dict[str, Any]:
         "trace_hashes": {str(result.seed): result.trace_hash for result in results},
         "faults_injected": sum(len(result.faults) for result in results),
         "fault_kinds": sorted({fault.kind for result in results for fault in result.faults}),
-        "records": sum(result.committed for result in results),
+        "records": sum(result.records_in for result in results),
+        "committed": sum(result.committed for result in results),
         "outcomes": outcomes,
         "seconds": round(seconds, 2),
     }

@@ -18,6 +18,9 @@ Kinds (:data:`KINDS`):
 - ``crash-checkpoint``, ``crash-change``, ``crash-commit``: a worker dies at
   the next checkpoint it is asked for, the next live change, the next
   completed checkpoint (after ``at``); started again ``lasts`` seconds after.
+- ``pause-commit``: the master leading at ``at`` stops in the middle of its
+  next write (its request on the way) for ``lasts`` seconds, longer than a
+  session: another master leads meanwhile, and the request arrives late.
 
 Example:
     >>> faults = schedule(7, ["master-0"], ["worker-0", "worker-1"], count=3)
@@ -33,8 +36,9 @@ from dataclasses import dataclass
 
 KINDS = (
     "kill", "disk", "pause", "partition", "isolate", "slow", "expire",
-    "crash-checkpoint", "crash-change", "crash-commit",
+    "crash-checkpoint", "crash-change", "crash-commit", "pause-commit",
 )  # fmt: skip
+LEADER = "leader"  # the target of a pause-commit: whichever master leads then
 CRASH_POINTS = {"crash-checkpoint": "checkpoint", "crash-change": "change", "crash-commit": "commit"}
 
 
@@ -78,8 +82,10 @@ def schedule(
     count: int | None = None,
     horizon: float = 9.0,
     longest: float = 6.0,
+    session: float = 4.0,
 ) -> list[Fault]:
-    """``count`` faults (default: 3 to 6) of ``kinds``, at moments in (0.3, ``horizon``) seconds, in time order."""
+    """``count`` faults (default: 3 to 6) of ``kinds``, at moments in (0.3, ``horizon``) seconds, in time order
+    (``session``: the store's session timeout, which a pause-commit outlasts)."""
     rng = random.Random(f"faults:{seed}")
     kinds = check_kinds(kinds)
     count = rng.randint(3, 6) if count is None else count
@@ -90,7 +96,9 @@ def schedule(
         at = rng.uniform(0.3, horizon)
         lasts = 0.0 if kind == "expire" else rng.uniform(0.2, longest)
         other = None
-        if kind in ("disk", *CRASH_POINTS):
+        if kind == "pause-commit":
+            target, lasts = LEADER, rng.uniform(session + 0.5, session + longest)
+        elif kind in ("disk", *CRASH_POINTS):
             target = rng.choice(list(workers))
         elif kind == "partition":
             target, other = rng.sample(parties, 2)

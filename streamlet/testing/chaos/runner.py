@@ -54,6 +54,7 @@ class RunResult:
     violations: list[str]
     virtual_seconds: float
     committed: int
+    records_in: int = 0  # the records its sources read (the input, once)
     trace_tail: list[str] = field(default_factory=list)
 
     def to_data(self) -> dict[str, Any]:
@@ -62,7 +63,7 @@ class RunResult:
             "seed": self.seed, "workload": self.workload, "trace_hash": self.trace_hash,
             "faults": [fault.to_data() for fault in self.faults], "state": self.state, "reason": self.reason,
             "violations": self.violations, "virtual_seconds": round(self.virtual_seconds, 3),
-            "committed": self.committed,
+            "committed": self.committed, "records_in": self.records_in,
         }  # fmt: skip
 
 
@@ -96,8 +97,8 @@ class _Observer:
         elif path.startswith(paths.WORKERS + "/") and path.count("/") == 2:
             worker = path.rsplit("/", 1)[1]
             self.worker_states.setdefault(worker, []).append(None if data is None else data.get("zk_state"))
-        owned = path in (paths.state(JOB), paths.assignment(JOB))
-        if owned and party is not None and data is not None and party.name.startswith("master-"):
+        led = path.startswith(paths.JOBS + "/")  # what a master writes there, only the leader may
+        if led and party is not None and data is not None and party.name.startswith("master-"):
             self.leadership.leader_write(party.name, path)
         if path == paths.state(JOB) and data is not None:
             self.job_states.append((str(data["state"]), str(data.get("reason", ""))))
@@ -240,10 +241,27 @@ def _timeline(cluster: ChaosCluster, faults: list[Fault], observer: _Observer) -
             timeline += [(fault.at, partial(cluster.slow, target, 20.0)), (end, partial(cluster.slow, target, 1.0))]
         elif fault.kind == "expire":
             timeline += [(fault.at, partial(cluster.expire, target))]
+        elif fault.kind == "pause-commit":
+            timeline += [(fault.at, partial(_pause_at_next_commit, cluster, observer, fault.lasts))]
         elif fault.kind in CRASH_POINTS:
             crash = partial(_crash, cluster, target, fault.lasts)
             timeline += [(fault.at, partial(observer.armed.append, (CRASH_POINTS[fault.kind], crash)))]
     return timeline
+
+
+def _pause_at_next_commit(cluster: ChaosCluster, observer: _Observer, lasts: float) -> None:
+    """Arm the leading master's session: its next commit stops it mid-request for ``lasts`` seconds."""
+    leader = observer.leadership.leader
+    process = cluster.processes.get(leader or "")
+    if process is None or process.party.dead:
+        return
+    cluster.trace.add(f"pause at next commit armed: {leader}")
+
+    def hold() -> None:
+        cluster.pause(process.name)
+        cluster.later(cluster.loop.time() + lasts, cluster.resume, process.name)
+
+    process.session.hold_next_commit = hold
 
 
 def _crash(cluster: ChaosCluster, target: str, lasts: float) -> None:
@@ -296,4 +314,5 @@ def _judge(
         seed=seed, workload=workload.name, trace_hash=outcome["trace_hash"], faults=faults, state=state,
         reason=reason, violations=violations, virtual_seconds=outcome["virtual_seconds"],
         committed=sum(map(len, committed.values())), trace_tail=list(cluster.trace.lines[-60:]),
+        records_in=sum(map(len, workload.inputs.values())),
     )  # fmt: skip

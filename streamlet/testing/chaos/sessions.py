@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +76,7 @@ class SimSession(MemoryClusterStore):
         self.network = network
         self.party = party
         self.expired_unseen = False
+        self.hold_next_commit: Callable[[], None] | None = None  # a fault: stop the party mid-commit
 
     # -- faults -------------------------------------------------------------------------------------
 
@@ -157,6 +158,10 @@ class SimSession(MemoryClusterStore):
     async def commit(self, ops: Sequence[Op]) -> bool:
         token = await self._travel()
         try:
+            if self.hold_next_commit is not None and token is not None:  # the request is on its way: the
+                hold, self.hold_next_commit = self.hold_next_commit, None  # process stops (a long GC pause)
+                hold()  # and its request reaches the store only when it goes on, maybe in a new session
+                await asyncio.sleep(0)
             return await super().commit(ops)
         finally:
             self._arrived(token)

@@ -88,71 +88,73 @@ async def test_an_open_before_register_waits_while_the_connection_serves_other_c
     meanwhile and LATE's sender holds no credit; register(LATE) grants it, and LATE's items arrive once, in
     order, over the same connection."""
     late_items: list[Item] = [batch(1, 2), Barrier(1), batch(3), END_OF_STREAM]
-    async with DataServer(SECRET) as server, TcpClient(SECRET) as client:
-        inbox = Inbox(8)
-        ready, late = inbox.add_channel(0), inbox.add_channel(1)
-        server.register(READY, inbox, ready)
-        waiting = client.channel(server.address, LATE)  # first: its OPEN reaches the server before READY's
-        flowing = client.channel(server.address, READY)
+    with anyio.fail_after(5):  # a connection closed over LATE's open would leave READY's sends waiting
+        async with DataServer(SECRET) as server, TcpClient(SECRET) as client:
+            inbox = Inbox(8)
+            ready, late = inbox.add_channel(0), inbox.add_channel(1)
+            server.register(READY, inbox, ready)
+            waiting = client.channel(server.address, LATE)  # first: its OPEN reaches the server before READY's
+            flowing = client.channel(server.address, READY)
 
-        async def send_late() -> None:
-            for item in late_items:
-                await waiting.send(item)
+            async def send_late() -> None:
+                for item in late_items:
+                    await waiting.send(item)
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(send_late)
-            await flowing.send(batch(10, 11))
-            assert await take(inbox, ready) == batch(10, 11)
-            await flowing.wait_acknowledged()  # the ACK comes after the reply to LATE's OPEN: that is in too
-            assert (waiting.opened, waiting.credit, waiting.seq) == (True, 0, 0)  # open, no credit, nothing sent
+            async with anyio.create_task_group() as group:
+                group.start_soon(send_late)
+                await flowing.send(batch(10, 11))
+                assert await take(inbox, ready) == batch(10, 11)
+                await flowing.wait_acknowledged()  # the ACK comes after the reply to LATE's OPEN: that is in too
+                assert (waiting.opened, waiting.credit, waiting.seq) == (True, 0, 0)  # open, no credit, nothing sent
+                assert inbox.is_empty(late)
+                await flowing.send(batch(12))  # the connection keeps serving READY while LATE waits
+                assert await take(inbox, ready) == batch(12)
+                stats = server.statistics()
+                assert (stats.connections, stats.active, stats.bad_frames) == (1, 1, 0)
+
+                server.register(LATE, inbox, late)
+                received = [await take(inbox, late) for _ in late_items]
+            assert received == late_items
+            await waiting.wait_acknowledged()
+            assert list(waiting.backup) == []  # every item acknowledged
             assert inbox.is_empty(late)
-            await flowing.send(batch(12))  # the connection keeps serving READY while LATE waits
-            assert await take(inbox, ready) == batch(12)
+            await flowing.send(batch(13))
+            assert await take(inbox, ready) == batch(13)
             stats = server.statistics()
-            assert (stats.connections, stats.active, stats.bad_frames) == (1, 1, 0)
-
-            server.register(LATE, inbox, late)
-            received = [await take(inbox, late) for _ in late_items]
-        assert received == late_items
-        await waiting.wait_acknowledged()
-        assert list(waiting.backup) == []  # every item acknowledged
-        assert inbox.is_empty(late)
-        await flowing.send(batch(13))
-        assert await take(inbox, ready) == batch(13)
-        stats = server.statistics()
-        assert (stats.connections, stats.active, stats.bad_frames, stats.duplicates) == (1, 1, 0, 0)
-        assert stats.records == 2 + 1 + 3 + 1  # READY's 10, 11, 12, 13 and LATE's 1, 2, 3: each once
-        assert client.statistics().connects == 1
+            assert (stats.connections, stats.active, stats.bad_frames, stats.duplicates) == (1, 1, 0, 0)
+            assert stats.records == 2 + 1 + 3 + 1  # READY's 10, 11, 12, 13 and LATE's 1, 2, 3: each once
+            assert client.statistics().connects == 1
 
 
 async def test_the_credit_granted_at_register_is_the_room_left_in_the_inbox_channel() -> None:
     """LATE's channel holds 3 and already has one item queued locally when it is registered: the waiting
     sender gets 2 items of credit, sends two of its three batches, and the third once one is taken."""
-    async with DataServer(SECRET) as server, TcpClient(SECRET) as client:
-        inbox = Inbox(3)
-        ready, late = inbox.add_channel(0), inbox.add_channel(1)
-        server.register(READY, inbox, ready)
-        waiting = client.channel(server.address, LATE)
-        flowing = client.channel(server.address, READY)
-        await flowing.send(batch(0))
-        await flowing.wait_acknowledged()  # LATE's OPEN has been answered: no credit
-        assert (waiting.opened, waiting.credit) == (True, 0)
-        inbox.put_nowait(late, Barrier(7))  # something already waits in the channel
+    with anyio.fail_after(5):
+        async with DataServer(SECRET) as server, TcpClient(SECRET) as client:
+            inbox = Inbox(3)
+            ready, late = inbox.add_channel(0), inbox.add_channel(1)
+            server.register(READY, inbox, ready)
+            waiting = client.channel(server.address, LATE)
+            flowing = client.channel(server.address, READY)
+            await flowing.send(batch(0))
+            await flowing.wait_acknowledged()  # LATE's OPEN has been answered: no credit
+            assert (waiting.opened, waiting.credit) == (True, 0)
+            inbox.put_nowait(late, Barrier(7))  # something already waits in the channel
 
-        async def send_late() -> None:
-            for n in (1, 2, 3):
-                await waiting.send(batch(n))
+            async def send_late() -> None:
+                for n in (1, 2, 3):
+                    await waiting.send(batch(n))
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(send_late)
-            server.register(LATE, inbox, late)
-            await queued(inbox, late, 3)  # the local Barrier and two batches
-            # the sender writes while it holds credit, without waiting: with more than 2 it had sent all three
-            assert (waiting.seq, waiting.credit) == (2, 0)
-            assert inbox.pop(late) == Barrier(7)  # room for one more: its credit goes to the sender
-            await queued(inbox, late, 3)
-        assert [inbox.pop(late) for _ in range(3)] == [batch(1), batch(2), batch(3)]
-        assert (waiting.seq, server.statistics().bad_frames, server.statistics().duplicates) == (3, 0, 0)
+            async with anyio.create_task_group() as group:
+                group.start_soon(send_late)
+                server.register(LATE, inbox, late)
+                await queued(inbox, late, 3)  # the local Barrier and two batches
+                # the sender writes while it holds credit, without waiting: with more than 2 it had sent all three
+                assert (waiting.seq, waiting.credit) == (2, 0)
+                assert inbox.pop(late) == Barrier(7)  # room for one more: its credit goes to the sender
+                await queued(inbox, late, 3)
+            assert [inbox.pop(late) for _ in range(3)] == [batch(1), batch(2), batch(3)]
+            assert (waiting.seq, server.statistics().bad_frames, server.statistics().duplicates) == (3, 0, 0)
 
 
 async def test_a_closed_connection_forgets_its_waiting_opens(monkeypatch: pytest.MonkeyPatch) -> None:
