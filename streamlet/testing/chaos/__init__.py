@@ -110,7 +110,9 @@ def check(
     kinds = tuple(check_kinds(list(faults)))
     frozen_inputs = {name: list(items) for name, items in inputs.items()}
     name = build_topology().name
-    workload = Workload(name, build_topology, frozen_inputs, checkpoint_interval, None, per_read, every)
+    workload = Workload(
+        name, build_topology, frozen_inputs, checkpoint_interval=checkpoint_interval, per_read=per_read, every=every
+    )
     expected = _deterministic_output(workload)
     return ChaosReport([run_once(s, workload, kinds=kinds, expected=expected) for s in range(seed, seed + runs)])
 

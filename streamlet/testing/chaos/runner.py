@@ -191,6 +191,10 @@ async def _drive(
     if workload.rescale is not None:
         at = cluster.rng.uniform(1.0, 8.0)
         timeline.append((at, partial(_ask_rescale, client, *workload.rescale)))
+    if workload.shed is not None:
+        ratio, seconds = workload.shed
+        at = cluster.rng.uniform(1.0, 6.0)
+        timeline += [(at, partial(_shed, client, ratio)), (at + seconds, partial(_shed, client, 0.0))]
     timeline.sort(key=lambda entry: entry[0])
     for at, action in timeline:
         await asyncio.sleep(max(0.0, began + at - loop.time()))
@@ -216,6 +220,17 @@ def checker_bound() -> float:
 async def _ask_rescale(client: Any, task: str, instances: int) -> None:
     with contextlib.suppress(StreamletError):  # not RUNNING then (recovering from a fault): no rescale this run
         await live_changes.ask(client, JOB, layouts.request_node(task, instances))
+
+
+async def _shed(client: Any, ratio: float) -> None:
+    """Set the job's shed ratio, as the leader's shed policy does (``paths.shedding``)."""
+    cluster_time = world.wall_time()
+    found = await client.get(paths.shedding(JOB))
+    data = {"ratio": ratio, "at": cluster_time}
+    if found is None:
+        await client.create(paths.shedding(JOB), data)
+    else:
+        await client.set(paths.shedding(JOB), data)
 
 
 def _timeline(cluster: ChaosCluster, faults: list[Fault], observer: _Observer) -> list[tuple[float, Any]]:

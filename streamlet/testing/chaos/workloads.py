@@ -9,8 +9,9 @@ sink by an :class:`~streamlet.testing.ExactlyOnceSink`; the checker compares
 what those committed with the same topology run in-process.
 
 The built-in workloads (:data:`WORKLOADS`): keyed counts into an exactly-once
-sink, event-time windows, a loop, a live rescale under load, and a task that
-skips poison records after writing their state.
+sink, event-time windows, a loop, a live rescale under load, shedding half the
+input for a while with ``recover`` (every shed record replayed), and a task
+that skips poison records after writing their state.
 """
 
 from __future__ import annotations
@@ -77,7 +78,10 @@ class Workload:
     ``checkpoint_interval``: seconds between checkpoints (``None``: none; a
     topology with a loop takes none, and a failure restarts it from the
     start). ``rescale``: (task, parallelism) asked for at a random moment
-    while the job runs. ``per_read`` and ``every`` pace the sources.
+    while the job runs. ``shed``: (ratio, seconds) the sources shed, as the
+    leader's shed policy sets it, from a random moment on (with a QoS that
+    recovers, every shed record is replayed). ``per_read`` and ``every`` pace
+    the sources.
     """
 
     name: str
@@ -85,6 +89,7 @@ class Workload:
     inputs: dict[str, list[Any]]
     checkpoint_interval: float | None = 0.5
     rescale: tuple[str, int] | None = None
+    shed: tuple[float, float] | None = None  # (ratio, seconds): the sources shed that much for that long
     per_read: int = 50
     every: float = 0.05
     notes: dict[str, Any] = field(default_factory=dict)
@@ -106,6 +111,13 @@ def counts_topology() -> sl.Topology:
     counts.set_input(words, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sl.CollectSink()).set_input(counts)
     return topology
+
+
+def recovering_counts_topology() -> sl.Topology:
+    """The keyed running counts under a QoS whose shed records are held and replayed (``recover``)."""
+    topology = counts_topology()
+    topology.name = "recovering"
+    return topology.set_qos(sl.QoS(max_latency=5.0, max_shed_ratio=0.5, recover=True, preserve_order=True))
 
 
 def windows_topology() -> sl.Topology:
@@ -176,4 +188,5 @@ WORKLOADS: dict[str, Workload] = {
     "loop": Workload("loop", loop_topology, {"numbers": _numbers(RECORDS)}, checkpoint_interval=None),
     "rescale": Workload("rescale", counts_topology, {"words": _keyed(RECORDS)}, rescale=("count", 3)),
     "poison": Workload("poison", poison_topology, {"words": _valued(RECORDS)}),
+    "shedding": Workload("shedding", recovering_counts_topology, {"words": _keyed(RECORDS)}, shed=(0.5, 3.0)),
 }

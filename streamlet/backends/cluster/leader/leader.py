@@ -118,7 +118,7 @@ async def read_view(store: ClusterStore, job: str) -> JobView | None:
         state_version=state.version,
         assignment=assignment,
         started=set(started := await read_all(store, paths.started(job, attempt))),
-        started_boots={worker: str(entry.get("boot", "")) for worker, entry in started.items() if entry},
+        started_boots={worker: str(entry["boot"]) for worker, entry in started.items() if entry and entry.get("boot")},
         done=await read_all(store, paths.done(job, attempt)),
         kill=None if (found := await store.get(paths.kill(job))) is None else found.data,
         request=await store.get(paths.reconfigure_request(job)),

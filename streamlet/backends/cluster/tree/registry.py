@@ -77,6 +77,8 @@ class WorkerRegistration:
 
     async def set_state(self, zk_state: WorkerState, local_state: LocalState) -> None:
         """Move in the state model and publish it (the heartbeat loop re-registers if the session is gone)."""
+        if self.zk_state is WorkerState.VOID:  # the session was lost: registered again first (see below)
+            self.zk_state = WorkerState.STANDBY
         assert zk_state in WORKER_MOVES[self.zk_state], f"worker {self.zk_state.value} -> {zk_state.value}"
         self.zk_state, self.local_state = zk_state, local_state
         try:

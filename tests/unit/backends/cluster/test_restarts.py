@@ -122,6 +122,27 @@ async def test_a_lost_node_comes_back_through_standby_then_the_state_asked_for()
     assert tree.of(node) == [(1, described(registration, "LIVE", "running"))]
 
 
+async def test_after_an_expired_session_set_state_registers_again_through_standby() -> None:
+    """The session expired (the registration heard "lost": VOID) and the node went with it: set_state(LIVE)
+    creates it as STANDBY, then sets it LIVE, instead of refusing VOID -> LIVE."""
+    tree = RecordingTree()
+    session = MemoryClusterStore(tree)
+    registration = WorkerRegistration(session, "w", INFO)
+    await registration.register()
+    await registration.set_state(WorkerState.LIVE, LocalState.RUNNING)
+    node = paths.worker("w")
+    session.expire()  # its ephemeral nodes go; the listener hears "lost", then "connected"
+    assert registration.zk_state is WorkerState.VOID
+    assert node not in tree.nodes
+    tree.writes.clear()
+    await registration.set_state(WorkerState.LIVE, LocalState.RUNNING)
+    assert tree.of(node) == [
+        (0, described(registration, "STANDBY", "running")),
+        (1, described(registration, "LIVE", "running")),
+    ]
+    assert registration.zk_state is WorkerState.LIVE
+
+
 # -- the checkpoint trigger's since ------------------------------------------------------
 
 
