@@ -78,7 +78,9 @@ async def test_workers_register_with_state_and_heartbeat(zk: ZkStore) -> None:
         "capacity": 4,
         "zk_state": "STANDBY",
         "local_state": "waiting",
+        "boot": registration.boot,  # this process of the worker: a restart registers another
     }
+    assert len(registration.boot) == 12
     assert view.load is not None
     assert view.load["beat"] == 0
     assert view.stale(time.time(), after=5.0) is False

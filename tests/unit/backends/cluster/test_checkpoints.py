@@ -267,7 +267,7 @@ async def _slower_than_the_interval(tree: MemoryTree, wall: Wall) -> None:
         assert seen["w0"].calls == seen["w1"].calls == [("begin", 1), ("commit", 1), ("begin", 2)]
         trigger = await first.zk.get(f"{paths.checkpoints('wc')}/attempt-1/trigger")
         assert trigger is not None
-        assert trigger[0] == {"epoch": 2, "final": False, "pause": False, "at": 1002.0}
+        assert trigger[0] == {"epoch": 2, "final": False, "pause": False, "at": 1002.0, "since": 1}
         group.cancel_scope.cancel()
 
 
