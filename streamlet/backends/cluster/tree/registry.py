@@ -54,6 +54,8 @@ class WorkerRegistration:
     beats: int = field(default=0, init=False)
     boot: str = field(default_factory=lambda: world.token_hex(6), init=False)  # this process of the worker
     last_load: dict[str, Any] = field(default_factory=dict, init=False)  # the last heartbeat's load report
+    _lost: bool = field(default=False, init=False)  # the session was lost: register again once connected
+    _listening: bool = field(default=False, init=False)  # told of the session's states
 
     @property
     def node(self) -> str:
@@ -65,12 +67,21 @@ class WorkerRegistration:
         if self.zk_state == WorkerState.VOID:
             self.zk_state = WorkerState.STANDBY
         try:
-            await self.zk.create(self.node, self._description(), ephemeral=True)
+            await self._create_through_standby()
         except NodeExists:  # a session we lost (this worker before a restart) has not expired yet: take the
             await self.zk.delete(self.node)  # node over as ours; left to that session, it would go when the
-            await self.zk.create(self.node, self._description(), ephemeral=True)  # session expires
-            await self.zk.delete(paths.load(self.worker_id))  # its load node too: the next beat makes ours
-        self.zk.on_state(self._on_state)
+            await self.zk.delete(paths.load(self.worker_id))  # session expires (the load node too: the next
+            await self._create_through_standby()  # beat makes ours)
+        self._lost = False
+        if not self._listening:
+            self.zk.on_state(self._on_state)
+            self._listening = True
+
+    async def _create_through_standby(self) -> None:
+        """The node, created as the lifecycle moves even when coming back: STANDBY, then the state it is in."""
+        await self.zk.create(self.node, {**self._description(), "zk_state": WorkerState.STANDBY.value}, ephemeral=True)
+        if self.zk_state is not WorkerState.STANDBY:
+            await self.zk.set(self.node, self._description())
 
     def _description(self) -> dict[str, Any]:
         return {**self.info, "zk_state": self.zk_state.value, "local_state": self.local_state.value, "boot": self.boot}
@@ -84,11 +95,9 @@ class WorkerRegistration:
         try:
             await self.zk.set(self.node, self._description())
         except CoordinationError:
-            with contextlib.suppress(CoordinationError):  # the node went with a lost session: register again,
-                standby = {**self._description(), "zk_state": WorkerState.STANDBY.value}  # as the lifecycle says:
-                await self.zk.create(self.node, standby, ephemeral=True)  # VOID -> STANDBY, then the state
-                if zk_state is not WorkerState.STANDBY:
-                    await self.zk.set(self.node, self._description())
+            with contextlib.suppress(CoordinationError):  # the node went with a lost session: register again
+                await self._create_through_standby()
+                self._lost = False  # registered: the heartbeat loop need not
 
     def _on_state(self, state: str) -> None:
         if state == "lost":
@@ -97,7 +106,6 @@ class WorkerRegistration:
 
     async def run(self) -> None:
         """Heartbeat forever; after a lost session, register again once connected."""
-        self._lost = False
         while True:
             try:
                 if self._lost and self.zk.state == "connected":
