@@ -19,6 +19,7 @@ FOUND = {
     (64, "counts"): "a worker restarted on a new port mid-attempt: its peers kept the old one, the attempt hung",
     (146, "rescale"): "a worker that joined by a live change restarted: the attempt hung",
     (193, "rescale"): "a suspended session failed a checkpoint's replication, and the job (FAILED)",
+    (4, "shedding"): "a worker taking its node over after an expired session wrote it LIVE at once (VOID -> LIVE)",
 }
 
 
