@@ -340,6 +340,7 @@ class Leader:
             if not await self.fence.commit([Delete(paths.reconfigure_request(view.name), version), answer]):
                 return None  # the request or the answer moved meanwhile, or this leader was deposed: look again
             return f"refused a live change: {exc}"
+        change["boots"] = {worker: self._boots[worker] for worker in change["workers"] if worker in self._boots}
         await self.store.ensure(paths.reconfigurations(view.name))  # a transaction creates no parents
         steps: list[Op] = [
             Delete(paths.reconfigure_request(view.name), version),
@@ -363,9 +364,10 @@ class Leader:
         change = view.change
         if change is None or int(change["attempt"]) != view.attempt:
             return await self._move(view, JobState.RUNNING, "no live change under way")
-        gone = sorted(set(change["workers"]) - set(self._boots))  # a worker joining by the change died, say
+        gone = set(change["workers"]) - set(self._boots)  # a worker joining by the change died, say
+        gone |= {w for w, boot in change.get("boots", {}).items() if self._boots.get(w, boot) != boot}  # or restarted
         if self._boots and gone:
-            return await self._next_attempt(view, f"lost {', '.join(gone)} during change {change['id']}", {})
+            return await self._next_attempt(view, f"lost {', '.join(sorted(gone))} during change {change['id']}", {})
         failed = {worker: report for worker, report in view.changed.items() if "error" in report}
         if failed:
             worker, report = sorted(failed.items())[0]

@@ -143,6 +143,7 @@ class Reconfiguration(TypedDict):
     relocated: list[int]  # instances of the task that move to another worker (a migration)
     workers: list[str]  # every worker of the attempt: each wires its part, then all go
     epoch: int  # the leader's
+    boots: NotRequired[dict[str, str]]  # worker -> its boot when the change began (a restart is a loss)
 
 
 class Layout(TypedDict):
