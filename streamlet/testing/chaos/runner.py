@@ -203,18 +203,13 @@ async def _drive(
             await result
     healed = loop.time()
     outcome["healed_at"] = healed
-    while observer.ended_at is None and loop.time() < healed + checker_bound():  # noqa: ASYNC110 - virtual time
+    while observer.ended_at is None and loop.time() < healed + FINISH_BOUND:  # noqa: ASYNC110 - virtual time
         await asyncio.sleep(SETTLE_STEP)
 
 
 async def _cluster_up(client: Any, workers: int) -> bool:
     """Every worker registered and a master leading."""
     return len(await client.children(paths.WORKERS)) >= workers and await client.get(paths.LEADER) is not None
-
-
-def checker_bound() -> float:
-    """Virtual seconds a job has to finish once the last fault healed."""
-    return FINISH_BOUND
 
 
 async def _ask_rescale(client: Any, task: str, instances: int) -> None:
@@ -224,9 +219,8 @@ async def _ask_rescale(client: Any, task: str, instances: int) -> None:
 
 async def _shed(client: Any, ratio: float) -> None:
     """Set the job's shed ratio, as the leader's shed policy does (``paths.shedding``)."""
-    cluster_time = world.wall_time()
     found = await client.get(paths.shedding(JOB))
-    data = {"ratio": ratio, "at": cluster_time}
+    data = {"ratio": ratio, "at": world.wall_time()}
     if found is None:
         await client.create(paths.shedding(JOB), data)
     else:
@@ -323,7 +317,7 @@ def _judge(
         violations += checker.illegal_worker_moves(worker, moves)
     violations += observer.leadership.problems
     healed = float(outcome.get("healed_at", cluster.loop.time()))
-    violations += checker.liveness((state, reason), healed, observer.ended_at, checker_bound())
+    violations += checker.liveness((state, reason), healed, observer.ended_at, FINISH_BOUND)
     violations += checker.compare_outputs(expected, committed, finished=state == JobState.FINISHED.value)
     return RunResult(
         seed=seed, workload=workload.name, trace_hash=outcome["trace_hash"], faults=faults, state=state,
