@@ -68,9 +68,10 @@ class TcpChannel:
     batch are numbered before the first is sent.
     """
 
-    def __init__(self, link: _Link, channel_id: str) -> None:
+    def __init__(self, link: _Link, channel_id: str, *, transfer: bool = False) -> None:
         self.link = link
         self.channel_id = channel_id
+        self.transfer = transfer  # a one-off transfer: it gives up when the peer's process is gone
         self.max_frame = link.client.max_frame  # the body limit, as the data server checks it
         self.seq = 0
         self.epoch = 0
@@ -83,7 +84,9 @@ class TcpChannel:
 
     async def wait_acknowledged(self) -> None:
         """Return once the receiver has acknowledged everything sent so far."""
-        if self.backup:
+        while self.backup:
+            self.link.raise_if_failed()
+            self._raise_if_refused()
             self._drained = asyncio.Event()
             await self._drained.wait()
 
@@ -111,6 +114,7 @@ class TcpChannel:
     async def _credit(self) -> None:
         while not self._can_send():
             self.link.raise_if_failed()
+            self._raise_if_refused()
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
@@ -168,6 +172,12 @@ class TcpChannel:
         transfer is over: the link no longer reopens it after a reconnect)."""
         await self.wait_acknowledged()
         self.abandon()
+
+    def _raise_if_refused(self) -> None:
+        """A transfer does not wait for a peer that refuses connections: nobody listens at its address (its
+        process is gone; a restarted one knows nothing of the transfer). A stream channel waits for it."""
+        if self.transfer and self.link.refused is not None:
+            raise ConnectionRefusedError(f"{self.link.peer} refuses connections: {self.link.refused}")
 
     def _can_send(self) -> bool:
         return self.opened and self.link.up and not self._resend and self.credit > 0
@@ -234,6 +244,7 @@ class _Link:
         self.channels: dict[str, TcpChannel] = {}
         self.up = False
         self.failure: TransportError | None = None
+        self.refused: ConnectionRefusedError | None = None  # the last connect was refused (until one succeeds)
         self._writer: asyncio.StreamWriter | None = None
 
     def add(self, channel: TcpChannel) -> None:
@@ -260,6 +271,9 @@ class _Link:
                 self._fail_all()
                 return
             except (OSError, asyncio.IncompleteReadError, FrameError, TimeoutError) as exc:
+                if isinstance(exc, ConnectionRefusedError):
+                    self.refused = exc
+                    self._fail_all()  # transfers give up; streams wait on
                 if not down:
                     log.warning("data link down, reconnecting", peer=self.peer, reason=str(exc))
                 down = self.client.connects == 0 or not self.up
@@ -277,7 +291,7 @@ class _Link:
         try:
             async with asyncio.timeout(self.client.connect_timeout):
                 await self._handshake(reader, writer)
-            self._writer, self.up = writer, True
+            self._writer, self.up, self.refused = writer, True, None
             self.client.connects += 1
             if self.channels:
                 writer.write(frame(FrameType.OPEN, list(self.channels)))
@@ -329,8 +343,11 @@ class _Link:
             raise FrameError(f"unexpected {kind.name} frame from a data server")
 
     def _fail_all(self) -> None:
+        """Wake every channel waiting on the link, to see why it failed."""
         for channel in self.channels.values():
             channel._wake()
+            if channel._drained is not None:
+                channel._drained.set()
 
 
 class TcpClient:
@@ -373,15 +390,17 @@ class TcpClient:
             await self._group.__aexit__(None, None, None)
             self._group = None
 
-    def channel(self, address: Address, channel_id: str) -> TcpChannel:
-        """A channel to ``channel_id`` registered at the data server on ``address``."""
+    def channel(self, address: Address, channel_id: str, *, transfer: bool = False) -> TcpChannel:
+        """A channel to ``channel_id`` registered at the data server on ``address`` (``transfer``: a one-off
+        transfer, which fails with ``ConnectionRefusedError`` when the server refuses connections instead of
+        waiting for it to come back, as a stream does)."""
         link = self._links.get(address)
         if link is None:
             if self._group is None:
                 raise TransportError("open the TcpClient (async with) before making channels")
             link = self._links[address] = _Link(self, address)
             self._group.start_soon(link.run)
-        channel = TcpChannel(link, channel_id)
+        channel = TcpChannel(link, channel_id, transfer=transfer)
         link.add(channel)
         return channel
 

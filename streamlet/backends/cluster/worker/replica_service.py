@@ -246,7 +246,7 @@ class ReplicaService:
             answer = {"error": f"{self.me} cannot read its copy: {exc}"}
             log.warning("replica unreadable", job=job, epoch=epoch, owner=owner, reason=str(exc))
         data = encode(answer)
-        channel = self.client.channel((host, port), reply)
+        channel = self.client.channel((host, port), reply, transfer=True)
         with abandoned_on_failure(channel), anyio.fail_after(transfer_timeout(len(data))):
             await send_blob(channel, data)
             await channel.release()
@@ -258,7 +258,7 @@ class ReplicaService:
         """Send ``document`` (a piece, with ``owner``, ``job_name`` and ``attempt_number`` set) to the backup
         at ``address``; returns once it is delivered (the backup acknowledges it in ZooKeeper once stored)."""
         data = encode(document)
-        channel = self.client.channel(address, f"{PUSH}{world.token_hex(16)}")
+        channel = self.client.channel(address, f"{PUSH}{world.token_hex(16)}", transfer=True)
         with abandoned_on_failure(channel), anyio.fail_after(transfer_timeout(len(data))):
             await send_blob(channel, data)
             await channel.release()
@@ -277,7 +277,7 @@ class ReplicaService:
                 "job": job, "attempt": attempt, "epoch": epoch, "owner": owner, "instances": instances,
                 "reply": [self.server.host, self.server.port, reply],
             }  # fmt: skip
-            asking = self.client.channel(address, f"{FETCH}{world.token_hex(16)}")
+            asking = self.client.channel(address, f"{FETCH}{world.token_hex(16)}", transfer=True)
             with abandoned_on_failure(asking), anyio.fail_after(TRANSFER_TIMEOUT * 6):
                 await send_blob(asking, packb(request))
                 blob = await receive_blob(inbox, channel)  # the answer may be large: the holder times its send
