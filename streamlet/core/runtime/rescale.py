@@ -160,7 +160,8 @@ class Reconfigurer:
             active.expect(receiver.node.name, receiver.index)
         added = self._add_instances(node, builder, plan, active)
         if ready is not None:
-            await ready()
+            await ready()  # the input may end meanwhile: then no marker comes to align on, and the change fails
+            self._refuse_an_ended_input(plan.task, old_instances)
         await self._switch_senders(builder, plan, active)
         node.parallelism = plan.new.instances  # what restores, statistics and later wiring read from here on
         for instance in added:
@@ -178,6 +179,21 @@ class Reconfigurer:
         if self.coordinator is not None:
             self.coordinator.instances = self.plan.all()
         self.count += 1
+
+    def _refuse_an_ended_input(self, task: str, old_instances: list[Instance]) -> None:
+        """Between processes: a sender into ``task`` or an instance of it that ended while the processes wired
+        their parts sends no marker any more, so the change could never complete. It fails before anything
+        switches; the cluster runs the next attempt from the last checkpoint."""
+        senders = [
+            sender
+            for edge in self.topology.edges
+            if edge.downstream == task
+            for sender in self.plan.instances.get(edge.upstream, [])
+        ]
+        ended = [instance for instance in [*senders, *old_instances] if instance.completed]
+        if ended:
+            names = ", ".join(sorted(f"{instance.node.name}[{instance.index}]" for instance in ended))
+            raise ReconfigurationError(f"the input of task '{task}' ended during the change ({names} finished)")
 
     def _add_instances(
         self, node: Node, builder: _Builder, plan: ReconfigurationPlan, active: ActiveReconfiguration

@@ -225,7 +225,9 @@ class ChaosCluster:
         self.network.heal(one, other)
         for name in (one, other):
             process = self.processes.get(name)
-            if STORE in (one, other) and process is not None and not process.party.paused:
+            if STORE not in (one, other) or process is None:
+                continue
+            if not process.party.dead and not process.party.paused:  # a killed one's session expires all the same
                 self._reach_store(process)
 
     def slow(self, name: str, factor: float) -> None:

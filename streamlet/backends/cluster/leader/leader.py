@@ -373,6 +373,10 @@ class Leader:
             worker, report = sorted(failed.items())[0]
             return await self._next_attempt(view, f"change {change['id']} failed on {worker}: {report['error']}", {})
         if not set(change["workers"]) <= set(view.changed):
+            ended = sorted(set(change["workers"]) & set(view.done) - set(view.changed))
+            if ended:  # its part ended first (the input ran out): the change can never complete on it
+                why = f"change {change['id']} cannot complete: {', '.join(ended)} ended its part of it first"
+                return await self._next_attempt(view, why, {})
             return None
         topology = await self._topology(view)
         if not isinstance(topology, Topology):
@@ -429,7 +433,8 @@ class Leader:
         """A task failed: instance failover when every error asks for a retry, else the job fails."""
         worker, report = sorted(errors.items())[0]
         if all("restarted" in entry for entry in errors.values()):
-            return await self._next_attempt(view, f"{worker} restarted during attempt {view.attempt}", {})
+            lost = str(report["error"]).removeprefix("PartLost: ")
+            return await self._next_attempt(view, f"a part of attempt {view.attempt} is lost: {lost}", {})
         if all("unusable" in entry for entry in errors.values()):
             return await self._move(view, JobState.STALLED, await self._unusable_reason(view, report, worker))
         if not all(entry.get("retry") for entry in errors.values()):
@@ -460,18 +465,22 @@ class Leader:
         )
 
     async def _waiting_for_a_holder(self, view: JobView) -> bool:
-        """Whether the job is STALLED on its last checkpoint having no intact copy on a live worker, the
-        registered workers are still those of that finding and it is recent (a restore now would most likely
-        find the same: a holder cut off then may be back since, so it is tried again every ``HOLDER_RETRY``)."""
+        """Whether the job is STALLED on its last checkpoint having no intact copy on a live worker and the
+        registered workers (each under the same boot) are still those of that finding: a restore now would find
+        the same. When every holder answered that it has no intact copy, the job waits for a worker to start or
+        restart; when a holder did not answer (cut off, it may be back since) it is tried again every
+        ``HOLDER_RETRY``."""
         completed = await self.store.get(paths.completed(view.name))
         if completed is None:
             return False
         marker = await self.store.get(paths.unusable_epoch(view.name, int(completed.data["epoch"])))
         if marker is None:
             return False
-        registered = sorted(view.worker_id for view in await workers(self.store))
+        registered = {view.worker_id: str(view.info.get("boot", "")) for view in await workers(self.store)}
+        if registered != marker.data.get("boots"):
+            return False
         recent = self.clock() - float(marker.data.get("at", 0.0)) < HOLDER_RETRY
-        return recent and registered == list(marker.data.get("workers", []))
+        return recent or not marker.data.get("unreachable")
 
     async def _record_failure(self, view: JobView, instance: str, worker: str, error: str) -> list[dict[str, Any]]:
         # one entry per attempt: a leader that looks twice (or a new leader) does not count a crash twice

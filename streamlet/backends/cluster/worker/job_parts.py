@@ -478,6 +478,7 @@ class WorkerJobs:
         assigned = assignment["instances"]
         instances = part.placement = dict(assigned) if joining is None else placed_instances(assigned, layout, attempt)
         addresses = await self._addresses()
+        _refuse_unregistered_peers(job, attempt, instances, addresses)
         run = f"{job}.{spec['uid']}.{attempt}"  # this attempt of this submission: never the same twice
         part.run, part.addresses = run, addresses
         held = anyio.Event()  # a joining part: open until the change that brings it in is over
@@ -632,3 +633,13 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
+
+
+def _refuse_unregistered_peers(
+    job: str, attempt: int, instances: dict[str, str], addresses: dict[str, tuple[str, int]]
+) -> None:
+    """A worker of the attempt that is no longer registered lost its session: its instances are gone, so this
+    attempt cannot run; the leader starts the next one over the workers that are live."""
+    missing = sorted({worker for worker in instances.values() if worker not in addresses})
+    if missing:
+        raise PartLost(f"{', '.join(missing)}, which runs part of attempt {attempt} of job '{job}', is not registered")

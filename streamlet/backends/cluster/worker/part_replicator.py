@@ -169,10 +169,12 @@ class PartReplicator:
         epoch, attempt = int(completed["epoch"]), int(completed["attempt"])
         holders: Holders = completed["holders"]
         owners = _owners(holders, wanted)
-        addresses = await self._live_addresses()
+        views = await riding_out(workers, self.zk)  # ridden out: the store out of reach a moment fails nothing
+        addresses = {view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in views}
+        boots = {view.worker_id: str(view.info.get("boot", "")) for view in views}
         pieces = []
         for owner, instances in sorted(owners.items()):
-            pieces.extend(await self._read_owned(epoch, attempt, owner, instances, holders, addresses))
+            pieces.extend(await self._read_owned(epoch, attempt, owner, instances, holders, addresses, boots))
         return pieces
 
     async def _read_owned(
@@ -183,9 +185,10 @@ class PartReplicator:
         instances: list[str],
         holders: Holders,
         addresses: dict[str, Address],
+        boots: dict[str, str],
     ) -> list[dict[str, Any]]:
         """``instances`` (all of ``owner``'s part) from whoever holds them, this worker first."""
-        remaining, found = list(instances), []
+        remaining, found, unreachable = list(instances), [], set()
         candidates = sorted({h for i in instances for h in holders[i]}, key=lambda h: (h != self.me, h != owner, h))
         for holder in candidates:
             here = [instance for instance in remaining if holder in holders[instance]]
@@ -196,13 +199,16 @@ class PartReplicator:
             except (OSError, ValueError, TimeoutError, CheckpointError, msgpack.UnpackException) as exc:
                 log.warning("checkpoint copy unusable, asking the next holder", job=self.job, epoch=epoch,
                             owner=owner, holder=holder, reason=f"{type(exc).__name__}: {exc}")  # fmt: skip
+                if isinstance(exc, OSError | TimeoutError):  # no answer: it may still hold a copy
+                    unreachable.add(holder)
                 continue
             remaining = [instance for instance in remaining if instance not in here]
             if not remaining:
                 return found
         held_by = sorted({h for i in remaining for h in holders[i]})
         await self._mark_unusable(epoch, {
-            "instances": remaining, "holders": held_by, "workers": sorted(addresses), "at": world.wall_time(),
+            "instances": remaining, "holders": held_by, "workers": sorted(addresses), "boots": boots,
+            "unreachable": sorted(unreachable), "at": world.wall_time(),
         })  # fmt: skip
         raise UnusableCheckpoint(
             f"checkpoint {epoch} of job '{self.job}': no live worker holds an intact copy of {', '.join(remaining)} "
@@ -219,8 +225,9 @@ class PartReplicator:
         return await self.service.fetch(addresses[holder], self.key, attempt, epoch, owner, instances)
 
     async def _mark_unusable(self, epoch: int, marker: dict[str, Any]) -> None:
-        """Say which instances of checkpoint ``epoch`` no live worker could give, who holds them, and which
-        workers were registered then: the leader tries again only once that changes."""
+        """Say which instances of checkpoint ``epoch`` no live worker could give, who holds them, which
+        workers (which boot of each) were registered then and which holders did not answer: the leader tries
+        again once the registered workers change, or after a while when a holder may have been cut off."""
         await riding_out(self.zk.ensure, paths.unusable(self.job))
         try:
             await riding_out(self.zk.create, paths.unusable_epoch(self.job, epoch), marker)
