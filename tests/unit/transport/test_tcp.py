@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -451,3 +452,33 @@ async def test_a_sender_refuses_a_batch_no_receiver_would_reassemble(monkeypatch
         ):
             await pipe.sender.send(records)
         assert pipe.inbox.queued(0) == 0
+
+
+def free_port() -> int:
+    """A port nobody listens on (taken and let go)."""
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_transfer_gives_up_on_a_peer_that_refuses_connections_while_a_stream_waits_for_it() -> None:
+    """Nobody listens at the address (the peer's process is gone): a one-off transfer channel fails with
+    ConnectionRefusedError instead of waiting out its caller's timeout; a stream channel to the same address
+    keeps waiting, and once a server listens there its items arrive, once and in order."""
+    address = ("127.0.0.1", free_port())
+    async with TcpClient(SECRET, reconnect_delay=0.01, max_reconnect_delay=0.05) as client:
+        stream = client.channel(address, CHANNEL)
+        transfer = client.channel(address, "job/replica-push", transfer=True)
+        with pytest.raises(ConnectionRefusedError, match=f"127.0.0.1:{address[1]} refuses connections"):
+            async with asyncio.timeout(5):  # a safety net: refusal comes at the first connect
+                await transfer.send(batch(1))
+        sending = asyncio.create_task(stream.send(batch(2, 3)))
+        async with DataServer(SECRET, port=address[1]) as server:
+            inbox = Inbox(8)
+            server.register(CHANNEL, inbox, inbox.add_channel(0))
+            async with asyncio.timeout(5):
+                await sending
+                while inbox.is_empty(0):
+                    await inbox.wait()
+            assert inbox.pop(0) == batch(2, 3)
+            assert inbox.is_empty(0)
