@@ -55,6 +55,8 @@ def report(results: list[RunResult], seconds: float) -> dict[str, Any]:
         "fault_kinds": sorted({fault.kind for result in results for fault in result.faults}),
         "records": sum(result.records_in for result in results),
         "committed": sum(result.committed for result in results),
+        "changes_done": sum(result.changes_done for result in results),
+        "savepoints": sum(result.savepoints for result in results),
         "outcomes": outcomes,
         "seconds": round(seconds, 2),
     }

@@ -18,6 +18,9 @@ Kinds (:data:`KINDS`):
 - ``crash-checkpoint``, ``crash-change``, ``crash-commit``: a worker dies at
   the next checkpoint it is asked for, the next live change, the next
   completed checkpoint (after ``at``); started again ``lasts`` seconds after.
+- ``crash-savepoint``: a client asks for a savepoint at ``at``; a worker dies
+  when the savepoint's checkpoint is triggered (started again ``lasts``
+  seconds after). The savepoint completes or fails with a reason.
 - ``pause-commit``: the master leading at ``at`` stops in the middle of its
   next write (its request on the way) for ``lasts`` seconds, longer than a
   session: another master leads meanwhile, and the request arrives late.
@@ -34,12 +37,16 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-KINDS = (
+FIRST_KINDS = (
     "kill", "disk", "pause", "partition", "isolate", "slow", "expire",
     "crash-checkpoint", "crash-change", "crash-commit", "pause-commit",
 )  # fmt: skip
+KINDS = (*FIRST_KINDS, "crash-savepoint")  # new kinds go last: FIRST_KINDS alone draws the schedules it always did
 LEADER = "leader"  # the target of a pause-commit: whichever master leads then
-CRASH_POINTS = {"crash-checkpoint": "checkpoint", "crash-change": "change", "crash-commit": "commit"}
+CRASH_POINTS = {
+    "crash-checkpoint": "checkpoint", "crash-change": "change", "crash-commit": "commit",
+    "crash-savepoint": "savepoint",
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

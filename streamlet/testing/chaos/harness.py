@@ -103,6 +103,7 @@ class ChaosCluster:
     down: set[str] = field(default_factory=set)  # killed and not restarted yet
     buried: list[Party] = field(default_factory=list)  # the parties of processes killed and started again
     harness: contextvars.Context | None = None  # the driver's context: the run's world, no party
+    savepoints: list[asyncio.Future[bool]] = field(default_factory=list)  # those a client is taking
 
     @classmethod
     def make(cls, seed: int, shape: ClusterShape, folder: Path) -> ChaosCluster:
@@ -110,7 +111,7 @@ class ChaosCluster:
         rng = random.Random(seed)
         network = Network(random.Random(rng.getrandbits(64)))
         loop = SimLoop(network)
-        trace = Trace(loop.time)
+        trace = Trace(loop.time, folder=str(folder.resolve()))
         network.note = trace.add
         tree = TracingTree(trace=trace)
         secret = rng.randbytes(32)
@@ -142,6 +143,13 @@ class ChaosCluster:
             self._start(name, "master", number)
         for number, name in enumerate(self.workers):
             self._start(name, "worker", number)
+
+    def add_worker(self) -> str:
+        """A new worker joins the running cluster, named after the last; returns its name."""
+        number = sum(1 for process in self.processes.values() if process.role == "worker")
+        name = f"worker-{number}"
+        self._start(name, "worker", number)
+        return name
 
     def _start(self, name: str, role: str, number: int) -> None:
         party = Party(name)

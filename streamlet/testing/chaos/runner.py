@@ -20,15 +20,16 @@ from typing import Any
 import structlog.testing
 
 import streamlet.testing.chaos.checker as checker
-from streamlet.backends.cluster.client import job_commands, live_changes
+from streamlet.backends.cluster.client import job_commands
 from streamlet.backends.cluster.simulated import targets
 from streamlet.backends.cluster.simulated.cluster import ExactlyOnceSink
-from streamlet.backends.cluster.tree import layouts, paths
+from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.lifecycle import JobState
 from streamlet.core.model import world
 from streamlet.core.model.record import Record
 from streamlet.core.model.topology import Topology
-from streamlet.errors import SimulationStalled, StreamletError
+from streamlet.errors import SimulationStalled
+from streamlet.testing.chaos import steering
 from streamlet.testing.chaos.faults import CRASH_POINTS, KINDS, Fault, schedule
 from streamlet.testing.chaos.harness import ChaosCluster, ClusterShape
 from streamlet.testing.chaos.network import STORE
@@ -55,6 +56,8 @@ class RunResult:
     virtual_seconds: float
     committed: int
     records_in: int = 0  # the records its sources read (the input, once)
+    changes_done: int = 0  # live changes that completed (rescales, migrations)
+    savepoints: int = 0  # savepoints written
     trace_tail: list[str] = field(default_factory=list)
 
     def to_data(self) -> dict[str, Any]:
@@ -63,7 +66,8 @@ class RunResult:
             "seed": self.seed, "workload": self.workload, "trace_hash": self.trace_hash,
             "faults": [fault.to_data() for fault in self.faults], "state": self.state, "reason": self.reason,
             "violations": self.violations, "virtual_seconds": round(self.virtual_seconds, 3),
-            "committed": self.committed, "records_in": self.records_in,
+            "committed": self.committed, "records_in": self.records_in, "changes_done": self.changes_done,
+            "savepoints": self.savepoints,
         }  # fmt: skip
 
 
@@ -115,7 +119,7 @@ def _crash_point(path: str, data: Any) -> str | None:
     if data is None:
         return None
     if path.startswith(paths.checkpoints(JOB) + "/attempt-") and path.endswith("/trigger"):
-        return "checkpoint"
+        return "savepoint" if data.get("export") else "checkpoint"
     if path == paths.completed(JOB):
         return "commit"
     if path.startswith(paths.reconfigurations(JOB) + "/"):
@@ -187,14 +191,20 @@ async def _drive(
     spec = job_commands.new_spec(reference, {}, checkpoint, None)
     await job_commands.submit(client, JOB, spec, cluster.secret)
     began = loop.time()
-    timeline = _timeline(cluster, faults, observer)
+    timeline = _timeline(cluster, faults, observer, client)
     if workload.rescale is not None:
         at = cluster.rng.uniform(1.0, 8.0)
-        timeline.append((at, partial(_ask_rescale, client, *workload.rescale)))
+        timeline.append((at, partial(steering.ask_rescale, client, JOB, *workload.rescale)))
+        if workload.add_worker:  # it joins a second before: the rescale puts the new instance on it
+            timeline.append((at - 1.0, cluster.add_worker))
+    if workload.migrate is not None:
+        at = cluster.rng.uniform(1.0, 8.0)
+        timeline.append((at, partial(steering.ask_migration, client, JOB, workload.migrate, cluster.rng)))
     if workload.shed is not None:
         ratio, seconds = workload.shed
         at = cluster.rng.uniform(1.0, 6.0)
-        timeline += [(at, partial(_shed, client, ratio)), (at + seconds, partial(_shed, client, 0.0))]
+        shed = partial(steering.set_shed_ratio, client, JOB)
+        timeline += [(at, partial(shed, ratio)), (at + seconds, partial(shed, 0.0))]
     timeline.sort(key=lambda entry: entry[0])
     for at, action in timeline:
         await asyncio.sleep(max(0.0, began + at - loop.time()))
@@ -212,22 +222,7 @@ async def _cluster_up(client: Any, workers: int) -> bool:
     return len(await client.children(paths.WORKERS)) >= workers and await client.get(paths.LEADER) is not None
 
 
-async def _ask_rescale(client: Any, task: str, instances: int) -> None:
-    with contextlib.suppress(StreamletError):  # not RUNNING then (recovering from a fault): no rescale this run
-        await live_changes.ask(client, JOB, layouts.request_node(task, instances))
-
-
-async def _shed(client: Any, ratio: float) -> None:
-    """Set the job's shed ratio, as the leader's shed policy does (``paths.shedding``)."""
-    found = await client.get(paths.shedding(JOB))
-    data = {"ratio": ratio, "at": world.wall_time()}
-    if found is None:
-        await client.create(paths.shedding(JOB), data)
-    else:
-        await client.set(paths.shedding(JOB), data)
-
-
-def _timeline(cluster: ChaosCluster, faults: list[Fault], observer: _Observer) -> list[tuple[float, Any]]:
+def _timeline(cluster: ChaosCluster, faults: list[Fault], observer: _Observer, client: Any) -> list[tuple[float, Any]]:
     """Each fault as its start and its end (restart, resume, heal), at seconds from the submit."""
     timeline: list[tuple[float, Any]] = []
     for fault in faults:
@@ -255,7 +250,17 @@ def _timeline(cluster: ChaosCluster, faults: list[Fault], observer: _Observer) -
         elif fault.kind in CRASH_POINTS:
             crash = partial(_crash, cluster, target, fault.lasts)
             timeline += [(fault.at, partial(observer.armed.append, (CRASH_POINTS[fault.kind], crash)))]
+            if fault.kind == "crash-savepoint":  # a client asks for one then, in the background: it may wait
+                timeline += [(fault.at, partial(_savepoint_later, cluster, client))]
     return timeline
+
+
+def _savepoint_later(cluster: ChaosCluster, client: Any) -> None:
+    """Start taking a savepoint (``streamlet savepoint``); the timeline goes on meanwhile."""
+    folder = cluster.folder / "savepoints" / f"{len(cluster.savepoints)}"
+    folder.mkdir(parents=True)
+    taking = steering.take_savepoint(client, JOB, folder, cluster.secret, cluster.trace)
+    cluster.savepoints.append(asyncio.ensure_future(taking))
 
 
 def _pause_at_next_commit(cluster: ChaosCluster, observer: _Observer, lasts: float) -> None:
@@ -324,4 +329,11 @@ def _judge(
         reason=reason, violations=violations, virtual_seconds=outcome["virtual_seconds"],
         committed=sum(map(len, committed.values())), trace_tail=list(cluster.trace.lines[-60:]),
         records_in=sum(map(len, workload.inputs.values())),
+        changes_done=sum(1 for _, why in observer.job_states if why.startswith("change ") and " done: " in why),
+        savepoints=sum(map(_written, cluster.savepoints)),
     )  # fmt: skip
+
+
+def _written(taken: asyncio.Future[bool]) -> bool:
+    """A savepoint the run asked for was written (not refused, not still waiting when the run ended)."""
+    return taken.done() and not taken.cancelled() and taken.exception() is None and taken.result()

@@ -9,7 +9,8 @@ sink by an :class:`~streamlet.testing.ExactlyOnceSink`; the checker compares
 what those committed with the same topology run in-process.
 
 The built-in workloads (:data:`WORKLOADS`): keyed counts into an exactly-once
-sink, event-time windows, a loop, a live rescale under load, shedding half the
+sink, event-time windows, a loop, live changes under load (a rescale, a rescale
+onto a worker that joins the cluster, a migration), shedding half the
 input for a while with ``recover`` (every shed record replayed), and a task
 that skips poison records after writing their state.
 """
@@ -78,7 +79,9 @@ class Workload:
     ``checkpoint_interval``: seconds between checkpoints (``None``: none; a
     topology with a loop takes none, and a failure restarts it from the
     start). ``rescale``: (task, parallelism) asked for at a random moment
-    while the job runs. ``shed``: (ratio, seconds) the sources shed, as the
+    while the job runs (``add_worker``: a new worker joins the cluster a second before, and takes the new
+    instance). ``migrate``: a task one of whose instances (drawn) moves to another worker (drawn) at a random
+    moment. ``shed``: (ratio, seconds) the sources shed, as the
     leader's shed policy sets it, from a random moment on (with a QoS that
     recovers, every shed record is replayed). ``per_read`` and ``every`` pace
     the sources.
@@ -89,6 +92,8 @@ class Workload:
     inputs: dict[str, list[Any]]
     checkpoint_interval: float | None = 0.5
     rescale: tuple[str, int] | None = None
+    add_worker: bool = False  # a new worker joins the cluster a second before the rescale
+    migrate: str | None = None  # a task one of whose instances moves to another worker at a random moment
     shed: tuple[float, float] | None = None  # (ratio, seconds): the sources shed that much for that long
     per_read: int = 50
     every: float = 0.05
@@ -187,6 +192,8 @@ WORKLOADS: dict[str, Workload] = {
     "windows": Workload("windows", windows_topology, {"events": _keyed(RECORDS)}),
     "loop": Workload("loop", loop_topology, {"numbers": _numbers(RECORDS)}, checkpoint_interval=None),
     "rescale": Workload("rescale", counts_topology, {"words": _keyed(RECORDS)}, rescale=("count", 3)),
+    "grow": Workload("grow", counts_topology, {"words": _keyed(RECORDS)}, rescale=("count", 3), add_worker=True),
+    "migrate": Workload("migrate", counts_topology, {"words": _keyed(RECORDS)}, migrate="count"),
     "poison": Workload("poison", poison_topology, {"words": _valued(RECORDS)}),
     "shedding": Workload("shedding", recovering_counts_topology, {"words": _keyed(RECORDS)}, shed=(0.5, 3.0)),
 }

@@ -49,7 +49,7 @@ async def take(
     if settings is None:
         raise JobError(f"job '{job}' takes no checkpoints: submit it with --checkpoint-interval to take savepoints")
     attempt = int(status["attempt"])
-    folder = Path(await anyio.Path(path).resolve()).with_name(f"{path.name}.parts")
+    folder = (await world.blocking(path.resolve)).with_name(f"{path.name}.parts")
     await world.blocking(partial(folder.mkdir, parents=True, exist_ok=True))
     try:
         with anyio.fail_after(seconds):

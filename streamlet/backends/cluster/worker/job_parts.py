@@ -286,6 +286,9 @@ class WorkerJobs:
     async def _carry_out_change(self, job: str, attempt: int, change: Reconfiguration, running: Job, name: str) -> None:
         part = self.parts[job, attempt]
         placement = part.placement
+        # a part joining by this change may not be built yet: built now, it would take the change's placed
+        # instances for its own from the start, beside those the change adds (one never fed, never ending)
+        await running.built()
         before = dict(placement)
         placement.update(change["placed"])
         run, addresses = part.run, part.addresses
