@@ -278,6 +278,10 @@ def cluster_group() -> None:
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--masters", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--zk", default=None, help="use this ZooKeeper instead of starting one")
+@click.option(
+    "--zookeepers", default=1, show_default=True, type=click.Choice(["1", "3", "5"]),
+    help="ZooKeeper servers to start: 1, or an ensemble of 3 or 5 (a majority must serve)",
+)  # fmt: skip
 @click.option("--name", default="default", show_default=True)
 @click.option("--capacity", default=8, show_default=True, type=click.IntRange(min=1), help="instances per worker")
 @click.option("--label", "labels", multiple=True, help="WORKER=LABEL, e.g. worker-1=gpu; repeatable")
@@ -292,6 +296,7 @@ def cluster_up(
     workers: int,
     masters: int,
     zk: str | None,
+    zookeepers: str,
     name: str,
     capacity: int,
     labels: tuple[str, ...],
@@ -310,7 +315,7 @@ def cluster_up(
     try:
         state = local_cluster.up(
             state_dir, name, workers, masters, zk, capacity, by_worker, loopback_hosts=loopback_hosts,
-            logs=_log_settings(context),
+            logs=_log_settings(context), zookeepers=int(zookeepers),
         )  # fmt: skip
         status = anyio.run(wait_until_ready, state.settings(), workers)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
@@ -366,11 +371,14 @@ def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: b
     """Leader and epoch, candidates, workers with state and load, jobs (with the cluster secret, from
     STREAMLET_SECRET or --state-dir: the jobs and the heartbeats are readable with it only)."""
     from streamlet.backends.cluster.client.status import format_status
+    from streamlet.backends.cluster.tree.quorum import refuse_without_quorum
     from streamlet.backends.cluster.tree.status import read_status
 
     async def show(settings: StoreSettings) -> str:
+        modes = await anyio.to_thread.run_sync(refuse_without_quorum, settings.hosts)  # NoQuorum names them
         async with settings.open() as store:
             status = await read_status(store)
+        status["zookeeper"] = [{"address": address, "mode": mode} for address, mode in modes]
         return json.dumps(status, indent=2) if as_json else format_status(status)
 
     try:

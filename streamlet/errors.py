@@ -28,7 +28,8 @@ instance, the port and, where there is one, the record's key::
         ├── CoordinationError    ZooKeeper (or the store) unreachable, or a node not as expected
         │   ├── VersionConflict  a conditional write lost to someone else's
         │   ├── NodeExists       the node was already there
-        │   └── NotAuthorized    the store refused: no cluster secret
+        │   ├── NotAuthorized    the store refused: no cluster secret
+        │   └── NoQuorum         too few ZooKeeper members serve: nothing can be read or written
         ├── DispatchError    no live worker can take an instance
         ├── PartLost         a worker restarted while its part of an attempt ran: the attempt cannot go on
         ├── LifecycleError   a job state change the lifecycle does not allow
@@ -178,6 +179,11 @@ class NodeExists(CoordinationError):
 
 class NotAuthorized(CoordinationError):
     """The store refused a change: this client does not hold the cluster secret."""
+
+
+class NoQuorum(CoordinationError):
+    """Too few members of the ZooKeeper ensemble serve (fewer than a majority): nothing can be read or
+    written until enough of them are back. The message names each member and its mode."""
 
 
 class DispatchError(ClusterError):

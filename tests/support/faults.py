@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 
+from streamlet.backends.cluster.local import local_cluster
 from streamlet.backends.cluster.local.local_cluster import SECRET_ENV, alive, stop_pid
 from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
 from streamlet.backends.cluster.tree import jobs
@@ -223,11 +224,19 @@ class LocalCluster:
 
     @classmethod
     def up(
-        cls, directory: Path, name: str, *, workers: int = 2, masters: int = 1, capacity: int = 3, zk: str | None
+        cls,
+        directory: Path,
+        name: str,
+        *,
+        workers: int = 2,
+        masters: int = 1,
+        capacity: int = 3,
+        zk: str | None,
+        zookeepers: int = 1,
     ) -> LocalCluster:
-        """``streamlet cluster up`` (on the ZooKeeper at ``zk``, or one of its own when ``None``)."""
+        """``streamlet cluster up`` (on the ZooKeeper at ``zk``, or its own: ``zookeepers`` servers)."""
         args = ["cluster", "up", "--name", name, "--workers", str(workers), "--masters", str(masters)]
-        args += ["--capacity", str(capacity), *(["--zk", zk] if zk else [])]
+        args += ["--capacity", str(capacity), *(["--zk", zk] if zk else ["--zookeepers", str(zookeepers)])]
         reaper.record_cluster(directory / ".streamlet")  # killed even should this run end without teardown
         up: subprocess.CompletedProcess[str] | None = None
         try:
@@ -291,7 +300,7 @@ class LocalCluster:
         Each group is signalled at once (SIGCONT, for a stopped process, and SIGTERM) and waited for on pidfds;
         ``stop_pid`` then makes sure of each PID (a second SIGTERM stops a draining worker at once).
         """
-        zookeeper = {self.pids.get("zookeeper"), *self.zookeepers}
+        zookeeper = {pid for name, pid in self.pids.items() if name.startswith("zookeeper")} | set(self.zookeepers)
         pids = self.every_pid()
         for group in ([pid for pid in pids if pid not in zookeeper], [pid for pid in pids if pid in zookeeper]):
             for pid in group:
@@ -308,6 +317,13 @@ class LocalCluster:
                 if stream is not None:
                     stream.close()
         return [pid for pid in pids if alive(pid)]
+
+    def restart_member(self, member: str) -> int:
+        """Start ZooKeeper member ``member`` (``zookeeper-2``) again from the command line and working directory
+        ``cluster up`` recorded for it; its PID (stopped with the cluster)."""
+        process = self.adopt(local_cluster.restart(self.state_dir, member))
+        self.zookeepers.append(process.pid)
+        return process.pid
 
     def restart_zookeeper(self) -> ZooKeeperServer:
         """Start the cluster's ZooKeeper again on its port and data directory (after it was killed)."""

@@ -7,26 +7,34 @@ from typing import Any
 
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.outline import Outlines
+from streamlet.backends.cluster.tree.quorum import refuse_without_quorum
 from streamlet.backends.cluster.tree.registry import workers
 from streamlet.backends.cluster.tree.signing import verify
 from streamlet.backends.cluster.tree.status import read_status
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.backends.monitor.views import Reading, graph_of
+from streamlet.core.model import world
 from streamlet.errors import StreamletError
 
 
 class ClusterSource:
     """Readings of the whole cluster from ZooKeeper (every worker's heartbeat carries its statistics)."""
 
-    def __init__(self, store: ClusterStore, secret: bytes, outlines: Outlines | None = None) -> None:
+    def __init__(
+        self, store: ClusterStore, secret: bytes, outlines: Outlines | None = None, zookeepers: str | None = None
+    ) -> None:
         self.store = store
+        self.zookeepers = zookeepers  # the connect string: each member's mode is shown, and a lost quorum said
         self.secret = secret
         self.outlines = Outlines() if outlines is None else outlines  # the leader's: each job built once
         self._graphs: dict[str, dict[str, Any]] = {}  # spec uid -> graph
 
     async def read(self) -> Reading:
-        """The cluster now."""
+        """The cluster now; :class:`~streamlet.errors.NoQuorum` when the ZooKeeper ensemble has none."""
+        modes = None if self.zookeepers is None else await world.blocking(refuse_without_quorum, self.zookeepers)
         status = await read_status(self.store)
+        if modes is not None:
+            status["zookeeper"] = [{"address": address, "mode": mode} for address, mode in modes]
         samples = [{"worker": view.worker_id, "load": view.load or {}} for view in await workers(self.store)]
         jobs = [await self._job(job) for job in status.pop("jobs")]
         return Reading(time.time(), status, samples, jobs)

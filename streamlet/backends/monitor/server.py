@@ -77,9 +77,18 @@ class Dashboard:
         while True:
             try:
                 await self.refresh()
-            except Exception as exc:  # noqa: BLE001 - logged; the next interval reads again
+            except Exception as exc:  # noqa: BLE001 - logged and shown; the next interval reads again
                 log.warning("dashboard refresh failed", error=f"{type(exc).__name__}: {exc}")
+                self._unreadable(str(exc))
             await anyio.sleep(self.interval)
+
+    def _unreadable(self, why: str) -> None:
+        """The last views stay, saying why they are not fresh (ZooKeeper without a quorum, say)."""
+        if self.views is None:
+            return
+        self.views = {**self.views, "cluster": {**self.views["cluster"], "problem": why}}
+        self._updated.set()
+        self._updated = anyio.Event()
 
     async def updates(self) -> AsyncIterator[dict[str, Any]]:
         """The views now (once there are any), then after every refresh, until the server shuts down."""

@@ -145,6 +145,8 @@ def cluster_view(reading: Reading, rates: dict[str, dict[str, Any]]) -> dict[str
         "cluster": status.get("cluster"),
         "leader": status.get("leader"),
         "masters": status.get("candidates", []),
+        "zookeeper": status.get("zookeeper"),  # each member and its mode (a ZooKeeper the cluster started)
+        "problem": None,  # set when a reading fails: why the views are not fresh
         "workers": workers,
         "matrix": {"workers": [row["id"] for row in workers], "cells": matrix},
         "jobs": [

@@ -29,11 +29,11 @@ from streamlet.core.model import world
 from streamlet.core.model.record import Record
 from streamlet.core.model.topology import Topology
 from streamlet.errors import SimulationStalled
-from streamlet.testing.chaos import steering
 from streamlet.testing.chaos.faults import CRASH_POINTS, KINDS, Fault, schedule
 from streamlet.testing.chaos.harness import ChaosCluster, ClusterShape
 from streamlet.testing.chaos.network import STORE
 from streamlet.testing.chaos.parties import PARTY
+from streamlet.testing.chaos.steering import ask_migration, ask_rescale, set_shed_ratio, take_savepoint
 from streamlet.testing.chaos.workloads import PacedSource, Workload
 
 JOB = "chaos"
@@ -194,16 +194,16 @@ async def _drive(
     timeline = _timeline(cluster, faults, observer, client)
     if workload.rescale is not None:
         at = cluster.rng.uniform(1.0, 8.0)
-        timeline.append((at, partial(steering.ask_rescale, client, JOB, *workload.rescale)))
+        timeline.append((at, partial(ask_rescale, client, JOB, *workload.rescale)))
         if workload.add_worker:  # it joins a second before: the rescale puts the new instance on it
             timeline.append((at - 1.0, cluster.add_worker))
     if workload.migrate is not None:
         at = cluster.rng.uniform(1.0, 8.0)
-        timeline.append((at, partial(steering.ask_migration, client, JOB, workload.migrate, cluster.rng)))
+        timeline.append((at, partial(ask_migration, client, JOB, workload.migrate, cluster.rng)))
     if workload.shed is not None:
         ratio, seconds = workload.shed
         at = cluster.rng.uniform(1.0, 6.0)
-        shed = partial(steering.set_shed_ratio, client, JOB)
+        shed = partial(set_shed_ratio, client, JOB)
         timeline += [(at, partial(shed, ratio)), (at + seconds, partial(shed, 0.0))]
     timeline.sort(key=lambda entry: entry[0])
     for at, action in timeline:
@@ -259,7 +259,7 @@ def _savepoint_later(cluster: ChaosCluster, client: Any) -> None:
     """Start taking a savepoint (``streamlet savepoint``); the timeline goes on meanwhile."""
     folder = cluster.folder / "savepoints" / f"{len(cluster.savepoints)}"
     folder.mkdir(parents=True)
-    taking = steering.take_savepoint(client, JOB, folder, cluster.secret, cluster.trace)
+    taking = take_savepoint(client, JOB, folder, cluster.secret, cluster.trace)
     cluster.savepoints.append(asyncio.ensure_future(taking))
 
 

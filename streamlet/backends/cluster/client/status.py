@@ -36,12 +36,20 @@ async def wait_for_worker(settings: StoreSettings, worker_id: str, seconds: floa
                 await anyio.sleep(0.1)
 
 
+def _zookeeper_lines(members: list[dict[str, str]] | None) -> list[str]:
+    """``zookeeper: 127.0.0.1:2181 leader, ...``: each member of the connect string and its mode."""
+    if not members:
+        return []
+    return ["  zookeeper: " + ", ".join(f"{member['address']} {member['mode']}" for member in members)]
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The status as a short text table."""
     lead = status["leader"]
     lines = [
         f"cluster '{status['cluster']}'",
         f"  leader: {lead['name']} (epoch {lead['epoch']})" if lead else "  leader: none",
+        *_zookeeper_lines(status.get("zookeeper")),
         f"  dashboard: {status.get('dashboard') or 'none'}",
         f"  candidates: {', '.join(status['candidates']) or 'none'}",
         f"  {'worker':<12} {'data address':<22} {'state':<18} {'load':<11} {'cpu%':>4} {'queued':>6} "

@@ -152,15 +152,23 @@ class Leader:
         self.backups = BackupController(store, self.fence, clock)
         self._backups_placed_at = -BACKUP_ROUND
         self._boots: dict[str, str] = {}  # live worker -> its boot, as of this round
+        # when this leader last began to see the store (its term began, or its connection came back): a
+        # heartbeat missed before then (the store down, out of quorum, or out of this leader's reach) is not
+        # held against a worker, which gets STALE_AFTER from then on to beat
+        self.seeing_since = clock()
 
     async def run(self) -> None:
         """Rounds until cancelled: at once when a worker comes or goes, else every ``ROUND``."""
         workers_changed = await self.store.watch_children(paths.WORKERS)
         async with anyio.create_task_group() as builds:
             self._builds = builds
+            seeing = True
             while True:
                 workers_changed.clear()
-                if self.store.state == "connected":  # suspended: decide nothing until the session is back or lost
+                if self.store.state == "connected" and not seeing:
+                    self.seeing_since = self.clock()
+                seeing = self.store.state == "connected"
+                if seeing:  # suspended: decide nothing until the session is back or lost
                     try:
                         await self.round()
                     except Exception as exc:  # noqa: BLE001 - the leader must outlive a bad round; the next retries
@@ -170,7 +178,7 @@ class Leader:
 
     async def round(self) -> list[str]:
         """Look at every job once; returns a line per decision taken."""
-        views = live(await workers(self.store), self.clock())
+        views = live(await workers(self.store), self.clock(), self.seeing_since)
         live_ids = {view.worker_id for view in views}
         self._boots = {view.worker_id: str(view.info.get("boot", "")) for view in views}
         decisions = []
@@ -194,7 +202,7 @@ class Leader:
         if now - self._backups_placed_at < BACKUP_ROUND:
             return
         self._backups_placed_at = now
-        views = live(await workers(self.store), now)
+        views = live(await workers(self.store), now, self.seeing_since)
         loads = None
         for job in await self.store.children(paths.JOBS):
             state = await self.store.get(paths.state(job))
@@ -204,7 +212,7 @@ class Leader:
             spec, assignment = await self.store.get(paths.spec(job)), await self.store.get(paths.assignment(job))
             if spec is None or assignment is None:
                 continue
-            loads = loads or await live_loads(self.store, now)
+            loads = loads or await live_loads(self.store, now, since=self.seeing_since)
             try:
                 await self.backups.step(job, spec.data, assignment.data, views, loads)
             except CoordinationError as exc:  # another leader's write, a lost session: the next pass retries
@@ -264,7 +272,7 @@ class Leader:
         if not isinstance(topology, Topology):
             return await self._cannot_run(view, topology)
         try:
-            mapping = place(topology, await live_loads(self.store, self.clock()))
+            mapping = place(topology, await live_loads(self.store, self.clock(), since=self.seeing_since))
         except DispatchError as exc:
             return await self._move(view, JobState.STALLED, f"no live worker can take it: {exc}")
         assignment: Assignment = {
@@ -318,7 +326,7 @@ class Leader:
         layout = None if view.layout is None else view.layout.data
         ident = 1 if view.change is None else int(view.change["id"]) + 1
         instances = reconfigure.placed_instances(view.assignment.data["instances"], layout, view.attempt)
-        loads = await live_loads(self.store, self.clock(), exclude=view.name)
+        loads = await live_loads(self.store, self.clock(), exclude=view.name, since=self.seeing_since)
         task = topology.nodes.get(str(request.get("task")))
         fitting = fitting_workers(task, loads) if task is not None else set()  # its workers=/labels= constraints
         room = {load.worker_id: load.capacity - load.used for load in loads if load.worker_id in fitting}
@@ -413,7 +421,7 @@ class Leader:
         if not isinstance(topology, Topology):
             return await self._cannot_run(view, topology)
         try:
-            loads = await live_loads(self.store, self.clock(), exclude=view.name)
+            loads = await live_loads(self.store, self.clock(), exclude=view.name, since=self.seeing_since)
             holders = await state_holders(self.store, view.name, view.assignment.data)
             mapping = place(topology, loads, avoid, holders)  # where the state is: a recovery moves little
         except DispatchError as exc:

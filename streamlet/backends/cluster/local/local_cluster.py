@@ -1,7 +1,8 @@
 """``streamlet cluster up/status/down``: a cluster of background processes on this machine.
 
-``up`` starts ZooKeeper (unless given ``--zk``), the masters and the
-workers, waits until a leader and every worker are registered, and records
+``up`` starts ZooKeeper (unless given ``--zk``: one server, or an ensemble
+of 3 or 5 members with ``--zookeepers``), the masters and the workers,
+waits until a leader and every worker are registered, and records
 in its state directory (``.streamlet/`` by default) how to reach the cluster
 and the PID of every process it started. ``down`` stops exactly those PIDs.
 The cluster secret is kept in ``<state dir>/secret`` (mode 600); the
@@ -25,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamlet.backends.cluster.local.zookeeper_ensemble import ZooKeeperEnsemble
 from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
 from streamlet.backends.cluster.tree.zk import StoreSettings
 from streamlet.errors import ClusterError
@@ -114,8 +116,12 @@ def up(
     heartbeat: float = 1.0,
     loopback_hosts: bool = False,
     logs: LogSettings | None = None,
+    zookeepers: int = 1,
 ) -> ClusterState:
     """Start ZooKeeper (unless ``zk``), masters and workers (``labels`` by worker id); record them in ``state_dir``.
+
+    ``zookeepers``: 1 starts a standalone server, 3 or 5 an ensemble (one folder per member under
+    ``state_dir``); every process then takes the connect string of all members.
 
     With ``loopback_hosts`` each worker serves its data plane on a loopback address of its own
     (``127.0.0.2``, ``127.0.0.3``, …), as separate machines would: nothing may assume one address.
@@ -131,14 +137,18 @@ def up(
             handle.write(secrets.token_bytes(32))
     state = ClusterState(name=name, zk=zk or "", secret_file=str(secret_file.resolve()))
     state.logs = None if logs is None else {"level": logs.level, "format": logs.format}
+    if zk is not None and zookeepers != 1:
+        raise ClusterError("--zookeepers starts ZooKeeper: it does not go with --zk (a ZooKeeper of yours)")
     try:
-        if zk is None:
+        if zk is None and zookeepers == 1:
             server = ZooKeeperServer(data_dir=state_dir / "zookeeper")
             pid = server.launch()
             state.zk = server.address
             state.processes.append({"role": "zookeeper", "id": "zookeeper", "pid": pid})
             state.save(state_dir)  # before waiting: 'cluster down' can stop it even if this process dies now
             server.wait_until_ready()
+        elif zk is None:
+            start_ensemble(state, state_dir, zookeepers)
         state.save(state_dir)
         for index in range(masters):
             args = [
@@ -168,6 +178,41 @@ def up(
         down(state_dir)
         raise
     return state
+
+
+def start_ensemble(state: ClusterState, state_dir: Path, size: int) -> ZooKeeperEnsemble:
+    """Start a ZooKeeper ensemble of ``size`` members for ``state``; each member's record keeps its command line
+    and working directory (what :func:`restart` starts it again from)."""
+    ensemble = ZooKeeperEnsemble(state_dir, size)
+    state.zk = ",".join(member.address for member in ensemble.prepare())
+    for member in ensemble.members:
+        pid = member.launch()
+        record = {"role": "zookeeper", "id": member.name, "pid": pid, "address": member.address}
+        state.processes.append({**record, "command": member.command(), "cwd": str(member.folder.resolve())})
+        state.save(state_dir)  # each as it starts: 'cluster down' can stop it even if this process dies now
+    ensemble.wait_until_serving()
+    return ensemble
+
+
+def restart(state_dir: Path, process_id: str) -> subprocess.Popen[bytes]:
+    """Start a recorded process that has a command line of its own (a ZooKeeper member) again, from that
+    command line and working directory alone, in a session of its own (it outlives the caller); records its
+    new PID and returns the process."""
+    state = ClusterState.load(state_dir)
+    record = next((process for process in state.processes if process["id"] == process_id), None)
+    if record is None or "command" not in record:
+        startable = [str(process["id"]) for process in state.processes if "command" in process]
+        raise ClusterError(f"no process '{process_id}' to start again (those with a command: {startable})")
+    if alive(int(record["pid"])):
+        raise ClusterError(f"{process_id} runs already (pid {record['pid']})")
+    with open(Path(record["cwd"]) / "zookeeper.log", "ab") as log:
+        process = subprocess.Popen(
+            record["command"], cwd=record["cwd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    record["pid"] = process.pid
+    state.save(state_dir)
+    return process
 
 
 def add_worker(
@@ -309,4 +354,14 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped by a parent that is not us (an orphan whose init
+    does not reap: it answers signals, but nothing of it runs)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False  # no /proc here (or it went meanwhile: the next look says so)
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"  # the state follows the command name in parentheses

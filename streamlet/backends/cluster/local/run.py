@@ -20,7 +20,7 @@ from streamlet.backends.cluster.tree.outline import Outlines
 from streamlet.backends.cluster.tree.paths import WorkerInfo
 from streamlet.backends.cluster.tree.registry import WorkerRegistration
 from streamlet.backends.cluster.tree.store import ClusterStore
-from streamlet.backends.cluster.tree.zk import SESSION_TIMEOUT, StoreSettings
+from streamlet.backends.cluster.tree.zk import SESSION_TIMEOUT, StoreSettings, ZkStore
 from streamlet.backends.cluster.worker.job_parts import WorkerJobs
 from streamlet.backends.cluster.worker.serving import assemble_worker, serve_worker
 from streamlet.errors import CoordinationError
@@ -95,7 +95,8 @@ async def _serve_dashboard(
     from streamlet.backends.monitor.cluster_source import ClusterSource
     from streamlet.backends.monitor.server import Dashboard, serving
 
-    dashboard = Dashboard(ClusterSource(zk, secret, outlines))
+    zookeepers = zk.hosts if isinstance(zk, ZkStore) else None  # its members' modes are shown
+    dashboard = Dashboard(ClusterSource(zk, secret, outlines, zookeepers))
     try:
         async with serving(dashboard, host, port) as url:
             await _publish_dashboard(zk, url, name)

@@ -22,6 +22,7 @@ from types import TracebackType
 import structlog
 
 from streamlet.backends.cluster.local.child_process import stop_child
+from streamlet.backends.cluster.tree.quorum import four_letter_word
 from streamlet.errors import ZooKeeperError
 
 log = structlog.get_logger("streamlet")
@@ -69,13 +70,6 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-def four_letter_word(host: str, port: int, word: str = "ruok", timeout: float = 1.0) -> str:
-    """Send a ZooKeeper four-letter command and return the answer (``"imok"`` for ``ruok``)."""
-    with socket.create_connection((host, port), timeout=timeout) as connection:
-        connection.sendall(word.encode())
-        return connection.recv(1024).decode(errors="replace")
 
 
 @dataclass

@@ -21,14 +21,16 @@ def fitting_workers(node: Node, loads: list[WorkerLoad]) -> set[str]:
     return fitting if node.workers is None else fitting & set(node.workers)
 
 
-def live(views: list[WorkerView], now: float) -> list[WorkerView]:
-    """The workers with a fresh heartbeat."""
-    return [view for view in views if not view.stale(now, STALE_AFTER)]
+def live(views: list[WorkerView], now: float, since: float = 0.0) -> list[WorkerView]:
+    """The workers with a fresh heartbeat (staleness counted from ``since`` at the earliest)."""
+    return [view for view in views if not view.stale(now, STALE_AFTER, since)]
 
 
-async def live_loads(store: ClusterStore, now: float, exclude: str | None = None) -> list[WorkerLoad]:
+async def live_loads(
+    store: ClusterStore, now: float, exclude: str | None = None, since: float = 0.0
+) -> list[WorkerLoad]:
     """Live workers: capacity, instances of unfinished jobs (but ``exclude``) they hold, overload."""
-    views = live(await workers(store), now)
+    views = live(await workers(store), now, since)
     used = dict.fromkeys((v.worker_id for v in views), 0)
     for job in await store.children(paths.JOBS):
         found = await store.get(paths.assignment(job))

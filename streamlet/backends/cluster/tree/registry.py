@@ -137,9 +137,11 @@ class WorkerView:
     info: WorkerInfo
     load: dict[str, Any] | None
 
-    def stale(self, now: float, after: float) -> bool:
-        """No heartbeat for ``after`` seconds."""
-        return self.load is None or now - float(self.load.get("ts", 0.0)) > after
+    def stale(self, now: float, after: float, since: float = 0.0) -> bool:
+        """No heartbeat for ``after`` seconds, counted from ``since`` at the earliest (the reader's view of
+        the store came back then: a heartbeat missed while the reader could not see the store, or while the
+        store itself was down, is not held against the worker)."""
+        return self.load is None or now - max(float(self.load.get("ts", 0.0)), since) > after
 
 
 async def workers(zk: ClusterStore) -> list[WorkerView]:

@@ -33,6 +33,13 @@ function drawCluster(view) {
   document.getElementById("leader").textContent = leader
     ? `leader ${leader.name} (epoch ${leader.epoch}) · masters: ${view.masters.join(", ") || "none"}`
     : (view.cluster ? "no leader" : "");
+  const members = view.zookeeper || [];
+  document.getElementById("zookeeper").textContent = members.length
+    ? `zookeeper: ${members.map((m) => `${m.address} ${m.mode}`).join(" · ")}`
+    : "";
+  const problem = document.getElementById("problem");
+  problem.hidden = !view.problem;
+  problem.textContent = view.problem ? `not fresh: ${view.problem}` : "";
   fill(document.querySelector("#workers tbody"), view.workers.map((w) => row([
     cell(w.id), cell(w.address), cell(w.state), cell(w.load, w.load), num(w.cpu), num(w.rss_mb),
     num(w.in_per_s), num(w.out_per_s), num(w.instances.length), cell(w.stale ? "stale" : "ok"),

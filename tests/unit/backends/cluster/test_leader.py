@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
+from anyio import wait_all_tasks_blocked
 
 from streamlet.backends.cluster.client import job_commands
 from streamlet.backends.cluster.leader.leader import read_view
@@ -253,3 +255,47 @@ async def test_a_module_changed_after_submit_fails_the_job_naming_the_file(clust
     state, reason = await cluster.state("p")
     assert state == "FAILED"
     assert reason.startswith(f"cannot load the job: SpecError: job 'p': {module} here differs from the module that")
+
+
+async def test_a_heartbeat_missed_while_the_leader_could_not_see_the_store_is_not_held_against_the_worker(
+    cluster: MemoryCluster,
+) -> None:
+    """The job runs on w0, whose last heartbeat is 60 s old: a leader that has seen the store all along counts
+    w0 lost; one whose view came back a second ago (the store was down, or out of quorum) gives w0 the usual
+    5 s from then, and counts it lost only once they pass without a beat."""
+    await cluster.add_worker("w0")
+    await cluster.submit("p")
+    await cluster.leader.round()
+    beat = float((await cluster.client.get(paths.load("w0"))).data["ts"])  # type: ignore[union-attr]
+    now = [beat + 60.0]
+    cluster.leader.clock = lambda: now[0]
+    cluster.leader.seeing_since = now[0] - 1.0
+    await cluster.leader.round()
+    assert (await cluster.state("p"))[0] == "SCHEDULED"
+    now[0] += 4.5  # 5.5 s since it saw the store again
+    await cluster.leader.round()
+    assert await cluster.state("p") == ("STALLED", "lost w0; no live worker can take it: no live worker")
+
+
+async def test_the_leader_counts_staleness_from_when_its_store_connection_came_back(cluster: MemoryCluster) -> None:
+    """The leader's rounds skip while its store is suspended; the first look after it is connected again
+    marks the moment, by the leader's clock."""
+    await cluster.add_worker("w0")
+    leader = cluster.leader
+    now = [1000.0]
+    leader.clock = lambda: now[0]
+    store = leader.store
+    async with anyio.create_task_group() as group:
+        group.start_soon(leader.run)
+        await wait_all_tasks_blocked()
+        made = leader.seeing_since  # when it was made: its term began
+        store.state = "suspended"
+        await cluster.add_worker("w1")  # wakes the leader: it sees the store suspended
+        await wait_all_tasks_blocked()
+        assert leader.seeing_since == made
+        now[0] = 1042.0
+        store.state = "connected"
+        await cluster.add_worker("w2")
+        await wait_all_tasks_blocked()
+        assert leader.seeing_since == 1042.0
+        group.cancel_scope.cancel()

@@ -1,0 +1,168 @@
+"""A ZooKeeper ensemble of 3 or 5 members on this machine: ``streamlet cluster up --zookeepers 3``.
+
+Each member has a folder of its own under the state directory
+(``zookeeper-<myid>/``: ``zoo.cfg``, ``data/myid``, its log) and its own
+client, peer and election ports. Its command line names its configuration by
+a path relative to that folder, so a member is started again from its
+command line and working directory alone (``cluster.json`` records both),
+as an operator's unit file would. The processes are stopped by PID.
+
+A quorum serves while a majority of members do;
+:func:`~streamlet.backends.cluster.tree.quorum.member_modes` asks each member
+for its mode, which ``cluster status`` shows.
+
+Example:
+    >>> ensemble = ZooKeeperEnsemble(Path("/tmp/zk"), size=3)   # doctest: +SKIP
+    >>> ensemble.start().connect_string                          # doctest: +SKIP
+    '127.0.0.1:40111,127.0.0.1:40113,127.0.0.1:40115'
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamlet.backends.cluster.local.child_process import stop_child
+from streamlet.backends.cluster.local.zookeeper_server import find_classpath, find_java, free_port
+from streamlet.backends.cluster.tree.quorum import member_mode
+from streamlet.errors import ZooKeeperError
+
+QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+SIZES = (3, 5)  # an even count adds no failure it survives; 1 is the standalone server
+CONFIG = "zoo.cfg"
+
+
+@dataclass
+class EnsembleMember:
+    """One member: ``myid``, its folder, its ports; ``process`` while this object started it."""
+
+    myid: int
+    folder: Path
+    client_port: int
+    peer_port: int
+    election_port: int
+    host: str = "127.0.0.1"
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        """``zookeeper-1``: its id in ``cluster.json`` and its folder's name."""
+        return f"zookeeper-{self.myid}"
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of its client port."""
+        return f"{self.host}:{self.client_port}"
+
+    def command(self) -> list[str]:
+        """The command line that starts it, run in :attr:`folder` (its configuration is ``./zoo.cfg``)."""
+        return [
+            find_java(), "-Xmx256m", "-cp", find_classpath(), "-Dzookeeper.log.dir=.",
+            "-Dzookeeper.4lw.commands.whitelist=ruok,srvr,stat,mntr", QUORUM_MAIN, CONFIG,
+        ]  # fmt: skip
+
+    def launch(self) -> int:
+        """Start the member (its folder and configuration written before); its PID."""
+        with open(self.folder / "zookeeper.log", "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        return self.process.pid
+
+    def mode(self) -> str:
+        """``leader``, ``follower`` (``standalone`` for a lone server), or ``down``: not answering, or
+        answering without serving (no quorum: "This ZooKeeper instance is not currently serving requests")."""
+        return member_mode(self.host, self.client_port)
+
+    def stop(self) -> None:
+        """Stop the process this object started (SIGTERM, then SIGKILL after 10 s)."""
+        process, self.process = self.process, None
+        if process is not None:
+            stop_child(process)
+
+
+@dataclass
+class ZooKeeperEnsemble:
+    """``size`` members under ``state_dir`` (``zookeeper-1`` … ``zookeeper-<size>``), all on 127.0.0.1."""
+
+    state_dir: Path
+    size: int = 3
+    tick_ms: int = 500  # sessions may be as short as 2 ticks: failure detection in seconds
+    start_timeout: float = 60.0
+    members: list[EnsembleMember] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.size not in SIZES:
+            raise ZooKeeperError(f"a ZooKeeper ensemble has 3 or 5 members, not {self.size}")
+
+    @property
+    def connect_string(self) -> str:
+        """``h1:p1,h2:p2,h3:p3``: what every process takes as ``--zk``."""
+        return ",".join(member.address for member in self.members)
+
+    def prepare(self) -> list[EnsembleMember]:
+        """Choose the ports and write every member's folder: ``zoo.cfg`` and ``data/myid``."""
+        self.members = [
+            EnsembleMember(myid, self.state_dir / f"zookeeper-{myid}", free_port(), free_port(), free_port())
+            for myid in range(1, self.size + 1)
+        ]
+        for member in self.members:
+            (member.folder / "data").mkdir(parents=True, exist_ok=True)
+            (member.folder / "data" / "myid").write_text(f"{member.myid}\n", encoding="ascii")
+            (member.folder / CONFIG).write_text(member_config(member, self.members, self.tick_ms), encoding="utf-8")
+        return self.members
+
+    def start(self) -> ZooKeeperEnsemble:
+        """Prepare, start every member, wait until a quorum serves."""
+        self.prepare()
+        for member in self.members:
+            member.launch()
+        self.wait_until_serving()
+        return self
+
+    def wait_until_serving(self, members: Iterable[EnsembleMember] | None = None) -> None:
+        """Wait until ``members`` (default: all) serve, as leader or follower, with one leader among them."""
+        waiting = list(self.members if members is None else members)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            exited = [member for member in waiting if member.process is not None and member.process.poll() is not None]
+            if exited:
+                raise ZooKeeperError(f"{exited[0].name} exited; see {exited[0].folder / 'zookeeper.log'}")
+            if all(member.mode() in ("leader", "follower") for member in waiting):
+                return
+            time.sleep(0.1)
+        modes = ", ".join(f"{member.name} {member.mode()}" for member in waiting)
+        raise ZooKeeperError(f"the ZooKeeper ensemble did not serve within {self.start_timeout} s ({modes})")
+
+    def leader(self) -> EnsembleMember | None:
+        """The member leading now (``None``: no quorum)."""
+        return next((member for member in self.members if member.mode() == "leader"), None)
+
+    def stop(self) -> None:
+        """Stop every member this object started."""
+        for member in self.members:
+            member.stop()
+
+
+def member_config(member: EnsembleMember, members: list[EnsembleMember], tick_ms: int) -> str:
+    """``zoo.cfg`` of ``member``: paths relative to its folder, its client port on its host only."""
+    lines = [
+        f"tickTime={tick_ms}",
+        "initLimit=20",  # ticks a follower has to connect and sync with the leader
+        "syncLimit=4",  # ticks a follower may lag before the leader drops it
+        "dataDir=data",
+        f"clientPort={member.client_port}",
+        f"clientPortAddress={member.host}",
+        "admin.enableServer=false",
+        "4lw.commands.whitelist=ruok,srvr,stat,mntr",
+        f"minSessionTimeout={2 * tick_ms}",
+        "maxSessionTimeout=60000",
+        "reconfigEnabled=false",
+        "standaloneEnabled=false",
+    ]
+    lines += [f"server.{peer.myid}={peer.host}:{peer.peer_port}:{peer.election_port}" for peer in members]
+    return "\n".join(lines) + "\n"
