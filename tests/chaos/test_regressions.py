@@ -34,6 +34,7 @@ STALLED = {(164, "counts"), (3342, "counts")}  # both copies of the last checkpo
 FOUND_WITH_EVERY_KIND = {
     (0, "migrate"): "an instance migrated to a worker joining the attempt ran twice there, one never fed: "
     "RUNNING for ever",
+    (4893, "rescale"): "a suspended session as a checkpoint's replicas were counted: FAILED (CoordinationError)",
 }
 
 

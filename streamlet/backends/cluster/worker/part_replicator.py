@@ -142,11 +142,11 @@ class PartReplicator:
                 await riding_out(
                     self.zk.wait_changed, paths.replica_ack(self.job, self.attempt, epoch, self.me, backup), None
                 )
-        return failed | (waiting - _acknowledged(await self.zk.children(acks), self.me))
+        return failed | (waiting - _acknowledged(await riding_out(self.zk.children, acks), self.me))
 
     async def _push_one(self, backup: str, address: Address, document: dict[str, Any], failed: set[str]) -> None:
         try:
-            await self.service.push(address, document)
+            await self.service.push(address, document, backup)
         except (TimeoutError, OSError) as exc:
             log.warning("replica push failed", job=self.job, backup=backup, reason=str(exc))
             failed.add(backup)
@@ -222,7 +222,7 @@ class PartReplicator:
         if holder == self.me:
             read = self.service.read_piece
             return await world.blocking(read, self.key, attempt, epoch, owner, instances)
-        return await self.service.fetch(addresses[holder], self.key, attempt, epoch, owner, instances)
+        return await self.service.fetch(addresses[holder], holder, self.key, attempt, epoch, owner, instances)
 
     async def _mark_unusable(self, epoch: int, marker: dict[str, Any]) -> None:
         """Say which instances of checkpoint ``epoch`` no live worker could give, who holds them, which
