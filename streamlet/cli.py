@@ -250,19 +250,30 @@ def master_command(
     "URL); the dashboard's /metrics covers every worker without it",
 )  # fmt: skip
 @click.option("--secret-file", default=None, type=click.Path(dir_okay=False, path_type=Path), help=SECRET_FILE_HELP)
+@click.option(
+    "--tls-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+    help="the cluster CA's ca.pem and this worker's <id>.pem and <id>.key (default: STATE_DIR/tls)",
+)  # fmt: skip
+@click.option("--no-tls", is_flag=True, help="cleartext data plane (a loopback-only cluster; every process alike)")
 def worker_command(
     zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...], heartbeat: float,
-    state_dir: Path, bandwidth: float, metrics_port: int | None, secret_file: Path | None,
+    state_dir: Path, bandwidth: float, metrics_port: int | None, secret_file: Path | None, tls_dir: Path | None,
+    no_tls: bool,
 ) -> None:  # fmt: skip
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
+    from streamlet.backends.cluster.local.certificates import TLS_FOLDER, process_tls
     from streamlet.backends.cluster.local.run import run_worker
 
     worker_id = worker_id or f"worker-{os.getpid()}"
     if not WORKER_ID.fullmatch(worker_id):  # it names folders and acknowledgements ('owner~backup')
         raise click.BadParameter(f"{worker_id!r}: use 1-64 letters, digits, '_', '-' or '.'", param_hint="--id")
+    try:
+        tls = None if no_tls else process_tls(tls_dir or state_dir / TLS_FOLDER, worker_id)
+    except StreamletError as exc:  # no certificate: say what to do
+        _fail(exc)
     run = partial(
         run_worker, heartbeat=heartbeat, state_dir=state_dir / worker_id, bandwidth=bandwidth,
-        metrics_port=metrics_port,
+        metrics_port=metrics_port, tls=tls,
     )  # fmt: skip
     tune_gc()
     secret = _secret(secret_file)
@@ -289,6 +300,10 @@ def cluster_group() -> None:
     "--loopback-hosts", is_flag=True,
     help="each worker on its own loopback address (127.0.0.2, 127.0.0.3, ...), as separate machines",
 )  # fmt: skip
+@click.option(
+    "--no-tls", is_flag=True,
+    help="the data plane in cleartext (a loopback-only cluster, e.g. for benchmarks); default: mutual TLS",
+)  # fmt: skip
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
 @click.pass_context
 def cluster_up(
@@ -301,6 +316,7 @@ def cluster_up(
     capacity: int,
     labels: tuple[str, ...],
     loopback_hosts: bool,
+    no_tls: bool,
     state_dir: Path,
 ) -> None:
     """Start ZooKeeper (unless --zk), the masters and the workers in the background."""
@@ -315,7 +331,7 @@ def cluster_up(
     try:
         state = local_cluster.up(
             state_dir, name, workers, masters, zk, capacity, by_worker, loopback_hosts=loopback_hosts,
-            logs=_log_settings(context), zookeepers=int(zookeepers),
+            logs=_log_settings(context), zookeepers=int(zookeepers), tls=not no_tls,
         )  # fmt: skip
         status = anyio.run(wait_until_ready, state.settings(), workers)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -47,6 +47,7 @@ from streamlet.transport.codec import (
     parse_header,
     records_from,
 )
+from streamlet.transport.tls import TLS_HANDSHAKE_TIMEOUT, TlsSettings
 
 log = structlog.get_logger("streamlet")
 HANDSHAKE_TIMEOUT = 5.0
@@ -66,6 +67,7 @@ class ServerStatistics:
     bad_frames: int
     auth_failures: int
     bytes: int = 0  # frames' bytes received, headers included
+    tls_refused: int = 0  # TLS handshakes refused: plain TCP, no certificate or another CA's, too slow
 
 
 class _Inlet:
@@ -125,8 +127,10 @@ class DataServer:
         port: int = 0,
         max_frame: int = DEFAULT_MAX_FRAME,
         max_batch: int = DEFAULT_MAX_BATCH,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.secret = secret
+        self.tls = tls  # None: cleartext (loopback benchmarks, tests of the wire format)
         self.host = host
         self.port = port
         self.max_frame = max_frame
@@ -137,17 +141,22 @@ class DataServer:
         self._acceptors: dict[str, Callable[[str], tuple[Inbox, int]]] = {}
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
+        self._handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         # channels a sender opened before their receiver registered them: credit comes at register()
         self._waiting: dict[str, _Connection] = {}
         self._drained = asyncio.Event()
         self._drained.set()
         self.counts = {
             "connections": 0, "frames": 0, "records": 0, "duplicates": 0, "bad_frames": 0, "auth_failures": 0,
-            "bytes": 0,
+            "bytes": 0, "tls_refused": 0,
         }  # fmt: skip
 
     async def __aenter__(self) -> DataServer:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        if self.tls is None:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        else:  # TCP accepted unread, TLS started by hand: every refused handshake is seen (see transport.tls)
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_server(lambda: _Unread(self), self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -159,6 +168,8 @@ class DataServer:
         if self._server is None:
             return
         self._server.close()
+        for handshake in list(self._handshakes):
+            handshake.cancel()
         for connection in list(self._connections):
             connection.close()
         await self._server.wait_closed()
@@ -220,6 +231,38 @@ class DataServer:
             self._connections.discard(connection)
             if not self._connections:
                 self._drained.set()
+
+    async def _serve_tls(self, transport: asyncio.BaseTransport) -> None:
+        """TLS on an accepted connection (nothing read from it yet), the client's certificate checked against
+        the cluster CA; then served as any. A refusal (plain TCP, no certificate, another CA's, a handshake
+        too slow) is counted and the connection dropped."""
+        assert self.tls is not None
+        transport = cast(asyncio.Transport, transport)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        peer = transport.get_extra_info("peername")
+        try:
+            secured = await loop.start_tls(
+                transport, protocol, self.tls.server_context(), server_side=True,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
+            )  # fmt: skip
+        except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
+            self.counts["tls_refused"] += 1
+            log.warning("TLS handshake refused", peer=str(peer), reason=f"{type(exc).__name__}: {exc}")
+            transport.abort()
+            return
+        if secured is None:  # the connection went during the handshake
+            self.counts["tls_refused"] += 1
+            return
+        protocol.connection_made(secured)  # start_tls does not: the stream learns its (TLS) transport here
+        await self._serve(reader, asyncio.StreamWriter(secured, protocol, reader, loop))
+
+    def handshake(self, transport: asyncio.BaseTransport) -> None:
+        """Start TLS on a connection just accepted (see :class:`_Unread`); closing the server cancels it."""
+        task = asyncio.get_running_loop().create_task(self._serve_tls(transport))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
 
     # -- called by connections --------------------------------------------------
 
@@ -422,3 +465,15 @@ class _Connection:
             if inlet.link is self:
                 inlet.link = None
         self.server.forget_waiting(self)
+
+
+class _Unread(asyncio.Protocol):
+    """An accepted connection that reads nothing until TLS starts on it: the client's first TLS message must
+    reach the TLS layer, not a stream's buffer (``StreamWriter.start_tls`` on a server stream loses it)."""
+
+    def __init__(self, server: DataServer) -> None:
+        self.server = server
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.Transport, transport).pause_reading()  # uvloop's transports subclass none of asyncio's
+        self.server.handshake(transport)

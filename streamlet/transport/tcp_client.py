@@ -49,6 +49,7 @@ from streamlet.transport.codec import (
     with_header,
 )
 from streamlet.transport.tcp import DataServer, read_frame
+from streamlet.transport.tls import TLS_HANDSHAKE_TIMEOUT, TlsSettings
 
 log = structlog.get_logger("streamlet")
 Address = tuple[str, int]
@@ -238,9 +239,10 @@ class TcpChannel:
 class _Link:
     """One authenticated connection to a peer's data server, kept up until the client closes."""
 
-    def __init__(self, client: TcpClient, address: Address) -> None:
+    def __init__(self, client: TcpClient, address: Address, peer: str | None = None) -> None:
         self.client = client
         self.address = address
+        self.expected = peer  # the process the server must be (its certificate names it), when known
         self.channels: dict[str, TcpChannel] = {}
         self.up = False
         self.failure: TransportError | None = None
@@ -287,7 +289,7 @@ class _Link:
 
     async def _session(self) -> None:
         async with asyncio.timeout(self.client.connect_timeout):
-            reader, writer = await asyncio.open_connection(*self.address)
+            reader, writer = await asyncio.open_connection(*self.address, **self._tls())
         try:
             async with asyncio.timeout(self.client.connect_timeout):
                 await self._handshake(reader, writer)
@@ -303,6 +305,15 @@ class _Link:
                 channel.disconnected()
             with contextlib.suppress(RuntimeError):
                 writer.close()
+
+    def _tls(self) -> dict[str, Any]:
+        """``open_connection``'s TLS options: none in cleartext; else this process's certificate, and the
+        name the server's certificate must carry (the process meant), when known."""
+        tls = self.client.tls
+        if tls is None:
+            return {}
+        context = tls.client_context(check_name=self.expected is not None)
+        return {"ssl": context, "server_hostname": self.expected, "ssl_handshake_timeout": TLS_HANDSHAKE_TIMEOUT}
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         secret = self.client.secret
@@ -365,14 +376,16 @@ class TcpClient:
         max_reconnect_delay: float = 1.0,
         connect_timeout: float = 5.0,
         max_frame: int = DEFAULT_MAX_FRAME,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.secret = secret
+        self.tls = tls  # None: cleartext
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay
         self.connect_timeout = connect_timeout
         self.max_frame = max_frame
         self.connects = 0
-        self._links: dict[Address, _Link] = {}
+        self._links: dict[tuple[Address, str | None], _Link] = {}
         self._group: anyio.abc.TaskGroup | None = None
 
     async def __aenter__(self) -> TcpClient:
@@ -390,15 +403,18 @@ class TcpClient:
             await self._group.__aexit__(None, None, None)
             self._group = None
 
-    def channel(self, address: Address, channel_id: str, *, transfer: bool = False) -> TcpChannel:
+    def channel(
+        self, address: Address, channel_id: str, *, transfer: bool = False, peer: str | None = None
+    ) -> TcpChannel:
         """A channel to ``channel_id`` registered at the data server on ``address`` (``transfer``: a one-off
         transfer, which fails with ``ConnectionRefusedError`` when the server refuses connections instead of
-        waiting for it to come back, as a stream does)."""
-        link = self._links.get(address)
+        waiting for it to come back, as a stream does; ``peer``: the process serving there, which its TLS
+        certificate must name)."""
+        link = self._links.get((address, peer))
         if link is None:
             if self._group is None:
                 raise TransportError("open the TcpClient (async with) before making channels")
-            link = self._links[address] = _Link(self, address)
+            link = self._links[address, peer] = _Link(self, address, peer)
             self._group.start_soon(link.run)
         channel = TcpChannel(link, channel_id, transfer=transfer)
         link.add(channel)

@@ -43,6 +43,16 @@ def _zookeeper_lines(members: list[dict[str, str]] | None) -> list[str]:
     return ["  zookeeper: " + ", ".join(f"{member['address']} {member['mode']}" for member in members)]
 
 
+def _data_plane(workers: list[dict[str, Any]]) -> str:
+    """How the workers' connections are protected, as their registrations say."""
+    secured = {bool(worker.get("tls")) for worker in workers}
+    if secured == {True}:
+        return "mutual TLS (the cluster's CA)"
+    if secured == {False}:
+        return "cleartext (--no-tls: loopback only)"
+    return "no workers" if not secured else "MIXED: some workers in cleartext (--no-tls), their links refused"
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The status as a short text table."""
     lead = status["leader"]
@@ -50,6 +60,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"cluster '{status['cluster']}'",
         f"  leader: {lead['name']} (epoch {lead['epoch']})" if lead else "  leader: none",
         *_zookeeper_lines(status.get("zookeeper")),
+        f"  data plane: {_data_plane(status['workers'])}",
         f"  dashboard: {status.get('dashboard') or 'none'}",
         f"  candidates: {', '.join(status['candidates']) or 'none'}",
         f"  {'worker':<12} {'data address':<22} {'state':<18} {'load':<11} {'cpu%':>4} {'queued':>6} "

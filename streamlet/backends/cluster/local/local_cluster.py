@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamlet.backends.cluster.local import certificates
 from streamlet.backends.cluster.local.zookeeper_ensemble import ZooKeeperEnsemble
 from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
 from streamlet.backends.cluster.tree.zk import StoreSettings
@@ -45,6 +46,7 @@ class ClusterState:
     secret_file: str
     processes: list[dict[str, Any]] = field(default_factory=list)  # role, id, pid
     logs: dict[str, str] | None = None  # the log level and format given to 'up', for the workers added later
+    tls: bool = True  # the data plane is mutual TLS (certificates under <state dir>/tls/); False: --no-tls
 
     def save(self, state_dir: Path) -> None:
         """Write the state file."""
@@ -117,11 +119,14 @@ def up(
     loopback_hosts: bool = False,
     logs: LogSettings | None = None,
     zookeepers: int = 1,
+    tls: bool = True,
 ) -> ClusterState:
     """Start ZooKeeper (unless ``zk``), masters and workers (``labels`` by worker id); record them in ``state_dir``.
 
     ``zookeepers``: 1 starts a standalone server, 3 or 5 an ensemble (one folder per member under
-    ``state_dir``); every process then takes the connect string of all members.
+    ``state_dir``); every process then takes the connect string of all members. ``tls``: a cluster CA under
+    ``state_dir/tls`` and mutual TLS between the workers, each with a certificate naming it (``False``: the
+    data plane in cleartext, for a loopback-only cluster; the workers get ``--no-tls``).
 
     With ``loopback_hosts`` each worker serves its data plane on a loopback address of its own
     (``127.0.0.2``, ``127.0.0.3``, …), as separate machines would: nothing may assume one address.
@@ -137,6 +142,9 @@ def up(
             handle.write(secrets.token_bytes(32))
     state = ClusterState(name=name, zk=zk or "", secret_file=str(secret_file.resolve()))
     state.logs = None if logs is None else {"level": logs.level, "format": logs.format}
+    state.tls = tls
+    if tls:  # the CA here; each worker's certificate is issued from it as the worker starts
+        certificates.make_ca(state_dir / certificates.TLS_FOLDER, name)
     if zk is not None and zookeepers != 1:
         raise ClusterError("--zookeepers starts ZooKeeper: it does not go with --zk (a ZooKeeper of yours)")
     try:
@@ -166,6 +174,7 @@ def up(
         for index in range(workers):
             args = ["--zk", state.zk, "--name", name, "--id", f"worker-{index}", "--capacity", str(capacity)]
             args += ["--heartbeat", str(heartbeat), "--state-dir", str(state_dir.resolve())]
+            args += [] if tls else ["--no-tls"]
             host = loopback_host(index) if loopback_hosts else None
             if host is not None:
                 args += ["--host", host]
@@ -227,7 +236,7 @@ def add_worker(
     index = max(taken, default=-1) + 1
     worker_id = f"worker-{index}"
     args = ["--zk", state.zk, "--name", state.name, "--id", worker_id, "--capacity", str(capacity)]
-    args += ["--state-dir", str(state_dir.resolve())]
+    args += ["--state-dir", str(state_dir.resolve()), *([] if state.tls else ["--no-tls"])]
     host = loopback_host(index) if any("host" in p for p in state.processes) else None  # as its peers
     if host is not None:
         args += ["--host", host]

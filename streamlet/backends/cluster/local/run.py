@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from streamlet.backends.monitor.worker_metrics import WorkerMetrics
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpClient
+from streamlet.transport.tls import TlsSettings
 
 log = structlog.get_logger("streamlet")
 DASHBOARD_PORT = 8780  # the leader's dashboard (another free port when this one is taken)
@@ -145,21 +146,23 @@ async def run_worker(
     state_dir: Path | None = None,
     bandwidth: float = 1000.0,
     metrics_port: int | None = None,
+    tls: TlsSettings | None = None,
 ) -> None:
     """Serve data connections, register, and heartbeat (every ``heartbeat`` seconds) until stopped; keep
     files only under ``state_dir`` (default ``.streamlet/<worker_id>``). ``bandwidth``: Mbit/s, configured.
     ``metrics_port``: Prometheus ``/metrics`` of this worker on ``host`` (0: any free port; ``None``: off:
-    prometheus_client and its HTTP server cost a worker about 6 MB, and the dashboard's covers every worker)."""
+    prometheus_client and its HTTP server cost a worker about 6 MB, and the dashboard's covers every worker).
+    ``tls``: its certificate (every data-plane and replica connection mutual TLS); ``None``: cleartext."""
     state_dir = state_dir or Path(".streamlet") / worker_id
     state_dir.mkdir(parents=True, exist_ok=True)
     async with (
         StoreSettings(zk_hosts, cluster, secret, session_timeout).open() as zk,
-        DataServer(secret, host=host) as server,
-        TcpClient(secret) as client,
+        DataServer(secret, host=host, tls=tls) as server,
+        TcpClient(secret, tls=tls) as client,
     ):
         info: WorkerInfo = {
             "host": host, "data_port": server.port, "capacity": capacity, "labels": labels or [], "pid": os.getpid(),
-            "bandwidth_mbit": bandwidth,
+            "bandwidth_mbit": bandwidth, "tls": tls is not None,
         }  # fmt: skip
         worker = assemble_worker(zk, worker_id, info, server, client, secret, state_dir, heartbeat)
         registration, jobs = worker.registration, worker.jobs

@@ -80,6 +80,7 @@ class WorkerInfo(TypedDict, total=False):
     pid: int
     bandwidth_mbit: float  # configured, for the backup placement (``streamlet worker --bandwidth``)
     metrics_port: int  # its Prometheus /metrics, when it serves one
+    tls: bool  # its data port speaks mutual TLS (False: cleartext, ``--no-tls``)
     zk_state: str  # VOID / STANDBY / LIVE
     local_state: str  # waiting / running
     boot: str  # this process of the worker: a restart under the same id is a new boot

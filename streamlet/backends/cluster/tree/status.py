@@ -52,6 +52,7 @@ def _worker_row(view: WorkerView, now: float, instances: list[str]) -> dict[str,
         "queued": sum(load.get("queues", {}).values()),
         "rss_mb": round(load.get("rss_bytes", 0) / 2**20, 1),
         "labels": view.info.get("labels", []),
+        "tls": bool(view.info.get("tls", False)),
         "instances": sorted(instances),
         "stale": view.stale(now, STALE_AFTER),
     }

@@ -74,7 +74,7 @@ class ClusterHandoff:
             await self.local.send(source, target, part)
             return
         data = pack_exact(part, f"the state task '{self.plan.task}' instance {source} hands over")
-        channel = self.client.channel(self.addresses[worker], self.channel_name(source, target))
+        channel = self.client.channel(self.addresses[worker], self.channel_name(source, target), peer=worker)
         await send_blob(channel, data)
 
     async def receive(self, target: int, sources: list[int]) -> list[Any]:

@@ -61,7 +61,7 @@ from streamlet.core.runtime.plan import Placement
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan
 from streamlet.errors import CoordinationError, JobError, NodeExists, PartLost, SpecError, TaskError, UnusableCheckpoint
 from streamlet.transport.tcp import DataServer
-from streamlet.transport.tcp_client import TcpClient
+from streamlet.transport.tcp_client import TcpChannel, TcpClient
 
 log = structlog.get_logger("streamlet")
 POLL = 0.2
@@ -488,7 +488,7 @@ class WorkerJobs:
         placement = Placement(
             job=run,  # channel ids per attempt: an old attempt's frames never mix in
             local=lambda node, index: instances[instance_id(node, index)] == self.me,
-            remote=lambda name, node, index: self.client.channel(addresses[instances[instance_id(node, index)]], name),
+            remote=lambda name, node, index: self._channel(addresses, instances[instance_id(node, index)], name),
             expose=self.server.register,
             tables=tables_of(layout),
             incarnations={} if joining is None else incarnations_of(layout, attempt),
@@ -531,6 +531,10 @@ class WorkerJobs:
                 group.start_soon(join)
                 result = await running.run()
         return result, None if checkpoints is None else checkpoints.restored_from
+
+    def _channel(self, addresses: dict[str, tuple[str, int]], worker: str, name: str) -> TcpChannel:
+        """A channel to ``name`` on ``worker`` (whose TLS certificate must name it)."""
+        return self.client.channel(addresses[worker], name, peer=worker)
 
     async def _addresses(self) -> dict[str, tuple[str, int]]:
         """Every registered worker's data-plane address."""

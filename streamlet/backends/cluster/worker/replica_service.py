@@ -238,6 +238,7 @@ class ReplicaService:
         job, attempt, epoch = _name(request["job"]), int(request["attempt"]), int(request["epoch"])
         owner, wanted = _name(request["owner"]), [str(instance) for instance in request["instances"]]
         host, port, reply = str(request["reply"][0]), int(request["reply"][1]), str(request["reply"][2])
+        asker = _name(request["reply"][3]) if len(request["reply"]) > 3 else None  # its certificate names it
         if not reply.startswith(ANSWER):
             raise ValueError(f"a fetch asks for its answer on {reply!r}")
         try:
@@ -246,7 +247,7 @@ class ReplicaService:
             answer = {"error": f"{self.me} cannot read its copy: {exc}"}
             log.warning("replica unreadable", job=job, epoch=epoch, owner=owner, reason=str(exc))
         data = encode(answer)
-        channel = self.client.channel((host, port), reply, transfer=True)
+        channel = self.client.channel((host, port), reply, transfer=True, peer=asker)
         with abandoned_on_failure(channel), anyio.fail_after(transfer_timeout(len(data))):
             await send_blob(channel, data)
             await channel.release()
@@ -254,19 +255,20 @@ class ReplicaService:
 
     # -- asking -------------------------------------------------------------------
 
-    async def push(self, address: Address, document: dict[str, Any]) -> None:
+    async def push(self, address: Address, document: dict[str, Any], backup: str | None = None) -> None:
         """Send ``document`` (a piece, with ``owner``, ``job_name`` and ``attempt_number`` set) to the backup
-        at ``address``; returns once it is delivered (the backup acknowledges it in ZooKeeper once stored)."""
+        at ``address`` (``backup``: its worker id, which its TLS certificate must name); returns once it is
+        delivered (the backup acknowledges it in ZooKeeper once stored)."""
         data = encode(document)
-        channel = self.client.channel(address, f"{PUSH}{world.token_hex(16)}", transfer=True)
+        channel = self.client.channel(address, f"{PUSH}{world.token_hex(16)}", transfer=True, peer=backup)
         with abandoned_on_failure(channel), anyio.fail_after(transfer_timeout(len(data))):
             await send_blob(channel, data)
             await channel.release()
 
     async def fetch(
-        self, address: Address, job: str, attempt: int, epoch: int, owner: str, instances: list[str]
+        self, address: Address, holder: str, job: str, attempt: int, epoch: int, owner: str, instances: list[str]
     ) -> dict[str, Any]:
-        """``instances`` of ``owner``'s part of ``epoch``, from the holder at ``address``. ``ValueError`` when
+        """``instances`` of ``owner``'s part of ``epoch``, from ``holder`` at ``address``. ``ValueError`` when
         the holder has no intact copy; ``TimeoutError`` when it does not answer."""
         reply = f"{ANSWER}{world.token_hex(16)}"
         inbox = Inbox(8)
@@ -275,9 +277,9 @@ class ReplicaService:
         try:
             request = {
                 "job": job, "attempt": attempt, "epoch": epoch, "owner": owner, "instances": instances,
-                "reply": [self.server.host, self.server.port, reply],
+                "reply": [self.server.host, self.server.port, reply, self.me],
             }  # fmt: skip
-            asking = self.client.channel(address, f"{FETCH}{world.token_hex(16)}", transfer=True)
+            asking = self.client.channel(address, f"{FETCH}{world.token_hex(16)}", transfer=True, peer=holder)
             with abandoned_on_failure(asking), anyio.fail_after(TRANSFER_TIMEOUT * 6):
                 await send_blob(asking, packb(request))
                 blob = await receive_blob(inbox, channel)  # the answer may be large: the holder times its send

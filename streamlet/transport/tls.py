@@ -1,0 +1,67 @@
+"""Mutual TLS for the data plane: both ends show a certificate of the cluster's own CA, and nothing else.
+
+A :class:`TlsSettings` holds a process's files (the CA certificate it trusts, its certificate and key, see
+``backends.cluster.local.certificates``). The data server accepts plain TCP and starts TLS in its handler
+(server side, a client certificate required, :data:`TLS_HANDSHAKE_TIMEOUT`), so that every refused handshake is
+seen and counted; asyncio's ``start_server(ssl=...)`` would drop it unseen. A client that knows which process
+it means (``peer``) checks that the server's certificate names it (the certificate's DNS name is the process
+id, as a host name would be); one that does not takes any process of the cluster. Under TLS 1.3 a client
+learns that the server refused its certificate only when it first reads, which is why a link counts as up
+only after the server's first frame (its HELLO).
+
+The HMAC handshake runs inside TLS as before: the secret still decides who may send, the certificates who
+a process is, and TLS hides and seals every frame.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TLS_HANDSHAKE_TIMEOUT = 5.0  # seconds a peer has to complete the TLS handshake
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """A process's TLS files: ``ca`` (the cluster CA certificate), ``cert`` and ``key`` (its own)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    _contexts: dict[str, ssl.SSLContext] = field(default_factory=dict, compare=False, repr=False)
+
+    def server_context(self) -> ssl.SSLContext:
+        """TLS 1.3, a client certificate of the cluster CA required."""
+        return self._context("server", ssl.PROTOCOL_TLS_SERVER, check_name=False)
+
+    def client_context(self, check_name: bool) -> ssl.SSLContext:
+        """TLS 1.3 with this process's certificate; ``check_name``: the server's must name the peer meant."""
+        return self._context(f"client:{check_name}", ssl.PROTOCOL_TLS_CLIENT, check_name=check_name)
+
+    def _context(self, kind: str, protocol: int, check_name: bool) -> ssl.SSLContext:
+        found = self._contexts.get(kind)
+        if found is None:
+            found = self._contexts[kind] = ssl.SSLContext(protocol)
+            found.minimum_version = ssl.TLSVersion.TLSv1_3
+            found.load_cert_chain(self.cert, self.key)
+            found.load_verify_locations(cafile=self.ca)
+            found.verify_mode = ssl.CERT_REQUIRED
+            found.check_hostname = check_name
+        return found
+
+    def reload(self) -> None:
+        """Read the files again at the next connection (rotated certificates): links up now stay up."""
+        self._contexts.clear()
+
+
+def peer_name(ssl_object: Any) -> str | None:
+    """The process id the peer's certificate names (its first DNS name), from a connection's ``ssl_object``."""
+    if ssl_object is None:
+        return None
+    certificate = ssl_object.getpeercert()
+    for kind, value in (certificate or {}).get("subjectAltName", ()):
+        if kind == "DNS":
+            return str(value)
+    return None
