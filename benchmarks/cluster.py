@@ -1,4 +1,5 @@
-"""Word count on a local cluster of 1 and of 2 workers; idle RSS of a master and a worker.
+"""Word count on a local cluster of 1 and of 2 workers (2 also with ``--no-tls``); idle RSS of a master and a
+worker.
 
 Each configuration starts its own cluster (ZooKeeper, one master, the
 workers) in a temporary state directory, submits ``benchmarks.cluster_job``
@@ -41,11 +42,14 @@ def rss_mb(pid: int) -> float:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
-def run_on_cluster(workers: int, records: int, repeats: int, target: str = TARGET, capacity: int = 3) -> dict[str, Any]:
-    """Start a cluster of ``workers`` (``capacity`` each), run the job ``target`` ``repeats`` times, stop it."""
+def run_on_cluster(
+    workers: int, records: int, repeats: int, target: str = TARGET, capacity: int = 3, tls: bool = True
+) -> dict[str, Any]:
+    """Start a cluster of ``workers`` (``capacity`` each; ``tls``: mutual TLS between them, as ``cluster up``
+    by default), run the job ``target`` ``repeats`` times, stop it."""
     with tempfile.TemporaryDirectory() as directory:
         state_dir = Path(directory)
-        state = local_cluster.up(state_dir, f"bench{workers}", workers, 1, None, capacity=capacity)
+        state = local_cluster.up(state_dir, f"bench{workers}", workers, 1, None, capacity=capacity, tls=tls)
         try:
             anyio.run(_wait_ready, state, workers)
             time.sleep(2.0)  # let the processes settle before reading idle memory
@@ -129,6 +133,7 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     )
     one = run_on_cluster(1, records, repeats)
     two = run_on_cluster(2, records, repeats)
+    cleartext = run_on_cluster(2, records, repeats, tls=False)
     local = in_process(records, repeats)
     recovery = recovery_with_replicas()
     return report(
@@ -136,6 +141,8 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         two["rate"],
         local,
         one_worker_records_per_s=round(one["rate"]),
+        two_worker_cleartext_records_per_s=round(cleartext["rate"]),
+        tls_ratio=round(two["rate"] / cleartext["rate"], 3),  # mutual TLS (the default) over --no-tls
         two_worker_tcp_share=two["tcp_share"],
         one_worker_tcp_share=one["tcp_share"],
         idle_master_rss_mb=two["idle"]["master"],
