@@ -30,7 +30,9 @@ class TlsSettings:
     ca: Path
     cert: Path
     key: Path
-    _contexts: dict[str, ssl.SSLContext] = field(default_factory=dict, compare=False, repr=False)
+    _contexts: dict[str, tuple[tuple[int, ...], ssl.SSLContext]] = field(
+        default_factory=dict, compare=False, repr=False
+    )  # kind -> (the files' change times it was built from, the context)
 
     def server_context(self) -> ssl.SSLContext:
         """TLS 1.3, a client certificate of the cluster CA required."""
@@ -41,19 +43,20 @@ class TlsSettings:
         return self._context(f"client:{check_name}", ssl.PROTOCOL_TLS_CLIENT, check_name=check_name)
 
     def _context(self, kind: str, protocol: int, check_name: bool) -> ssl.SSLContext:
+        """The context for ``kind``, built again when a file changed since (rotated certificates: the next
+        connection uses them, links up now stay up)."""
+        stamp = tuple(path.stat().st_mtime_ns for path in (self.ca, self.cert, self.key))
         found = self._contexts.get(kind)
-        if found is None:
-            found = self._contexts[kind] = ssl.SSLContext(protocol)
-            found.minimum_version = ssl.TLSVersion.TLSv1_3
-            found.load_cert_chain(self.cert, self.key)
-            found.load_verify_locations(cafile=self.ca)
-            found.verify_mode = ssl.CERT_REQUIRED
-            found.check_hostname = check_name
-        return found
-
-    def reload(self) -> None:
-        """Read the files again at the next connection (rotated certificates): links up now stay up."""
-        self._contexts.clear()
+        if found is not None and found[0] == stamp:
+            return found[1]
+        context = ssl.SSLContext(protocol)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.load_cert_chain(self.cert, self.key)
+        context.load_verify_locations(cafile=self.ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.check_hostname = check_name
+        self._contexts[kind] = (stamp, context)
+        return context
 
 
 def peer_name(ssl_object: Any) -> str | None:

@@ -4,10 +4,12 @@ process the client means; everything else is refused at the handshake, counted, 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from streamlet.backends.cluster.local import certificates
 from streamlet.core.runtime.channel import Inbox
@@ -83,3 +85,47 @@ async def test_plain_tcp_another_ca_and_the_wrong_process_are_refused_and_delive
         assert server.counts["tls_refused"] == 3
         assert server.counts["connections"] == 0
         assert inbox.is_empty(0)
+
+
+async def test_a_rotated_certificate_serves_the_next_connection_while_the_link_up_stays_up(cluster_ca: Path) -> None:
+    """worker-0's certificate is issued again (a new key) while worker-1 has a link to it: that link goes on
+    carrying items, and a new client sees the new certificate, with nothing restarted."""
+    server_tls = settings(cluster_ca, "worker-0")
+    async with (
+        DataServer(SECRET, tls=server_tls) as server,
+        TcpClient(SECRET, tls=settings(cluster_ca, "worker-1")) as old,
+    ):
+        inbox = Inbox(8)
+        server.register(CHANNEL, inbox, inbox.add_channel(0))
+        sender = old.channel(server.address, CHANNEL, peer="worker-0")
+        await sender.send([("k", 1, 1.0)])
+        await sender.wait_acknowledged()
+        before = server_tls.cert.read_bytes()
+        certificates.issue(cluster_ca, "worker-0")  # the files replaced in place, as an operator rotates them
+        assert server_tls.cert.read_bytes() != before
+        await sender.send([("k", 2, 2.0)])
+        await sender.wait_acknowledged()
+        context = ssl.create_default_context(cafile=str(cluster_ca / "ca.pem"))
+        client = certificates.ProcessFiles.of(cluster_ca, "worker-1")
+        context.load_cert_chain(client.cert, client.key)
+        _, writer = await asyncio.open_connection(*server.address, ssl=context, server_hostname="worker-0")
+        presented = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+    assert [inbox.pop(0), inbox.pop(0)] == [[("k", 1, 1.0)], [("k", 2, 2.0)]]
+    assert presented == ssl.PEM_cert_to_DER_cert(server_tls.cert.read_text())
+    assert server.counts["tls_refused"] == 0
+
+
+def test_a_certificate_close_to_its_end_is_warned_about(cluster_ca: Path) -> None:
+    """process_tls (what a worker starts with) issues the worker's certificate from the local CA when it has
+    none, and warns when the one it finds ends within WARN_DAYS."""
+    with capture_logs() as logs:
+        fresh = certificates.process_tls(cluster_ca, "worker-3")
+    assert certificates.named(fresh.cert) == ["worker-3"]
+    assert [entry for entry in logs if entry["event"] == "TLS certificate expires soon"] == []
+    certificates.issue(cluster_ca, "worker-3", days=10)
+    with capture_logs() as logs:
+        certificates.process_tls(cluster_ca, "worker-3")
+    (warning,) = [entry for entry in logs if entry["event"] == "TLS certificate expires soon"]
+    assert (warning["process"], warning["log_level"]) == ("worker-3", "warning")
+    assert 9.9 < warning["days_left"] <= 10.0
