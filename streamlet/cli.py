@@ -378,6 +378,28 @@ def cluster_add_worker(context: click.Context, capacity: int, labels: tuple[str,
     click.echo(f"started {worker_id} (capacity {capacity})")
 
 
+@cluster_group.command("rotate-certificates")
+@click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
+def cluster_rotate_certificates(state_dir: Path) -> None:
+    """Issue every worker of the local cluster a new certificate from its CA, in place: each worker's next
+    connections use it, links up now stay up, no job stops."""
+    from streamlet.backends.cluster.local import certificates, local_cluster
+
+    try:
+        state = local_cluster.ClusterState.load(state_dir)
+        if not state.tls:
+            raise click.ClickException("this cluster runs without TLS (--no-tls): no certificates to rotate")
+        folder = state_dir / certificates.TLS_FOLDER
+        rotated = [p["id"] for p in state.processes if p["role"] == "worker"]
+        for worker in rotated:
+            certificates.issue(folder, worker)
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    click.echo(f"issued new certificates for {', '.join(rotated)} (valid {certificates.DAYS} days)")
+
+
 @cluster_group.command("status")
 @click.option("--zk", default=None)
 @click.option("--name", default=None)

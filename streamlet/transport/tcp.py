@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
@@ -139,9 +140,11 @@ class DataServer:
         self.max_batch = max_batch  # bytes of frames one batch sent in pieces may take while it is reassembled
         self._inlets: dict[str, _Inlet] = {}
         self._acceptors: dict[str, Callable[[str], tuple[Inbox, int]]] = {}
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | None = None  # cleartext
+        self._listener: socket.socket | None = None  # TLS: accepted by hand
+        self._accepting: asyncio.Task[None] | None = None
         self._connections: set[_Connection] = set()
-        self._handshakes: set[asyncio.Task[None]] = set()  # TLS handshakes under way
+        self._handshakes: set[asyncio.Task[None]] = set()  # TLS connections: handshaking, then served
         # channels a sender opened before their receiver registered them: credit comes at register()
         self._waiting: dict[str, _Connection] = {}
         self._drained = asyncio.Event()
@@ -154,10 +157,12 @@ class DataServer:
     async def __aenter__(self) -> DataServer:
         if self.tls is None:
             self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        else:  # TCP accepted unread, TLS started by hand: every refused handshake is seen (see transport.tls)
-            loop = asyncio.get_running_loop()
-            self._server = await loop.create_server(lambda: _Unread(self), self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+            self.port = self._server.sockets[0].getsockname()[1]
+        else:  # sockets accepted by hand, TLS started on each: every refused handshake is seen (transport.tls)
+            self._listener = socket.create_server((self.host, self.port), backlog=128)
+            self._listener.setblocking(False)
+            self.port = self._listener.getsockname()[1]
+            self._accepting = asyncio.get_running_loop().create_task(self._accept())
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -165,14 +170,16 @@ class DataServer:
 
     async def aclose(self) -> None:
         """Stop accepting and close every connection."""
-        if self._server is None:
+        if self._listener is not None:
+            await self._stop_accepting()
+        elif self._server is None:
             return
-        self._server.close()
-        for handshake in list(self._handshakes):
-            handshake.cancel()
+        else:
+            self._server.close()
         for connection in list(self._connections):
             connection.close()
-        await self._server.wait_closed()
+        if self._server is not None:
+            await self._server.wait_closed()
         await self._drained.wait()  # the handlers see their closed sockets and finish
         self._server = None
 
@@ -232,37 +239,46 @@ class DataServer:
             if not self._connections:
                 self._drained.set()
 
-    async def _serve_tls(self, transport: asyncio.BaseTransport) -> None:
-        """TLS on an accepted connection (nothing read from it yet), the client's certificate checked against
-        the cluster CA; then served as any. A refusal (plain TCP, no certificate, another CA's, a handshake
-        too slow) is counted and the connection dropped."""
+    async def _accept(self) -> None:
+        """Accept connections for ever, each handed to a TLS handshake of its own."""
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            connection, _ = await loop.sock_accept(self._listener)
+            task = loop.create_task(self._serve_tls(connection))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _stop_accepting(self) -> None:
+        assert self._listener is not None
+        assert self._accepting is not None
+        self._accepting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._accepting
+        for handshake in list(self._handshakes):
+            handshake.cancel()
+        self._listener.close()
+        self._listener = None
+
+    async def _serve_tls(self, accepted: socket.socket) -> None:
+        """TLS on an accepted socket (nothing read from it yet), the client's certificate checked against the
+        cluster CA; then served as any. A refusal (plain TCP, no certificate, another CA's, a handshake too
+        slow) is counted and the connection dropped."""
         assert self.tls is not None
-        transport = cast(asyncio.Transport, transport)
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-        peer = transport.get_extra_info("peername")
+        peer = accepted.getpeername()
         try:
-            secured = await loop.start_tls(
-                transport, protocol, self.tls.server_context(), server_side=True,
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
-            )  # fmt: skip
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol, accepted, ssl=self.tls.server_context(), ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT
+            )
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
             self.counts["tls_refused"] += 1
             log.warning("TLS handshake refused", peer=str(peer), reason=f"{type(exc).__name__}: {exc}")
-            transport.abort()
+            accepted.close()
             return
-        if secured is None:  # the connection went during the handshake
-            self.counts["tls_refused"] += 1
-            return
-        protocol.connection_made(secured)  # start_tls does not: the stream learns its (TLS) transport here
-        await self._serve(reader, asyncio.StreamWriter(secured, protocol, reader, loop))
-
-    def handshake(self, transport: asyncio.BaseTransport) -> None:
-        """Start TLS on a connection just accepted (see :class:`_Unread`); closing the server cancels it."""
-        task = asyncio.get_running_loop().create_task(self._serve_tls(transport))
-        self._handshakes.add(task)
-        task.add_done_callback(self._handshakes.discard)
+        await self._serve(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
 
     # -- called by connections --------------------------------------------------
 
@@ -465,15 +481,3 @@ class _Connection:
             if inlet.link is self:
                 inlet.link = None
         self.server.forget_waiting(self)
-
-
-class _Unread(asyncio.Protocol):
-    """An accepted connection that reads nothing until TLS starts on it: the client's first TLS message must
-    reach the TLS layer, not a stream's buffer (``StreamWriter.start_tls`` on a server stream loses it)."""
-
-    def __init__(self, server: DataServer) -> None:
-        self.server = server
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        cast(asyncio.Transport, transport).pause_reading()  # uvloop's transports subclass none of asyncio's
-        self.server.handshake(transport)

@@ -10,6 +10,7 @@ import json
 import socket
 import ssl
 import stat
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,17 @@ def first_read(connection: socket.socket, tls: ssl.SSLContext | None = None) -> 
 
 
 def refusals(cluster: dict[str, Any], worker: str) -> int:
+    """The handshakes ``worker`` refused, as its log says."""
     return (cluster["dir"] / ".streamlet" / f"{worker}.log").read_text().count("TLS handshake refused")
+
+
+def until_refused(cluster: dict[str, Any], worker: str, count: int) -> int:
+    """Wait until ``worker``'s log says it refused ``count`` handshakes (it writes a line after closing the
+    connection); a safety net of 15 s. The count then."""
+    deadline = time.monotonic() + 15
+    while refusals(cluster, worker) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return refusals(cluster, worker)
 
 
 def test_the_workers_speak_mutual_tls_and_refuse_strangers(tmp_path: Path) -> None:
@@ -92,7 +103,16 @@ def test_the_workers_speak_mutual_tls_and_refuse_strangers(tmp_path: Path) -> No
         context.check_hostname = False
         with socket.create_connection(address, timeout=10) as raw:
             assert first_read(raw, context) == b""  # refused in the handshake, or (TLS 1.3) at the first read
-        assert refusals(cluster, "worker-0") == before + 2
+        assert until_refused(cluster, "worker-0", before + 2) == before + 2
+
+        old = (folder / "worker-1.pem").read_bytes()
+        rotated = streamlet("cluster", "rotate-certificates", cwd=tmp_path)
+        assert rotated.stdout.strip() == "issued new certificates for worker-0, worker-1 (valid 365 days)"
+        assert (folder / "worker-1.pem").read_bytes() != old
+        again = streamlet("submit", str(job), "--job", "again", "--results", str(results), cwd=tmp_path)
+        assert again.returncode == 0, again.stderr  # new connections on the new certificates: nothing restarted
+        assert len(json.loads(results.read_text())["out"]) == 5000
+        assert until_refused(cluster, "worker-0", before + 2) == before + 2
 
 
 def test_no_tls_runs_the_data_plane_in_cleartext_and_says_so(tmp_path: Path) -> None:

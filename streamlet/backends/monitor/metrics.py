@@ -35,6 +35,7 @@ TCP_COUNTERS = {
     "frames": ("streamlet_tcp_frames_received", "Frames received over TCP"),
     "bytes": ("streamlet_tcp_bytes_received", "Bytes received over TCP, frame headers included"),
     "bad_frames": ("streamlet_tcp_bad_frames", "Frames refused (the connection was closed)"),
+    "tls_refused": ("streamlet_tls_refused", "TLS handshakes refused (no certificate, another CA's, too slow)"),
 }
 
 

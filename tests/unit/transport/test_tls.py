@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import uvloop
 from structlog.testing import capture_logs
 
 from streamlet.backends.cluster.local import certificates
@@ -129,3 +130,9 @@ def test_a_certificate_close_to_its_end_is_warned_about(cluster_ca: Path) -> Non
     (warning,) = [entry for entry in logs if entry["event"] == "TLS certificate expires soon"]
     assert (warning["process"], warning["log_level"]) == ("worker-3", "warning")
     assert 9.9 < warning["days_left"] <= 10.0
+
+
+def test_the_same_on_uvloop_the_workers_loop(cluster_ca: Path) -> None:
+    """Workers run on uvloop, whose accepted transports read from the start: the handshake must still see the
+    client's first message (the server accepts sockets itself and starts TLS on them)."""
+    uvloop.run(test_items_cross_over_mutual_tls_to_the_process_meant(cluster_ca))
