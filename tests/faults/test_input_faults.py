@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 
 import streamlet as sl
 from streamlet.backends.cluster.client.api import collected
+from streamlet.backends.cluster.local import certificates
 from streamlet.backends.cluster.local.local_cluster import alive
 from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
 from streamlet.backends.cluster.tree import paths
@@ -76,15 +78,31 @@ def finished_exactly(cluster: LocalCluster, submission: Any, job: str) -> None:
 Attack = Callable[[socket.socket, Any, list[Any]], None]
 
 
-def exchange(address: tuple[str, int], attack: Attack) -> list[list[Any]]:
-    """Connect, let ``attack(sock, reader, frames so far)`` misbehave, then read frames until the server closes
-    the connection: every frame received, as ``[type name, body]``."""
-    with socket.create_connection(address, timeout=10) as sock, sock.makefile("rb") as reader:  # 10 s: a safety net
+def exchange(address: tuple[str, int], attack: Attack, tls: ssl.SSLContext) -> list[list[Any]]:
+    """Connect over ``tls``, let ``attack(sock, reader, frames so far)`` misbehave, then read frames until the
+    server closes the connection: every frame received, as ``[type name, body]``."""
+    with (
+        socket.create_connection(address, timeout=10) as raw,  # 10 s: a safety net
+        tls.wrap_socket(raw) as sock,
+        sock.makefile("rb") as reader,
+    ):
         received: list[list[Any]] = [read_frame(reader)]  # the server speaks first: HELLO ["challenge", nonce]
         attack(sock, reader, received)
         while (found := read_frame(reader, eof_ok=True)) is not None:
             received.append(found)
         return received
+
+
+def insider(cluster: LocalCluster) -> ssl.SSLContext:
+    """TLS as a process the cluster's CA vouches for (the data plane refuses anyone else before a frame, see
+    tests/integration/test_cluster_tls.py): the attacks test what a peer inside TLS may still send."""
+    folder = cluster.state_dir / certificates.TLS_FOLDER
+    files = certificates.issue(folder, "intruder")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(files.ca)
+    context.load_cert_chain(files.cert, files.key)
+    context.check_hostname = False
+    return context
 
 
 def read_frame(reader: Any, eof_ok: bool = False) -> Any:
@@ -110,8 +128,9 @@ def test_bad_frames_on_a_workers_data_port_close_that_connection_only(
 ) -> None:
     """While a job runs across both workers, raw connections to each worker's data port send garbage, a bad
     handshake, oversized length headers (before and after authenticating), a frame for a channel they did
-    not open, a truncated header. Each gets ERROR with the reason and is closed; the worker keeps serving
-    (same PID, still registered, heartbeating) and the job finishes with exact totals."""
+    not open, a truncated header, all inside TLS with a certificate of the cluster's CA (anyone without one is
+    refused at the handshake, before a frame). Each gets ERROR with the reason and is closed; the worker keeps
+    serving (same PID, still registered, heartbeating) and the job finishes with exact totals."""
     job = GatedJob(tmp_path).write()
     submission = cluster.submit(job.file, "frames")
     zk.wait_for(paths.state("frames"), lambda s: s["state"] == "RUNNING")
@@ -136,7 +155,8 @@ def test_bad_frames_on_a_workers_data_port_close_that_connection_only(
 
     def truncated(sock: socket.socket, reader: Any, received: list[Any]) -> None:
         sock.sendall(MAGIC + bytes([VERSION]))
-        sock.shutdown(socket.SHUT_WR)
+        assert isinstance(sock, ssl.SSLSocket)
+        sock.unwrap()  # the TLS stream ends (close_notify): the server sees its end mid-header
 
     attacks: dict[Attack, list[str] | None] = {  # what the worker answers (after its challenge, and welcome)
         garbage: ["bad magic b'GE'"],
@@ -148,8 +168,9 @@ def test_bad_frames_on_a_workers_data_port_close_that_connection_only(
     }
     for worker in ("worker-0", "worker-1"):
         info = zk.data(paths.worker(worker))
+        tls = insider(cluster)
         for attack, reason in attacks.items():
-            frames = exchange((info["host"], info["data_port"]), attack)
+            frames = exchange((info["host"], info["data_port"]), attack, tls)
             assert frames[0][0] == "HELLO"
             assert frames[0][1][0] == "challenge"
             answer = frames[2:] if attack in (huge_data, unopened_channel) else frames[1:]
