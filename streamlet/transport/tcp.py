@@ -145,6 +145,7 @@ class DataServer:
         self._accepting: asyncio.Task[None] | None = None
         self._connections: set[_Connection] = set()
         self._handshakes: set[asyncio.Task[None]] = set()  # TLS connections: handshaking, then served
+        self._refusal = asyncio.Event()  # set, and replaced, at each refused handshake
         # channels a sender opened before their receiver registered them: credit comes at register()
         self._waiting: dict[str, _Connection] = {}
         self._drained = asyncio.Event()
@@ -274,11 +275,19 @@ class DataServer:
                 lambda: protocol, accepted, ssl=self.tls.server_context(), ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT
             )
         except (OSError, TimeoutError, EOFError) as exc:  # ssl.SSLError is an OSError
-            self.counts["tls_refused"] += 1
             log.warning("TLS handshake refused", peer=str(peer), reason=f"{type(exc).__name__}: {exc}")
+            self.counts["tls_refused"] += 1
+            self._refusal.set()  # after the count: a waiter wakes to see it
+            self._refusal = asyncio.Event()
             accepted.close()
             return
         await self._serve(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
+
+    async def refused(self, count: int) -> None:
+        """Return once ``count`` TLS handshakes in all were refused (the asyncio loop may tell a client of a
+        failed handshake before the server's handler sees it: this is when the server has)."""
+        while self.counts["tls_refused"] < count:
+            await self._refusal.wait()
 
     # -- called by connections --------------------------------------------------
 

@@ -10,13 +10,13 @@ import json
 import socket
 import ssl
 import stat
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from streamlet.backends.cluster.local import certificates
-from tests.support.cluster import running_cluster, streamlet, wait_for_state
+from streamlet.backends.cluster.tree import paths
+from tests.support.cluster import running_cluster, streamlet, wait_for_node, wait_for_state
 
 SPREAD = """
 import streamlet as sl
@@ -51,18 +51,15 @@ def first_read(connection: socket.socket, tls: ssl.SSLContext | None = None) -> 
         return b""
 
 
-def refusals(cluster: dict[str, Any], worker: str) -> int:
+def logged_refusals(cluster: dict[str, Any], worker: str) -> int:
     """The handshakes ``worker`` refused, as its log says."""
     return (cluster["dir"] / ".streamlet" / f"{worker}.log").read_text().count("TLS handshake refused")
 
 
-def until_refused(cluster: dict[str, Any], worker: str, count: int) -> int:
-    """Wait until ``worker``'s log says it refused ``count`` handshakes (it writes a line after closing the
-    connection); a safety net of 15 s. The count then."""
-    deadline = time.monotonic() + 15
-    while refusals(cluster, worker) < count and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return refusals(cluster, worker)
+def heartbeat_refusals(cluster: dict[str, Any], worker: str, at_least: int = 0) -> int:
+    """The handshakes ``worker`` refused, as its heartbeat says, once it says ``at_least`` (a watch)."""
+    load = wait_for_node(cluster["dir"], paths.load(worker), lambda load: load["tls_refused"] >= at_least)
+    return int(load["tls_refused"])
 
 
 def test_the_workers_speak_mutual_tls_and_refuse_strangers(tmp_path: Path) -> None:
@@ -91,7 +88,8 @@ def test_the_workers_speak_mutual_tls_and_refuse_strangers(tmp_path: Path) -> No
         assert ended["reason"] == "every worker finished (2)"  # both workers ran a part: records crossed over TLS
 
         address = worker_address(cluster, "worker-0")
-        before = refusals(cluster, "worker-0")
+        before = heartbeat_refusals(cluster, "worker-0")
+        assert logged_refusals(cluster, "worker-0") == before
         with socket.create_connection(address, timeout=10) as plain:  # cleartext: waits for a HELLO, gets nothing
             assert first_read(plain) == b""  # the server gave up on the handshake and dropped the connection
         foreign = tmp_path / "foreign"
@@ -103,7 +101,8 @@ def test_the_workers_speak_mutual_tls_and_refuse_strangers(tmp_path: Path) -> No
         context.check_hostname = False
         with socket.create_connection(address, timeout=10) as raw:
             assert first_read(raw, context) == b""  # refused in the handshake, or (TLS 1.3) at the first read
-        assert until_refused(cluster, "worker-0", before + 2) == before + 2
+        assert heartbeat_refusals(cluster, "worker-0", before + 2) == before + 2  # counted before the beat ...
+        assert logged_refusals(cluster, "worker-0") == before + 2  # ... and logged before the count
 
         old = (folder / "worker-1.pem").read_bytes()
         rotated = streamlet("cluster", "rotate-certificates", cwd=tmp_path)
@@ -112,7 +111,7 @@ def test_the_workers_speak_mutual_tls_and_refuse_strangers(tmp_path: Path) -> No
         again = streamlet("submit", str(job), "--job", "again", "--results", str(results), cwd=tmp_path)
         assert again.returncode == 0, again.stderr  # new connections on the new certificates: nothing restarted
         assert len(json.loads(results.read_text())["out"]) == 5000
-        assert until_refused(cluster, "worker-0", before + 2) == before + 2
+        assert heartbeat_refusals(cluster, "worker-0") == before + 2  # nobody refused: the new certificates hold
 
 
 def test_no_tls_runs_the_data_plane_in_cleartext_and_says_so(tmp_path: Path) -> None:

@@ -60,7 +60,11 @@ def assemble_worker(
     """The worker's pieces, wired: heartbeats carry its instances' statistics and queues."""
     registration = WorkerRegistration(store, worker_id, info, heartbeat=heartbeat)
     jobs = WorkerJobs(store, registration, server, client, secret, state_dir, on_part_built=seams.on_part_built)
-    meter = LoadMeter(jobs.queue_depths, jobs.instance_statistics, jobs.job_statistics, sample=seams.load_sample)
+
+    def sample() -> dict[str, Any]:  # the heartbeat also says how many strangers the data port turned away
+        return {**seams.load_sample(), "tls_refused": server.counts["tls_refused"]}
+
+    meter = LoadMeter(jobs.queue_depths, jobs.instance_statistics, jobs.job_statistics, sample=sample)
     registration.load = meter
     return Worker(registration, jobs, meter, seams.next_look)
 
