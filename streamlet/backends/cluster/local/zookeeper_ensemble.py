@@ -13,7 +13,9 @@ for its mode, which ``cluster status`` shows.
 
 Example:
     >>> ensemble = ZooKeeperEnsemble(Path("/tmp/zk"), size=3)   # doctest: +SKIP
-    >>> ensemble.start().connect_string                          # doctest: +SKIP
+    >>> pids = [member.launch() for member in ensemble.prepare()]  # doctest: +SKIP
+    >>> ensemble.wait_until_serving()                              # doctest: +SKIP
+    >>> ensemble.connect_string                                    # doctest: +SKIP
     '127.0.0.1:40111,127.0.0.1:40113,127.0.0.1:40115'
 """
 
@@ -25,7 +27,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamlet.backends.cluster.local.child_process import stop_child
 from streamlet.backends.cluster.local.zookeeper_server import find_classpath, find_java, free_port
 from streamlet.backends.cluster.tree.quorum import member_mode
 from streamlet.errors import ZooKeeperError
@@ -78,12 +79,6 @@ class EnsembleMember:
         answering without serving (no quorum: "This ZooKeeper instance is not currently serving requests")."""
         return member_mode(self.host, self.client_port)
 
-    def stop(self) -> None:
-        """Stop the process this object started (SIGTERM, then SIGKILL after 10 s)."""
-        process, self.process = self.process, None
-        if process is not None:
-            stop_child(process)
-
 
 @dataclass
 class ZooKeeperEnsemble:
@@ -116,14 +111,6 @@ class ZooKeeperEnsemble:
             (member.folder / CONFIG).write_text(member_config(member, self.members, self.tick_ms), encoding="utf-8")
         return self.members
 
-    def start(self) -> ZooKeeperEnsemble:
-        """Prepare, start every member, wait until a quorum serves."""
-        self.prepare()
-        for member in self.members:
-            member.launch()
-        self.wait_until_serving()
-        return self
-
     def wait_until_serving(self, members: Iterable[EnsembleMember] | None = None) -> None:
         """Wait until ``members`` (default: all) serve, as leader or follower, with one leader among them."""
         waiting = list(self.members if members is None else members)
@@ -137,15 +124,6 @@ class ZooKeeperEnsemble:
             time.sleep(0.1)
         modes = ", ".join(f"{member.name} {member.mode()}" for member in waiting)
         raise ZooKeeperError(f"the ZooKeeper ensemble did not serve within {self.start_timeout} s ({modes})")
-
-    def leader(self) -> EnsembleMember | None:
-        """The member leading now (``None``: no quorum)."""
-        return next((member for member in self.members if member.mode() == "leader"), None)
-
-    def stop(self) -> None:
-        """Stop every member this object started."""
-        for member in self.members:
-            member.stop()
 
 
 def member_config(member: EnsembleMember, members: list[EnsembleMember], tick_ms: int) -> str:
