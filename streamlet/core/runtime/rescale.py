@@ -161,7 +161,7 @@ class Reconfigurer:
         added = self._add_instances(node, builder, plan, active)
         if ready is not None:
             await ready()  # the input may end meanwhile: then no marker comes to align on, and the change fails
-            self._refuse_an_ended_input(plan.task, old_instances)
+            self._refuse_an_ended_input(plan.task, old_instances, active)
         await self._switch_senders(builder, plan, active)
         node.parallelism = plan.new.instances  # what restores, statistics and later wiring read from here on
         for instance in added:
@@ -180,17 +180,20 @@ class Reconfigurer:
             self.coordinator.instances = self.plan.all()
         self.count += 1
 
-    def _refuse_an_ended_input(self, task: str, old_instances: list[Instance]) -> None:
-        """Between processes: a sender into ``task`` or an instance of it that ended while the processes wired
-        their parts sends no marker any more, so the change could never complete. It fails before anything
-        switches; the cluster runs the next attempt from the last checkpoint."""
+    def _refuse_an_ended_input(self, task: str, old_instances: list[Instance], active: ActiveReconfiguration) -> None:
+        """Between processes: a sender into ``task`` here, or an instance of it here that ended before playing
+        its part, ended because its input did while the processes wired their parts: no marker comes any
+        more, so the change could never complete. It fails before anything switches; the cluster runs the next
+        attempt from the last checkpoint. (An instance that played its part and retired is no such case:
+        another process may have switched first.)"""
         senders = [
             sender
             for edge in self.topology.edges
             if edge.downstream == task
             for sender in self.plan.instances.get(edge.upstream, [])
         ]
-        ended = [instance for instance in [*senders, *old_instances] if instance.completed]
+        unplayed = [instance for instance in old_instances if (instance.node.name, instance.index) in active.waiting]
+        ended = [instance for instance in [*senders, *unplayed] if instance.completed]
         if ended:
             names = ", ".join(sorted(f"{instance.node.name}[{instance.index}]" for instance in ended))
             raise ReconfigurationError(f"the input of task '{task}' ended during the change ({names} finished)")
