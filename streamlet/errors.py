@@ -22,6 +22,7 @@ instance, the port and, where there is one, the record's key::
     │   ├── FrameError       a peer broke the wire protocol (that connection is closed)
     │   ├── AuthenticationError  a peer does not share the cluster secret
     │   ├── RecordTooLarge   one record does not fit in a frame (names the channel, the size and the limit)
+    │   ├── PeerUnreachable  a peer's data server has not answered within the bound (names the link)
     │   └── BlobTooLarge     a state or checkpoint blob passed the size its receiver takes
     ├── SimulationStalled    a simulated cluster came to a stop: every task waits for ever, or time never moves
     └── ClusterError         the cluster could not do what was asked
@@ -155,6 +156,11 @@ class AuthenticationError(TransportError):
 
 class RecordTooLarge(TransportError):
     """A record cannot go over TCP: even alone in a frame it is over the frame limit (retrying will not help)."""
+
+
+class PeerUnreachable(TransportError):
+    """A peer's data server said nothing within the link's bound (``peer_timeout``): the link between the two
+    processes is cut, or the peer hangs. The message names the link; the attempt ends and the job recovers."""
 
 
 class BlobTooLarge(TransportError):

@@ -66,6 +66,7 @@ class FrameType(enum.IntEnum):
     WATERMARK = 9  # [channel, epoch, seq, ts, idle]: event time on the channel has reached ts
     RECONFIGURE = 10  # [channel, epoch, seq, id, task, senders]: the sender switched to a new layout of task
     ARROW = 11  # [channel, epoch, seq, key, value, ts, ipc]: a columnar batch as Arrow IPC (see arrow_frames)
+    PING = 12  # [n]: are you there? The data server answers with the same frame (a sender's link keeps alive)
 
 
 # The lengths a body may have once decoded (None: any)
@@ -81,6 +82,7 @@ _SHAPES: dict[FrameType, tuple[int, ...] | None] = {
     FrameType.WATERMARK: (5,),
     FrameType.RECONFIGURE: (6,),
     FrameType.ARROW: (7,),
+    FrameType.PING: (1,),
 }
 
 

@@ -445,6 +445,8 @@ class _Connection:
             self.server.deliver(self, kind, body, flags, size)
         elif kind is FrameType.OPEN:
             self._write(frame(FrameType.OPEN, self.server.open(self, body)))
+        elif kind is FrameType.PING:  # the sender checks we are there: answer at once, whatever else waits
+            self._write(frame(FrameType.PING, body))
         else:
             raise FrameError(f"unexpected {kind.name} frame from a sender")
 

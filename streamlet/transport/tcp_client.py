@@ -9,6 +9,14 @@ answers with the last sequence number it delivered, and the channel resends
 what came after it, in order, before anything new. So there is no loss, no
 duplicate and no reordering.
 
+A link that has heard nothing from its peer for a quarter of ``peer_timeout``
+sends a PING, which the data server answers at once. When the peer has said
+nothing for the whole ``peer_timeout`` (a cut that drops packets silently, a
+peer that hangs), its channels raise :class:`~streamlet.errors.PeerUnreachable`
+naming the link, instead of waiting for ever on a connection TCP would keep
+retrying for many minutes; a cluster then ends the attempt, and the job
+recovers from its last checkpoint.
+
 A batch whose DATA frame would be over the frame limit goes as several
 frames, each an item with its own sequence number and item of credit (the
 receiver puts the batch back together). A record too big for a frame on its
@@ -30,11 +38,12 @@ import anyio
 import anyio.abc
 import structlog
 
+from streamlet.core.model import world
 from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.items import Item
 from streamlet.core.model.record import Barrier, Batch, EndOfStream, Reconfigure, Watermark
 from streamlet.core.runtime.channel import Inbox
-from streamlet.errors import AuthenticationError, FrameError, RecordTooLarge, TransportError
+from streamlet.errors import AuthenticationError, FrameError, PeerUnreachable, RecordTooLarge, TransportError
 from streamlet.transport import auth
 from streamlet.transport.arrow_frames import arrow_frames
 from streamlet.transport.codec import (
@@ -53,6 +62,10 @@ from streamlet.transport.tls import TLS_HANDSHAKE_TIMEOUT, TlsSettings
 
 log = structlog.get_logger("streamlet")
 Address = tuple[str, int]
+# Seconds a link waits to hear from its peer's data server before its channels give up. Longer than a ZooKeeper
+# session (a dead peer's worker is lost first, the usual way); short enough that a cut between two processes
+# that both still reach ZooKeeper ends the attempt in seconds, not after TCP's retransmissions (~15 minutes).
+PEER_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +112,8 @@ class TcpChannel:
         """
         if not self._can_send():
             await self._credit()
+        elif self.link.silent is not None:  # credit left from before the cut: do not queue more behind it
+            raise self.link.silent
         if isinstance(item, ColumnBatch):  # Arrow IPC; cut in row ranges when over the limit
             frames = arrow_frames(self.channel_id, self.epoch, self.seq + 1, item, self.max_frame)
             await self._send_pieces(frames)
@@ -247,6 +262,8 @@ class _Link:
         self.up = False
         self.failure: TransportError | None = None
         self.refused: ConnectionRefusedError | None = None  # the last connect was refused (until one succeeds)
+        self.heard = world.monotonic()  # when the peer last said anything (or the link began)
+        self.silent: PeerUnreachable | None = None  # the peer has been silent too long (until it answers again)
         self._writer: asyncio.StreamWriter | None = None
 
     def add(self, channel: TcpChannel) -> None:
@@ -260,6 +277,8 @@ class _Link:
     def raise_if_failed(self) -> None:
         if self.failure is not None:
             raise self.failure
+        if self.silent is not None:
+            raise self.silent
 
     async def run(self) -> None:
         delay = self.client.reconnect_delay
@@ -279,6 +298,7 @@ class _Link:
                 if not down:
                     log.warning("data link down, reconnecting", peer=self.peer, reason=str(exc))
                 down = self.client.connects == 0 or not self.up
+            self._give_up_if_silent()
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.client.max_reconnect_delay)
 
@@ -287,6 +307,36 @@ class _Link:
         """``host:port`` of the data server."""
         return f"{self.address[0]}:{self.address[1]}"
 
+    @property
+    def name(self) -> str:
+        """``worker-0 -> worker-1 (198.18.0.3:7000)``: the link, as far as this side knows it."""
+        here = f"{self.client.name} -> " if self.client.name else ""
+        return f"{here}{self.expected or 'data server'} ({self.peer})"
+
+    def _give_up_if_silent(self) -> None:
+        """Past the bound without a word from the peer: every channel on the link raises, naming it."""
+        quiet = world.monotonic() - self.heard
+        if self.silent is None and quiet >= self.client.peer_timeout:
+            self.silent = PeerUnreachable(
+                f"link {self.name}: no answer for {quiet:.1f} s (peer_timeout {self.client.peer_timeout:g} s); "
+                "the network between the two is cut, or the peer hangs"
+            )
+            log.warning("data link silent, giving up", link=self.name, seconds=round(quiet, 1))
+            self._fail_all()
+
+    async def _keep_alive(self, writer: asyncio.StreamWriter) -> None:
+        """PING a quiet peer; past the bound, cut the connection (the read ends) and give up on the peer."""
+        quarter = self.client.peer_timeout / 4
+        while True:
+            await asyncio.sleep(quarter)
+            quiet = world.monotonic() - self.heard
+            if quiet >= self.client.peer_timeout:
+                self._give_up_if_silent()
+                writer.transport.abort()
+                return
+            if quiet >= quarter:
+                writer.write(frame(FrameType.PING, [0]))
+
     async def _session(self) -> None:
         async with asyncio.timeout(self.client.connect_timeout):
             reader, writer = await asyncio.open_connection(*self.address, **self._tls())
@@ -294,10 +344,15 @@ class _Link:
             async with asyncio.timeout(self.client.connect_timeout):
                 await self._handshake(reader, writer)
             self._writer, self.up, self.refused = writer, True, None
+            self.heard, self.silent = world.monotonic(), None
             self.client.connects += 1
             if self.channels:
                 writer.write(frame(FrameType.OPEN, list(self.channels)))
-            await self._read_replies(reader)
+            keep_alive = asyncio.ensure_future(self._keep_alive(writer))
+            try:
+                await self._read_replies(reader)
+            finally:
+                keep_alive.cancel()
         finally:
             self.up = False
             self._writer = None
@@ -331,6 +386,7 @@ class _Link:
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         while True:
             kind, body = await read_frame(reader, self.client.max_frame)
+            self.heard = world.monotonic()
             try:
                 self._on_reply(kind, body)
             except (KeyError, TypeError, ValueError) as exc:
@@ -348,6 +404,8 @@ class _Link:
         elif kind is FrameType.OPEN:
             for channel_id, last_seq, credit in body:
                 self.channels[channel_id].reopened(last_seq, credit)
+        elif kind is FrameType.PING:
+            pass  # its answer: heard, which is all it says
         elif kind is FrameType.ERROR:
             raise FrameError(f"the data server closed the connection: {body[0]}")
         else:
@@ -366,6 +424,9 @@ class TcpClient:
 
     ``max_frame`` is the largest frame body it sends (bigger batches go in
     pieces) or reads; give the data servers it talks to the same.
+    ``peer_timeout``: seconds without a word from a peer before its channels
+    raise :class:`~streamlet.errors.PeerUnreachable`; ``name``: this process,
+    as the message names the link.
     """
 
     def __init__(
@@ -377,8 +438,12 @@ class TcpClient:
         connect_timeout: float = 5.0,
         max_frame: int = DEFAULT_MAX_FRAME,
         tls: TlsSettings | None = None,
+        peer_timeout: float = PEER_TIMEOUT,
+        name: str | None = None,
     ) -> None:
         self.secret = secret
+        self.name = name
+        self.peer_timeout = peer_timeout
         self.tls = tls  # None: cleartext
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay

@@ -166,7 +166,7 @@ class ChaosCluster:
 
     async def _worker(self, process: _Process) -> None:
         pid = 2000 + process.number
-        async with DataServer(self.secret) as server, TcpClient(self.secret) as client:
+        async with DataServer(self.secret) as server, TcpClient(self.secret, name=process.name) as client:
             info: WorkerInfo = {
                 "host": server.host, "data_port": server.port, "capacity": self.shape.capacity, "labels": [],
                 "pid": pid,

@@ -440,7 +440,7 @@ class Leader:
     async def _crashed(self, view: JobView, errors: dict[str, dict[str, Any]]) -> str | None:
         """A task failed: instance failover when every error asks for a retry, else the job fails."""
         worker, report = sorted(errors.items())[0]
-        if all("restarted" in entry for entry in errors.values()):
+        if all("lost" in entry for entry in errors.values()):  # a restarted worker, a cut link: not the code's fault
             lost = str(report["error"]).removeprefix("PartLost: ")
             return await self._next_attempt(view, f"a part of attempt {view.attempt} is lost: {lost}", {})
         if all("unusable" in entry for entry in errors.values()):

@@ -158,7 +158,7 @@ async def run_worker(
     async with (
         StoreSettings(zk_hosts, cluster, secret, session_timeout).open() as zk,
         DataServer(secret, host=host, tls=tls) as server,
-        TcpClient(secret, tls=tls) as client,
+        TcpClient(secret, tls=tls, name=worker_id) as client,
     ):
         info: WorkerInfo = {
             "host": host, "data_port": server.port, "capacity": capacity, "labels": labels or [], "pid": os.getpid(),

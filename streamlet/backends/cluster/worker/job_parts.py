@@ -59,7 +59,16 @@ from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.plan import Placement
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan
-from streamlet.errors import CoordinationError, JobError, NodeExists, PartLost, SpecError, TaskError, UnusableCheckpoint
+from streamlet.errors import (
+    CoordinationError,
+    JobError,
+    NodeExists,
+    PartLost,
+    PeerUnreachable,
+    SpecError,
+    TaskError,
+    UnusableCheckpoint,
+)
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpChannel, TcpClient
 
@@ -428,8 +437,8 @@ class WorkerJobs:
                 dead_letters = dead_letters_report(result.dead_letters)
                 if dead_letters is not None:  # the count and the first few: the report is one ZooKeeper node
                     payload["dead_letters"] = dead_letters
-        except PartLost as exc:  # the leader starts another attempt, from the last checkpoint
-            payload = {"error": f"PartLost: {exc}", "restarted": True}
+        except (PartLost, PeerUnreachable) as exc:  # the leader starts another attempt, from the last checkpoint
+            payload = {"error": f"{type(exc).__name__}: {exc}", "lost": True}
         except UnusableCheckpoint as exc:  # the leader holds the job until a worker holding the state is back
             payload = {"error": f"CheckpointError: {exc}", "unusable": exc.epoch}
         except TaskError as exc:  # an instance crashed: the leader may restart it elsewhere
