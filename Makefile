@@ -12,7 +12,7 @@ export JAVA_HOME := $(JAVA_17)
 endif
 endif
 
-.PHONY: run test lint typecheck docs unit chaos bench clean zookeeper java browser
+.PHONY: run test lint typecheck docs unit chaos nemesis bench clean zookeeper java browser nettools
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "streamlet needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
@@ -37,6 +37,13 @@ java:
 	  echo "installing Java 17 for Spark (apt-get install -y openjdk-17-jre-headless)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless) >/dev/null; }
 
+# The partition tests and the nemesis put processes on test hosts: network namespaces (iproute2) cut apart by
+# nftables drop rules (Debian's nftables).
+nettools:
+	@command -v ip >/dev/null && command -v nft >/dev/null || { \
+	  echo "installing iproute2 and nftables for the partition tests (apt-get install -y iproute2 nftables)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 nftables) >/dev/null; }
+
 # The dashboard test drives Debian's Chromium with Playwright (Playwright's own browser download cannot work here).
 browser:
 	@test -x /usr/bin/chromium || { \
@@ -60,7 +67,7 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-unit: $(STAMP) zookeeper java browser
+unit: $(STAMP) zookeeper java browser nettools
 	$(BIN)/pytest -q
 
 test: lint typecheck docs unit

@@ -30,6 +30,7 @@ from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
 from streamlet.backends.cluster.tree import paths
 from streamlet.errors import TaskError, TopologyError
 from streamlet.loading import load_topology
+from streamlet.testing.zk_watch import ZkWatch
 from streamlet.transport import auth
 from streamlet.transport.codec import HEADER, MAGIC, VERSION, FrameType, decode_body, frame, parse_header
 from tests.faults.conftest import start_cluster, stop_cluster
@@ -37,7 +38,6 @@ from tests.support.faults import (
     COUNT_TASK,
     GatedJob,
     LocalCluster,
-    ZkWatch,
     expected_totals,
     read_rss,
     totals,

@@ -31,13 +31,12 @@ import pytest
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.worker.replica_service import instances_of
 from streamlet.core.state.store import decode
+from streamlet.testing.zk_watch import NodeHistory, ZkWatch
 from tests.support.cluster import wait_for_exit
 from tests.support.faults import (
     GatedJob,
     LocalCluster,
-    NodeHistory,
     Submission,
-    ZkWatch,
     expected_totals,
     totals,
     watching,
