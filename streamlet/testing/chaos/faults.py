@@ -25,6 +25,13 @@ Kinds (:data:`KINDS`):
   next write (its request on the way) for ``lasts`` seconds, longer than a
   session: another master leads meanwhile, and the request arrives late.
 
+Kinds only real processes have (:data:`REAL_KINDS`, the nemesis's):
+
+- ``zookeeper``: a ZooKeeper member dies (SIGKILL); it is started again
+  ``lasts`` seconds later.
+- ``cut-off``: a master or worker can reach nobody (ZooKeeper, peers, the
+  client) for ``lasts`` seconds.
+
 Example:
     >>> faults = schedule(7, ["master-0"], ["worker-0", "worker-1"], count=3)
     >>> len(faults), faults == schedule(7, ["master-0"], ["worker-0", "worker-1"], count=3)
@@ -42,6 +49,7 @@ FIRST_KINDS = (
     "crash-checkpoint", "crash-change", "crash-commit", "pause-commit",
 )  # fmt: skip
 KINDS = (*FIRST_KINDS, "crash-savepoint")  # new kinds go last: FIRST_KINDS alone draws the schedules it always did
+REAL_KINDS = ("zookeeper", "cut-off")  # the nemesis's only: the simulation has one store, no hosts to cut
 LEADER = "leader"  # the target of a pause-commit: whichever master leads then
 CRASH_POINTS = {
     "crash-checkpoint": "checkpoint", "crash-change": "change", "crash-commit": "commit",
@@ -72,9 +80,9 @@ class Fault:
 
 def check_kinds(kinds: Sequence[str]) -> list[str]:
     """``kinds`` if every one is known; else a ``ValueError`` naming the unknown and the known."""
-    unknown = [kind for kind in kinds if kind not in KINDS]
+    unknown = [kind for kind in kinds if kind not in (*KINDS, *REAL_KINDS)]
     if unknown:
-        raise ValueError(f"unknown fault kind {unknown[0]!r}; the kinds are {', '.join(KINDS)}")
+        raise ValueError(f"unknown fault kind {unknown[0]!r}; the kinds are {', '.join((*KINDS, *REAL_KINDS))}")
     if not kinds:
         raise ValueError(f"no fault kind given; the kinds are {', '.join(KINDS)}")
     return list(kinds)
@@ -90,9 +98,11 @@ def schedule(
     horizon: float = 9.0,
     longest: float = 6.0,
     session: float = 4.0,
+    zookeepers: Sequence[str] = (),
 ) -> list[Fault]:
     """``count`` faults (default: 3 to 6) of ``kinds``, at moments in (0.3, ``horizon``) seconds, in time order
-    (``session``: the store's session timeout, which a pause-commit outlasts)."""
+    (``session``: the store's session timeout, which a pause-commit outlasts; ``zookeepers``: the members a
+    ``zookeeper`` fault may take down)."""
     rng = random.Random(f"faults:{seed}")
     kinds = check_kinds(kinds)
     count = rng.randint(3, 6) if count is None else count
@@ -107,6 +117,8 @@ def schedule(
             target, lasts = LEADER, rng.uniform(session + 0.5, session + longest)
         elif kind in ("disk", *CRASH_POINTS):
             target = rng.choice(list(workers))
+        elif kind == "zookeeper":
+            target = rng.choice(list(zookeepers))
         elif kind == "partition":
             target, other = rng.sample(parties, 2)
         else:
