@@ -16,6 +16,7 @@ import anyio
 import click
 
 from streamlet.backends.local import run as run_topology
+from streamlet.config_file import config_option
 from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE
 from streamlet.core.state.store import DirectoryCheckpointStore
 from streamlet.errors import StreamletError
@@ -155,6 +156,7 @@ def _resume_point(state_dir: Path | None, job: str) -> int | None:
 
 
 DEFAULT_STATE_DIR = ".streamlet"
+UNSPECIFIED = ("0.0.0.0", "::")  # wildcard addresses: a server listens on all, nobody connects to them
 WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -195,6 +197,7 @@ def _reader_secret(state_dir: Path) -> bytes | None:
 
 
 @main.command("master")
+@config_option
 @click.option("--zk", required=True, help="ZooKeeper HOST:PORT")
 @click.option("--name", default="default", show_default=True, help="cluster name")
 @click.option("--id", "master_id", default=None, help="this master's name (default: master-<pid>)")
@@ -226,10 +229,18 @@ def master_command(
 
 
 @main.command("worker")
+@config_option
 @click.option("--zk", required=True, help="ZooKeeper HOST:PORT")
 @click.option("--name", default="default", show_default=True, help="cluster name")
 @click.option("--id", "worker_id", default=None, help="this worker's name (default: worker-<pid>)")
-@click.option("--host", default="127.0.0.1", show_default=True, help="address other workers reach this one on")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True,
+    help="address its data plane listens on, and the one other workers reach it on unless --advertise says",
+)  # fmt: skip
+@click.option(
+    "--advertise", default=None,
+    help="address other workers reach this one on, when not --host (a --host of 0.0.0.0, a NAT)",
+)  # fmt: skip
 @click.option("--capacity", default=8, show_default=True, type=click.IntRange(min=1), help="instances it takes")
 @click.option("--label", "labels", multiple=True, help="a label tasks can ask for (add_task(labels=...)), repeatable")
 @click.option(
@@ -256,9 +267,9 @@ def master_command(
 )  # fmt: skip
 @click.option("--no-tls", is_flag=True, help="cleartext data plane (a loopback-only cluster; every process alike)")
 def worker_command(
-    zk: str, name: str, worker_id: str | None, host: str, capacity: int, labels: tuple[str, ...], heartbeat: float,
-    state_dir: Path, bandwidth: float, metrics_port: int | None, secret_file: Path | None, tls_dir: Path | None,
-    no_tls: bool,
+    zk: str, name: str, worker_id: str | None, host: str, advertise: str | None, capacity: int,
+    labels: tuple[str, ...], heartbeat: float, state_dir: Path, bandwidth: float, metrics_port: int | None,
+    secret_file: Path | None, tls_dir: Path | None, no_tls: bool,
 ) -> None:  # fmt: skip
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
     from streamlet.backends.cluster.local.certificates import TLS_FOLDER, process_tls
@@ -267,13 +278,15 @@ def worker_command(
     worker_id = worker_id or f"worker-{os.getpid()}"
     if not WORKER_ID.fullmatch(worker_id):  # it names folders and acknowledgements ('owner~backup')
         raise click.BadParameter(f"{worker_id!r}: use 1-64 letters, digits, '_', '-' or '.'", param_hint="--id")
+    if advertise is None and host in UNSPECIFIED:  # peers cannot connect to "every address"
+        raise click.BadParameter(f"{host} listens on every address: say which one peers reach with --advertise")
     try:
         tls = None if no_tls else process_tls(tls_dir or state_dir / TLS_FOLDER, worker_id)
     except StreamletError as exc:  # no certificate: say what to do
         _fail(exc)
     run = partial(
         run_worker, heartbeat=heartbeat, state_dir=state_dir / worker_id, bandwidth=bandwidth,
-        metrics_port=metrics_port, tls=tls,
+        metrics_port=metrics_port, tls=tls, advertise=advertise,
     )  # fmt: skip
     tune_gc()
     secret = _secret(secret_file)

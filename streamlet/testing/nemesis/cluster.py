@@ -3,7 +3,9 @@
 ZooKeeper members (``zookeeper-1`` … on ports 2181/2888/3888 of their own
 address, as on separate machines), masters and workers (``--host`` their
 address, mutual TLS from the cluster's CA) each run in their host's network
-namespace; this process, on the bridge, submits and watches. The state
+namespace (each started with ``--config`` and a TOML file of its settings;
+a worker listens on ``0.0.0.0`` and ``--advertise``s its address); this
+process, on the bridge, submits and watches. The state
 directory holds what ``streamlet cluster up`` would write (``cluster.json``
 with every PID and command line, the secret, ``tls/``), so ``streamlet
 submit``, ``cluster status`` and ``cluster down`` work on it too. Every
@@ -13,6 +15,7 @@ command line.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -116,13 +119,15 @@ class HostCluster:
     def _start_streamlet(self, role: str, process_id: str) -> None:
         assert self.state is not None
         host = self.network.add_host(process_id)
-        args = [role, "--zk", self.zk, "--name", self.name, "--id", process_id]
-        args += ["--state-dir", str(self.state_dir.resolve()), "--secret-file", self.state.secret_file]
-        if role == "worker":
-            args += ["--host", host.address, "--capacity", str(self.capacity)]
+        settings: dict[str, Any] = {"zk": self.zk, "name": self.name, "id": process_id}
+        settings |= {"state-dir": str(self.state_dir.resolve()), "secret-file": self.state.secret_file}
+        if role == "worker":  # listening on every address of its host, reached on the one it advertises
+            settings |= {"host": "0.0.0.0", "advertise": host.address, "capacity": self.capacity}
         else:
-            args += ["--dashboard-port", "0"]
-        self._launch(process_id, host.command([*streamlet_command(), *args]), self.state_dir)
+            settings |= {"dashboard-port": 0}
+        config = self.state_dir / f"{process_id}.toml"  # as a unit file would keep it short
+        config.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items()))
+        self._launch(process_id, host.command([*streamlet_command(), role, "--config", str(config)]), self.state_dir)
 
     def _launch(self, process_id: str, command: list[str], cwd: Path) -> None:
         assert self.state is not None

@@ -147,22 +147,25 @@ async def run_worker(
     bandwidth: float = 1000.0,
     metrics_port: int | None = None,
     tls: TlsSettings | None = None,
+    advertise: str | None = None,
 ) -> None:
     """Serve data connections, register, and heartbeat (every ``heartbeat`` seconds) until stopped; keep
     files only under ``state_dir`` (default ``.streamlet/<worker_id>``). ``bandwidth``: Mbit/s, configured.
     ``metrics_port``: Prometheus ``/metrics`` of this worker on ``host`` (0: any free port; ``None``: off:
     prometheus_client and its HTTP server cost a worker about 6 MB, and the dashboard's covers every worker).
-    ``tls``: its certificate (every data-plane and replica connection mutual TLS); ``None``: cleartext."""
+    ``tls``: its certificate (every data-plane and replica connection mutual TLS); ``None``: cleartext.
+    ``advertise``: the address peers connect to, when not ``host`` (which the data server listens on)."""
     state_dir = state_dir or Path(".streamlet") / worker_id
     state_dir.mkdir(parents=True, exist_ok=True)
+    reached_at = advertise or host
     async with (
         StoreSettings(zk_hosts, cluster, secret, session_timeout).open() as zk,
         DataServer(secret, host=host, tls=tls) as server,
         TcpClient(secret, tls=tls, name=worker_id) as client,
     ):
         info: WorkerInfo = {
-            "host": host, "data_port": server.port, "capacity": capacity, "labels": labels or [], "pid": os.getpid(),
-            "bandwidth_mbit": bandwidth, "tls": tls is not None,
+            "host": reached_at, "data_port": server.port, "capacity": capacity, "labels": labels or [],
+            "pid": os.getpid(), "bandwidth_mbit": bandwidth, "tls": tls is not None,
         }  # fmt: skip
         worker = assemble_worker(zk, worker_id, info, server, client, secret, state_dir, heartbeat)
         registration, jobs = worker.registration, worker.jobs
@@ -172,7 +175,7 @@ async def run_worker(
         try:
             async with anyio.create_task_group() as group:
                 await group.start(serve_worker, worker)
-                log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{host}:{server.port}")
+                log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{reached_at}:{server.port}")
                 await until_terminated(jobs.drain)
                 group.cancel_scope.cancel()
         finally:
