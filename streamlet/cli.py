@@ -28,6 +28,7 @@ from streamlet.run_report import DEFAULT_ROWS, SORT_CHOICES, ReportOptions, prin
 if TYPE_CHECKING:
     from streamlet.backends.cluster.client.terminal import SubmitProgress
     from streamlet.backends.cluster.tree.zk import StoreSettings
+    from streamlet.transport.tls import TlsSettings
 
 
 @click.group()
@@ -156,6 +157,7 @@ def _resume_point(state_dir: Path | None, job: str) -> int | None:
 
 
 DEFAULT_STATE_DIR = ".streamlet"
+ZK_TLS_HELP = "reach ZooKeeper on its TLS client ports (secureClientPort) with this process's certificate"
 UNSPECIFIED = ("0.0.0.0", "::")  # wildcard addresses: a server listens on all, nobody connects to them
 WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -196,6 +198,24 @@ def _reader_secret(state_dir: Path) -> bytes | None:
     return find_secret(state_dir)
 
 
+def _monitor_token(state_dir: Path, host: str) -> str | None:
+    """The bearer token of a dashboard or ``/metrics`` bound to ``host``: none on loopback, else the state dir's
+    (made on first use, 0600)."""
+    from streamlet.backends.monitor.access import TOKEN_FILE, load_or_make_token, needs_token
+
+    return load_or_make_token(state_dir / TOKEN_FILE) if needs_token(host) else None
+
+
+def _certificates(folder: Path, process_id: str) -> TlsSettings:
+    """This process's TLS files (issued here when the CA's key is in ``folder``), or the error saying what to do."""
+    from streamlet.backends.cluster.local.certificates import process_tls
+
+    try:
+        return process_tls(folder, process_id)
+    except StreamletError as exc:  # no certificate: say what to do
+        _fail(exc)
+
+
 @main.command("master")
 @config_option
 @click.option("--zk", required=True, help="ZooKeeper HOST:PORT")
@@ -213,17 +233,24 @@ def _reader_secret(state_dir: Path) -> bytes | None:
 @click.option("--dashboard-host", default="127.0.0.1", show_default=True, help="address the dashboard listens on")
 @click.option("--no-dashboard", is_flag=True, help="serve no dashboard")
 @click.option("--secret-file", default=None, type=click.Path(dir_okay=False, path_type=Path), help=SECRET_FILE_HELP)
+@click.option(
+    "--tls-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+    help="the cluster CA's ca.pem and this master's <id>.pem and <id>.key (default: STATE_DIR/tls), for --zk-tls",
+)  # fmt: skip
+@click.option("--zk-tls", is_flag=True, help=ZK_TLS_HELP)
 def master_command(
     zk: str, name: str, master_id: str | None, state_dir: Path, dashboard_port: int, dashboard_host: str,
-    no_dashboard: bool, secret_file: Path | None,
+    no_dashboard: bool, secret_file: Path | None, tls_dir: Path | None, zk_tls: bool,
 ) -> None:  # fmt: skip
     """Run one master: a candidate that leads the cluster when elected."""
-    from streamlet.backends.cluster.local.run import run_master
+    from streamlet.backends.cluster.local.run import DashboardSettings, run_master
 
     master_id = master_id or f"master-{os.getpid()}"
     (state_dir / master_id).mkdir(parents=True, exist_ok=True)
-    dashboard = None if no_dashboard else (dashboard_host, dashboard_port)
-    run = partial(run_master, dashboard=dashboard)
+    token = _monitor_token(state_dir, dashboard_host)
+    dashboard = None if no_dashboard else DashboardSettings(dashboard_host, dashboard_port, token)
+    certificates = _certificates(tls_dir or state_dir / "tls", master_id) if zk_tls else None
+    run = partial(run_master, dashboard=dashboard, zk_tls=certificates)
     tune_gc()
     anyio.run(run, zk, name, master_id, _secret(secret_file), backend_options={"use_uvloop": True})
 
@@ -266,13 +293,14 @@ def master_command(
     help="the cluster CA's ca.pem and this worker's <id>.pem and <id>.key (default: STATE_DIR/tls)",
 )  # fmt: skip
 @click.option("--no-tls", is_flag=True, help="cleartext data plane (a loopback-only cluster; every process alike)")
+@click.option("--zk-tls", is_flag=True, help=ZK_TLS_HELP)
 def worker_command(
     zk: str, name: str, worker_id: str | None, host: str, advertise: str | None, capacity: int,
     labels: tuple[str, ...], heartbeat: float, state_dir: Path, bandwidth: float, metrics_port: int | None,
-    secret_file: Path | None, tls_dir: Path | None, no_tls: bool,
+    secret_file: Path | None, tls_dir: Path | None, no_tls: bool, zk_tls: bool,
 ) -> None:  # fmt: skip
     """Run one worker: it registers, heartbeats and runs the instances assigned to it."""
-    from streamlet.backends.cluster.local.certificates import TLS_FOLDER, process_tls
+    from streamlet.backends.cluster.local.certificates import TLS_FOLDER
     from streamlet.backends.cluster.local.run import run_worker
 
     worker_id = worker_id or f"worker-{os.getpid()}"
@@ -280,13 +308,12 @@ def worker_command(
         raise click.BadParameter(f"{worker_id!r}: use 1-64 letters, digits, '_', '-' or '.'", param_hint="--id")
     if advertise is None and host in UNSPECIFIED:  # peers cannot connect to "every address"
         raise click.BadParameter(f"{host} listens on every address: say which one peers reach with --advertise")
-    try:
-        tls = None if no_tls else process_tls(tls_dir or state_dir / TLS_FOLDER, worker_id)
-    except StreamletError as exc:  # no certificate: say what to do
-        _fail(exc)
+    certificates = None if no_tls and not zk_tls else _certificates(tls_dir or state_dir / TLS_FOLDER, worker_id)
     run = partial(
         run_worker, heartbeat=heartbeat, state_dir=state_dir / worker_id, bandwidth=bandwidth,
-        metrics_port=metrics_port, tls=tls, advertise=advertise,
+        metrics_port=metrics_port, tls=None if no_tls else certificates, advertise=advertise,
+        zk_tls=certificates if zk_tls else None,
+        metrics_token=None if metrics_port is None else _monitor_token(state_dir, host),
     )  # fmt: skip
     tune_gc()
     secret = _secret(secret_file)
@@ -424,9 +451,11 @@ def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: b
     from streamlet.backends.cluster.client.status import format_status
     from streamlet.backends.cluster.tree.quorum import refuse_without_quorum
     from streamlet.backends.cluster.tree.status import read_status
+    from streamlet.backends.cluster.tree.zk import four_letter_tls
 
     async def show(settings: StoreSettings) -> str:
-        modes = await anyio.to_thread.run_sync(refuse_without_quorum, settings.hosts)  # NoQuorum names them
+        tls = four_letter_tls(settings.tls)
+        modes = await anyio.to_thread.run_sync(refuse_without_quorum, settings.hosts, tls)  # NoQuorum names them
         async with settings.open() as store:
             status = await read_status(store)
         status["zookeeper"] = [{"address": address, "mode": mode} for address, mode in modes]
@@ -743,9 +772,13 @@ def _where(zk: str | None, name: str | None, state_dir: Path) -> tuple[str, str]
 
 
 def _settings(zk: str | None, name: str | None, state_dir: Path, secret: bytes | None) -> StoreSettings:
-    """How to open the store of the cluster the options name (``--zk``/``--cluster``, else the recorded one)."""
+    """How to open the store of the cluster the options name (``--zk``/``--cluster``, else the recorded one,
+    over TLS with the state dir's ``client`` certificate when its ZooKeeper serves other hosts over TLS)."""
+    from streamlet.backends.cluster.local.local_cluster import ClusterState
     from streamlet.backends.cluster.tree.zk import StoreSettings
 
+    if zk is None and ClusterState.load(state_dir).zk_tls:
+        return StoreSettings(*_where(zk, name, state_dir), secret, tls=_certificates(state_dir / "tls", "client"))
     hosts, cluster = _where(zk, name, state_dir)
     return StoreSettings(hosts, cluster, secret)
 

@@ -20,6 +20,7 @@ import anyio.from_thread
 from streamlet.backends.cluster.tree import jobs
 from streamlet.backends.cluster.tree.store import read_all, riding_out
 from streamlet.backends.cluster.tree.zk import ZkStore
+from streamlet.transport.tls import TlsSettings
 
 
 class NodeHistory:
@@ -63,8 +64,8 @@ class ZkWatch:
     """One ZooKeeper session in a background thread, for a test's waits and reads (no job data is written); with the
     cluster's ``secret``, as job data is readable with it only."""
 
-    def __init__(self, hosts: str, cluster: str, secret: bytes) -> None:
-        self.store = ZkStore(hosts, cluster, session_timeout=10.0, secret=secret)
+    def __init__(self, hosts: str, cluster: str, secret: bytes, tls: TlsSettings | None = None) -> None:
+        self.store = ZkStore(hosts, cluster, session_timeout=10.0, secret=secret, tls=tls)
         self._stack = contextlib.ExitStack()
         self._followers: list[Any] = []
 
@@ -78,6 +79,8 @@ class ZkWatch:
             future.cancel()
         with contextlib.suppress(Exception):
             self.portal.call(self.store.aclose)
+        with contextlib.suppress(Exception):  # a wait cut short (a test's timeout) must not hold the exit
+            self.portal.call(self.portal.stop, True)
         self._stack.close()
 
     def get(self, path: str) -> tuple[Any, int] | None:

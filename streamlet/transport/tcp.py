@@ -129,10 +129,12 @@ class DataServer:
         max_frame: int = DEFAULT_MAX_FRAME,
         max_batch: int = DEFAULT_MAX_BATCH,
         tls: TlsSettings | None = None,
+        advertise: str | None = None,
     ) -> None:
         self.secret = secret
         self.tls = tls  # None: cleartext (loopback benchmarks, tests of the wire format)
-        self.host = host
+        self.host = host  # listened on (0.0.0.0: every address)
+        self.advertised = advertise or host  # what peers connect to: published, and sent for replies
         self.port = port
         self.max_frame = max_frame
         if max_batch < max_frame:
@@ -186,8 +188,8 @@ class DataServer:
 
     @property
     def address(self) -> tuple[str, int]:
-        """``(host, port)`` senders connect to."""
-        return self.host, self.port
+        """``(host, port)`` senders connect to (the advertised host, when not the one listened on)."""
+        return self.advertised, self.port
 
     def register(self, channel_id: str, inbox: Inbox, channel: int) -> None:
         """Frames for ``channel_id`` go to ``channel`` of ``inbox``; a sender that opened it already (and

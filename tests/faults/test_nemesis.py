@@ -17,7 +17,7 @@ from streamlet.testing.nemesis import workload
 from streamlet.testing.nemesis.hosts import unavailable
 from streamlet.testing.nemesis.runner import KINDS, draw, run_seed
 
-pytestmark = [pytest.mark.faults, pytest.mark.integration]
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.timeout(240)]
 
 FIXED = (1, 18)
 

@@ -24,7 +24,7 @@ from streamlet.testing.zk_watch import ZkWatch
 from tests.support import reaper
 from tests.support.faults import GatedJob, expected_totals, streamlet_process, totals
 
-pytestmark = [pytest.mark.faults, pytest.mark.integration]
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.timeout(240)]
 
 JOB = "gated"
 SHORT_CUT = 1.5  # seconds: well inside a ZooKeeper session (4 s) and a data link's bound (10 s)

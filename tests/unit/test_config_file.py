@@ -88,3 +88,21 @@ def test_a_master_takes_its_settings_from_the_file(tmp_path: Path, started: list
     assert result.exit_code == 0, result.output
     [(run, zk, _name, master_id, _secret)] = started
     assert (zk, master_id, run.keywords["dashboard"]) == ("127.0.0.1:2181", "master-2", None)
+
+
+def test_a_dashboard_or_metrics_beyond_loopback_get_the_state_dirs_token(
+    tmp_path: Path, started: list[tuple[Any, ...]]
+) -> None:
+    master = ["master", "--zk", "127.0.0.1:2181", "--state-dir", str(tmp_path), "--dashboard-host", "0.0.0.0"]
+    worker = ["worker", "--zk", "127.0.0.1:2181", "--state-dir", str(tmp_path), "--no-tls", "--host", "198.18.0.9"]
+    loopback = ["master", "--zk", "127.0.0.1:2181", "--state-dir", str(tmp_path / "other")]
+    for args in (master, [*worker, "--metrics-port", "0"], worker, loopback):
+        result = CliRunner().invoke(cli.main, args, env={"STREAMLET_SECRET": "ab" * 32})  # each takes it away
+        assert result.exit_code == 0, result.output
+    token = (tmp_path / "monitor-token").read_text().strip()
+    [(to_master, *_), (to_worker, *_), (plain_worker, *_), (local_master, *_)] = started
+    assert to_master.keywords["dashboard"].token == token
+    assert to_worker.keywords["metrics_token"] == token
+    assert plain_worker.keywords["metrics_token"] is None  # no metrics served
+    assert local_master.keywords["dashboard"].token is None
+    assert not (tmp_path / "other" / "monitor-token").exists()

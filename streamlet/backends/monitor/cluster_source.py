@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from typing import Any
 
@@ -21,17 +22,25 @@ class ClusterSource:
     """Readings of the whole cluster from ZooKeeper (every worker's heartbeat carries its statistics)."""
 
     def __init__(
-        self, store: ClusterStore, secret: bytes, outlines: Outlines | None = None, zookeepers: str | None = None
+        self,
+        store: ClusterStore,
+        secret: bytes,
+        outlines: Outlines | None = None,
+        zookeepers: str | None = None,
+        zookeeper_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.store = store
         self.zookeepers = zookeepers  # the connect string: each member's mode is shown, and a lost quorum said
+        self.zookeeper_tls = zookeeper_tls  # members reached on their TLS client ports are asked over TLS
         self.secret = secret
         self.outlines = Outlines() if outlines is None else outlines  # the leader's: each job built once
         self._graphs: dict[str, dict[str, Any]] = {}  # spec uid -> graph
 
     async def read(self) -> Reading:
         """The cluster now; :class:`~streamlet.errors.NoQuorum` when the ZooKeeper ensemble has none."""
-        modes = None if self.zookeepers is None else await world.blocking(refuse_without_quorum, self.zookeepers)
+        modes = None
+        if self.zookeepers is not None:
+            modes = await world.blocking(refuse_without_quorum, self.zookeepers, self.zookeeper_tls)
         status = await read_status(self.store)
         if modes is not None:
             status["zookeeper"] = [{"address": address, "mode": mode} for address, mode in modes]

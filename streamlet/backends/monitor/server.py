@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ import anyio
 import structlog
 from aiohttp import web
 
+from streamlet.backends.monitor.access import COOKIE, bearer_matches, same_token
 from streamlet.backends.monitor.metrics import exposition
 from streamlet.backends.monitor.views import Rates, Reading, Timeline, cluster_view, instance_snapshots, job_view
 
@@ -45,8 +46,11 @@ class Source(Protocol):
 class Dashboard:
     """Reads its source every ``interval`` seconds and keeps the views of the latest reading."""
 
-    def __init__(self, source: Source, interval: float = 1.0, max_streams: int = MAX_STREAMS) -> None:
+    def __init__(
+        self, source: Source, interval: float = 1.0, max_streams: int = MAX_STREAMS, token: str | None = None
+    ) -> None:
         self.source = source
+        self.token = token  # every request must carry it (a dashboard bound beyond loopback); None: loopback
         self.interval = interval
         self.max_streams = max_streams
         self.streams = 0  # live views open now
@@ -110,8 +114,8 @@ class Dashboard:
         self._closing.set()
 
     def app(self) -> web.Application:
-        """The aiohttp application (GET routes only)."""
-        app = web.Application()
+        """The aiohttp application (GET routes only; behind the bearer token when there is one)."""
+        app = web.Application(middlewares=[] if self.token is None else [dashboard_guard(self.token)])
         app.router.add_get("/", self._page)
         app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/api/cluster", self._cluster)
@@ -169,6 +173,27 @@ class Dashboard:
         assert reading is not None
         body = await anyio.to_thread.run_sync(exposition, reading.samples)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+def dashboard_guard(token: str) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """aiohttp middleware: the bearer header or the cookie, else 401; ``/?token=`` sets the cookie."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Callable[..., Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        offered = request.query.get("token")
+        if request.path == "/" and offered is not None and same_token(offered, token):
+            response = web.HTTPFound("/")  # the token leaves the address bar; the cookie keeps it
+            response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
+            raise response
+        cookie = request.cookies.get(COOKIE, "")
+        if bearer_matches(request.headers.get("Authorization"), token) or same_token(cookie, token):
+            return await handler(request)
+        raise web.HTTPUnauthorized(
+            text="this dashboard needs its token: 'Authorization: Bearer <token>', or open /?token=<token>",
+            headers={"WWW-Authenticate": 'Bearer realm="streamlet"'},
+        )
+
+    return guard
 
 
 def _asset(name: str) -> web.Response:

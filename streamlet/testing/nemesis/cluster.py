@@ -28,11 +28,14 @@ from streamlet.backends.cluster.local import certificates, local_cluster
 from streamlet.backends.cluster.local.local_cluster import ClusterState, streamlet_command
 from streamlet.backends.cluster.local.zookeeper_ensemble import CONFIG, EnsembleMember, member_config
 from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.zk import four_letter_tls
 from streamlet.errors import ZooKeeperError
 from streamlet.testing.nemesis.hosts import HostNetwork
 from streamlet.testing.zk_watch import ZkWatch
+from streamlet.transport.tls import TlsSettings
 
 CLIENT_PORT, PEER_PORT, ELECTION_PORT = 2181, 2888, 3888  # each member has an address of its own
+SECURE_PORT = 2281  # the TLS client port on the member's address (the plain one serves its 127.0.0.1 only)
 TICK_MS = 500
 
 
@@ -67,8 +70,8 @@ class HostCluster:
         secret_file.write_bytes(secrets.token_bytes(32))
         secret_file.chmod(0o600)
         self.state = ClusterState(name=self.name, zk="", secret_file=str(secret_file.resolve()))
-        self.state.tls = True
-        certificates.make_ca(self.state_dir / certificates.TLS_FOLDER, self.name)
+        self.state.tls = self.state.zk_tls = True
+        certificates.make_ca(self.tls_dir, self.name)
         try:
             self._start_ensemble()
             for index in range(self.masters):
@@ -82,9 +85,17 @@ class HostCluster:
             self.stop()
             raise
 
+    @property
+    def tls_dir(self) -> Path:
+        return self.state_dir / certificates.TLS_FOLDER
+
+    def client_tls(self) -> TlsSettings:
+        """This process's certificate (``client``, as ``streamlet submit`` here uses it)."""
+        return certificates.process_tls(self.tls_dir, "client")
+
     def watch(self) -> ZkWatch:
-        """A ZooKeeper session of this process's (on the bridge) for waits and reads."""
-        return ZkWatch(self.zk, self.name, self.secret())
+        """A ZooKeeper session of this process's (on the bridge, over TLS) for waits and reads."""
+        return ZkWatch(self.zk, self.name, self.secret(), tls=self.client_tls())
 
     def address(self, process: str) -> str:
         """The address of ``process``'s host."""
@@ -95,7 +106,8 @@ class HostCluster:
         for myid in range(1, self.zookeepers + 1):
             host = self.network.add_host(f"zookeeper-{myid}")
             folder = self.state_dir / host.name
-            member = EnsembleMember(myid, folder, CLIENT_PORT, PEER_PORT, ELECTION_PORT, host=host.address)
+            member = EnsembleMember(myid, folder, CLIENT_PORT, PEER_PORT, ELECTION_PORT, host.address, SECURE_PORT)
+            certificates.zookeeper_files(self.tls_dir, member.name, folder / "tls")
             self.members.append(member)
         self.state.zk = self.zk
         for member in self.members:
@@ -109,17 +121,18 @@ class HostCluster:
         import time  # a ZooKeeper member has no event to wait on: its mode is asked for (four-letter word)
 
         deadline = time.monotonic() + 90
+        tls = four_letter_tls(self.client_tls())
         while time.monotonic() < deadline:
-            if all(member.mode() in ("leader", "follower") for member in self.members):
+            if all(member.mode(tls) in ("leader", "follower") for member in self.members):
                 return
             time.sleep(0.2)
-        modes = ", ".join(f"{member.name} {member.mode()}" for member in self.members)
+        modes = ", ".join(f"{member.name} {member.mode(tls)}" for member in self.members)
         raise ZooKeeperError(f"the ensemble on the test hosts did not serve within 90 s ({modes})")
 
     def _start_streamlet(self, role: str, process_id: str) -> None:
         assert self.state is not None
         host = self.network.add_host(process_id)
-        settings: dict[str, Any] = {"zk": self.zk, "name": self.name, "id": process_id}
+        settings: dict[str, Any] = {"zk": self.zk, "name": self.name, "id": process_id, "zk-tls": True}
         settings |= {"state-dir": str(self.state_dir.resolve()), "secret-file": self.state.secret_file}
         if role == "worker":  # listening on every address of its host, reached on the one it advertises
             settings |= {"host": "0.0.0.0", "advertise": host.address, "capacity": self.capacity}

@@ -482,3 +482,13 @@ async def test_a_transfer_gives_up_on_a_peer_that_refuses_connections_while_a_st
                     await inbox.wait()
             assert inbox.pop(0) == batch(2, 3)
             assert inbox.is_empty(0)
+
+
+async def test_a_server_on_every_address_gives_senders_the_one_it_advertises() -> None:
+    """``--host 0.0.0.0 --advertise ADDRESS``: peers are told ADDRESS (what the worker publishes and asks
+    replies at), never the wildcard it listens on."""
+    async with DataServer(SECRET, host="0.0.0.0", advertise="127.0.0.1") as server:
+        assert server.address == ("127.0.0.1", server.port)
+        async with opened(server) as pipe:
+            await pipe.sender.send(batch(1))
+            assert await pipe.take() == batch(1)

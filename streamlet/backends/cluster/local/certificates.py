@@ -119,6 +119,17 @@ def issue(folder: Path, process_id: str, days: int = DAYS) -> ProcessFiles:
     return files
 
 
+def zookeeper_files(folder: Path, member: str, into: Path) -> None:
+    """A certificate for ZooKeeper member ``member`` from the CA in ``folder``, written where the member's
+    ``zoo.cfg`` reads it: ``into/keystore.pem`` (its key, then its certificate: ZooKeeper's PEM key store)
+    and ``into/ca.pem``, both 0600."""
+    files = issue(folder, member)
+    into.mkdir(parents=True, exist_ok=True)
+    into.chmod(0o700)
+    _write(into / "keystore.pem", files.key.read_bytes() + files.cert.read_bytes())
+    _write(into / "ca.pem", files.ca.read_bytes())
+
+
 def process_tls(folder: Path, process_id: str) -> TlsSettings:
     """The TLS settings ``process_id`` runs with, from ``folder``: its certificate, issued now by the cluster CA
     when the CA's key is in ``folder`` (the machine ``cluster up`` ran on) and it has none yet; a warning when

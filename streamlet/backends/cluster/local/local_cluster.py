@@ -47,6 +47,7 @@ class ClusterState:
     processes: list[dict[str, Any]] = field(default_factory=list)  # role, id, pid
     logs: dict[str, str] | None = None  # the log level and format given to 'up', for the workers added later
     tls: bool = True  # the data plane is mutual TLS (certificates under <state dir>/tls/); False: --no-tls
+    zk_tls: bool = False  # ZooKeeper serves other hosts on TLS client ports: clients use <state dir>/tls/client.*
 
     def save(self, state_dir: Path) -> None:
         """Write the state file."""

@@ -7,7 +7,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 import structlog
@@ -20,7 +20,7 @@ from streamlet.backends.cluster.tree.outline import Outlines
 from streamlet.backends.cluster.tree.paths import WorkerInfo
 from streamlet.backends.cluster.tree.registry import WorkerRegistration
 from streamlet.backends.cluster.tree.store import ClusterStore
-from streamlet.backends.cluster.tree.zk import SESSION_TIMEOUT, StoreSettings, ZkStore
+from streamlet.backends.cluster.tree.zk import SESSION_TIMEOUT, StoreSettings, ZkStore, four_letter_tls
 from streamlet.backends.cluster.worker.job_parts import WorkerJobs
 from streamlet.backends.cluster.worker.serving import assemble_worker, serve_worker
 from streamlet.errors import CoordinationError
@@ -35,19 +35,30 @@ log = structlog.get_logger("streamlet")
 DASHBOARD_PORT = 8780  # the leader's dashboard (another free port when this one is taken)
 
 
+class DashboardSettings(NamedTuple):
+    """Where the leader serves its dashboard; ``token``: the bearer token every request must carry (one bound
+    beyond loopback, see :mod:`~streamlet.backends.monitor.access`)."""
+
+    host: str = "127.0.0.1"
+    port: int = DASHBOARD_PORT
+    token: str | None = None
+
+
 async def run_master(
     zk_hosts: str,
     cluster: str,
     name: str,
     secret: bytes,
     session_timeout: float = SESSION_TIMEOUT,
-    dashboard: tuple[str, int] | None = ("127.0.0.1", DASHBOARD_PORT),
+    dashboard: DashboardSettings | None = DashboardSettings(),  # noqa: B008 - an immutable tuple
+    zk_tls: TlsSettings | None = None,
 ) -> None:
     """Campaign and lead until SIGTERM; closing the session then removes ``/leader`` at once, so a
     candidate takes over without waiting for the session to time out. While leading, serve the dashboard
-    on ``dashboard`` (host, port; ``None``: no dashboard)."""
+    on ``dashboard`` (host, port; ``None``: no dashboard). ``zk_tls``: reach ZooKeeper's TLS client ports
+    with this certificate."""
     async with (
-        StoreSettings(zk_hosts, cluster, secret, session_timeout).open() as zk,
+        StoreSettings(zk_hosts, cluster, secret, session_timeout, zk_tls).open() as zk,
         anyio.create_task_group() as group,
     ):
         group.start_soon(campaign_and_lead, zk, cluster, name, secret, dashboard)
@@ -65,7 +76,7 @@ async def campaign_and_lead(
     cluster: str,
     name: str,
     secret: bytes,
-    dashboard: tuple[str, int] | None,
+    dashboard: DashboardSettings | None,
     identity: dict[str, Any] | None = None,
 ) -> None:
     """Campaign for leadership and lead until the session is lost; then campaign again. ``identity``: what
@@ -81,7 +92,7 @@ async def campaign_and_lead(
             # the jobs' adaptation policies, fenced; each job's topology built once for all three
             group.start_soon(AdaptationLoop(zk, secret, leader.fence, outlines=leader.outlines).run)
             if dashboard is not None:  # it moves with leadership
-                group.start_soon(_serve_dashboard, zk, secret, name, *dashboard, leader.outlines)
+                group.start_soon(_serve_dashboard, zk, secret, name, dashboard, leader.outlines)
             await _lead_until_lost(zk)
             group.cancel_scope.cancel()
         log.warning("lost leadership", cluster=cluster, master=name, epoch=epoch)
@@ -89,15 +100,16 @@ async def campaign_and_lead(
 
 
 async def _serve_dashboard(
-    zk: ClusterStore, secret: bytes, name: str, host: str, port: int, outlines: Outlines | None = None
+    zk: ClusterStore, secret: bytes, name: str, settings: DashboardSettings, outlines: Outlines | None = None
 ) -> None:
     """The dashboard, while this master leads; its URL in ``/dashboard`` (another port when ``port`` is
     taken). aiohttp is imported here: a standby master does not pay for it."""
     from streamlet.backends.monitor.cluster_source import ClusterSource
     from streamlet.backends.monitor.server import Dashboard, serving
 
-    zookeepers = zk.hosts if isinstance(zk, ZkStore) else None  # its members' modes are shown
-    dashboard = Dashboard(ClusterSource(zk, secret, outlines, zookeepers))
+    zookeepers, tls = (zk.hosts, four_letter_tls(zk.tls)) if isinstance(zk, ZkStore) else (None, None)
+    dashboard = Dashboard(ClusterSource(zk, secret, outlines, zookeepers, tls), token=settings.token)
+    host, port = settings.host, settings.port
     try:
         async with serving(dashboard, host, port) as url:
             await _publish_dashboard(zk, url, name)
@@ -148,34 +160,40 @@ async def run_worker(
     metrics_port: int | None = None,
     tls: TlsSettings | None = None,
     advertise: str | None = None,
+    zk_tls: TlsSettings | None = None,
+    metrics_token: str | None = None,
 ) -> None:
     """Serve data connections, register, and heartbeat (every ``heartbeat`` seconds) until stopped; keep
     files only under ``state_dir`` (default ``.streamlet/<worker_id>``). ``bandwidth``: Mbit/s, configured.
     ``metrics_port``: Prometheus ``/metrics`` of this worker on ``host`` (0: any free port; ``None``: off:
     prometheus_client and its HTTP server cost a worker about 6 MB, and the dashboard's covers every worker).
     ``tls``: its certificate (every data-plane and replica connection mutual TLS); ``None``: cleartext.
-    ``advertise``: the address peers connect to, when not ``host`` (which the data server listens on)."""
+    ``advertise``: the address peers connect to, when not ``host`` (which the data server listens on).
+    ``zk_tls``: reach ZooKeeper's TLS client ports with this certificate (``None``: plain, on 127.0.0.1).
+    ``metrics_token``: the bearer token a scrape of ``/metrics`` must carry (``None``: none asked)."""
     state_dir = state_dir or Path(".streamlet") / worker_id
     state_dir.mkdir(parents=True, exist_ok=True)
-    reached_at = advertise or host
     async with (
-        StoreSettings(zk_hosts, cluster, secret, session_timeout).open() as zk,
-        DataServer(secret, host=host, tls=tls) as server,
+        StoreSettings(zk_hosts, cluster, secret, session_timeout, zk_tls).open() as zk,
+        DataServer(secret, host=host, tls=tls, advertise=advertise) as server,
         TcpClient(secret, tls=tls, name=worker_id) as client,
     ):
         info: WorkerInfo = {
-            "host": reached_at, "data_port": server.port, "capacity": capacity, "labels": labels or [],
+            "host": server.advertised, "data_port": server.port, "capacity": capacity, "labels": labels or [],
             "pid": os.getpid(), "bandwidth_mbit": bandwidth, "tls": tls is not None,
         }  # fmt: skip
         worker = assemble_worker(zk, worker_id, info, server, client, secret, state_dir, heartbeat)
         registration, jobs = worker.registration, worker.jobs
-        metrics = None if metrics_port is None else _worker_metrics(worker_id, host, metrics_port, registration, jobs)
+        metrics = None
+        if metrics_port is not None:
+            metrics = _worker_metrics(worker_id, host, metrics_port, registration, jobs, metrics_token)
         if metrics is not None:
             info["metrics_port"] = metrics.port
         try:
             async with anyio.create_task_group() as group:
                 await group.start(serve_worker, worker)
-                log.info("worker registered", cluster=cluster, worker=worker_id, data=f"{reached_at}:{server.port}")
+                data = "{}:{}".format(*server.address)
+                log.info("worker registered", cluster=cluster, worker=worker_id, data=data)
                 await until_terminated(jobs.drain)
                 group.cancel_scope.cancel()
         finally:
@@ -185,7 +203,7 @@ async def run_worker(
 
 
 def _worker_metrics(
-    worker_id: str, host: str, port: int, registration: WorkerRegistration, jobs: WorkerJobs
+    worker_id: str, host: str, port: int, registration: WorkerRegistration, jobs: WorkerJobs, token: str | None
 ) -> WorkerMetrics:
     from streamlet.backends.monitor.worker_metrics import WorkerMetrics, worker_sample
 
@@ -194,7 +212,7 @@ def _worker_metrics(
             worker_id, registration.last_load, jobs.instance_statistics(), jobs.job_statistics(), jobs.server.counts
         )
 
-    return WorkerMetrics(sample, host, port)
+    return WorkerMetrics(sample, host, port, token)
 
 
 async def until_terminated(graceful: Callable[[], Awaitable[None]]) -> None:

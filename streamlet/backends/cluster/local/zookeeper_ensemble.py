@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import time
 from collections.abc import Iterable
@@ -32,6 +33,8 @@ from streamlet.backends.cluster.tree.quorum import member_mode
 from streamlet.errors import ZooKeeperError
 
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+TLS_KEYSTORE = "tls/keystore.pem"  # in a member's folder: its key and certificate
+TLS_TRUSTSTORE = "tls/ca.pem"  # the cluster CA's certificate
 SIZES = (3, 5)  # an even count adds no failure it survives; 1 is the standalone server
 CONFIG = "zoo.cfg"
 
@@ -46,6 +49,7 @@ class EnsembleMember:
     peer_port: int
     election_port: int
     host: str = "127.0.0.1"
+    secure_port: int | None = None  # a TLS client port on host (the plain one then serves 127.0.0.1 only)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -55,8 +59,8 @@ class EnsembleMember:
 
     @property
     def address(self) -> str:
-        """``host:port`` of its client port."""
-        return f"{self.host}:{self.client_port}"
+        """``host:port`` of the client port others connect to (its TLS one, when it has one)."""
+        return f"{self.host}:{self.secure_port or self.client_port}"
 
     def command(self) -> list[str]:
         """The command line that starts it, run in :attr:`folder` (its configuration is ``./zoo.cfg``)."""
@@ -74,9 +78,12 @@ class EnsembleMember:
             )  # fmt: skip
         return self.process.pid
 
-    def mode(self) -> str:
+    def mode(self, tls: ssl.SSLContext | None = None) -> str:
         """``leader``, ``follower`` (``standalone`` for a lone server), or ``down``: not answering, or
-        answering without serving (no quorum: "This ZooKeeper instance is not currently serving requests")."""
+        answering without serving (no quorum: "This ZooKeeper instance is not currently serving requests").
+        A member with a TLS client port is asked there, with ``tls`` (the asking process's certificate)."""
+        if self.secure_port is not None:
+            return member_mode(self.host, self.secure_port, tls) if tls is not None else "down"
         return member_mode(self.host, self.client_port)
 
 
@@ -127,14 +134,16 @@ class ZooKeeperEnsemble:
 
 
 def member_config(member: EnsembleMember, members: list[EnsembleMember], tick_ms: int) -> str:
-    """``zoo.cfg`` of ``member``: paths relative to its folder, its client port on its host only."""
+    """``zoo.cfg`` of ``member``: paths relative to its folder, its client port on its host only (with a TLS
+    client port: that one on its host, the plain one on 127.0.0.1 for local tools, the quorum's links TLS)."""
+    plain_host = member.host if member.secure_port is None else "127.0.0.1"
     lines = [
         f"tickTime={tick_ms}",
         "initLimit=20",  # ticks a follower has to connect and sync with the leader
         "syncLimit=4",  # ticks a follower may lag before the leader drops it
         "dataDir=data",
         f"clientPort={member.client_port}",
-        f"clientPortAddress={member.host}",
+        f"clientPortAddress={plain_host}",
         "admin.enableServer=false",
         "4lw.commands.whitelist=ruok,srvr,stat,mntr",
         f"minSessionTimeout={2 * tick_ms}",
@@ -143,4 +152,29 @@ def member_config(member: EnsembleMember, members: list[EnsembleMember], tick_ms
         "standaloneEnabled=false",
     ]
     lines += [f"server.{peer.myid}={peer.host}:{peer.peer_port}:{peer.election_port}" for peer in members]
+    if member.secure_port is not None:
+        lines += tls_config(member)
     return "\n".join(lines) + "\n"
+
+
+def tls_config(member: EnsembleMember) -> list[str]:
+    """The TLS lines of a member's ``zoo.cfg``: its TLS client port, client certificates of the cluster CA
+    required, and TLS between the members (files in ``tls/`` of its folder, see
+    :func:`~streamlet.backends.cluster.local.certificates.zookeeper_files`). The certificates name processes,
+    not addresses: the cluster CA's signature is the check, not the host name."""
+    lines = [
+        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+        f"secureClientPort={member.secure_port}",
+        f"secureClientPortAddress={member.host}",
+        "sslQuorum=true",
+    ]
+    for prefix in ("ssl", "ssl.quorum"):
+        lines += [
+            f"{prefix}.keyStore.location={TLS_KEYSTORE}",
+            f"{prefix}.keyStore.type=PEM",
+            f"{prefix}.trustStore.location={TLS_TRUSTSTORE}",
+            f"{prefix}.trustStore.type=PEM",
+            f"{prefix}.clientAuth=need",
+            f"{prefix}.hostnameVerification=false",
+        ]  # no ssl.protocol=TLSv1.3: ZooKeeper 3.8.0 on Debian's Netty 4.1.48 then drops every handshake
+    return lines

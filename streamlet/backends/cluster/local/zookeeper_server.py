@@ -29,6 +29,9 @@ log = structlog.get_logger("streamlet")
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
 DEBIAN_JAR = Path("/usr/share/java/zookeeper.jar")
+# Debian's zookeeper.jar (3.8.0) lists netty-handler but not netty-codec and netty-resolver, which Netty's
+# SslHandler needs: without them a TLS client port accepts connections and drops every handshake.
+DEBIAN_TLS_JARS = (Path("/usr/share/java/netty-codec.jar"), Path("/usr/share/java/netty-resolver.jar"))
 INSTALL_HINT = (
     "no ZooKeeper server found: install one (Debian: 'apt-get install -y zookeeper'), "
     "set ZOOKEEPER_HOME to an unpacked ZooKeeper release, or pass --zk HOST:PORT of a running server"
@@ -42,8 +45,9 @@ def find_classpath() -> str:
         jars = sorted(Path(home).glob("lib/*.jar")) + sorted(Path(home).glob("zookeeper-*.jar"))
         if jars:
             return os.pathsep.join(map(str, jars))
-    if DEBIAN_JAR.exists():
-        return os.pathsep.join(["/etc/zookeeper/conf", str(DEBIAN_JAR)])
+    if DEBIAN_JAR.exists():  # its manifest's Class-Path names the rest, but not all that TLS needs
+        extra = [str(jar) for jar in DEBIAN_TLS_JARS if jar.exists()]
+        return os.pathsep.join(["/etc/zookeeper/conf", str(DEBIAN_JAR), *extra])
     spec = importlib.util.find_spec("pyspark")
     if spec is not None and spec.origin is not None:
         jars_dir = Path(spec.origin).parent / "jars"

@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ import structlog
 from streamlet.backends.cluster.tree.paths import world_readable
 from streamlet.backends.cluster.tree.store import Check, Create, Delete, Found, Op, SetData, Version, moved
 from streamlet.errors import CoordinationError, NodeExists, NotAuthorized, VersionConflict
+from streamlet.transport.tls import TlsSettings
 
 log = structlog.get_logger("streamlet")
 
@@ -64,16 +66,33 @@ class StoreSettings:
 
     ``secret``: the cluster secret (job data is readable and every node writable with it only; ``None``: an
     anonymous reader of the cluster's own nodes). ``session_timeout``: see :data:`SESSION_TIMEOUT`.
+    ``tls``: reach ZooKeeper's TLS client ports (``secureClientPort``) with this process's certificate,
+    verified against the cluster CA (``None``: the plain client port, for 127.0.0.1).
     """
 
     hosts: str
     cluster: str
     secret: bytes | None = None
     session_timeout: float = SESSION_TIMEOUT
+    tls: TlsSettings | None = None
 
     def open(self) -> ZkStore:
         """A store on these settings, not yet connected: ``async with settings.open() as store``."""
-        return ZkStore(self.hosts, self.cluster, self.session_timeout, secret=self.secret)
+        return ZkStore(self.hosts, self.cluster, self.session_timeout, secret=self.secret, tls=self.tls)
+
+
+def four_letter_tls(tls: TlsSettings | None) -> ssl.SSLContext | None:
+    """The context to ask members for their mode with (``None``: plain, on 127.0.0.1): this process's
+    certificate, the member's checked against the cluster CA, TLS 1.2 or later (ZooKeeper 3.8's TLS port
+    speaks 1.2, as kazoo's sessions do)."""
+    if tls is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False  # certificates name processes, not addresses
+    context.load_verify_locations(cafile=tls.ca)
+    context.load_cert_chain(tls.cert, tls.key)
+    return context
 
 
 class ZkStore:
@@ -86,10 +105,16 @@ class ZkStore:
     """
 
     def __init__(
-        self, hosts: str, cluster: str, session_timeout: float = SESSION_TIMEOUT, secret: bytes | None = None
+        self,
+        hosts: str,
+        cluster: str,
+        session_timeout: float = SESSION_TIMEOUT,
+        secret: bytes | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.hosts = hosts
         self.secret = secret
+        self.tls = tls
         self.cluster = cluster
         self.root = f"/streamlet/{cluster}"
         self.session_timeout = session_timeout
@@ -109,9 +134,12 @@ class ZkStore:
         """Connect (with a session of ``session_timeout`` seconds)."""
         kazoo = _kazoo()
         self._loop = asyncio.get_running_loop()
-        auth = {} if self.secret is None else {"auth_data": [("digest", credentials(self.secret))]}
+        options: dict[str, Any] = {} if self.secret is None else {"auth_data": [("digest", credentials(self.secret))]}
+        if self.tls is not None:  # the digest password then never crosses the network in clear
+            options |= {"use_ssl": True, "ca": str(self.tls.ca), "certfile": str(self.tls.cert)}
+            options |= {"keyfile": str(self.tls.key), "verify_certs": True, "check_hostname": False}
         self._client = kazoo.client.KazooClient(  # default_acl: anything created without ours is private
-            hosts=self.hosts, timeout=self.session_timeout, default_acl=private_acl(self.secret), **auth
+            hosts=self.hosts, timeout=self.session_timeout, default_acl=private_acl(self.secret), **options
         )
         self._client.add_listener(self._on_state)
         try:

@@ -577,7 +577,7 @@ class WorkerJobs:
     ) -> None:
         """Seed 000: where each receiving instance port of this worker is served (``only``: of those instances;
         a live change publishes the ones it put here)."""
-        address = f"{self.server.host}:{self.server.port}"
+        address = "{}:{}".format(*self.server.address)  # advertised: what peers connect to
         for node in topology.nodes.values():
             for index in range(node.parallelism):
                 instance = instance_id(node.name, index)

@@ -277,7 +277,7 @@ class ReplicaService:
         try:
             request = {
                 "job": job, "attempt": attempt, "epoch": epoch, "owner": owner, "instances": instances,
-                "reply": [self.server.host, self.server.port, reply, self.me],
+                "reply": [*self.server.address, reply, self.me],  # advertised: where the holder connects
             }  # fmt: skip
             asking = self.client.channel(address, f"{FETCH}{world.token_hex(16)}", transfer=True, peer=holder)
             with abandoned_on_failure(asking), anyio.fail_after(TRANSFER_TIMEOUT * 6):
