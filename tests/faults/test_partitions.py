@@ -8,6 +8,9 @@ while the job runs. Waits are ZooKeeper watches; the one fixed span is how long 
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +22,7 @@ from streamlet.backends.cluster.client.api import collected
 from streamlet.backends.cluster.local.local_cluster import alive
 from streamlet.backends.cluster.tree import paths
 from streamlet.testing.nemesis.cluster import HostCluster
-from streamlet.testing.nemesis.hosts import HostNetwork, unavailable
+from streamlet.testing.nemesis.hosts import REGISTRY, HostNetwork, unavailable
 from streamlet.testing.zk_watch import ZkWatch
 from tests.support import reaper
 from tests.support.faults import GatedJob, expected_totals, streamlet_process, totals
@@ -172,3 +175,31 @@ def test_a_cut_healed_before_the_session_expires_costs_nothing(start: Any, hosts
         assert victim in zk.children(paths.WORKERS)
     assert state["attempt"] == 1, state
     assert [s["state"] for s in states.data() if s and s["state"] != "RUNNING"] == ["FINISHED"]
+
+
+def test_a_new_run_first_clears_what_a_dead_run_left(hosts: HostNetwork) -> None:
+    """A run whose owner died (its record names a PID that is gone) loses its namespaces, their processes and
+    its bridge when the next run starts; every interface name fits Linux's 15 characters."""
+    stale = HostNetwork()
+    stale.make()
+    host = stale.add_host("worker-0")
+    sleeper = subprocess.Popen(host.command(["sleep", "600"]))  # a process the dead run left in its host
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (REGISTRY / f"{stale.run}.json").write_text(json.dumps({"pid": gone.pid, "subnet": stale.subnet}))
+    try:
+        with HostNetwork() as fresh:
+            assert not (REGISTRY / f"{stale.run}.json").exists()
+            namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+            assert host.namespace not in namespaces
+            links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+            assert stale.bridge not in links
+            assert sleeper.wait(timeout=10) == -signal.SIGKILL
+            fresh.add_host("zookeeper-1")
+            names = [fresh.bridge, *(f"sl{fresh.run}v{n}" for n in range(len(fresh.hosts)))]
+            assert all(len(name) <= 15 for name in names), names
+    finally:
+        stale.remove()
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
