@@ -25,6 +25,7 @@ instance, the port and, where there is one, the record's key::
     │   ├── PeerUnreachable  a peer's data server has not answered within the bound (names the link)
     │   └── BlobTooLarge     a state or checkpoint blob passed the size its receiver takes
     ├── SimulationStalled    a simulated cluster came to a stop: every task waits for ever, or time never moves
+    ├── HostsUnavailable     test hosts (network namespaces) cannot be made here, or a command making them failed
     └── ClusterError         the cluster could not do what was asked
         ├── CoordinationError    ZooKeeper (or the store) unreachable, or a node not as expected
         │   ├── VersionConflict  a conditional write lost to someone else's
@@ -165,6 +166,11 @@ class PeerUnreachable(TransportError):
 
 class BlobTooLarge(TransportError):
     """A blob (state or checkpoint bytes) passed the size its receiver takes (retrying will not help)."""
+
+
+class HostsUnavailable(StreamletError):
+    """Test hosts cannot be made on this machine (not root; ``ip`` or ``nft`` missing), or an ``ip``/``nft``
+    command making or cutting them failed: the message says which, with the command's own words."""
 
 
 class ClusterError(StreamletError):

@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamlet.errors import HostsUnavailable
+
 REGISTRY = Path("/run/streamlet-hosts")
 NETWORK = ipaddress.ip_network("198.18.0.0/15")  # RFC 2544: benchmarking and network tests
 SUBNETS = 512  # /24s in the /15
@@ -51,10 +53,6 @@ table inet {TABLE} {{
     chain output {{ type filter hook output priority 0; policy accept; ip daddr @cut drop; }}
 }}
 """
-
-
-class HostsUnavailable(RuntimeError):
-    """This machine cannot make test hosts (not root, or ``ip``/``nft`` missing): the message says which."""
 
 
 def unavailable() -> str | None:
