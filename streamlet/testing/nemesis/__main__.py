@@ -72,6 +72,7 @@ def main(seed: int, runs: int, faults: str | None, keep: Path | None, as_json: b
         done.append(run)
         line = f"seed {current}: {run.state} in attempt {run.attempts}, {run.committed} committed, "
         line += f"{len(run.faults)} faults, {run.seconds:.1f} s"
+        line += "" if run.state == "FINISHED" else f" ({run.reason})"
         click.echo(line + (" — BROKE A RULE" if run.violations else ""))
         if run.violations:
             click.echo("\n".join([f"  ! {violation}" for violation in run.violations]))

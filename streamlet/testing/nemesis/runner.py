@@ -14,7 +14,10 @@ and the checker says what went wrong:
 - every move of the job's state that the lifecycle does not allow (between
   consecutive versions of its node);
 - a job neither FINISHED within ``bound`` seconds of the last heal nor
-  FAILED/STALLED with a reason a user can act on.
+  FAILED/STALLED with a reason a user can act on (a STALLED job is judged as
+  it stands at the bound: a holder of its checkpoint may still come back);
+- a master, worker or ZooKeeper member that exited on its own (every process
+  killed was started again before the last heal).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from streamlet.testing.nemesis.hosts import HostNetwork
 KINDS = ("kill", "disk", "pause", "partition", "isolate", *REAL_KINDS)  # what real processes can be made to suffer
 MASTERS = ("master-0", "master-1")
 WORKERS = ("worker-0", "worker-1", "worker-2")
-ENDED = ("FINISHED", "FAILED", "KILLED", "STALLED")
+ENDED = ("FINISHED", "FAILED", "KILLED")
 BOUND = 120.0  # seconds after the last heal by which the job has ended (or says why it cannot)
 
 
@@ -102,10 +105,10 @@ def _drive(cluster: HostCluster, network: HostNetwork, directory: Path, run: Nem
         zk.wait_for(paths.state(workload.JOB), lambda s: s["state"] == "RUNNING")
         healed_at = Nemesis(cluster, network).play(run.faults)
         ended_at: float | None = None
-        try:
+        try:  # STALLED is no end: a holder of its checkpoint may come back; judged as it stands at the bound
             final = zk.wait_for(paths.state(workload.JOB), lambda s: s["state"] in ENDED, seconds=bound)
             ended_at = time.monotonic()
-        except AssertionError:
+        except TimeoutError:
             final = zk.data(paths.state(workload.JOB))
         run.state, run.reason, run.attempts = final["state"], final["reason"], int(final["attempt"])
         versions = zip(states.versions(), states.data(), strict=True)
@@ -114,6 +117,9 @@ def _drive(cluster: HostCluster, network: HostNetwork, directory: Path, run: Nem
         if before is not None and after == before + 1:  # the moves it saw whole
             run.violations += checker.illegal_job_moves([one, other])
     run.violations += checker.liveness((run.state, run.reason), healed_at, ended_at, bound)
+    for process_id, process in sorted(cluster.processes.items()):  # every one was running when all healed
+        if process.poll() is not None:
+            run.violations.append(f"{process_id} exited on its own (code {process.returncode}): see its log")
     got = workload.committed(output)
     run.committed = len(got["out"])
     run.violations += checker.compare_outputs(workload.expected(), got, finished=run.state == "FINISHED")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -23,7 +24,7 @@ from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.backends.cluster.tree.zk import SESSION_TIMEOUT, StoreSettings, ZkStore, four_letter_tls
 from streamlet.backends.cluster.worker.job_parts import WorkerJobs
 from streamlet.backends.cluster.worker.serving import assemble_worker, serve_worker
-from streamlet.errors import CoordinationError
+from streamlet.errors import CoordinationError, NodeExists, NotAuthorized, VersionConflict
 
 if TYPE_CHECKING:
     from streamlet.backends.monitor.worker_metrics import WorkerMetrics
@@ -33,6 +34,7 @@ from streamlet.transport.tls import TlsSettings
 
 log = structlog.get_logger("streamlet")
 DASHBOARD_PORT = 8780  # the leader's dashboard (another free port when this one is taken)
+CAMPAIGN_RETRY = 0.2  # seconds between campaigns while the store does not answer
 
 
 class DashboardSettings(NamedTuple):
@@ -84,7 +86,7 @@ async def campaign_and_lead(
     identity = identity or {"name": name, "pid": os.getpid(), "host": socket.gethostname()}
     while True:
         election = LeaderElection(zk, identity)
-        epoch = await election.campaign()
+        epoch = await _campaign(election)
         log.info("leading the cluster", cluster=cluster, master=name, epoch=epoch)
         leader = Leader(zk, epoch, secret)
         async with anyio.create_task_group() as group:
@@ -129,6 +131,23 @@ async def _publish_dashboard(zk: ClusterStore, url: str, name: str) -> None:
     except CoordinationError as exc:
         log.warning("could not publish the dashboard's URL", url=url, error=str(exc))
     await anyio.sleep_forever()
+
+
+async def _campaign(election: LeaderElection) -> int:
+    """Campaign until leading. The session lost on the way (expired while this master was cut off, the
+    connection dropped) does not end the master: it campaigns again once the store answers, with a new
+    candidate node when the old one went with the old session."""
+    while True:
+        try:
+            return await election.campaign()
+        except (NodeExists, VersionConflict, NotAuthorized):
+            raise  # a definitive answer: retrying gets the same
+        except CoordinationError as exc:
+            log.warning("campaign interrupted, campaigning again", reason=str(exc))
+            await anyio.sleep(CAMPAIGN_RETRY)
+            with contextlib.suppress(CoordinationError):  # still away: the next campaign finds out
+                if election.candidate is not None and await election.zk.get(election.candidate) is None:
+                    election.candidate = None
 
 
 async def _lead_until_lost(zk: ClusterStore) -> None:
