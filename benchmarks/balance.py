@@ -24,6 +24,10 @@ the closed-loop one, seconds after the job runs):
 - ``convergence_s``: from the job running to the balancer's last decision;
 - ``bound``: what no key -> instance mapping can beat, max(1, 4 x the top
   key's share).
+
+``--repeats R`` runs each pair R times, alternating which of the two goes
+first; the numbers are medians over the repeats (``ratios`` lists each
+repeat's ratio), the lists those of the median repeat.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 import anyio
 
 from benchmarks.balance_job import zipf_keys
+from benchmarks.common import median_of_repeats
 from streamlet.adaptation.session_table import imbalance, partial_key_grouping, speedstream_s
 from streamlet.adaptation.settings import AdaptSettings
 
@@ -64,9 +69,7 @@ def main(repeats: int) -> dict[str, Any]:
         try:
             anyio.run(_ready, state)
             for exponent, suffix in ((1.1, "11"), (1.5, "15")):
-                hashed = _run(state, f"hashed_{suffix}", None)
-                session = _run(state, f"session_{suffix}", ADAPT)
-                figures[exponent] = _compare(exponent, hashed, session)
+                figures[exponent] = median_of_repeats([_pair(state, exponent, suffix, r) for r in range(repeats)])
         finally:
             local_cluster.down(root / "state")
     line: dict[str, Any] = {"name": "balance", **figures[1.1], "s15": figures[1.5]}
@@ -79,11 +82,19 @@ async def _ready(state: Any) -> None:
     await wait_until_ready(state.settings(), 2)
 
 
-def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
+def _pair(state: Any, exponent: float, suffix: str, repeat: int) -> dict[str, Any]:
+    """Hashing and the session table once each, the first one alternating with ``repeat``."""
+    runs = {"hashed": (f"hashed_{suffix}", None), "session": (f"session_{suffix}", ADAPT)}
+    order = ["hashed", "session"] if repeat % 2 == 0 else ["session", "hashed"]
+    done = {variant: _run(state, *runs[variant], repeat) for variant in order}
+    return _compare(exponent, done["hashed"], done["session"])
+
+
+def _run(state: Any, job: str, adapt: AdaptSettings | None, repeat: int = 0) -> dict[str, Any]:
     """Submit ``job``, take the two heartbeats of the window, wait for its end; what they show."""
     from streamlet.backends.cluster.client import api as client
 
-    name = job.replace("_", "-")
+    name = f"{job.replace('_', '-')}-{repeat}"  # a job name is taken until the job is removed
     settings = None if adapt is None else adapt.to_data()
     submission = client.Submission(f"benchmarks.balance_job:{job}", name, {}, None, None, settings)
     anyio.run(client.submit_and_wait, state.settings(), submission, False, 60)
@@ -93,7 +104,7 @@ def _run(state: Any, job: str, adapt: AdaptSettings | None) -> dict[str, Any]:
         time.sleep(max(0.0, running + offset - time.time()))  # a benchmark driver waiting for its window
         beats.append(anyio.run(_beats, state))
     _wait_state(state, name, {"FINISHED"})
-    status = {s["job"]: s for s in anyio.run(client.list_jobs, state.zk, state.name, state.secret())}[name]
+    status = {s["job"]: s for s in anyio.run(client.list_jobs, state.settings())}[name]
     decisions = [d["at"] for d in status.get("decisions", [])]
     return {
         "loads": _window(name, beats[0], beats[1]),
@@ -108,10 +119,7 @@ def _wait_state(state: Any, job: str, wanted: set[str]) -> float:
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        states = {
-            status["job"]: status["state"]
-            for status in anyio.run(client.list_jobs, state.zk, state.name, state.secret())
-        }
+        states = {status["job"]: status["state"] for status in anyio.run(client.list_jobs, state.settings())}
         if states.get(job) in wanted:
             return time.time()
         time.sleep(0.05)  # a benchmark driver polling the cluster, not a test

@@ -4,8 +4,11 @@ worker.
 Each configuration starts its own cluster (ZooKeeper, one master, the
 workers) in a temporary state directory, submits ``benchmarks.cluster_job``
 by reference and reads the workers' reports: the job's records/s is the
-word count over the slowest worker's wall time, and ``tcp_share`` the share
-of records received over TCP among all records received by tasks and sinks.
+word count over the slowest worker's wall time (``*_with_submission``: over
+the time from submitting to the job's end, scheduling and the workers'
+start included), and ``tcp_share`` the share of records received over TCP
+among all records received by tasks and sinks. Every run's totals are
+checked against a plain count of the words.
 Baseline: the same job in-process, in the same run. Recovery without a shared
 disk (a worker killed and its folder deleted, restored from replicas) is
 ``benchmarks.recovery``.
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +46,22 @@ def rss_mb(pid: int) -> float:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
+Check = Callable[[dict[str, list[list[Any]]]], None]  # a job's collected sinks -> an AssertionError if wrong
+
+
 def run_on_cluster(
-    workers: int, records: int, repeats: int, target: str = TARGET, capacity: int = 3, tls: bool = True
+    workers: int,
+    records: int,
+    repeats: int,
+    target: str = TARGET,
+    capacity: int = 3,
+    tls: bool = True,
+    check: Check | None = None,
 ) -> dict[str, Any]:
     """Start a cluster of ``workers`` (``capacity`` each; ``tls``: mutual TLS between them, as ``cluster up``
-    by default), run the job ``target`` ``repeats`` times, stop it."""
+    by default), run the job ``target`` ``repeats`` times, checking each run's output with ``check`` (default:
+    the word count's totals), stop it."""  # fmt: skip
+    check = check or (lambda sinks: check_totals(sinks["totals"], records))
     with tempfile.TemporaryDirectory() as directory:
         state_dir = Path(directory)
         state = local_cluster.up(state_dir, f"bench{workers}", workers, 1, None, capacity=capacity, tls=tls)
@@ -54,8 +69,9 @@ def run_on_cluster(
             anyio.run(_wait_ready, state, workers)
             time.sleep(2.0)  # let the processes settle before reading idle memory
             idle = {p["role"]: rss_mb(int(p["pid"])) for p in state.processes if p["role"] in ("master", "worker")}
-            rates, shares = [], []
+            rates, shares, whole = [], [], []
             for repeat in range(repeats):
+                began = time.perf_counter()
                 outcome = anyio.run(
                     client.submit_and_wait,
                     state.settings(),
@@ -63,8 +79,10 @@ def run_on_cluster(
                     True,
                     300,
                 )
+                whole.append(records / (time.perf_counter() - began))
                 if outcome["state"] != "FINISHED":
                     raise RuntimeError(f"cluster job failed: {outcome['errors']}")
+                check(client.collected(outcome))
                 reports = list(outcome["done"].values())
                 wall = max(r["statistics"]["wall_time"] for r in reports)
                 received = sum(
@@ -76,10 +94,22 @@ def run_on_cluster(
             gaps = anyio.run(checkpoint_gaps, state, state_dir) if workers > 1 and target == TARGET else []
             return {
                 "rate": statistics.median(rates), "tcp_share": round(statistics.median(shares), 3), "idle": idle,
+                "with_submission": statistics.median(whole),
                 "gap": round(statistics.median(gaps), 3) if gaps else None, "gaps": len(gaps),
             }  # fmt: skip
         finally:
             local_cluster.down(state_dir)
+
+
+def check_totals(rows: list[list[Any]], records: int) -> None:
+    """The job's totals ([word, count, ts] rows) are exactly a plain count of its words."""
+    from collections import Counter
+
+    from benchmarks.wordcount import make_words
+
+    found = {word: count for word, count, _ts in rows}
+    if len(found) != len(rows) or found != dict(Counter(make_words(records))):
+        raise AssertionError("the cluster's word counts differ from a plain count of the words")
 
 
 CHECKPOINT_INTERVAL = 0.5
@@ -140,7 +170,9 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         "cluster",
         two["rate"],
         local,
+        records_per_s_with_submission=round(two["with_submission"]),
         one_worker_records_per_s=round(one["rate"]),
+        one_worker_records_per_s_with_submission=round(one["with_submission"]),
         two_worker_cleartext_records_per_s=round(cleartext["rate"]),
         tls_ratio=round(two["rate"] / cleartext["rate"], 3),  # mutual TLS (the default) over --no-tls
         two_worker_tcp_share=two["tcp_share"],

@@ -90,3 +90,15 @@ def emit(line: dict[str, Any], as_json: bool) -> None:
     else:
         for key, value in line.items():
             print(f"{key:>28}: {value}")
+
+
+def median_of_repeats(lines: list[dict[str, Any]], by: str = "ratio") -> dict[str, Any]:
+    """One line from a benchmark's repeats: each number the median over them, each list that of the repeat
+    whose ``by`` is the median; ``<by>s`` lists every repeat's ``by``, ``repeats`` their count."""
+    ordered = sorted(line[by] for line in lines)
+    middle = next(line for line in lines if line[by] == ordered[(len(ordered) - 1) // 2])
+    merged = dict(middle)
+    for key, value in middle.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            merged[key] = round(statistics.median(line[key] for line in lines), 4)
+    return {**merged, f"{by}s": [line[by] for line in lines], "repeats": len(lines)}

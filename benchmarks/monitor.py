@@ -1,9 +1,11 @@
 """What watching a job costs: the wordcount job served with its dashboard and scraped, against the same job
 unwatched, in the same run.
 
-Watched: ``sl.start(topology, monitor_port=0)`` while a client thread scrapes ``/metrics`` and reads
-``/api/jobs/<job>`` every 0.1 s (ten times what a Prometheus server scraping every second would ask) and
-the dashboard refreshes its views every second. Unwatched: ``sl.start(topology)``. The figure is the
+Watched: ``sl.start(topology, monitor_port=0)`` while a client thread, in rounds, scrapes ``/metrics`` and
+reads ``/api/jobs/<job>``, starting a round 0.1 s after the last one was answered (it asks for up to ten a
+second, ten times what a Prometheus server scraping every second would; the job's busy event loop answers
+fewer: ``scrapes_per_s`` is the rounds answered a second), and the dashboard refreshes its views every
+second. Unwatched: ``sl.start(topology)``. The figure is the
 watched records/s, the baseline the unwatched, medians of alternating repeats. Also: the idle RSS of a
 worker and of a master serving the dashboard on a local cluster (MiB).
 """
@@ -29,7 +31,7 @@ def _scrape_until(url: str, job: str, stop: threading.Event, scrapes: list[int])
         for path in ("metrics", f"api/jobs/{job}"):
             with urllib.request.urlopen(f"{url}{path}", timeout=10) as response:
                 response.read()
-            scrapes[0] += 1
+        scrapes[0] += 1  # a round: one scrape of /metrics and one read of the job's view
 
 
 async def _run(words: list[str], watched: bool, scrapes: list[int]) -> dict[str, int]:

@@ -84,21 +84,30 @@ def work_us_per_record(records: int = 20_000) -> float:
     return round(sorted(timings)[1] / records * 1e6, 2)
 
 
-def on_clusters(records: int) -> dict[str, Any]:
-    """The job on a local cluster of 2 workers against one of 1 worker."""
+def on_clusters(records: int, expected: dict[int, int]) -> dict[str, Any]:
+    """The job on a local cluster of 2 workers against one of 1 worker; every run's totals checked against
+    ``expected`` (the in-process run's)."""
     from benchmarks.cluster import run_on_cluster
+
+    def check(sinks: dict[str, list[list[Any]]]) -> None:
+        if {key: value for key, value, _ts in sinks["out"]} != expected:
+            raise AssertionError("the cluster's totals differ from the in-process run's")
 
     os.environ["STREAMLET_BENCH_RECORDS"] = str(records)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
     )
-    one = run_on_cluster(1, records, 3, target=CLUSTER_TARGET, capacity=2)["rate"]
-    two = run_on_cluster(2, records, 3, target=CLUSTER_TARGET, capacity=2)["rate"]
-    packed = run_on_cluster(2, records, 3, target=CLUSTER_TARGET, capacity=3)["rate"]
+    one = run_on_cluster(1, records, 3, target=CLUSTER_TARGET, capacity=2, check=check)
+    two = run_on_cluster(2, records, 3, target=CLUSTER_TARGET, capacity=2, check=check)
+    packed = run_on_cluster(2, records, 3, target=CLUSTER_TARGET, capacity=3, check=check)
     return {
-        "cluster_two_workers_records_per_s": round(two), "cluster_one_worker_records_per_s": round(one),
-        "cluster_ratio": round(two / one, 3), "cluster_packed_ratio": round(packed / one, 3),
-    }  # fmt: skip
+        "cluster_two_workers_records_per_s": round(two["rate"]),
+        "cluster_one_worker_records_per_s": round(one["rate"]),
+        "cluster_two_workers_records_per_s_with_submission": round(two["with_submission"]),
+        "cluster_one_worker_records_per_s_with_submission": round(one["with_submission"]),
+        "cluster_ratio": round(two["rate"] / one["rate"], 3),
+        "cluster_packed_ratio": round(packed["rate"] / one["rate"], 3),
+    }
 
 
 CLUSTER_TARGET = "benchmarks.parallel_job:build_topology"
@@ -120,6 +129,7 @@ def main(records: int, repeats: int) -> dict[str, Any]:
     return report(
         "parallel", rate, baseline, processes=2, inprocess_records_per_s=round(baseline),
         inprocess_parallelism_1_records_per_s=round(single), inprocess_ratio=round(baseline / single, 3),
-        work_us_per_record=work_us_per_record(), **on_clusters(records), cores=os.cpu_count(), records=records,
+        work_us_per_record=work_us_per_record(), **on_clusters(records, expected), cores=os.cpu_count(),
+        records=records,
         repeats=repeats,
     )  # fmt: skip

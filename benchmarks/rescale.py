@@ -48,6 +48,7 @@ import anyio
 import uvloop
 
 import streamlet as sl
+from benchmarks.common import median_of_repeats
 from streamlet.connectors.files import read_file_sink
 from streamlet.core.model.segments import SegmentTable
 
@@ -84,10 +85,14 @@ def _topology(parallelism: int, sink: _Arrivals) -> sl.Topology:
 
 
 class _Feeder:
-    """Sends keys round the key space at ``RATE``; ``sent`` counts what went in."""
+    """Sends keys round the key space at ``RATE``; ``sent`` counts what went in. The pace is kept from the
+    first steady phase on: what came due while nothing was sent (a restart) goes in at once when sending
+    resumes, as a live source's backlog would, the live rescales and the restarts alike."""
 
     def __init__(self) -> None:
         self.sent = 0
+        self.paced = 0  # records the steady phases sent
+        self.origin: float | None = None  # when the first steady phase began
 
     async def load(self, job: sl.Job) -> None:
         """One record for every key: the state the change has to move."""
@@ -97,15 +102,16 @@ class _Feeder:
         self.sent = KEYS
 
     async def steady(self, job: sl.Job, seconds: float) -> None:
-        per_step = int(RATE * STEP)
-        began = time.perf_counter()
-        steps = 0
-        while time.perf_counter() - began < seconds:
-            for _ in range(per_step):
+        if self.origin is None:
+            self.origin = time.perf_counter()
+        until = time.perf_counter() + seconds
+        while (now := time.perf_counter()) < until:
+            due = int((now - self.origin) * RATE)
+            while self.paced < due:
                 await job.send("in", self.sent % KEYS, 1)
                 self.sent += 1
-            steps += 1
-            await asyncio.sleep(max(0.0, began + steps * STEP - time.perf_counter()))  # pacing a workload
+                self.paced += 1
+            await asyncio.sleep(STEP)  # pacing a workload
 
 
 async def _live(sink: _Arrivals, feeder: _Feeder, changes: list[int]) -> list[tuple[float, float, set[int]]]:
@@ -141,8 +147,8 @@ async def _restarts(sink: _Arrivals, feeder: _Feeder, changes: list[int], direct
     for instances in changes:
         old = SegmentTable.contiguous(128, parallelism)
         await feeder.steady(job, WINDOW / 2)
-        began = time.perf_counter()
-        await job.settle()  # drain first, as a stop with a savepoint would: nothing read is lost
+        await job.settle()  # the queue source keeps no position: what it holds must be read before the stop
+        began = time.perf_counter()  # from here on: the drain is not a cost the live path has
         await job.checkpoint()
         await _abandon(job_context)
         job_context = sl.start(_topology(instances, sink), checkpoint_dir=directory)
@@ -200,8 +206,8 @@ CLUSTER_WINDOW = 5.0  # seconds before a change that measure the steady rate, an
 AROUND = 10.0  # seconds from a change on whose throughput is compared with the steady rate
 
 
-def on_cluster(changes: list[int]) -> dict[str, Any]:
-    """Live rescales and stop-and-restore on a local cluster of 2 workers; figures for both."""
+def on_cluster(changes: list[int], live_first: bool = True) -> dict[str, Any]:
+    """Live rescales and stop-and-restore on a local cluster of 2 workers, in the order given; figures."""
     from streamlet.backends.cluster.local import local_cluster
 
     duration = CLUSTER_STEADY * (len(changes) + 1) + 10
@@ -215,8 +221,12 @@ def on_cluster(changes: list[int]) -> dict[str, Any]:
         state = local_cluster.up(root / "state", "rescale", 2, 1, None, capacity=8)
         try:
             anyio.run(_ready, state)
-            live_marks = _cluster_live(state, root, changes)
-            restart_marks = _cluster_restarts(state, root, changes)
+            if live_first:
+                live_marks = _cluster_live(state, root, changes)
+                restart_marks = _cluster_restarts(state, root, changes)
+            else:
+                restart_marks = _cluster_restarts(state, root, changes)
+                live_marks = _cluster_live(state, root, changes)
         finally:
             local_cluster.down(root / "state")
         live = _cluster_figures(read_file_sink(root / "out" / "live"), live_marks)
@@ -239,7 +249,7 @@ def _cluster_live(state: Any, root: Path, changes: list[int]) -> Marks:
     marks, before = [], 2
     for instances in changes:
         began = time.time()
-        anyio.run(client.rescale, state.zk, state.name, "live", "count", instances, state.secret(), 120)
+        anyio.run(client.rescale, state.settings(), "live", "count", instances, 120)
         marks.append((began, time.time(), _moved(before, instances)))
         before = instances
         time.sleep(CLUSTER_STEADY)
@@ -257,7 +267,7 @@ def _cluster_restarts(state: Any, root: Path, changes: list[int]) -> Marks:
     for step, instances in enumerate(changes):
         savepoint = root / f"savepoint-{step}"
         began = time.time()
-        anyio.run(client.savepoint, state.zk, state.name, jobs[step], savepoint, state.secret(), True)
+        anyio.run(client.savepoint, state.settings(), jobs[step], savepoint, True)
         _wait_state(state, jobs[step], {"KILLED"})
         _submit(state, root, jobs[step + 1], {"count": instances}, savepoint)
         marks.append((began, time.time(), _moved(before, instances)))
@@ -281,10 +291,7 @@ def _wait_state(state: Any, job: str, wanted: set[str]) -> None:
 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        states = {
-            status["job"]: status["state"]
-            for status in anyio.run(client.list_jobs, state.zk, state.name, state.secret())
-        }
+        states = {status["job"]: status["state"] for status in anyio.run(client.list_jobs, state.settings())}
         if states.get(job) in wanted:
             return
         time.sleep(0.05)  # a benchmark driver polling the cluster, not a test
@@ -318,26 +325,26 @@ def _cluster_figures(records: list[sl.Record], marks: Marks) -> dict[str, Any]:
 
 
 def main(records: int, repeats: int) -> dict[str, Any]:
-    """Live rescales 2 -> 4 -> 2 against restarts from a checkpoint; ``records`` is unused (the rate is fixed)."""
+    """Live rescales 2 -> 4 -> 2 against restarts from a checkpoint, ``repeats`` times with the variant going
+    first alternating; medians (``records`` is unused: the rate is fixed)."""
+    lines = [_repeat(live_first=repeat % 2 == 0) for repeat in range(repeats)]
+    return {"name": "rescale", **median_of_repeats(lines)}
+
+
+def _repeat(live_first: bool) -> dict[str, Any]:
+    """One round: in one process, then on a fresh local cluster; each variant in the order given."""
     changes = [4, 2]
-    live_sink, live_feeder = _Arrivals(), _Feeder()
-    live = _figures(live_sink, _run(lambda: _live(live_sink, live_feeder, changes)))
-    directory = Path(tempfile.mkdtemp(prefix="streamlet-rescale-"))
-    try:
-        restart_sink, restart_feeder = _Arrivals(), _Feeder()
-        restart = _figures(restart_sink, _run(lambda: _restarts(restart_sink, restart_feeder, changes, directory)))
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    in_process = _in_process(changes, live_first)
+    live, restart = in_process["live"], in_process["restart"]
     live_around = sum(live["around"]) / len(live["around"])
     restart_around = sum(restart["around"]) / len(restart["around"])
     steady = sum(live["steady"]) / len(live["steady"])
-    cluster = on_cluster(changes)
+    cluster = on_cluster(changes, live_first)
     c_live, c_restart = cluster["live"], cluster["restart"]
     c_around = sum(c_live["around"]) / len(c_live["around"])
     c_restart_around = sum(c_restart["around"]) / len(c_restart["around"])
     c_steady = sum(c_live["steady"]) / len(c_live["steady"])
     return {
-        "name": "rescale",
         "records_per_s": round(c_around),
         "baseline_records_per_s": round(c_restart_around),
         "ratio": round(c_around / c_restart_around, 3),
@@ -356,11 +363,35 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         "in_process_steady_records_per_s": round(steady),
         "in_process_pause_ms": live["pauses_ms"],
         "in_process_restart_pause_ms": restart["pauses_ms"],
+        "in_process_pause_vs_restart": round(max(restart["pauses_ms"]) / max(max(live["pauses_ms"]), 0.1), 1),
         "in_process_lost": live["lost"],
         "in_process_duplicated": live["duplicated"],
         "in_process_reordered": live["reordered"],
+        "restart_in_process_lost": restart["lost"],
+        "restart_in_process_duplicated": restart["duplicated"],
+        "live_first": live_first,
         "keys": KEYS,
         "rate": CLUSTER_RATE,
         "in_process_rate": RATE,
         "changes": "2 -> 4 -> 2",
     }
+
+
+def _in_process(changes: list[int], live_first: bool) -> dict[str, dict[str, Any]]:
+    """Both variants in this process, in the order given; their figures."""
+
+    def live() -> dict[str, Any]:
+        sink, feeder = _Arrivals(), _Feeder()
+        return _figures(sink, _run(lambda: _live(sink, feeder, changes)))
+
+    def restart() -> dict[str, Any]:
+        directory = Path(tempfile.mkdtemp(prefix="streamlet-rescale-"))
+        try:
+            sink, feeder = _Arrivals(), _Feeder()
+            return _figures(sink, _run(lambda: _restarts(sink, feeder, changes, directory)))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    variants = {"live": live, "restart": restart}
+    order = ["live", "restart"] if live_first else ["restart", "live"]
+    return {name: variants[name]() for name in order}

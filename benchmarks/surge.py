@@ -100,7 +100,7 @@ def _run(state: Any, out: Path, name: str, adapt: AdaptSettings | None) -> dict[
     began = time.time()
     anyio.run(client.submit_and_wait, state.settings(), submission, True, 300)
     ended = time.time()
-    status = {s["job"]: s for s in anyio.run(client.list_jobs, state.zk, state.name, state.secret())}[name]
+    status = {s["job"]: s for s in anyio.run(client.list_jobs, state.settings())}[name]
     delivered, latency, per_second = _read(out, name, "out")
     shed, _, shed_per_second = _read(out, name, "dropped")
     return {

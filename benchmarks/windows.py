@@ -7,6 +7,10 @@ three stages, bounded queues, batches of 1000, incremental per-window dicts
 (for sessions: one open session per key and a heap of their ends). The
 event-time jobs get their watermarks from the source (the newest event time
 minus 100 ms after every batch), as the baselines compute theirs.
+Every run's windows are checked against the baseline's, window by window:
+the multiset of (key, window end, sum) for time windows and sessions, of
+(key, sum) for count windows (a count window has no end of its own); each
+side pays one tuple per window result for it, inside the timed region.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -30,9 +35,11 @@ GAP = 5.0  # session gap: a key's records are ~10 s apart on average, so session
 
 
 def make_records(count: int, keys: int = 10_000, seed: int = 11) -> list[tuple[str, int, float]]:
-    """``(key, value, ts)`` with ts 1 ms apart plus up to 50 ms of disorder."""
+    """``(key, value, ts)`` with ts 1 ms apart plus up to 50 ms of disorder, in whole milliseconds (streamlet
+    counts event time in ticks of 1 ms, a timestamp going to its nearest tick: the baselines' windows are
+    compared result by result, so the data has no time finer than a tick)."""
     rng = random.Random(seed)
-    return [(f"key{rng.randrange(keys)}", 1, index * 0.001 + rng.random() * 0.05) for index in range(count)]
+    return [(f"key{rng.randrange(keys)}", 1, (index + rng.randrange(50)) / 1000) for index in range(count)]
 
 
 # -- the hand-written baseline ----------------------------------------------
@@ -88,7 +95,8 @@ async def _session_windows(inbox: asyncio.Queue[Any], out: asyncio.Queue[Any]) -
         for record in batch:
             key, ts = record.key, record.ts
             session = sessions.get(key)
-            if session is not None and session[0] - GAP <= ts < session[1]:  # joins (or stretches) it
+            if session is not None and session[0] - GAP <= ts <= session[1]:  # joins (or stretches) it: a record
+                # exactly a gap away touches the session and merges, as in streamlet and Flink
                 session[0] = min(session[0], ts)
                 if ts + GAP > session[1]:
                     session[1] = ts + GAP
@@ -113,21 +121,27 @@ async def _session_windows(inbox: asyncio.Queue[Any], out: asyncio.Queue[Any]) -
     await out.put(None)
 
 
-async def _collect(inbox: asyncio.Queue[Any]) -> int:
-    total = 0
+Window = tuple[Any, ...]  # (key, end, sum), or (key, sum) for a count window
+
+
+async def _collect(inbox: asyncio.Queue[Any], timed: bool) -> list[Window]:
+    found: list[Window] = []
+    add = found.append
     while (batch := await inbox.get()) is not None:
-        total += sum(record.value for record in batch)
-    return total
+        for record in batch:
+            add((record.key, record.ts, record.value) if timed else (record.key, record.value))
+    return found
 
 
-def run_baseline(records: list[SlotRecord], stage: Callable[..., Any]) -> int:
-    """The hand-written pipeline; returns the sum of all window sums."""
+def run_baseline(records: list[SlotRecord], stage: Callable[..., Any], timed: bool = True) -> list[Window]:
+    """The hand-written pipeline; returns every window's result."""
 
-    async def pipeline() -> int:
+    async def pipeline() -> list[Window]:
         first: asyncio.Queue[Any] = asyncio.Queue(8)
         second: asyncio.Queue[Any] = asyncio.Queue(8)
-        _, _, total = await asyncio.gather(_produce(records, first), stage(first, second), _collect(second))
-        return int(total)
+        results = await asyncio.gather(_produce(records, first), stage(first, second), _collect(second, timed))
+        windows: list[Window] = results[2]
+        return windows
 
     return uvloop.run(pipeline())
 
@@ -135,35 +149,54 @@ def run_baseline(records: list[SlotRecord], stage: Callable[..., Any]) -> int:
 # -- streamlet ----------------------------------------------------------------
 
 
-class Total(sl.Sink):
-    """Adds up every value it receives."""
+class Windows(sl.Sink):
+    """Keeps every window result it receives, as the baseline's collector does."""
 
-    def __init__(self) -> None:
-        self.total = 0
+    def __init__(self, timed: bool) -> None:
+        self.timed = timed
+        self.found: list[Window] = []
 
     def open(self, context: sl.SinkContext) -> sl.ElementWriter:
-        return _TotalWriter(self)
+        return _WindowsWriter(self)
 
 
-class _TotalWriter(sl.ElementWriter):
-    def __init__(self, sink: Total) -> None:
+class _WindowsWriter(sl.ElementWriter):
+    def __init__(self, sink: Windows) -> None:
         self.sink = sink
 
     def write(self, batch: list[Any]) -> None:
-        self.sink.total += sum(element[1] for element in batch)
+        if self.sink.timed:  # a window's result carries its (start, end): the element's fifth field
+            self.sink.found.extend((element[0], element[4][1], element[1]) for element in batch)
+        else:
+            self.sink.found.extend((element[0], element[1]) for element in batch)
 
 
-def run_streamlet(records: list[sl.Record], window: sl.WindowSpec) -> int:
-    """The streamlet job (``window_reduce`` with the built-in sum); returns the sum of all window sums."""
+def run_streamlet(records: list[sl.Record], window: sl.WindowSpec, timed: bool = True) -> list[Window]:
+    """The streamlet job (``window_reduce`` with the built-in sum); returns every window's result."""
     topology = sl.Topology("windows-bench")
     source = topology.add_source("records", records, watermarks=sl.Watermarks(out_of_orderness=LATENESS))
     summed = topology.window_reduce("sum", "sum", window=window).set_input(source)
-    total = Total()
-    topology.add_sink("total", total).set_input(summed)
+    windows = Windows(timed)
+    topology.add_sink("windows", windows).set_input(summed)
     result = sl.run(topology)
     if result.statistics.late:
         raise AssertionError("the benchmark data should have no late records")
-    return total.total
+    return windows.found
+
+
+def check_windows(name: str, ours: list[Window], theirs: list[Window], records: int) -> None:
+    """Every window result the same on both sides (ends to the microsecond), and the sums adding up."""
+
+    def rounded(found: list[Window]) -> Counter[Window]:
+        return Counter(tuple(round(part, 6) if isinstance(part, float) else part for part in w) for w in found)
+
+    mine, baseline = rounded(ours), rounded(theirs)
+    if mine != baseline:
+        differing = sorted(((mine - baseline) + (baseline - mine)).elements(), key=repr)[:3]
+        count = sum(((mine - baseline) + (baseline - mine)).values())
+        raise AssertionError(f"{name}: {count} window results differ from the baseline's, e.g. {differing}")
+    if sum(window[-1] for window in ours) != records:
+        raise AssertionError(f"{name}: the window sums do not add up to {records}")
 
 
 def main(records: int, repeats: int) -> dict[str, Any]:
@@ -180,13 +213,13 @@ def main(records: int, repeats: int) -> dict[str, Any]:
             "event_base": lambda: run_baseline(theirs, _event_windows),
             "session": lambda: run_streamlet(ours, session_window),
             "session_base": lambda: run_baseline(theirs, _session_windows),
-            "count": lambda: run_streamlet(ours, sl.CountWindow(COUNT)),
-            "count_base": lambda: run_baseline(theirs, _count_windows),
+            "count": lambda: run_streamlet(ours, sl.CountWindow(COUNT), timed=False),
+            "count_base": lambda: run_baseline(theirs, _count_windows, timed=False),
         },
     )
-    for name, runs in timings.items():
-        if any(total != records for _, total in runs):
-            raise AssertionError(f"{name}: the window sums do not add up to {records}")
+    for name in ("event", "session", "count"):
+        for (_, mine), (_, baseline) in zip(timings[name], timings[f"{name}_base"], strict=True):
+            check_windows(name, mine, baseline, records)
     rates = {name: median_rate(records, [seconds for seconds, _ in runs]) for name, runs in timings.items()}
     return report(
         "windows",
