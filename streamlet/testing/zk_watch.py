@@ -42,6 +42,12 @@ class NodeHistory:
             assert found, f"not seen within {seconds} s; seen: {[data for _, _, data in self.entries]}"
             return self._first(wanted)
 
+    def wait_for_count(self, count: int, seconds: float = 60) -> None:
+        """Wait until ``count`` versions have been seen in all."""
+        with self._changed:
+            found = self._changed.wait_for(lambda: len(self.entries) >= count, timeout=seconds)
+            assert found, f"{len(self.entries)} versions seen within {seconds} s, not {count}"
+
     def seen_at(self, wanted: Callable[[Any], bool], seconds: float = 60) -> tuple[float, Any]:
         """When (``time.time()``) the first data for which ``wanted`` holds was seen, and that data."""
         self.wait_for(wanted, seconds)

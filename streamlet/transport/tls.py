@@ -38,11 +38,15 @@ class TlsSettings:
         """TLS 1.3, a client certificate of the cluster CA required."""
         return self._context("server", ssl.PROTOCOL_TLS_SERVER, check_name=False)
 
-    def client_context(self, check_name: bool) -> ssl.SSLContext:
-        """TLS 1.3 with this process's certificate; ``check_name``: the server's must name the peer meant."""
-        return self._context(f"client:{check_name}", ssl.PROTOCOL_TLS_CLIENT, check_name=check_name)
+    def client_context(self, check_name: bool, minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3) -> ssl.SSLContext:
+        """``minimum`` (TLS 1.3) or later with this process's certificate; ``check_name``: the server's must
+        name the peer meant."""
+        kind = f"client:{check_name}:{minimum.name}"
+        return self._context(kind, ssl.PROTOCOL_TLS_CLIENT, check_name=check_name, minimum=minimum)
 
-    def _context(self, kind: str, protocol: int, check_name: bool) -> ssl.SSLContext:
+    def _context(
+        self, kind: str, protocol: int, check_name: bool, minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
+    ) -> ssl.SSLContext:
         """The context for ``kind``, built again when a file changed since (rotated certificates: the next
         connection uses them, links up now stay up)."""
         stamp = tuple(path.stat().st_mtime_ns for path in (self.ca, self.cert, self.key))
@@ -50,7 +54,7 @@ class TlsSettings:
         if found is not None and found[0] == stamp:
             return found[1]
         context = ssl.SSLContext(protocol)
-        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.minimum_version = minimum
         context.load_cert_chain(self.cert, self.key)
         context.load_verify_locations(cafile=self.ca)
         context.verify_mode = ssl.CERT_REQUIRED

@@ -8,6 +8,7 @@ started may still run. Figures the tests measure (recovery times, RSS) are print
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from streamlet.backends.cluster.local.local_cluster import alive
 from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
+from streamlet.testing.nemesis.hosts import unavailable
 from tests.support.faults import LocalCluster
 
 _names = itertools.count()
@@ -64,3 +66,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("fault matrix figures")
         for line in FIGURES:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def test_hosts_possible() -> None:
+    """Test hosts (network namespaces) can be made here. Without root the test is skipped, saying so: no install
+    step can give a run root. Without ``ip`` or ``nft`` it fails: ``make test`` installs them."""
+    if os.geteuid() != 0:
+        pytest.skip("test hosts need network namespaces, and 'ip netns add' needs root")
+    reason = unavailable()
+    assert reason is None, reason

@@ -14,7 +14,6 @@ import pytest
 
 from streamlet.testing.chaos import checker
 from streamlet.testing.nemesis import workload
-from streamlet.testing.nemesis.hosts import unavailable
 from streamlet.testing.nemesis.runner import KINDS, draw, run_seed
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -27,10 +26,9 @@ def test_the_fixed_seeds_draw_every_fault_kind() -> None:
 
 
 @pytest.mark.parametrize("seed", FIXED)
-def test_a_seeded_schedule_leaves_exact_output_and_legal_states(seed: int, tmp_path: Path) -> None:
-    reason = unavailable()
-    if reason is not None and "root" in reason:
-        pytest.skip(f"the nemesis needs network namespaces: {reason}")
+def test_a_seeded_schedule_leaves_exact_output_and_legal_states(
+    seed: int, tmp_path: Path, test_hosts_possible: None
+) -> None:
     run = run_seed(seed, tmp_path)
     assert run.violations == [], "\n".join([*run.violations, *map(str, run.faults)])
     assert run.state == "FINISHED", run.reason
@@ -52,12 +50,11 @@ def test_the_checker_sees_a_count_committed_twice_and_one_lost(tmp_path: Path) -
     ]
 
 
-def test_seed_105_a_standby_master_cut_off_past_its_session_campaigns_again(tmp_path: Path) -> None:
+def test_seed_105_a_standby_master_cut_off_past_its_session_campaigns_again(
+    tmp_path: Path, test_hosts_possible: None
+) -> None:
     """Found by ``make nemesis``: master-1, isolated from ZooKeeper past its session while it waited to lead,
     died on SessionExpiredError raised out of its campaign. Two lost disks leave the job STALLED (both copies
     of a checkpoint gone), which is a legal end: judged 30 s after the last heal."""
-    reason = unavailable()
-    if reason is not None and "root" in reason:
-        pytest.skip(f"the nemesis needs network namespaces: {reason}")
     run = run_seed(105, tmp_path, bound=30)
     assert run.violations == [], "\n".join([*run.violations, *map(str, run.faults)])

@@ -3,7 +3,7 @@
 Each ZooKeeper member, master and worker runs in a network namespace with its own address from 198.18.0.0/15
 on a bridge (streamlet.testing.nemesis.hosts); a cut is an nftables drop rule, so a sender meets silence, never
 a refusal. The job is the gated count: it holds mid-run until the test releases it, so each cut provably falls
-while the job runs. Waits are ZooKeeper watches; the one fixed span is how long a cut lasts (a fault's length).
+while the job runs. Waits are ZooKeeper watches, a short cut's length included (two heartbeats of another worker).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,23 +21,18 @@ from streamlet.backends.cluster.client.api import collected
 from streamlet.backends.cluster.local.local_cluster import alive
 from streamlet.backends.cluster.tree import paths
 from streamlet.testing.nemesis.cluster import HostCluster
-from streamlet.testing.nemesis.hosts import REGISTRY, HostNetwork, unavailable
-from streamlet.testing.zk_watch import ZkWatch
+from streamlet.testing.nemesis.hosts import REGISTRY, HostNetwork
+from streamlet.testing.zk_watch import NodeHistory, ZkWatch
 from tests.support import reaper
 from tests.support.faults import GatedJob, expected_totals, streamlet_process, totals
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.timeout(240)]
 
 JOB = "gated"
-SHORT_CUT = 1.5  # seconds: well inside a ZooKeeper session (4 s) and a data link's bound (10 s)
 
 
 @pytest.fixture
-def hosts() -> Iterator[HostNetwork]:
-    reason = unavailable()
-    if reason is not None and "root" in reason:
-        pytest.skip(f"test hosts need network namespaces: {reason}")
-    assert reason is None, reason  # ip and nft are installed by 'make test': missing is a failure
+def hosts(test_hosts_possible: None) -> Iterator[HostNetwork]:
     with HostNetwork() as network:
         yield network
 
@@ -77,6 +71,13 @@ def submit(cluster: HostCluster, job: GatedJob, zk: ZkWatch) -> dict[str, Any]:
     return assignment
 
 
+def a_worker_of_the_running_job(cluster: HostCluster, job: GatedJob, zk: ZkWatch) -> tuple[str, NodeHistory]:
+    """Submit the gated job; once it runs with a checkpoint: a worker of its attempt, and the job's state
+    node followed from then on."""
+    victim = sorted(workers_of(submit(cluster, job, zk)))[0]
+    return victim, zk.follow(paths.state(JOB))
+
+
 def workers_of(assignment: dict[str, Any]) -> set[str]:
     return set(assignment["instances"].values())
 
@@ -99,9 +100,7 @@ def test_a_worker_cut_from_zookeeper_but_not_its_peers_is_replaced(
     cluster = start(workers=3)
     job = GatedJob(tmp_path).write()
     with cluster.watch() as zk:
-        running = submit(cluster, job, zk)
-        victim = sorted(workers_of(running))[0]
-        states = zk.follow(paths.state(JOB))
+        victim, states = a_worker_of_the_running_job(cluster, job, zk)
         for member in cluster.members:
             hosts.cut(victim, member.name)
         second = zk.wait_for(paths.assignment(JOB), lambda a: a["attempt"] == 2, seconds=60)
@@ -157,18 +156,22 @@ def test_two_workers_cut_from_each_other_end_the_attempt_naming_the_link(
 
 
 def test_a_cut_healed_before_the_session_expires_costs_nothing(start: Any, hosts: HostNetwork, tmp_path: Path) -> None:
-    """A worker cut from everyone for less than a session and a link's bound: no failover, attempt 1 ends
-    exactly."""
+    """A worker cut from everyone for two heartbeats of the other worker (about 2 s: less than a session and a
+    link's bound): its own heartbeats stop meanwhile, then no failover, attempt 1 ends exactly."""
     cluster = start(workers=2)
     job = GatedJob(tmp_path).write()
     with cluster.watch() as zk:
-        running = submit(cluster, job, zk)
-        victim = sorted(workers_of(running))[0]
-        states = zk.follow(paths.state(JOB))
+        victim, states = a_worker_of_the_running_job(cluster, job, zk)
+        other_worker = next(name for name in ("worker-0", "worker-1") if name != victim)
+        beats, silent = zk.follow(paths.load(other_worker)), zk.follow(paths.load(victim))
         everyone = [name for name in hosts.hosts if name != victim]
         for other in [*everyone, "here"]:
             hosts.cut(victim, other)
-        time.sleep(SHORT_CUT)  # the fault's length, not a wait for something
+        before = len(beats.data())
+        beats.wait_for_count(before + 1, seconds=10)  # a heartbeat of the other worker since the cut...
+        heard = len(silent.data())  # (a beat of the victim's on its way before the cut has shown by now)
+        beats.wait_for_count(before + 2, seconds=10)  # ...and another: the cut lasts two of them
+        assert len(silent.data()) == heard  # the victim's own heartbeats did not get through meanwhile
         hosts.heal_all()
         job.release()
         state = finished_exactly(zk)

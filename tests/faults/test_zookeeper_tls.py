@@ -16,7 +16,7 @@ from streamlet.backends.cluster.local import certificates
 from streamlet.backends.cluster.local.local_cluster import ClusterState
 from streamlet.backends.cluster.tree import paths
 from streamlet.testing.nemesis.cluster import CLIENT_PORT, SECURE_PORT, HostCluster
-from streamlet.testing.nemesis.hosts import HostNetwork, unavailable
+from streamlet.testing.nemesis.hosts import HostNetwork
 from tests.support.faults import streamlet_process
 
 pytestmark = [
@@ -29,11 +29,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[HostCluster]:
-    reason = unavailable()
-    if reason is not None and "root" in reason:
-        pytest.skip(f"test hosts need network namespaces: {reason}")
-    assert reason is None, reason
+def cluster(tmp_path: Path, test_hosts_possible: None) -> Iterator[HostCluster]:
     with HostNetwork() as network:
         started = HostCluster(network, tmp_path / ".streamlet", masters=1, workers=1)
         started.start()

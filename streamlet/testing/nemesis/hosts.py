@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamlet.backends.cluster.local.local_cluster import alive
 from streamlet.errors import HostsUnavailable
 
 REGISTRY = Path("/run/streamlet-hosts")
@@ -173,7 +174,7 @@ def clear_dead_runs() -> list[str]:
     for run in sorted(runs):
         record = REGISTRY / f"{run}.json"
         owner = int(json.loads(record.read_text())["pid"]) if record.exists() else None
-        if owner is None or not _alive(owner):
+        if owner is None or not alive(owner):
             remove_run(run)
             dead.append(run)
     return dead
@@ -200,16 +201,6 @@ def _namespaces() -> list[str]:
 
 def _run_of(namespace: str) -> str:
     return namespace.removeprefix(PREFIX).split("-", 1)[0]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextlib.contextmanager

@@ -87,12 +87,7 @@ def four_letter_tls(tls: TlsSettings | None) -> ssl.SSLContext | None:
     speaks 1.2, as kazoo's sessions do)."""
     if tls is None:
         return None
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.check_hostname = False  # certificates name processes, not addresses
-    context.load_verify_locations(cafile=tls.ca)
-    context.load_cert_chain(tls.cert, tls.key)
-    return context
+    return tls.client_context(check_name=False, minimum=ssl.TLSVersion.TLSv1_2)  # names: processes, not addresses
 
 
 class ZkStore:
