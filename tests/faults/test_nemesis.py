@@ -15,8 +15,9 @@ import pytest
 from streamlet.testing.chaos import checker
 from streamlet.testing.nemesis import workload
 from streamlet.testing.nemesis.runner import KINDS, draw, run_seed
+from tests.faults.conftest import KAZOO_TLS_LEAK
 
-pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.timeout(240), KAZOO_TLS_LEAK]
 
 FIXED = (1, 18)
 

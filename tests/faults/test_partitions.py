@@ -23,10 +23,11 @@ from streamlet.backends.cluster.tree import paths
 from streamlet.testing.nemesis.cluster import HostCluster
 from streamlet.testing.nemesis.hosts import REGISTRY, HostNetwork
 from streamlet.testing.zk_watch import NodeHistory, ZkWatch
+from tests.faults.conftest import KAZOO_TLS_LEAK
 from tests.support import reaper
 from tests.support.faults import GatedJob, expected_totals, streamlet_process, totals
 
-pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.timeout(240), KAZOO_TLS_LEAK]
 
 JOB = "gated"
 

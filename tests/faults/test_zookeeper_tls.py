@@ -17,14 +17,13 @@ from streamlet.backends.cluster.local.local_cluster import ClusterState
 from streamlet.backends.cluster.tree import paths
 from streamlet.testing.nemesis.cluster import CLIENT_PORT, SECURE_PORT, HostCluster
 from streamlet.testing.nemesis.hosts import HostNetwork
+from tests.faults.conftest import KAZOO_TLS_LEAK
 from tests.support.faults import streamlet_process
 
 pytestmark = [
     pytest.mark.faults,
     pytest.mark.integration,
-    # kazoo leaves the sockets of its refused TLS handshakes to the garbage collector (its retry loop drops
-    # them unclosed): refusing is what these tests ask of ZooKeeper, the leak is kazoo's
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    KAZOO_TLS_LEAK,  # refusing handshakes is what these tests ask of ZooKeeper
 ]
 
 
