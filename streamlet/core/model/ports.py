@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from streamlet.core.model.columns import ColumnBatch
-from streamlet.core.model.record import Batch, Record, Records, records_of
+from streamlet.core.model.record import Batch, Record, Records
+from streamlet.core.model.views import RecordViews
 from streamlet.errors import PortError, TopologyError
 
 
@@ -54,16 +55,20 @@ class Inputs:
     ``get(i)`` returns port ``i``'s (empty for a port that has ended) and
     ``get()`` all of them concatenated in port order.
 
-    Batches travel as plain tuples; ``get`` makes their :class:`Record`
-    objects the first time a port is read in a wake-up (and hands out the same
-    list if it is read again), so a task pays for records only when it reads them.
+    Batches travel as plain tuples; ``get`` hands out their :class:`Record`
+    objects the first time a port is read in a wake-up (and the same list if
+    it is read again), so a task pays for records only when it reads them.
+    The records are views refilled wake-up after wake-up (``RecordViews``): a
+    record the task keeps stays as it is, one it let go is refilled with a
+    later element instead of a new one being made.
     """
 
-    __slots__ = ("_batches", "_records", "firing", "port", "where", "window")
+    __slots__ = ("_batches", "_records", "_views", "firing", "port", "where", "window")
 
     def __init__(self, ports: int, where: str = "this task") -> None:
         self._batches: list[Batch] = [[] for _ in range(ports)]
         self._records: list[Records | None] = [None] * ports
+        self._views = [RecordViews() for _ in range(ports)]
         self.port: int | None = 0
         self.window: tuple[float, float] | None = None
         #: While a window is handled: ``"early"``, ``"on_time"`` or ``"late"`` (see ``TimeWindow``).
@@ -91,7 +96,7 @@ class Inputs:
     def _records_of(self, port: int) -> Records:
         records = self._records[port]
         if records is None:
-            records = self._records[port] = records_of(self._batches[port])
+            records = self._records[port] = self._views[port].records_of(self._batches[port])
         return records
 
     def elements(self, port: int | None = None) -> Batch:
@@ -99,8 +104,9 @@ class Inputs:
         :class:`Record` made (six wide, ``(key, value, ts, iteration, window, firing)``, for a record
         inside a cycle or produced by a window; read them by index, ``element[0]`` is the key).
 
-        The fast path for a hot loop that only reads fields (measured: a record made per element costs
-        ~130 ns, more than the rest of a keyed count). The list is the runtime's: read it, do not change it.
+        The fastest path for a hot loop that only reads fields (measured in ``benchmarks wordcount``: a
+        keyed count over ``get()`` runs at ~0.85 of one over ``elements()``). The list is the runtime's:
+        read it, do not change it.
         """
         if port is not None:
             if not 0 <= port < len(self._batches):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeAlias
 
+from streamlet.core.model import views
 from streamlet.core.model.kept import IMMUTABLE, keep, put_back
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.record import Batch, Record, record_of
@@ -90,28 +89,13 @@ def _shape_error(message: str, cause: BaseException) -> TypeError:
 
 
 # The shortcuts hand their function a record without making one per element: one reusable
-# ``Record`` (a "view") is refilled from each plain element. Safe because a view is never
-# changed once anything but the loop holds it: after each call the loop compares its reference
-# count with the count it had free (``sys.getrefcount``, as CPython's own ``zip`` reuses its
-# result tuple); a function that kept the record (in a list, a closure, its result) gets it for
-# good and the loop makes a new view. Measured: 140 ns a record against 360 ns making one each.
-# Loop and window elements (six wide) get a record of their own.
-_counts = itertools.count()
-
-
-def _never_free(_: object) -> int:
-    """A count that never repeats: where reference counts cannot be trusted, every call gets a new view."""
-    return next(_counts)
-
-
-# Only a CPython with its GIL counts references exactly (PyPy has no getrefcount; a free-threaded
-# build's counts are approximate): elsewhere the shortcuts make one record per element.
-_exact_counts = sys.implementation.name == "cpython" and getattr(sys, "_is_gil_enabled", lambda: True)()
-_getrefcount: Callable[[object], int] = sys.getrefcount if _exact_counts else _never_free
-
-
-def _view() -> Record:
-    return Record(None, None, None)
+# ``Record`` (a view, see ``views``) is refilled from each plain element; after each call the loop
+# compares the view's reference count with the count it had free, and a function that kept the
+# record gets it for good (the loop makes a new view). Loop and window elements (six wide) get a
+# record of their own.
+_getrefcount = views.getrefcount
+_never_free = views.never_free
+_view = views.new_view
 
 
 class MapTask(Task):
@@ -127,24 +111,24 @@ class MapTask(Task):
         append = out.append
         view = _view()
         free = _getrefcount(view)
-        index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         result = None
         try:
-            for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
-                if len(element) == 3:
+            for element in batch:
+                try:  # free in CPython 3.11+ unless raised: cheaper than checking each element's width
                     view.key, view.value, view.ts = element
+                except ValueError:  # a loop or window element (six wide): a record of its own
+                    result = fn(record_of(element))
+                else:
                     result = fn(view)
                     if _getrefcount(view) != free:  # the function kept it: a new view from now on
                         view = _view()
-                else:
-                    result = fn(record_of(element))
                 key, value = result  # apart from the call, so a result that is not a pair is told from fn failing
                 append((key, value, element[2]))
         except Exception as exc:
             outputs.emit_elements(out)
             if _raised_in(exc, MapTask.execute):
                 exc = _shape_error(f"the map function must return a (key, value) pair, got {result!r}", exc)
-            raise RecordFailure(index) from exc
+            raise RecordFailure(len(out)) from exc  # one output per element: the failing one's position
         outputs.emit_elements(out)
 
 
@@ -164,13 +148,14 @@ class FilterTask(Task):
         index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         try:
             for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
-                if len(element) == 3:
+                try:
                     view.key, view.value, view.ts = element
+                except ValueError:  # a loop or window element (six wide): a record of its own
+                    keep = fn(record_of(element))
+                else:
                     keep = fn(view)
                     if _getrefcount(view) != free:
                         view = _view()
-                else:
-                    keep = fn(record_of(element))
                 if keep:
                     append(element)
         except Exception as exc:
@@ -196,16 +181,17 @@ class FlatMapTask(Task):
         try:
             for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
                 ts = element[2]
-                if len(element) == 3:
+                try:
                     view.key, view.value, view.ts = element
+                except ValueError:  # a loop or window element (six wide): a record of its own
+                    for key, value in fn(record_of(element)):
+                        append((key, value, ts))
+                else:
                     # a lazy iterable (a generator) holds the view until it is used up: count after that
                     for key, value in fn(view):
                         append((key, value, ts))
                     if _getrefcount(view) != free:
                         view = _view()
-                else:
-                    for key, value in fn(record_of(element)):
-                        append((key, value, ts))
         except Exception as exc:
             outputs.emit_elements(out)
             if _raised_in(exc, FlatMapTask.execute):
@@ -227,20 +213,20 @@ class KeyByTask(Task):
         append = out.append
         view = _view()
         free = _getrefcount(view)
-        index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         try:
-            for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
-                if len(element) == 3:
+            for element in batch:
+                try:
                     view.key, view.value, view.ts = element
+                except ValueError:  # a loop or window element (six wide): a record of its own
+                    key = fn(record_of(element))
+                else:
                     key = fn(view)
                     if _getrefcount(view) != free:
                         view = _view()
-                else:
-                    key = fn(record_of(element))
                 append((key, element[1], element[2]))
         except Exception as exc:
             outputs.emit_elements(out)
-            raise RecordFailure(index) from exc
+            raise RecordFailure(len(out)) from exc  # one output per element: the failing one's position
         outputs.emit_elements(out)
 
 

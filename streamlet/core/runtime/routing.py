@@ -16,6 +16,7 @@ from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, PartitionSpec
 from streamlet.core.model.record import END_OF_STREAM, Batch, Element, Marker, Reconfigure, Record, Watermark, record_of
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable, segment_of
+from streamlet.core.model.views import getrefcount, new_view
 from streamlet.core.runtime.channel import Channel
 from streamlet.core.runtime.column_routing import ColumnOwners, split_by_instance
 from streamlet.errors import EncodingError, TopologyError
@@ -213,10 +214,21 @@ class PartitionedRoute(Route):
         self._appenders = appenders = [buffer.append for buffer in self.buffers]
         self._count = count = [len(channels)]  # a cell, so a rescale reaches the closure
 
+        record = new_view()  # one record refilled element after element while the function keeps none
+        view = [record]
+        free = getrefcount(record)  # held by the cell, a local and the call: as in add
+
         def add(element: Element) -> None:
             parts = count[0]
+            record = view[0]
+            if len(element) != 3:  # a loop or window element: a record of its own
+                record = record_of(element)
+            else:
+                if getrefcount(record) != free:  # the function kept it: the user's now
+                    record = view[0] = new_view()
+                record.key, record.value, record.ts = element
             try:
-                index = fn(record_of(element), parts)  # user code: it sees a record
+                index = fn(record, parts)  # user code: it sees a record
             except Exception as exc:
                 raise TopologyError(f"{label}: the partition function raised {type(exc).__name__}: {exc}") from exc
             if type(index) is not int or not 0 <= index < parts:

@@ -12,8 +12,9 @@ import math
 from operator import itemgetter
 from typing import Any
 
-from streamlet.core.model.record import Batch, records_of
+from streamlet.core.model.record import Batch
 from streamlet.core.model.sources import SourceReader
+from streamlet.core.model.views import RecordViews
 from streamlet.core.model.watermarks import Watermarks
 
 _ts = itemgetter(2)
@@ -22,11 +23,12 @@ _ts = itemgetter(2)
 class WatermarkGenerator:
     """One source instance's watermark: after each batch, the new value if it rose."""
 
-    __slots__ = ("bound", "current", "fn", "reader", "regressions", "top")
+    __slots__ = ("bound", "current", "fn", "reader", "regressions", "top", "views")
 
     def __init__(self, spec: Watermarks, reader: SourceReader) -> None:
         self.bound = spec.out_of_orderness
         self.fn = spec.fn
+        self.views = RecordViews()  # the records the timestamp function reads, refilled batch after batch
         self.reader = reader
         self.current = -math.inf  # the last watermark sent
         self.top = -math.inf  # the largest event time read so far
@@ -36,7 +38,7 @@ class WatermarkGenerator:
         """The watermark to send after ``batch``, or ``None`` when it did not rise."""
         progress = self.reader.event_time_progress()
         if self.fn is not None:
-            candidate = _largest(map(self.fn, records_of(batch)))  # user code: it sees records
+            candidate = _largest(map(self.fn, self.views.records_of(batch)))  # user code: it sees records
         elif progress is not None:
             candidate = progress - self.bound
         else:

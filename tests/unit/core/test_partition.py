@@ -189,6 +189,20 @@ def test_custom_partition_function_is_honoured() -> None:
     assert by_instance == {i: [v for v in range(30) if v % 3 == i] for i in range(3)}
 
 
+def test_records_a_partition_function_keeps_stay_as_it_saw_them() -> None:
+    """The function sees one record refilled element after element; those it keeps are never refilled."""
+    kept: list[sl.Record] = []
+
+    def keep_every_seventh(record: sl.Record, n: int) -> int:
+        if record.value % 7 == 0:
+            kept.append(record)
+        return int(record.value % n)
+
+    by_instance = into_sink(list(range(50)), keep_every_seventh, 3)
+    assert by_instance == {i: [v for v in range(50) if v % 3 == i] for i in range(3)}
+    assert [record.value for record in kept] == list(range(0, 50, 7))
+
+
 def test_out_of_range_partition_from_source_fails_job_naming_the_edge() -> None:
     """An index outside 0..n-1 from a source's edge fails the job with a TopologyError naming the edge."""
     message = "edge 'in' -> 'out' input port 0: the partition function returned 3, expected 0..2"

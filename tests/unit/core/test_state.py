@@ -12,6 +12,7 @@ import pytest
 
 import streamlet as sl
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
+from streamlet.core.state.expiring import ExpiringState
 from tests.conftest import pairs
 
 SNAPSHOT_KEYS: list[Any] = ["a", "b", 7, -3, 2.5, b"raw", ("user", 1), ("nested", ("x", 2)), None]
@@ -188,3 +189,22 @@ async def test_restart_with_other_parallelism_resplits_keyed_state(before: int, 
         result = await job.wait()
     expected = Counter(FIRST_RUN) + Counter(SECOND_RUN)
     assert sorted(pairs(result.sink("out")), key=repr) == sorted(expected.items(), key=repr)
+
+
+def test_get_and_put_follow_the_dict_after_a_restore_or_a_new_values_dict() -> None:
+    """``get``/``put`` are the dict's own methods: after ``restore`` or ``values = {...}`` they reach the
+    new dict, never the one before; the undoable and expiring kinds keep their own ``get``/``put``."""
+    state = filled()
+    snapshot = state.checkpoint()
+    state.put("a", 100)
+    state.restore(snapshot)
+    state.put("b", 200)
+    assert (state.get("a"), state.values["b"], state.get("missing", "none")) == (0, 200, "none")
+    state.values = {"only": 1}
+    state.put("new", 2)
+    assert (state.values, state.get("a")) == ({"only": 1, "new": 2}, None)
+    clock = [0.0]
+    expiring = ExpiringState(10.0, lambda: clock[0])
+    expiring.put("k", 1)
+    clock[0] = 10.0
+    assert (expiring.get("k", "expired"), "get" in vars(expiring)) == ("expired", False)
