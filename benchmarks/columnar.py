@@ -30,7 +30,11 @@ read less ``LAG``, passes them). Results are checked equal.
 
 from __future__ import annotations
 
+import gc
 import resource
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -162,8 +166,41 @@ def run_streamlet(batches: list[pa.RecordBatch], emit: str = "end", parallelism:
     return {record.key: record.value for record in result.sink("totals")}
 
 
+def digest(counts: dict[Any, int]) -> int:
+    """What is kept of a run's result for the checks: equal results, equal digests (the windowed results of
+    every run kept whole held over a GB)."""
+    return hash(frozenset(counts.items()))
+
+
+def held_beyond_input_mb(records: int) -> float:
+    """The most resident memory the ``emit="end"`` job over ``records`` words added at once beyond its input
+    (MB), in a fresh process (in this one, memory freed by earlier runs hides it): Linux's peak (VmHWM),
+    reset once the input is made, less the resident memory then."""
+    code = f"from benchmarks.columnar import print_held; print_held({records})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+def print_held(records: int) -> None:
+    """Print :func:`held_beyond_input_mb`'s figure for this process."""
+    batches = make_batches(records)
+    gc.collect()
+    status = Path("/proc/self/status")
+    resident = _status_mb(status.read_text(), "VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    counts = run_streamlet(batches)
+    assert len(counts) > 0
+    print(round(_status_mb(status.read_text(), "VmHWM") - resident, 1))
+
+
+def _status_mb(status: str, field: str) -> float:
+    return int(status.split(f"{field}:")[1].split()[0]) / 1024
+
+
 def main(records: int, repeats: int) -> dict[str, Any]:
-    """Each run ``repeats`` times, alternating which goes first; medians, results checked equal."""
+    """Each run ``repeats`` times, alternating which goes first; medians, results checked equal. ``end_10x_*``:
+    ``emit="end"`` against the ``group_by`` over ten times the rows; ``end_held_mb`` and ``end_10x_held_mb``:
+    the most memory the ``emit="end"`` job added beyond its input at once (a separate untimed run each)."""
     batches = make_batches(records)
     stamped = make_stamped(batches)
     timings = alternating(repeats, {
@@ -173,7 +210,16 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         "split": lambda: run_streamlet(batches, "end", 2),
         "window": lambda: run_window_streamlet(stamped), "window_baseline": lambda: run_window_baseline(stamped),
         "window_loop": lambda: run_window_loop_baseline(stamped),
-    })  # fmt: skip
+    }, keep=digest)  # fmt: skip
+    large = batches * 10
+    large_timings = alternating(repeats, {
+        "end": lambda: run_streamlet(large), "group_by": lambda: run_baseline(large),
+    }, keep=digest)  # fmt: skip
+    if any(counts != large_timings["group_by"][0][1] for _, counts in large_timings["end"]):
+        raise AssertionError("streamlet and the baseline disagree on the counts over ten times the rows")
+    large_rates = {
+        name: median_rate(10 * records, [seconds for seconds, _ in runs]) for name, runs in large_timings.items()
+    }
     expected = timings["baseline"][0][1]
     counted = ("streamlet", "per_batch", "split", "loop", "batch_baseline")
     if any(counts != expected for run in counted for _, counts in timings[run]):
@@ -195,6 +241,9 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         window_ratio=round(rates["window"] / rates["window_baseline"], 3),
         window_loop_records_per_s=round(rates["window_loop"]),
         window_loop_ratio=round(rates["window"] / rates["window_loop"], 3),
+        end_10x_records_per_s=round(large_rates["end"]), end_10x_baseline_records_per_s=round(large_rates["group_by"]),
+        end_10x_ratio=round(large_rates["end"] / large_rates["group_by"], 3),
+        end_held_mb=held_beyond_input_mb(records), end_10x_held_mb=held_beyond_input_mb(10 * records),
         peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         batch_rows=BATCH, records=records, repeats=repeats,
     )  # fmt: skip

@@ -29,12 +29,15 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - began, result
 
 
-def alternating(repeats: int, runs: dict[str, Callable[[], Any]]) -> dict[str, list[tuple[float, Any]]]:
+def alternating(
+    repeats: int, runs: dict[str, Callable[[], Any]], keep: Callable[[Any], Any] | None = None
+) -> dict[str, list[tuple[float, Any]]]:
     """Time every run ``repeats`` times, rotating which goes first.
 
     The order matters on this machine (a run following another is measurably
     slower), so each repeat starts with a different run, and garbage is
-    collected before every timed run.
+    collected before every timed run. ``keep`` (untimed) turns a run's result
+    into what is kept of it for the checks, e.g. a digest of a large result.
     """
     names = list(runs)
     timings: dict[str, list[tuple[float, Any]]] = {name: [] for name in names}
@@ -42,7 +45,8 @@ def alternating(repeats: int, runs: dict[str, Callable[[], Any]]) -> dict[str, l
         shift = repeat % len(names)
         for name in names[shift:] + names[:shift]:
             gc.collect()
-            timings[name].append(timed(runs[name]))
+            seconds, result = timed(runs[name])
+            timings[name].append((seconds, result if keep is None else keep(result)))
     return timings
 
 

@@ -181,28 +181,77 @@ class WhereTask(ColumnarTask):
             outputs.emit_columns(batch.with_data(kept))
 
 
+#: Rows an ``emit="end"`` aggregate holds aside before folding them into its state at once: one
+#: ``group_by`` over many batches costs a fraction of one per batch (hashing, a Python merge per batch),
+#: and the memory held stays bounded by this, however long the input.
+FOLD_ROWS = 1 << 20
+
+
 class AggregateTask(ColumnarTask):
     """Per key, ``count``/``sum``/``min``/``max``/``mean`` of a field, folded in Arrow batch by batch
     (see ``Topology.aggregate``). The running values live in the instance's keyed state
-    (``self.state``: ``mean`` keeps ``(sum, count)``), so they checkpoint like any keyed state."""
+    (``self.state``: ``mean`` keeps ``(sum, count)``), so they checkpoint like any keyed state.
+
+    With ``emit="end"`` under ``on_error="fail"`` nothing goes out before the end, so the batches are
+    folded many at a time: the first batch of each schema at once (a batch the aggregate cannot take
+    fails there, as with ``emit="batch"``), later ones of the same schema held aside (their key and
+    field columns, no copy) until :data:`FOLD_ROWS` rows wait, the state is snapshotted or moved
+    (``settle_state``), or the input ends. Under ``skip`` or ``restart`` every batch is folded in its
+    own call, so a failed one is taken back alone."""
+
+    #: Whether ``emit="end"`` may hold batches aside (the runtime sets it under ``on_error="fail"``).
+    holds_batches = False
 
     def __init__(self, how: AggregateHow, key: str | None, field: str | None, emit: AggregateEmit) -> None:
         self.how, self.key, self.field, self.emit = how, key, field, emit
+        self._held: list[Any] = []  # record batches of the key (and field) columns, one schema
+        self._held_rows = 0
+        self._held_schema: Any = None
 
     def check_window(self, where: str, spec: WindowSpec | None) -> None:
         """Validation: the window is one this task runs on (see :func:`check_window`)."""
         check_window(where, spec)
 
     def execute_columns(self, batch: ColumnBatch, outputs: Outputs) -> None:
-        """Aggregate the batch per key, merge into the running values, emit the keys it touched."""
+        """Aggregate the batch per key, merge into the running values, emit the keys it touched (``emit="end"``:
+        or hold it aside to fold with the next ones)."""
         if not len(batch):
             return
         key, field = self.key_and_field(batch)
+        if self.emit == "end" and self.holds_batches:
+            self._hold(batch, key, field)
+            return
         keys, parts, stamps = _per_key(batch, key, field, self.how)
         merged = merge_partials(self.state.values, keys.to_pylist(), parts, self.how)
         if self.emit == "batch":
             results = [mean_of(value) for value in merged] if self.how == "mean" else merged
             outputs.emit_columns(_result_batch(keys, results, stamps))
+
+    def _hold(self, batch: ColumnBatch, key: str, field: str | None) -> None:
+        """Hold the batch's columns aside, or fold it at once when it is the first of its schema."""
+        columns = batch.data.select([key] if self.how == "count" or field in (None, key) else [key, field])
+        if columns.schema != self._held_schema:
+            self.settle_state()  # the keys held first are merged first: results keep the order keys first came
+            keys, parts, _ = _per_key(ColumnBatch(columns, key), key, field, self.how)
+            merge_partials(self.state.values, keys.to_pylist(), parts, self.how)  # fails here if it cannot take it
+            self._held_schema = columns.schema
+            return
+        self._held.append(columns)
+        self._held_rows += len(columns)
+        if self._held_rows >= FOLD_ROWS:
+            self.settle_state()
+
+    def settle_state(self) -> None:
+        """Fold the batches held aside into the running values (one ``group_by`` over them all)."""
+        if not self._held:
+            return
+        pa = import_pyarrow()
+        table = pa.Table.from_batches(self._held)
+        self._held, self._held_rows = [], 0
+        key = table.schema.names[0]
+        field = table.schema.names[1] if table.num_columns > 1 else key
+        keys, parts, _ = _per_key(ColumnBatch(table, key), key, field, self.how)
+        merge_partials(self.state.values, keys.to_pylist(), parts, self.how)
 
     def key_and_field(self, batch: ColumnBatch) -> tuple[str, str | None]:
         """The columns of ``batch`` this task groups by and folds (a ``FieldError`` when one is missing)."""
@@ -220,6 +269,7 @@ class AggregateTask(ColumnarTask):
 
     def finish(self, outputs: Outputs) -> None:
         """With ``emit="end"``: every key's value, in the order the keys first came."""
+        self.settle_state()
         if self.emit != "end" or not self.state.values:
             return
         totals = self.state.values
@@ -244,7 +294,8 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
         aggregations.append((field, "count"))  # only the valid values, as the sum
     if ts is not None:
         aggregations.append((ts, "last", pa.compute.ScalarAggregateOptions(skip_nulls=False)))
-    grouped = pa.Table.from_batches([data]).group_by(key, use_threads=False).aggregate(aggregations)
+    table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+    grouped = table.group_by(key, use_threads=False).aggregate(aggregations)
     keys = grouped.column(key).combine_chunks()
     stamps = None if ts is None else grouped.column(f"{ts}_last").combine_chunks()
     if how == "count":

@@ -65,6 +65,14 @@ class Task(ABC):
     def finish(self, outputs: Outputs) -> Any:
         """Called once after every input of this instance has ended."""
 
+    def settle_state(self) -> None:
+        """Put into ``self.state`` whatever the task holds aside to fold later (plain, not ``async``).
+
+        The runtime calls it before it snapshots the state for a checkpoint or moves it to another
+        instance, so a task that batches its state writes in memory (as ``aggregate(..., emit="end")``
+        does) never checkpoints without them. The default holds nothing aside.
+        """
+
 
 class RecordFailure(Exception):
     """Raised by a shortcut task: record ``index`` of the batch failed with ``__cause__``."""

@@ -93,6 +93,8 @@ class TaskInstance(Receiver):
         task.state = self.state
         if isinstance(task, ReduceTask) and self.policy.replays:
             task.keeps_accumulators = True
+        if isinstance(task, AggregateTask) and not self.policy.replays:
+            task.holds_batches = True  # a failure fails the job: nothing held aside is ever taken back alone
         task.timers = self.timers
         self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
         self._async = inspect.iscoroutinefunction(task.execute)
@@ -134,6 +136,7 @@ class TaskInstance(Receiver):
 
     def snapshot(self) -> dict[str, Any]:
         """State (with its write times under a TTL), open windows, timers and whether finish() already ran."""
+        self.task.settle_state()
         window = None if self.window is None else self.window.snapshot()
         try:
             snapshot = {"state": self.state.checkpoint(), "window": window, "finished": self.finished}
@@ -190,6 +193,7 @@ class TaskInstance(Receiver):
         """Split this instance's state by where each key belongs now; keep its own part, send the others."""
         plan = active.plan
         target = plan.target_function(self.index)
+        self.task.settle_state()  # everything the task held aside is in its state before the state moves
         parts: dict[int, Any]
         if self.index in plan.relocated:  # all of it goes to this instance's new incarnation
             parts = {self.index: self.snapshot()}
