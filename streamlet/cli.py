@@ -508,6 +508,10 @@ def _cluster_options(command: Any) -> Any:
     help="copies of each instance's checkpoint on other workers (default 1, or 0 on a one-worker cluster)",
 )  # fmt: skip
 @click.option(
+    "--replica-placement", default="controller", type=click.Choice(["controller", "random"]),
+    help="where the copies go: the leader's controller (the default), or random workers (to compare)",
+)  # fmt: skip
+@click.option(
     "--from-savepoint", default=None, type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="start from this savepoint (task names and state shapes must match; needs --checkpoint-interval)",
 )  # fmt: skip
@@ -520,7 +524,7 @@ def _cluster_options(command: Any) -> Any:
 @_cluster_options
 def submit_command(
     target: str, job_name: str | None, parallelism: tuple[str, ...], wait: bool, timeout: float,
-    results: Path | None, checkpoint_interval: float | None, replicas: int | None,
+    results: Path | None, checkpoint_interval: float | None, replicas: int | None, replica_placement: str,
     from_savepoint: Path | None, adapt: str | None, bounds: tuple[str, ...], adapt_interval: float,
     adapt_cooldown: float, zk: str | None, cluster: str | None, state_dir: Path,
 ) -> None:  # fmt: skip
@@ -533,11 +537,15 @@ def submit_command(
             check_job_name(job_name)  # bad options are refused before anything is contacted
         adapting = _adapt_settings(adapt, bounds, adapt_interval, adapt_cooldown)
         counts = dict(_parallelism(item) for item in parallelism)
-        checkpoint = None
+        checkpoint: dict[str, Any] | None = None
         if checkpoint_interval is not None:
             checkpoint = {"interval": checkpoint_interval, "replicas": replicas}
-        elif replicas is not None:
-            raise click.UsageError("--replicas needs --checkpoint-interval (it copies checkpoints)")
+            if replica_placement != "controller":
+                checkpoint["placement"] = replica_placement
+        elif replicas is not None or replica_placement != "controller":
+            raise click.UsageError(
+                "--replicas and --replica-placement need --checkpoint-interval (they copy checkpoints)"
+            )
         submission = cluster_client.Submission(target, job_name, counts, checkpoint, from_savepoint, adapting)
         settings = _settings(zk, cluster, state_dir, _client_secret("submit", state_dir))
         with _progress(wait) as watch:

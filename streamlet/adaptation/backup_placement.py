@@ -49,7 +49,7 @@ from streamlet.adaptation.backup_model import (
 
 __all__ = [  # the model's names, as this module has always offered them, and the controllers
     "EPS", "RATE_EPS", "Placement", "Plan", "Problem", "Server", "Task", "Unplaced", "exact_placement",
-    "greedy_placement", "objective", "restore_time", "synthetic_problem", "violations",
+    "greedy_placement", "objective", "random_placement", "restore_time", "synthetic_problem", "violations",
 ]  # fmt: skip
 
 DEFAULT_TIME_LIMIT_S = 10.0
@@ -90,6 +90,29 @@ def greedy_placement(problem: Problem, replicas: int = 1, *, seed_only: bool = F
     search = min(runs, key=lambda search: search.score())  # the first on a tie: the seed's
     chosen = {i: option[1] for i, option in search.chosen.items()}
     return _plan(problem, search.state, chosen, replicas, False, "greedy")
+
+
+def random_placement(problem: Problem, replicas: int, rng: random.Random) -> Plan:
+    """Backups and redeploy servers drawn at random (no capacity, bandwidth or restore time considered):
+    each task's ``replicas`` backups among the servers other than its host, its redeploy server among them
+    too. What a cluster without a controller does, kept to measure the controller against for real.
+
+    >>> servers = (Server("a", 4), Server("b", 4), Server("c", 4))
+    >>> task = Task("count", host="a", cpu=1, backup_bytes=1e6, transfer_bytes=1e9)
+    >>> link = {("a", "b"): 1e9, ("a", "c"): 1e9, ("b", "c"): 1e9}
+    >>> placement = random_placement(Problem(servers, (task,), link), 1, random.Random(3)).placements[0]
+    >>> "a" not in (*placement.backups, placement.redeploy)
+    True
+    """
+    _check_replicas(problem, replicas)
+    names = [server.name for server in problem.servers]
+    placements = []
+    for task in problem.tasks:
+        others = [name for name in names if name != task.host]
+        placements.append(_placement(problem, task, rng.sample(others, replicas), rng.choice(others)))
+    total = objective(problem, placements)
+    reason = f"random: {len(placements)} tasks placed at random, restore time {total:.3f} s in all"
+    return Plan(tuple(placements), (), total, False, reason)
 
 
 def _greedy(

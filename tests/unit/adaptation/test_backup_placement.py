@@ -5,6 +5,7 @@ and for the greedy's gap, and on bad input."""
 from __future__ import annotations
 
 import math
+import random
 import re
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from streamlet.adaptation.backup_placement import (
     exact_placement,
     greedy_placement,
     objective,
+    random_placement,
     restore_time,
     synthetic_problem,
     violations,
@@ -342,3 +344,24 @@ def test_the_exact_solver_is_imported_only_when_called(monkeypatch: pytest.Monke
     monkeypatch.delattr(streamlet.adaptation, "_backup_milp", raising=False)
     with pytest.raises(ImportError, match=r"^exact_placement needs scipy: pip install 'streamlet\[test\]'$"):
         exact_placement(knapsack_problem())
+
+
+def test_a_random_plan_keeps_backups_and_redeploys_off_the_host_and_restores_over_a_link_when_apart() -> None:
+    """Random placement (the comparison for the controller): every task's backups and redeploy server are
+    other servers than its host; a task redeployed away from its backup restores over the link (its time
+    is the transfer), one redeployed onto it restores in no time. The same seed gives the same plan."""
+    problem = synthetic_problem(tasks=40, servers=5, seed=11)
+    plan = random_placement(problem, 2, random.Random(5))
+    hosts = {task.name: task.host for task in problem.tasks}
+    by_task = {task.name: task for task in problem.tasks}
+    assert [p.task for p in plan.placements] == [task.name for task in problem.tasks]
+    for placement in plan.placements:
+        assert len(set(placement.backups)) == 2
+        assert hosts[placement.task] not in (*placement.backups, placement.redeploy)
+        task = by_task[placement.task]
+        apart = placement.redeploy not in placement.backups
+        assert placement.restore_s == restore_time(problem, task, list(placement.backups), placement.redeploy)
+        assert (placement.restore_s > 0) == (apart and task.transfer_bytes > 0)
+    assert math.isclose(plan.restore_s, objective(problem, list(plan.placements)))
+    assert random_placement(problem, 2, random.Random(5)) == plan
+    assert random_placement(problem, 2, random.Random(6)) != plan

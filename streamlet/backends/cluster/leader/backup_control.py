@@ -20,12 +20,13 @@ tests and the benchmark.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
-from streamlet.adaptation.backup_placement import Plan, Problem, Server, Task, greedy_placement
+from streamlet.adaptation.backup_placement import Plan, Problem, Server, Task, greedy_placement, random_placement
 from streamlet.adaptation.dispatch import WorkerLoad
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import LeaderFence
@@ -113,7 +114,11 @@ class BackupController:
         replicas = min(1 if wanted is None else int(wanted), len(loads) - 1)
         if replicas < 1:
             return None
-        record = plan_record(greedy_placement(problem, replicas))
+        if settings.get("placement") == "random":  # for comparison: seeded by what it saw, so it moves only with that
+            plan = random_placement(problem, replicas, random.Random(repr((job, seen))))
+        else:
+            plan = greedy_placement(problem, replicas)
+        record = plan_record(plan)
         current = await self.store.get(paths.backups(job))
         if current is not None and {k: v for k, v in current.data.items() if k != "at"} == record:
             return None

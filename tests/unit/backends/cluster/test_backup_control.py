@@ -10,9 +10,14 @@ from streamlet.backends.cluster.tree import paths
 from tests.unit.backends.cluster.conftest import SECRET, MemoryCluster
 
 
-async def running_with_checkpoints(cluster: MemoryCluster, sizes: dict[str, int]) -> dict[str, str]:
+async def running_with_checkpoints(
+    cluster: MemoryCluster, sizes: dict[str, int], placement: str | None = None
+) -> dict[str, str]:
     """Job 'p' (4 instances) RUNNING on w0..w2 with checkpoints, its last checkpoint of state ``sizes``."""
-    spec = job_commands.new_spec(cluster.module(), {}, {"interval": 1.0, "replicas": None})
+    checkpoint: dict[str, Any] = {"interval": 1.0, "replicas": None}
+    if placement is not None:
+        checkpoint["placement"] = placement
+    spec = job_commands.new_spec(cluster.module(), {}, checkpoint)
     await job_commands.submit(cluster.client, "p", spec, SECRET)
     await cluster.leader.round()
     instances: dict[str, str] = (await cluster.assignment("p"))["instances"]  # type: ignore[assignment]
@@ -74,3 +79,22 @@ async def test_the_placement_is_written_again_only_when_the_answer_changes(clust
         assert backups == ["w1" if instances[instance] == "w0" else "w0"]
     assert len(record["backups"]) == len(record["unplaced"]) == 2
     assert set(record["backups"]) | set(record["unplaced"]) == set(instances)
+
+
+async def test_random_placement_puts_each_backup_and_redeploy_off_the_instance_worker_and_stays_put(
+    cluster: MemoryCluster,
+) -> None:
+    """``--replica-placement random`` (for comparison): every instance gets one backup and a redeploy worker
+    other than its own, drawn at random; rounds that see nothing new leave the record as it was."""
+    for worker in ("w0", "w1", "w2"):
+        await cluster.add_worker(worker, capacity=3)
+    instances = await running_with_checkpoints(cluster, {"double.0": 5000, "double.1": 5000}, placement="random")
+    record, version = await placed(cluster)
+    assert record["reason"].startswith("random: 4 tasks placed at random")
+    assert sorted(record["backups"]) == sorted(record["redeploy"]) == sorted(instances)
+    for instance, worker in instances.items():
+        assert len(record["backups"][instance]) == 1
+        assert worker not in (*record["backups"][instance], record["redeploy"][instance])
+    cluster.leader._backups_placed_at = -1e9
+    await cluster.leader.round()
+    assert (await placed(cluster))[1] == version
