@@ -58,7 +58,7 @@ def recovery_with_replicas(repeats: int = 3) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for placement, prefix in (("controller", "recovery_"), ("random", "recovery_random_")):
         for key in runs[placement][0]:
-            figures[f"{prefix}{key}"] = statistics.median(run[key] for run in runs[placement])
+            figures[f"{prefix}{key}"] = round(statistics.median(run[key] for run in runs[placement]), 3)
         figures[f"{prefix}mean_bytes"] = round(statistics.fmean(run["bytes"] for run in runs[placement]))
         figures[f"{prefix}runs"] = runs[placement]
     return {**figures, "recovery_keys": KEYS}

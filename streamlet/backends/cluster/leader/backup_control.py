@@ -91,6 +91,7 @@ class BackupController:
         self.fence = fence
         self.clock = clock
         self._last: dict[str, tuple[Any, float]] = {}  # job -> (what the last run saw, when)
+        self._seeds: dict[str, int] = {}  # job -> its random placement's seed (a job asking for one)
 
     async def step(
         self, job: str, spec: dict[str, Any], assignment: Assignment, views: list[WorkerView], loads: list[WorkerLoad]
@@ -114,8 +115,9 @@ class BackupController:
         replicas = min(1 if wanted is None else int(wanted), len(loads) - 1)
         if replicas < 1:
             return None
-        if settings.get("placement") == "random":  # for comparison: seeded by what it saw, so it moves only with that
-            plan = random_placement(problem, replicas, random.Random(repr((job, seen))))
+        if settings.get("placement") == "random":  # for comparison: a draw of its own per job, moving only with seen
+            seed = self._seeds.setdefault(job, random.getrandbits(64))
+            plan = random_placement(problem, replicas, random.Random(repr((seed, seen))))
         else:
             plan = greedy_placement(problem, replicas)
         record = plan_record(plan)
@@ -134,3 +136,4 @@ class BackupController:
     def forget(self, job: str) -> None:
         """The job is not running: its next run starts afresh."""
         self._last.pop(job, None)
+        self._seeds.pop(job, None)
