@@ -196,8 +196,9 @@ class AggregateTask(ColumnarTask):
     folded many at a time: the first batch of each schema at once (a batch the aggregate cannot take
     fails there, as with ``emit="batch"``), later ones of the same schema held aside (their key and
     field columns, no copy) until :data:`FOLD_ROWS` rows wait, the state is snapshotted or moved
-    (``settle_state``), or the input ends. Under ``skip`` or ``restart`` every batch is folded in its
-    own call, so a failed one is taken back alone."""
+    (``settle_state``), or the input ends; ``count``, ``min``, ``max`` and float sums and means only
+    (see ``_folds_alike``). Under ``skip`` or ``restart`` every batch is folded in its own call, so a
+    failed one is taken back alone."""
 
     #: Whether ``emit="end"`` may hold batches aside (the runtime sets it under ``on_error="fail"``).
     holds_batches = False
@@ -228,18 +229,30 @@ class AggregateTask(ColumnarTask):
             outputs.emit_columns(_result_batch(keys, results, stamps))
 
     def _hold(self, batch: ColumnBatch, key: str, field: str | None) -> None:
-        """Hold the batch's columns aside, or fold it at once when it is the first of its schema."""
+        """Hold the batch's columns aside, or fold it at once when it is the first of its schema (or of a
+        schema whose batches fold differently together, see :meth:`_folds_alike`)."""
         columns = batch.data.select([key] if self.how == "count" or field in (None, key) else [key, field])
         if columns.schema != self._held_schema:
             self.settle_state()  # the keys held first are merged first: results keep the order keys first came
             keys, parts, _ = _per_key(ColumnBatch(columns, key), key, field, self.how)
             merge_partials(self.state.values, keys.to_pylist(), parts, self.how)  # fails here if it cannot take it
-            self._held_schema = columns.schema
+            self._held_schema = columns.schema if self._folds_alike(columns.schema) else None
             return
         self._held.append(columns)
         self._held_rows += len(columns)
         if self._held_rows >= FOLD_ROWS:
             self.settle_state()
+
+    def _folds_alike(self, schema: Any) -> bool:
+        """Whether one ``group_by`` over many batches of ``schema`` gives what folding each alone gives.
+
+        Not for an integer ``sum``/``mean``: Arrow's sum wraps past 2^63 without a word, where per-batch
+        partials added in Python do not; nor for dictionary-encoded columns, whose batches may each carry
+        a dictionary of their own (a ``group_by`` over them refuses to unify them)."""
+        types = import_pyarrow().types
+        if any(types.is_dictionary(column.type) for column in schema):
+            return False
+        return self.how in ("count", "min", "max") or types.is_floating(schema.field(schema.names[-1]).type)
 
     def settle_state(self) -> None:
         """Fold the batches held aside into the running values (one ``group_by`` over them all)."""
@@ -247,11 +260,11 @@ class AggregateTask(ColumnarTask):
             return
         pa = import_pyarrow()
         table = pa.Table.from_batches(self._held)
-        self._held, self._held_rows = [], 0
         key = table.schema.names[0]
         field = table.schema.names[1] if table.num_columns > 1 else key
         keys, parts, _ = _per_key(ColumnBatch(table, key), key, field, self.how)
         merge_partials(self.state.values, keys.to_pylist(), parts, self.how)
+        self._held, self._held_rows = [], 0  # only once folded: a fold that failed loses nothing held
 
     def key_and_field(self, batch: ColumnBatch) -> tuple[str, str | None]:
         """The columns of ``batch`` this task groups by and folds (a ``FieldError`` when one is missing)."""

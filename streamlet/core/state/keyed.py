@@ -28,32 +28,14 @@ class KeyedState:
         [('a', 1)]
     """
 
-    # ``__dict__`` holds ``get`` and ``put`` bound straight to the dict's own methods when this class's
-    # are the plain ones (see ``values``): a call then costs a dict operation, not a Python frame on top
-    # (measured: ~100 ns a record less for a task doing ``put(key, get(key, 0) + 1)``).
-    __slots__ = ("__dict__", "_values")
+    __slots__ = ("values",)
 
     #: Seconds an entry lives after its last write; ``None``: for ever (``ExpiringState`` sets it). Code that
     #: reads and writes ``values`` directly for speed must go through get/put when it is set.
     ttl: float | None = None
 
     def __init__(self, values: dict[Any, Any] | None = None) -> None:
-        self.values = {} if values is None else values
-
-    @property
-    def values(self) -> dict[Any, Any]:
-        """The dict itself: read and write it directly in a hot loop (not with a ``ttl``)."""
-        return self._values
-
-    @values.setter
-    def values(self, values: dict[Any, Any]) -> None:
-        self._values = values
-        shortcuts = self.__dict__
-        shortcuts.clear()
-        if type(self).get is KeyedState.get:
-            shortcuts["get"] = values.get
-        if type(self).put is KeyedState.put:
-            shortcuts["put"] = values.__setitem__
+        self.values: dict[Any, Any] = {} if values is None else values
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value stored for ``key``, or ``default``."""

@@ -500,3 +500,38 @@ async def test_a_rescale_moves_the_batches_an_end_count_held_aside_with_its_keys
     result = await job.wait()
     assert Counter({r.key: r.value for r in result.sink("out")}) == sent
     assert len(result.sink("out")) == len(sent)
+
+
+def test_an_end_integer_sum_past_2_to_the_63_never_wraps() -> None:
+    """Sixteen batches of four 2^60 each: the mean is exact (its sum, 2^66, added in Python: one Arrow sum
+    over the held batches would wrap to 0); the sum itself cannot be an Arrow int64 result and fails the
+    job saying so, never a wrapped total."""
+
+    def run(how: str) -> list[tuple[Any, Any]]:
+        batches = [pa.record_batch({"k": ["a"] * 4, "v": [2**60] * 4}) for _ in range(16)]
+        topology = sl.Topology("big")
+        source = topology.add_source("in", sl.ColumnarSource(batches, key="k", value="v"))
+        totals = topology.aggregate("total", how, emit="end").set_input(source)  # type: ignore[arg-type]
+        topology.add_sink("out", sl.CollectSink()).set_input(totals)
+        return [(r.key, r.value) for r in sl.run(topology).sink("out")]
+
+    assert run("mean") == [("a", float(2**60))]
+    with pytest.raises(sl.TaskError, match="finish\\(\\): OverflowError"):
+        run("sum")
+
+
+def test_an_end_sum_over_batches_with_dictionaries_of_their_own_is_exact() -> None:
+    """Dictionary-encoded keys, each batch with its own dictionary: folded batch by batch, exact."""
+    rows = [["a", "b", "a"], ["c", "a"], ["d", "b", "d"], ["a"]]
+    batches = [
+        pa.record_batch({"k": pa.array(keys).dictionary_encode(), "v": list(range(1, len(keys) + 1))}) for keys in rows
+    ]
+    topology = sl.Topology("dictionaries")
+    source = topology.add_source("in", sl.ColumnarSource(batches, key="k", value="v"))
+    totals = topology.aggregate("total", "sum", emit="end").set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(totals)
+    expected: Counter[str] = Counter()
+    for keys in rows:
+        for value, key in enumerate(keys, start=1):
+            expected[key] += value
+    assert [(r.key, r.value) for r in sl.run(topology).sink("out")] == list(expected.items())

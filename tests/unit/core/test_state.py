@@ -12,7 +12,6 @@ import pytest
 
 import streamlet as sl
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
-from streamlet.core.state.expiring import ExpiringState
 from tests.conftest import pairs
 
 SNAPSHOT_KEYS: list[Any] = ["a", "b", 7, -3, 2.5, b"raw", ("user", 1), ("nested", ("x", 2)), None]
@@ -191,20 +190,8 @@ async def test_restart_with_other_parallelism_resplits_keyed_state(before: int, 
     assert sorted(pairs(result.sink("out")), key=repr) == sorted(expected.items(), key=repr)
 
 
-def test_get_and_put_follow_the_dict_after_a_restore_or_a_new_values_dict() -> None:
-    """``get``/``put`` are the dict's own methods: after ``restore`` or ``values = {...}`` they reach the
-    new dict, never the one before; the undoable and expiring kinds keep their own ``get``/``put``."""
-    state = filled()
-    snapshot = state.checkpoint()
-    state.put("a", 100)
-    state.restore(snapshot)
-    state.put("b", 200)
-    assert (state.get("a"), state.values["b"], state.get("missing", "none")) == (0, 200, "none")
-    state.values = {"only": 1}
-    state.put("new", 2)
-    assert (state.values, state.get("a")) == ({"only": 1, "new": 2}, None)
-    clock = [0.0]
-    expiring = ExpiringState(10.0, lambda: clock[0])
-    expiring.put("k", 1)
-    clock[0] = 10.0
-    assert (expiring.get("k", "expired"), "get" in vars(expiring)) == ("expired", False)
+def test_get_and_put_take_their_arguments_by_keyword_too() -> None:
+    """``get(key, default=...)`` and ``put(key=..., value=...)``, as ``StateStore`` declares them."""
+    state = sl.KeyedState()
+    state.put(key="a", value=1)
+    assert (state.get("a", default=0), state.get("b", default=0)) == (1, 0)

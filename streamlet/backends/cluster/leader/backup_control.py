@@ -115,9 +115,10 @@ class BackupController:
         replicas = min(1 if wanted is None else int(wanted), len(loads) - 1)
         if replicas < 1:
             return None
-        if settings.get("placement") == "random":  # for comparison: a draw of its own per job, moving only with seen
+        if settings.get("placement") == "random":  # for comparison: a draw of its own per job
             seed = self._seeds.setdefault(job, random.getrandbits(64))
-            plan = random_placement(problem, replicas, random.Random(repr((seed, seen))))
+            # redrawn when the workers or the placement change, not with every checkpoint's sizes
+            plan = random_placement(problem, replicas, random.Random(repr((seed, seen[:2]))))
         else:
             plan = greedy_placement(problem, replicas)
         record = plan_record(plan)

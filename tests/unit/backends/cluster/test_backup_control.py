@@ -98,3 +98,11 @@ async def test_random_placement_puts_each_backup_and_redeploy_off_the_instance_w
     cluster.leader._backups_placed_at = -1e9
     await cluster.leader.round()
     assert (await placed(cluster))[1] == version
+    completed = await cluster.client.get(f"{paths.checkpoints('p')}/completed")
+    assert completed is not None
+    sizes = {"double.0": 7000, "double.1": 9000}  # a later checkpoint's sizes: no new draw
+    await cluster.client.set(f"{paths.checkpoints('p')}/completed", {**completed.data, "epoch": 2, "sizes": sizes})
+    cluster.leader._backups_placed_at = -1e9
+    await cluster.leader.round()
+    again, _ = await placed(cluster)
+    assert (again["backups"], again["redeploy"]) == (record["backups"], record["redeploy"])
