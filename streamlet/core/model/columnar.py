@@ -196,8 +196,8 @@ class AggregateTask(ColumnarTask):
     folded many at a time: the first batch of each schema at once (a batch the aggregate cannot take
     fails there, as with ``emit="batch"``), later ones of the same schema held aside (their key and
     field columns, no copy) until :data:`FOLD_ROWS` rows wait, the state is snapshotted or moved
-    (``settle_state``), or the input ends; ``count``, ``min``, ``max`` and float sums and means only
-    (see ``_folds_alike``). Under ``skip`` or ``restart`` every batch is folded in its own call, so a
+    (``settle_state``), or the input ends (not for dictionary-encoded columns, see ``_folds_alike``).
+    Under ``skip`` or ``restart`` every batch is folded in its own call, so a
     failed one is taken back alone."""
 
     #: Whether ``emit="end"`` may hold batches aside (the runtime sets it under ``on_error="fail"``).
@@ -244,15 +244,11 @@ class AggregateTask(ColumnarTask):
             self.settle_state()
 
     def _folds_alike(self, schema: Any) -> bool:
-        """Whether one ``group_by`` over many batches of ``schema`` gives what folding each alone gives.
-
-        Not for an integer ``sum``/``mean``: Arrow's sum wraps past 2^63 without a word, where per-batch
-        partials added in Python do not; nor for dictionary-encoded columns, whose batches may each carry
-        a dictionary of their own (a ``group_by`` over them refuses to unify them)."""
+        """Whether one ``group_by`` over many batches of ``schema`` gives what folding each alone gives: not
+        for dictionary-encoded columns, whose batches may each carry a dictionary of their own (a
+        ``group_by`` over them refuses to unify them). Integer sums are exact either way (:func:`summable`)."""
         types = import_pyarrow().types
-        if any(types.is_dictionary(column.type) for column in schema):
-            return False
-        return self.how in ("count", "min", "max") or types.is_floating(schema.field(schema.names[-1]).type)
+        return not any(types.is_dictionary(column.type) for column in schema)
 
     def settle_state(self) -> None:
         """Fold the batches held aside into the running values (one ``group_by`` over them all)."""
@@ -308,15 +304,44 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
     if ts is not None:
         aggregations.append((ts, "last", pa.compute.ScalarAggregateOptions(skip_nulls=False)))
     table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+    if how in ("sum", "mean") and field != key:
+        assert field is not None
+        column = table.column(field)
+        summed = summable(column)
+        if summed is not column:
+            table = table.set_column(table.schema.get_field_index(field), field, summed)
     grouped = table.group_by(key, use_threads=False).aggregate(aggregations)
     keys = grouped.column(key).combine_chunks()
     stamps = None if ts is None else grouped.column(f"{ts}_last").combine_chunks()
     if how == "count":
         return keys, grouped.column(f"{key}_count").to_pylist(), stamps
     if how == "mean":
-        sums, counts = grouped.column(f"{field}_sum").to_pylist(), grouped.column(f"{field}_count").to_pylist()
+        sums, counts = exact_sums(grouped.column(f"{field}_sum")), grouped.column(f"{field}_count").to_pylist()
         return keys, mean_parts(sums, counts), stamps
+    if how == "sum":
+        return keys, exact_sums(grouped.column(f"{field}_sum")), stamps
     return keys, grouped.column(f"{field}_{how}").to_pylist(), stamps
+
+
+def summable(column: Any) -> Any:
+    """``column``, or as ``decimal128(38, 0)`` when it holds integers whose sum could pass 64 bits: Arrow's
+    integer sum wraps around without a word, a decimal's is exact. The check is one ``min_max``: rows times
+    the largest magnitude below 2^63 cannot wrap whatever the grouping."""
+    pa = import_pyarrow()
+    if not pa.types.is_integer(column.type) or len(column) == 0:
+        return column
+    low, high = (value.as_py() for value in pa.compute.min_max(column).values())
+    if low is None or len(column) * max(abs(low), abs(high)) < 2**63:
+        return column
+    return pa.compute.cast(column, pa.decimal128(38, 0))
+
+
+def exact_sums(sums: Any) -> list[Any]:
+    """A grouped sum column as Python values: a decimal one (see :func:`summable`) as ints."""
+    values: list[Any] = sums.to_pylist()
+    if import_pyarrow().types.is_decimal(sums.type):
+        return [None if value is None else int(value) for value in values]
+    return values
 
 
 def mean_parts(sums: list[Any], counts: list[int]) -> list[Any]:

@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from streamlet.core.model.columnar import AggregateTask, mean_of, merge_partials
+from streamlet.core.model.columnar import AggregateTask, exact_sums, mean_of, merge_partials, summable
 from streamlet.core.model.columns import ColumnBatch, columns_of, import_pyarrow
 from streamlet.core.model.record import Batch
 from streamlet.core.model.windows import Ticks, TimeWindow, WindowSpec
@@ -85,7 +85,8 @@ class ColumnarWindowLogic(EventTimeLogic):
         pa = import_pyarrow()
         columns = {_START: starts, "key": batch.data.column(key)}
         if field is not None and self.how != "count":
-            columns["field"] = batch.data.column(field)
+            column = batch.data.column(field)
+            columns["field"] = summable(column) if self.how in ("sum", "mean") else column
         table = pa.table(columns)
         if late is not None:
             table = table.filter(pa.compute.invert(late))
@@ -115,8 +116,10 @@ class ColumnarWindowLogic(EventTimeLogic):
         if self.how == "count":
             return list(grouped.column("key_count").to_pylist())
         if self.how == "mean":
-            sums, counts = grouped.column("field_sum").to_pylist(), grouped.column("field_count").to_pylist()
+            sums, counts = exact_sums(grouped.column("field_sum")), grouped.column("field_count").to_pylist()
             return [[total, count] if count else None for total, count in zip(sums, counts, strict=True)]
+        if self.how == "sum":
+            return exact_sums(grouped.column("field_sum"))
         return list(grouped.column(f"field_{self.how}").to_pylist())
 
     def close_until(self, tick: float) -> list[ClosedWindow]:

@@ -503,9 +503,9 @@ async def test_a_rescale_moves_the_batches_an_end_count_held_aside_with_its_keys
 
 
 def test_an_end_integer_sum_past_2_to_the_63_never_wraps() -> None:
-    """Sixteen batches of four 2^60 each: the mean is exact (its sum, 2^66, added in Python: one Arrow sum
-    over the held batches would wrap to 0); the sum itself cannot be an Arrow int64 result and fails the
-    job saying so, never a wrapped total."""
+    """Sixteen batches of four 2^60 each, held aside and folded at once: the mean is exact (its sum, 2^66,
+    summed as a decimal: Arrow's int64 sum over the held batches would wrap to 0); the sum itself cannot be
+    an Arrow int64 result and fails the job saying so, never a wrapped total."""
 
     def run(how: str) -> list[tuple[Any, Any]]:
         batches = [pa.record_batch({"k": ["a"] * 4, "v": [2**60] * 4}) for _ in range(16)]
@@ -535,3 +535,22 @@ def test_an_end_sum_over_batches_with_dictionaries_of_their_own_is_exact() -> No
         for value, key in enumerate(keys, start=1):
             expected[key] += value
     assert [(r.key, r.value) for r in sl.run(topology).sink("out")] == list(expected.items())
+
+
+@pytest.mark.parametrize("emit", ["batch", "end"])
+@pytest.mark.parametrize("window", [False, True])
+def test_an_integer_sum_within_one_batch_past_2_to_the_63_is_exact(emit: str, window: bool) -> None:
+    """One batch whose per-key sum passes 2^63 (Arrow's int64 sum would wrap to a wrong total without a
+    word): summed exactly, per key and per window; a key whose sum stays small is untouched."""
+    values = [2**62, 2**62, 2**62, -(2**62), 7, 5]
+    keys = ["big", "big", "big", "big", "small", "small"]
+    batch = pa.record_batch({"k": keys, "v": values, "ts": [1.0] * 6})
+    topology = sl.Topology("wide")
+    source = topology.add_source("in", sl.ColumnarSource([batch], key="k", value="v", ts="ts"))
+    if window:
+        totals = topology.aggregate("total", "mean", window=sl.TimeWindow(10, time="event"))
+    else:
+        totals = topology.aggregate("total", "mean", emit=emit)  # type: ignore[arg-type]
+    totals.set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(totals)
+    assert {r.key: r.value for r in sl.run(topology).sink("out")} == {"big": float(2**61), "small": 6.0}
