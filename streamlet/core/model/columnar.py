@@ -222,8 +222,7 @@ class AggregateTask(ColumnarTask):
         if self.emit == "end" and self.holds_batches:
             self._hold(batch, key, field)
             return
-        keys, parts, stamps = _per_key(batch, key, field, self.how)
-        merged = merge_partials(self.state.values, keys.to_pylist(), parts, self.how)
+        keys, merged, stamps = self._fold(batch, key, field)
         if self.emit == "batch":
             results = [mean_of(value) for value in merged] if self.how == "mean" else merged
             outputs.emit_columns(_result_batch(keys, results, stamps))
@@ -234,8 +233,7 @@ class AggregateTask(ColumnarTask):
         columns = batch.data.select([key] if self.how == "count" or field in (None, key) else [key, field])
         if columns.schema != self._held_schema:
             self.settle_state()  # the keys held first are merged first: results keep the order keys first came
-            keys, parts, _ = _per_key(ColumnBatch(columns, key), key, field, self.how)
-            merge_partials(self.state.values, keys.to_pylist(), parts, self.how)  # fails here if it cannot take it
+            self._fold(ColumnBatch(columns, key), key, field)  # fails here if it cannot take it
             self._held_schema = columns.schema if self._folds_alike(columns.schema) else None
             return
         self._held.append(columns)
@@ -258,9 +256,14 @@ class AggregateTask(ColumnarTask):
         table = pa.Table.from_batches(self._held)
         key = table.schema.names[0]
         field = table.schema.names[1] if table.num_columns > 1 else key
-        keys, parts, _ = _per_key(ColumnBatch(table, key), key, field, self.how)
-        merge_partials(self.state.values, keys.to_pylist(), parts, self.how)
+        self._fold(ColumnBatch(table, key), key, field)
         self._held, self._held_rows = [], 0  # only once folded: a fold that failed loses nothing held
+
+    def _fold(self, batch: ColumnBatch, key: str, field: str | None) -> tuple[Any, list[Any], Any]:
+        """Aggregate ``batch`` per key and merge into the running values: its keys, their new values and
+        stamps (see :func:`_per_key`)."""
+        keys, parts, stamps = _per_key(batch, key, field, self.how)
+        return keys, merge_partials(self.state.values, keys.to_pylist(), parts, self.how), stamps
 
     def key_and_field(self, batch: ColumnBatch) -> tuple[str, str | None]:
         """The columns of ``batch`` this task groups by and folds (a ``FieldError`` when one is missing)."""

@@ -195,36 +195,52 @@ def test_same_key_routes_dictionary_encoded_keys_like_plain_ones() -> None:
     )
 
 
-def test_aggregate_state_checkpoints_and_restores() -> None:
-    """The running sums and means are keyed state: a restart from a checkpoint continues them exactly."""
+Pairs = list[tuple[Any, Any]]
+
+
+def resumed_after_a_crash(how: str, before: Pairs, lost: Pairs, after: Pairs, *, one_batch_each: bool = False) -> Pairs:
+    """An ``emit="end"`` aggregate ``how`` over a queue: ``before`` sent (each its own batch with
+    ``one_batch_each``), a checkpoint, ``lost`` sent, a crash; then a restart from the checkpoint, ``after``
+    sent, the input closed: its results."""
     store = sl.InMemoryCheckpointStore()
 
     def topology() -> sl.Topology:
-        built = sl.Topology("means")
+        built = sl.Topology("resumed")
         source = built.add_source("in", sl.QueueSource())
-        means = built.aggregate("mean", "mean", emit="end").set_input(source)
-        built.add_sink("out", sl.CollectSink()).set_input(means)
+        totals = built.aggregate("total", how, emit="end").set_input(source)  # type: ignore[arg-type]
+        built.add_sink("out", sl.CollectSink()).set_input(totals)
         return built
 
     async def first_run() -> None:
         async with sl.start(topology(), checkpoint_store=store) as job:
-            for key, value in (("a", 1), ("b", 4), ("a", 2)):
+            for key, value in before:
                 await job.send("in", key, value)
+                if one_batch_each:
+                    await job.settle()
             await job.checkpoint()
-            await job.send("in", "a", 100)  # after the checkpoint: lost with the crash
+            for key, value in lost:
+                await job.send("in", key, value)
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(first_run())
 
-    async def second_run() -> list[tuple[Any, Any]]:
+    async def second_run() -> Pairs:
         async with sl.start(topology(), checkpoint_store=store) as job:
-            await job.send("in", "a", 6)
+            for key, value in after:
+                await job.send("in", key, value)
             await job.close_source("in")
             result = await job.wait()
         return [(r.key, r.value) for r in result.sink("out")]
 
-    assert asyncio.run(second_run()) == [("a", 3.0), ("b", 4.0)]
+    return asyncio.run(second_run())
+
+
+def test_aggregate_state_checkpoints_and_restores() -> None:
+    """The running sums and means are keyed state: a restart from a checkpoint continues them exactly (what
+    came after the checkpoint is lost with the crash)."""
+    resumed = resumed_after_a_crash("mean", [("a", 1), ("b", 4), ("a", 2)], [("a", 100)], [("a", 6)])
+    assert resumed == [("a", 3.0), ("b", 4.0)]
 
 
 def test_a_where_on_a_missing_field_names_the_task_and_port() -> None:
@@ -444,35 +460,9 @@ def test_an_end_count_holds_batches_aside_and_folds_them_in_the_order_keys_came(
 
 def test_a_checkpoint_holds_the_batches_an_end_count_held_aside() -> None:
     """Batches held aside when a checkpoint is taken are in it: a restart continues with them, exactly."""
-    store = sl.InMemoryCheckpointStore()
-
-    def topology() -> sl.Topology:
-        built = sl.Topology("held")
-        source = built.add_source("in", sl.QueueSource())
-        counts = built.aggregate("count", "count", emit="end").set_input(source)
-        built.add_sink("out", sl.CollectSink()).set_input(counts)
-        return built
-
-    async def first_run() -> None:
-        async with sl.start(topology(), checkpoint_store=store) as job:
-            for key in ("a", "b", "a", "c"):  # one batch each: all but the first held aside
-                await job.send("in", key, 1)
-                await job.settle()
-            await job.checkpoint()
-            await job.send("in", "a", 1)  # after the checkpoint: lost with the crash
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        asyncio.run(first_run())
-
-    async def second_run() -> list[tuple[Any, Any]]:
-        async with sl.start(topology(), checkpoint_store=store) as job:
-            await job.send("in", "b", 1)
-            await job.close_source("in")
-            result = await job.wait()
-        return [(r.key, r.value) for r in result.sink("out")]
-
-    assert asyncio.run(second_run()) == [("a", 2), ("b", 2), ("c", 1)]
+    before = [("a", 1), ("b", 1), ("a", 1), ("c", 1)]  # one batch each: all but the first held aside
+    resumed = resumed_after_a_crash("count", before, [("a", 1)], [("b", 1)], one_batch_each=True)
+    assert resumed == [("a", 2), ("b", 2), ("c", 1)]
 
 
 async def test_a_rescale_moves_the_batches_an_end_count_held_aside_with_its_keys() -> None:
