@@ -20,6 +20,7 @@ from streamlet.connectors.spark import SparkSink
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.columnar import ColumnarSource
 from streamlet.core.model.constants import LATE, SHED
+from streamlet.core.model.joins import LEFT, RIGHT
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, Partitioning
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.qos import QoS
@@ -70,12 +71,14 @@ __all__ = (
     "FiredWindowRecord",
     "Inputs",
     "LATE",
+    "LEFT",
     "NodeHandle",
     "Outputs",
     "Partitioning",
     "PortDeclarer",
     "QoS",
     "Record",
+    "RIGHT",
     "ROUND_ROBIN",
     "SAME_KEY",
     "SESSION_TABLE",

@@ -376,8 +376,9 @@ _SHORTCUTS: frozenset[type[Task]] = frozenset({MapTask, FilterTask, FlatMapTask,
 
 
 def leaves_nothing_on_failure(task: Task) -> bool:
-    """Whether ``task`` is a built-in shortcut: it names its failing record (``RecordFailure``), the records
+    """Whether ``task`` is a built-in join (it applies the error policy itself, see
+    ``core.model.joins.base``) or a built-in shortcut: it names its failing record (``RecordFailure``), the records
     before it took effect once and the failing one left nothing (``reduce`` writes a key only after ``fn``
     returned), so a replaying error policy needs no undo of its state. The exact classes only: a subclass
     may override ``execute``."""
-    return type(task) in _SHORTCUTS
+    return type(task) in _SHORTCUTS or getattr(type(task), "handles_failures", False)

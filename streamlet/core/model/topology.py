@@ -21,6 +21,8 @@ from streamlet.core.model.columnar import (
     check_expression,
 )
 from streamlet.core.model.constants import LATE
+from streamlet.core.model.joins import AsofJoin, IntervalJoin, JoinFunction, TableJoin, WindowJoin
+from streamlet.core.model.joins.checks import check_grace, check_interval, check_join_window
 from streamlet.core.model.partition import ROUND_ROBIN, Partitioning, PartitionSpec
 from streamlet.core.model.ports import PortDeclarer
 from streamlet.core.model.qos import QoS
@@ -84,6 +86,7 @@ class Node:
     state_ttl: float | None = None  # seconds of the job clock a task's state entry lives after its last write
     max_parallelism: int = DEFAULT_SEGMENTS  # key segments of a keyed input: the most instances it can have
     columnar: bool = False  # a columnar source, task or sink: Arrow batches reach it / leave it as they are
+    keyed_inputs: bool = False  # a join: every input must be partitioned by SAME_KEY
 
     def describe(self) -> str:
         """``task 'count'`` style label used in messages."""
@@ -241,7 +244,7 @@ class Topology:
             make_task=make_task, config=dict(config or {}), on_error=on_error, max_failures=max_failures,
             window=window, workers=None if workers is None else tuple(workers), labels=tuple(labels or ()),
             on_timer=type(probe).on_timer is not Task.on_timer, state_ttl=state_ttl, max_parallelism=max_parallelism,
-            columnar=getattr(probe, "columnar", False),
+            columnar=getattr(probe, "columnar", False), keyed_inputs=getattr(probe, "keyed_inputs", False),
         )  # fmt: skip
         return self._add(node)
 
@@ -329,6 +332,91 @@ class Topology:
         check_aggregate(name, how, emit, options.get("state_ttl"), options.get("window"))
         return self.add_task(name, lambda: AggregateTask(how, key, field, emit), **options)
 
+    def interval_join(
+        self, name: str, lower: float, upper: float, how: str = "inner", fn: JoinFunction | None = None, **options: Any
+    ) -> NodeHandle:
+        """Join ``LEFT`` and ``RIGHT`` records of the same key whose event times are close (Flink's interval join).
+
+        A left record ``a`` and a right record ``b`` pair when ``a.ts + lower <= b.ts <= a.ts + upper``
+        (both bounds inclusive; either may be negative). Each pair is emitted once, when its second record
+        arrives, as ``(key, fn(key, a.value, b.value))`` with ``ts = max(a.ts, b.ts)``; the default ``fn``
+        gives ``(a.value, b.value)``. With ``how="left"``, ``"right"`` or ``"outer"``, a record that never
+        paired is emitted with ``None`` on the other side (and its own ``ts``) once the watermark is greater
+        than the end of the time in which it could still pair (``a.ts + upper``; ``b.ts - lower``); a record
+        is dropped from state at the same moment. A record whose interval has closed when it arrives is late:
+        it goes to the ``LATE`` port (``statistics.late``) and pairs with nothing. Wire both inputs with
+        ``partitioning=SAME_KEY``.
+
+        Example:
+            >>> from streamlet import LEFT, RIGHT, SAME_KEY, Record
+            >>> topology = Topology("orders")
+            >>> orders = topology.add_source("orders", [Record("o1", "order", 1.0)])
+            >>> payments = topology.add_source("payments", [Record("o1", "paid", 60.0)])
+            >>> paid = topology.interval_join("paid", 0.0, 600.0)  # paid within 10 minutes of the order
+            >>> _ = paid.set_input(orders, in_port=LEFT, partitioning=SAME_KEY)
+            >>> _ = paid.set_input(payments, in_port=RIGHT, partitioning=SAME_KEY)
+        """
+        check_interval(name, lower, upper)
+        _check_join(name, IntervalJoin.kinds, how, fn, options, ttl=False)
+        return self.add_task(name, lambda: IntervalJoin(lower, upper, how, fn), **options)
+
+    def window_join(
+        self, name: str, window: WindowSpec, how: str = "inner", fn: JoinFunction | None = None, **options: Any
+    ) -> NodeHandle:
+        """Join ``LEFT`` and ``RIGHT`` records of the same key that fall in the same window.
+
+        ``window`` is a ``TimeWindow`` (tumbling or sliding, event or processing time) or a
+        ``SessionWindow`` (per key over both inputs: a record of either side extends the session). When a
+        window of a key fires, every (left, right) pair of that key in it is emitted, left-major and each side
+        in arrival order, as ``(key, fn(key, left, right))`` stamped with the window's last tick and carrying
+        its bounds (``window_start``/``window_end``); with an outer ``how``, the records of a side that
+        found no partner in that window are emitted with ``None`` for the other. Late records go to the
+        ``LATE`` port. Wire both inputs with ``partitioning=SAME_KEY``.
+        """
+        check_join_window(name, window)
+        if "window" in options:
+            raise TopologyError(f"task '{name}': window_join takes its window as its second argument, not window=")
+        _check_join(name, WindowJoin.kinds, how, fn, options, ttl=False)
+        return self.add_task(name, lambda: WindowJoin(how, fn), window=window, **options)
+
+    def table_join(self, name: str, how: str = "inner", fn: JoinFunction | None = None, **options: Any) -> NodeHandle:
+        """Join each ``LEFT`` record with its key's row of a table that ``RIGHT`` keeps (Kafka Streams'
+        KStream-KTable join), in processing order.
+
+        A right record sets its key's row to its value (``None`` deletes the row) and emits nothing. A left
+        record is joined with the row its key holds when it is processed: ``how="inner"`` emits
+        ``(key, fn(key, value, row))`` only when there is a row, ``"left"`` emits ``fn(key, value, None)``
+        without one; ``ts`` is the left record's. ``state_ttl`` expires rows that long after their last
+        write. Wire both inputs with ``partitioning=SAME_KEY``.
+        """
+        _check_join(name, TableJoin.kinds, how, fn, options, ttl=True)
+        return self.add_task(name, lambda: TableJoin(how, fn), **options)
+
+    def asof_join(
+        self,
+        name: str,
+        how: str = "inner",
+        fn: JoinFunction | None = None,
+        grace: float | None = None,
+        **options: Any,
+    ) -> NodeHandle:
+        """Join each ``LEFT`` record with the ``RIGHT`` record of its key that has the greatest ``ts <=``
+        its own (Flink's event-time temporal join), deterministically.
+
+        The result is emitted once the watermark is greater than the left record's ``ts`` (so it depends
+        neither on arrival order nor on parallelism), as ``(key, fn(key, value, right_value))`` with the
+        left record's ``ts``; ``how="left"`` emits ``fn(key, value, None)`` when no right record qualifies.
+        Among right records of equal ``ts`` the last in its channel's order wins (deterministic when one
+        upstream instance produces a key's right records). A right value of ``None`` ends the key's row
+        from its ``ts`` on. With watermark ``W`` the right records kept are those with ``ts > W - grace``
+        and the newest one at or before ``W - grace`` (``grace=None``: 0); a left record at most ``grace``
+        behind the watermark is still joined with them, one further behind goes to the ``LATE`` port. Wire
+        both inputs with ``partitioning=SAME_KEY``.
+        """
+        check_grace(name, grace)
+        _check_join(name, AsofJoin.kinds, how, fn, options, ttl=False)
+        return self.add_task(name, lambda: AsofJoin(how, fn, grace), **options)
+
     def set_max_iterations(self, limit: int, at: NodeHandle | str | None = None) -> None:
         """Allow cycles: a record goes round a loop at most ``limit`` times.
 
@@ -407,6 +495,17 @@ def _check_window(where: str, window: WindowSpec | None) -> None:
     if not isinstance(window, WindowSpec):
         raise TopologyError(f"{where}: window must be {_WINDOW_KINDS}, got {window!r}")
     window.validate(where)
+
+
+def _check_join(name: str, kinds: tuple[str, ...], how: Any, fn: Any, options: dict[str, Any], *, ttl: bool) -> None:
+    """What every join refuses: a ``how`` it does not take, an ``fn`` that is not callable, a TTL on state
+    that the watermark bounds."""
+    if how not in kinds:
+        raise TopologyError(f"task '{name}': how must be one of {kinds}, got {how!r}")
+    if fn is not None and not callable(fn):
+        raise TopologyError(f"task '{name}': fn must be a function fn(key, left_value, right_value), got {fn!r}")
+    if not ttl and options.get("state_ttl") is not None:
+        raise TopologyError(f"task '{name}': this join's state is dropped by the watermark; state_ttl is refused")
 
 
 def _check_state_ttl(name: str, state_ttl: float | None) -> None:

@@ -51,6 +51,7 @@ def validate(topology: T) -> T:
     _check_inputs_connected(topology)
     _check_cycles(topology)
     _check_columnar_edges(topology)
+    _check_keyed_inputs(topology)
     resolved = copy.copy(topology)
     # copies of the nodes too: a running job changes its own (a rescale), never the caller's
     resolved.nodes = {**{name: copy.copy(node) for name, node in topology.nodes.items()}, **_resolved_windows(topology)}
@@ -126,6 +127,18 @@ def _check_columnar_edges(topology: TopologyData) -> None:
             raise TopologyError(
                 f"{downstream.describe()} input port {edge.in_port}: the Arrow batches of {upstream.describe()} "
                 "go by ROUND_ROBIN, SAME_KEY or BROADCAST, not by a partition function or SESSION_TABLE"
+            )
+
+
+def _check_keyed_inputs(topology: TopologyData) -> None:
+    """A join pairs records of one key: each of its inputs must bring a key to one instance only."""
+    for edge in topology.edges:
+        downstream = topology.nodes[edge.downstream]
+        if getattr(downstream, "keyed_inputs", False) and edge.partitioning is not SAME_KEY:
+            name = getattr(edge.partitioning, "name", "a partition function")
+            raise TopologyError(
+                f"{downstream.describe()} input port {edge.in_port}: a join's inputs are partitioned by "
+                f"SAME_KEY (set_input(..., partitioning=SAME_KEY)), not by {name}"
             )
 
 

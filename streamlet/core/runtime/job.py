@@ -558,6 +558,7 @@ class Job:
                 nodes[name] = NodeStatistics(
                     name, node.kind, node.parallelism,
                     sum(i.counters.records_in for i in group), sum(i.records_out() for i in group), queued,
+                    *_held(group),
                 )  # fmt: skip
         end = self._ended if self._finished.is_set() else world.monotonic()
         coordinator = self._coordinator
@@ -586,6 +587,12 @@ class Job:
             if kept and all(r is not None for r in kept):
                 sinks[name] = [record for records in kept if records is not None for record in records]
         return JobResult(self.statistics(), list(self._env.dead_letters), sinks)
+
+
+def _held(group: list[Any]) -> tuple[int, int]:
+    """A join's records held now and the sum of its instances' peaks (0, 0 for any other node)."""
+    counters = [i.join_counters for i in group if isinstance(i, TaskInstance)]
+    return sum(c.held for c in counters), sum(c.peak for c in counters)
 
 
 def new_attempt() -> str:

@@ -12,7 +12,8 @@ from streamlet.core.model.histogram import LatencyHistogram
 
 @dataclass(frozen=True, slots=True)
 class NodeStatistics:
-    """Records into and out of one node, summed over its instances."""
+    """Records into and out of one node, summed over its instances; a join's ``held`` records (in its state
+    now) and ``held_peak`` (the most each instance held at once, summed)."""
 
     name: str
     kind: str
@@ -20,6 +21,8 @@ class NodeStatistics:
     records_in: int
     records_out: int
     queued: int  # items waiting in the node's inboxes now
+    held: int = 0
+    held_peak: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.hooks import maybe_await
+from streamlet.core.model.joins import JoinCounters, JoinHooks, JoinTask
 from streamlet.core.model.ports import Inputs
 from streamlet.core.model.record import Barrier, Batch, DeadLetter, Element, Reconfigure, iteration_of, record_of
 from streamlet.core.model.task import RecordFailure, ReduceTask, Task, WindowReduceTask, leaves_nothing_on_failure
@@ -49,6 +50,7 @@ class TaskInstance(Receiver):
         # With a TTL the store needs the clock; without one, the plain dict-backed store pays nothing for it.
         self.timers = Timers(env.clock.now)
         self.failures = 0
+        self.join_counters = JoinCounters()  # a join's late and held records (kept across task objects)
         self.finished = False  # restored from a checkpoint taken after finish(): do not run it again
         task = self._make_task()
         #: Takes back what a failed call did to state and timers before skip or restart replays; only tasks
@@ -71,6 +73,7 @@ class TaskInstance(Receiver):
             else:
                 self.window = logic_for(node.window)
             self.window.fold = getattr(self.task, "window_fold", None)
+            self.window.emits_results = self._passes_folds_on and self.window.fold is not None
             self.windowed_ports = frozenset(node.windowed_ports)
         self._channels_of: list[list[int]] = []
         self.channels_changed()
@@ -96,6 +99,9 @@ class TaskInstance(Receiver):
         if isinstance(task, AggregateTask) and not self.policy.replays:
             task.holds_batches = True  # a failure fails the job: nothing held aside is ever taken back alone
         task.timers = self.timers
+        self._handles_failures = isinstance(task, JoinTask)
+        if isinstance(task, JoinTask):
+            task.hooks = JoinHooks(self._join_failed, self.join_counters)
         self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
         self._async = inspect.iscoroutinefunction(task.execute)
         # the built-in window_reduce task (not a subclass: that may override execute) only passes results on
@@ -324,8 +330,12 @@ class TaskInstance(Receiver):
         await self._fire_timers("processing", self.env.clock.now())
 
     def late_records(self) -> int:
-        """Records that arrived after their windows closed."""
-        return 0 if self.window is None else self.window.late
+        """Records that arrived after their windows (or a join's intervals) closed."""
+        return (0 if self.window is None else self.window.late) + self.join_counters.late
+
+    def _join_failed(self, element: Element, error: BaseException) -> bool:
+        """A join's ``fn`` failed on what ``element`` caused: the policy's verdict (whether to call again)."""
+        return self.policy.failed(self, element, error, "record with key")
 
     def _send_late(self, late: Batch) -> None:
         on_late = getattr(self.node.window, "on_late", None)
@@ -373,6 +383,9 @@ class TaskInstance(Receiver):
     async def _run_timer(self, key: Any, when: float, time: TimeDomain) -> None:
         """``on_timer`` under the error policy: restart retries the timer, skip dead-letters it."""
         self.outputs.ts = when if time == "event" else self.env.clock.now()
+        if self._handles_failures:  # a join applies the policy to the record itself, leaving nothing of it
+            await maybe_await(self.task.on_timer(key, when, time, self.outputs))
+            return
         while True:
             marks = self.outputs.marks()
             try:
@@ -393,6 +406,9 @@ class TaskInstance(Receiver):
         return self.policy.failed(self, timer, error, what)
 
     async def _run_window(self, window: ClosedWindow) -> None:
+        if window.results is not None:  # made by the logic (emits_results), maybe of many windows fired at once
+            self.outputs.emit_elements(window.results)
+            return
         if window.folded is not None and self._passes_folds_on:
             self._emit_folded(window)  # window_reduce: its execute would only pass the results on
             return
@@ -478,6 +494,10 @@ class TaskInstance(Receiver):
     async def _execute_batch(self, port: int, batch: Batch) -> None:
         """Execute one batch under the error policy, isolating the failing record."""
         self.outputs.ts = batch[-1][2]
+        if self._handles_failures:  # a join applies the policy to the record itself, leaving nothing of it
+            self.inputs.set_one(port, batch)
+            await self._call()
+            return
         while batch:
             marks = self.outputs.marks() if self.policy.replays else None
             self.inputs.set_one(port, batch)

@@ -1,0 +1,167 @@
+"""What every join shares: its two ports, its output function, its error handling and its late records.
+
+A join is a built-in :class:`~streamlet.core.model.task.Task` with two input
+ports (``LEFT`` and ``RIGHT``), keyed on ``record.key``: its state lives in
+``self.state`` (per key) and its clean-up in ``self.timers``, so a join is
+checkpointed, restored and re-split by key segment on a rescale like any
+keyed task. It handles its own failures: the output function ``fn`` is
+called before anything of the record that caused the call is stored or
+emitted, so a failing record leaves nothing behind and the error policy
+(``JoinHooks.failed``) decides what becomes of it.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any, Final
+
+from streamlet.core.model.constants import LATE
+from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
+from streamlet.core.model.record import Element
+from streamlet.core.model.task import Task
+from streamlet.errors import TaskError
+
+LEFT: Final = 0  #: ``set_input(..., in_port=LEFT)``: a join's left input
+RIGHT: Final = 1  #: ``set_input(..., in_port=RIGHT)``: a join's right input
+
+#: ``fn(key, left_value, right_value) -> value``: a join's output value.
+JoinFunction = Callable[[Any, Any, Any], Any]
+
+
+def after(seconds: float) -> float:
+    """The smallest time greater than ``seconds``: an event-time timer fires once the watermark is
+    *greater* than a bound (a watermark ``t`` still lets a record at ``t`` come)."""
+    return math.nextafter(seconds, math.inf)
+
+
+class JoinCounters:
+    """One instance's join counters, kept by the runtime so that a restarted task object keeps counting:
+    ``late`` records sent to the ``LATE`` port, records ``held`` in state now, and the most held at once."""
+
+    __slots__ = ("held", "late", "peak")
+
+    def __init__(self) -> None:
+        self.late = 0
+        self.held = 0
+        self.peak = 0
+
+    def hold(self, records: int) -> None:
+        """``records`` more are held (a negative number: fewer)."""
+        held = self.held = self.held + records
+        if held > self.peak:
+            self.peak = held
+
+
+def _fail(element: Element, error: BaseException) -> bool:
+    raise error
+
+
+class JoinHooks:
+    """What the runtime gives a join: ``failed(element, error) -> again`` applies the task's error policy to
+    the record that caused a failing call (fail raises, skip dead-letters it, restart says to call again),
+    and ``counters`` counts its late and held records (``statistics.late``)."""
+
+    __slots__ = ("counters", "failed")
+
+    def __init__(
+        self, failed: Callable[[Element, BaseException], bool] = _fail, counters: JoinCounters | None = None
+    ) -> None:
+        self.failed = failed
+        self.counters = JoinCounters() if counters is None else counters
+
+
+class JoinTask(Task):
+    """The base of the built-in joins: two inputs, one output, failures isolated per record."""
+
+    #: The runtime calls ``execute``/``on_timer`` without an error policy of its own: the join applies it
+    #: through ``hooks`` to the exact record, after taking nothing of it into state.
+    handles_failures: Final = True
+    #: Validation refuses any partitioning but ``SAME_KEY`` on its inputs.
+    keyed_inputs: Final = True
+    #: The kinds of ``how`` this join takes.
+    kinds: tuple[str, ...] = ("inner",)
+
+    def __init__(self, how: str, fn: JoinFunction | None) -> None:
+        self.how = how
+        self.fn = fn
+        self.hooks = JoinHooks()
+
+    def declare_ports(self, ports: PortDeclarer) -> None:
+        """``LEFT`` and ``RIGHT`` in, one port out (and ``LATE``)."""
+        ports.set_inputs(2)
+
+    @property
+    def keeps_left(self) -> bool:
+        """Unpaired left records are emitted (``how`` is ``"left"`` or ``"outer"``)."""
+        return self.how in ("left", "outer")
+
+    @property
+    def keeps_right(self) -> bool:
+        """Unpaired right records are emitted (``how`` is ``"right"`` or ``"outer"``)."""
+        return self.how in ("right", "outer")
+
+    def value(self, key: Any, left: Any, right: Any) -> Any:
+        """``fn(key, left, right)``, or the default pair."""
+        fn = self.fn
+        return (left, right) if fn is None else fn(key, left, right)
+
+    def outputs_of(self, element: Element, build: Callable[[], list[Element]]) -> list[Element] | None:
+        """``build()`` (it calls ``fn``) under the error policy: its elements, or ``None`` when ``element``,
+        the record that caused the call, was dead-lettered (it must then leave nothing behind)."""
+        while True:
+            try:
+                return build()
+            except Exception as exc:  # noqa: BLE001 - user code: the error policy decides
+                if not self.hooks.failed(element, exc):
+                    return None
+
+    def send_late(self, element: Element, outputs: Outputs) -> None:
+        """``element`` can pair with nothing any more: to the ``LATE`` port, counted."""
+        outputs.emit_elements([element], port=LATE)
+        self.hooks.counters.late += 1
+
+    def check_ts(self, element: Element, port: int, inputs: Inputs) -> float:
+        """The event time of ``element``; a ``TaskError`` naming the node and key when it has none."""
+        ts = element[2]
+        if type(ts) is float or type(ts) is int:  # not a bool, not a string
+            return ts
+        rule = "has no ts" if ts is None else f"has ts {ts!r}"
+        raise TaskError(
+            f"{inputs.where} input port {port}: the record with key {element[0]!r} {rule}; "
+            "an event-time join needs ts in seconds (an int or a float)",
+            task=_task_name(inputs.where), instance=_instance_of(inputs.where), key=element[0],
+        )  # fmt: skip
+
+
+class StreamJoin(JoinTask):
+    """A join fed record by record (not by windows): each port's batches go to :meth:`on_left` or
+    :meth:`on_right`."""
+
+    def execute(self, inputs: Inputs, outputs: Outputs) -> None:
+        """Join the batch of the port that woke the task."""
+        port = inputs.port
+        assert port is not None  # a join runs in async mode: one port per wake-up
+        if port == LEFT:
+            self.on_left(inputs.elements(port), inputs, outputs)
+        else:
+            self.on_right(inputs.elements(port), inputs, outputs)
+
+    @abstractmethod
+    def on_left(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
+        """A batch of left records."""
+
+    @abstractmethod
+    def on_right(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
+        """A batch of right records."""
+
+
+def _task_name(where: str) -> str:
+    """``"task 'j' instance 0"`` -> ``"j"``."""
+    return where.split("'")[1] if where.count("'") >= 2 else where
+
+
+def _instance_of(where: str) -> int:
+    tail = where.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
