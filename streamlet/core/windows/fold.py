@@ -25,6 +25,9 @@ class ClosedWindow:
     #: Why it is handed to the task now: ``"on_time"`` (its end passed), ``"early"`` (a trigger fired before
     #: that) or ``"late"`` (a record came within ``allowed_lateness`` after it fired). Set by the logic.
     firing: str = "on_time"
+    #: The results as the built-in ``window_reduce`` emits them, made by a logic told so (``emits_results``);
+    #: such a window may stand for many fired together (``start``/``end`` then span them). ``None``: not made.
+    results: Batch | None = None
 
     def all_records(self) -> Batch:
         """Records of every port, in port order."""
@@ -71,6 +74,9 @@ class WindowLogic(ABC):
 
     late: int = 0
     fold: FoldHow | None = None
+    #: Set by the task instance when its task only emits the per-key results of a folded window (the built-in
+    #: ``window_reduce``): a logic may then make those elements itself and hand many windows over as one.
+    emits_results: bool = False
 
     def collect(self, window: ClosedWindow, port: int, records: Batch) -> None:
         """Put ``records`` into ``window``: append them, or fold them per key."""
