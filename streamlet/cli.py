@@ -516,7 +516,10 @@ def _cluster_options(command: Any) -> Any:
     help="start from this savepoint (task names and state shapes must match; needs --checkpoint-interval)",
 )  # fmt: skip
 @click.option(
-    "--adapt", default=None, help="adaptation policies, comma-separated: autoscale, balance, migrate, rebalance, shed"
+    "--adapt",
+    default=None,
+    help="adaptation policies, comma-separated: autoscale, balance, migrate, rebalance, shed, spread "
+    "(default: spread; none: no policy)",
 )
 @click.option("--bounds", multiple=True, help="TASK=LOW:HIGH instances autoscaling may give TASK, repeatable")
 @click.option("--adapt-interval", default=2.0, show_default=True, type=float, help="seconds per statistics window")

@@ -3,11 +3,16 @@
 Instances go, in topological order, to the worker that already holds most
 of their upstream neighbours when it has room (co-located instances talk in
 memory instead of over TCP), otherwise to the least loaded NORMAL worker
-with room, and only then to an OVERLOADED one.
+with room, and only then to an OVERLOADED one. The instances of a task known
+to be CPU-bound (``spread``: its CPU hint, see ``adaptation/spread``) go
+first to the workers with room holding fewest instances of that task, so
+they do not share one worker's core; among those the rules above apply.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from streamlet.errors import DispatchError
@@ -32,6 +37,7 @@ def assign(
     workers: list[WorkerLoad],
     allowed: dict[str, set[str]] | None = None,
     prefer: dict[Instance, list[str]] | None = None,
+    spread: Collection[str] = (),
 ) -> dict[Instance, str]:
     """Map every instance (in topological order) to a worker id.
 
@@ -39,6 +45,8 @@ def assign(
     task allocation matrix); nodes not in it may run anywhere. ``prefer``
     names, for some instances, workers to try first in order (where their
     state already is: a recovery then moves no state); one with room wins.
+    ``spread`` names CPU-bound nodes, whose instances spread over the workers
+    with room before co-location is considered.
 
     Example:
         >>> assign([("a", 0), ("b", 0)], {("b", 0): [("a", 0)]}, [WorkerLoad("w1", 4), WorkerLoad("w2", 4)])
@@ -51,8 +59,10 @@ def assign(
     placed: dict[Instance, str] = {}
     for instance in instances:
         candidates = _candidates(instance[0], used, (allowed or {}).get(instance[0]))
-        neighbours = [placed[n] for n in upstream.get(instance, []) if n in placed and placed[n] in candidates]
         preferred = [w for w in (prefer or {}).get(instance, []) if w in candidates and _room(w, used, by_id)]
+        if instance[0] in spread:
+            candidates = _fewest_of(instance[0], placed, candidates, used, by_id)
+        neighbours = [placed[n] for n in upstream.get(instance, []) if n in placed and placed[n] in candidates]
         choice = next(iter(preferred), None) or _co_located(neighbours, candidates, by_id)
         choice = choice or _least_loaded(candidates, by_id)
         placed[instance] = choice
@@ -67,6 +77,22 @@ def _candidates(node: str, used: dict[str, int], allowed: set[str] | None) -> di
     if not candidates:
         raise DispatchError(f"task '{node}' may run only on {sorted(allowed)}, and none of them is registered")
     return candidates
+
+
+def _fewest_of(
+    node: str,
+    placed: dict[Instance, str],
+    candidates: dict[str, int],
+    used: dict[str, int],
+    by_id: dict[str, WorkerLoad],
+) -> dict[str, int]:
+    """The candidates with room that hold fewest of ``node``'s instances so far (all of them when none has room)."""
+    roomy = [worker_id for worker_id in candidates if _room(worker_id, used, by_id)]
+    if not roomy:
+        return candidates
+    held = Counter(worker_id for (name, _), worker_id in placed.items() if name == node)
+    fewest = min(held[worker_id] for worker_id in roomy)
+    return {worker_id: candidates[worker_id] for worker_id in roomy if held[worker_id] == fewest}
 
 
 def _room(worker_id: str, used: dict[str, int], by_id: dict[str, WorkerLoad]) -> bool:

@@ -8,7 +8,9 @@ from typing import Any
 
 from streamlet.errors import JobError
 
-POLICIES = ("autoscale", "balance", "migrate", "rebalance", "shed")  # what each does: docs/cluster/adaptation.md
+# what each does: docs/cluster/adaptation.md
+POLICIES = ("autoscale", "balance", "migrate", "rebalance", "shed", "spread")
+DEFAULT_POLICIES = frozenset({"spread"})  # what a cluster job runs under when it names none (``--adapt none``: nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +59,22 @@ class AdaptSettings:
         )
 
 
+def default_settings() -> AdaptSettings:
+    """What a cluster job that asked for no adaptation runs under: ``spread`` (a CPU-bound task's instances do
+    not share a core), looking at every heartbeat with no cooldown to wait out (one change at a time still)."""
+    return AdaptSettings(DEFAULT_POLICIES, interval=1.0, cooldown=1.0)
+
+
+def settings_of(adapt: Mapping[str, Any] | None) -> AdaptSettings:
+    """The settings a spec's ``adapt`` holds; the defaults when it holds none (a spec from before the default)."""
+    return default_settings() if not adapt else AdaptSettings.from_data(adapt)
+
+
 def parse_policies(text: str) -> frozenset[str]:
-    """``"autoscale,rebalance"`` -> the policies (an unknown one is a :class:`JobError` naming the known)."""
+    """``"autoscale,rebalance"`` -> the policies (an unknown one is a :class:`JobError` naming the known);
+    ``"none"`` -> no policy at all (not even the default ``spread``)."""
+    if text.strip() == "none":
+        return frozenset()
     names = frozenset(part.strip() for part in text.split(",") if part.strip())
     AdaptSettings(names)  # checks them
     return names

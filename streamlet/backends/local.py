@@ -116,7 +116,7 @@ def cpu_turns(scheduling: str | None) -> Callable[[float], int] | None:
 
 def check_adapt(adapt: AdaptSettings | None, topology: Topology) -> None:
     """Refuse what an embedded job cannot adapt by (before anything starts)."""
-    between_workers = sorted({"migrate", "rebalance"} & set(adapt.policies if adapt is not None else ()))
+    between_workers = sorted({"migrate", "rebalance", "spread"} & set(adapt.policies if adapt is not None else ()))
     if between_workers:
         raise JobError(f"the {between_workers[0]} policy moves instances between workers: it needs a cluster")
     if adapt is not None and "shed" in adapt.policies and topology.qos is None:

@@ -700,7 +700,7 @@ def test_submit_with_a_bad_job_name_is_refused(tmp_path: Path) -> None:
         (
             ["--adapt", "autoscale,shrink"],
             "JobError: no adaptation policy called 'shrink' "
-            "(there are ['autoscale', 'balance', 'migrate', 'rebalance', 'shed'])",
+            "(there are ['autoscale', 'balance', 'migrate', 'rebalance', 'shed', 'spread'])",
         ),
         (
             ["--adapt", "autoscale", "--bounds", "count=4"],

@@ -76,3 +76,16 @@ def test_an_instance_goes_where_its_state_is_when_that_worker_has_room() -> None
         ("src", 0): "w0", ("split", 0): "w0", ("split", 1): "w0", ("count", 0): "w0", ("count", 1): "w1",
         ("out", 0): "w0",
     }  # fmt: skip
+
+
+def test_a_cpu_bound_task_spreads_while_cheap_stages_stay_co_located() -> None:
+    """With 'split' hinted CPU-bound, its two instances take a worker each; the rest joins its upstream."""
+    placed = assign(CHAIN, UPSTREAM, [WorkerLoad("w0", 8), WorkerLoad("w1", 8)], spread={"split"})
+    assert [placed[i] for i in CHAIN] == ["w0", "w0", "w1", "w0", "w0", "w0"]
+
+
+def test_a_spread_task_still_fills_a_worker_when_no_other_has_room() -> None:
+    """Spreading yields to capacity: with w1 full, both instances of 'split' run on w0."""
+    loads = [WorkerLoad("w0", 8), WorkerLoad("w1", 2, used=2)]
+    placed = assign(CHAIN, UPSTREAM, loads, spread={"split"})
+    assert set(placed.values()) == {"w0"}

@@ -131,7 +131,7 @@ async def test_the_adaptation_loop_balances_a_running_job() -> None:
     assert all(totals == list(range(1, len(totals) + 1)) for totals in finals.values())
 
 
-@pytest.mark.parametrize("policy", ["rebalance", "migrate"])
+@pytest.mark.parametrize("policy", ["rebalance", "migrate", "spread"])
 def test_moving_instances_between_workers_needs_a_cluster(policy: str) -> None:
     with pytest.raises(sl.JobError, match=f"the {policy} policy moves instances between workers: it needs a cluster"):
         sl.run(counting(), adapt=sl.AdaptSettings(frozenset({policy})))

@@ -1,8 +1,20 @@
 """The adaptation loop: the leader reads the statistics the workers' heartbeats carry, runs the job's
 policies (pure functions in ``adaptation``) and carries their decisions out with the live changes.
 
-Every ``interval`` (the job's ``AdaptSettings``), for each RUNNING job that
-asked for a policy and has no change under way or waiting:
+A job that names no policy runs under the default, ``spread``
+(``settings.default_settings``); ``--adapt none`` runs none.
+
+At every look (every :data:`TICK`) past the cooldown, for each RUNNING job
+with no change under way or waiting:
+
+- ``spread``: each instance's busy share since its part started (its counters
+  are cumulative from 0 there), so the first heartbeat already tells; a task
+  CPU-bound on a worker (``adaptation.spread``) has an instance migrated to a
+  worker with idle CPU, and the task's CPU hint is recorded in the same
+  transaction (``tree.hints``: the scheduler spreads it from the start the
+  next time the topology is placed).
+
+Every ``interval`` (the job's ``AdaptSettings``), for the same jobs:
 
 - the window since the last look: each instance's counters now minus then
   (per worker, between two of its heartbeats), turned into rates;
@@ -40,10 +52,11 @@ from streamlet.adaptation.autoscale import ds2, node_edges, node_rates, windows
 from streamlet.adaptation.overload import hand_off
 from streamlet.adaptation.rebalance import Migration
 from streamlet.adaptation.session_table import balance, session_tasks
-from streamlet.adaptation.settings import AdaptSettings
+from streamlet.adaptation.settings import AdaptSettings, settings_of
 from streamlet.adaptation.shedding import decide, held_back, window_latency
+from streamlet.adaptation.spread import CPU_BOUND, spread
+from streamlet.backends.cluster.tree import hints, paths, rebalancing
 from streamlet.backends.cluster.tree import layouts as reconfigure
-from streamlet.backends.cluster.tree import paths, rebalancing
 from streamlet.backends.cluster.tree.election import LeaderFence
 from streamlet.backends.cluster.tree.lifecycle import JobState, state_of
 from streamlet.backends.cluster.tree.loads import live, live_loads
@@ -51,7 +64,7 @@ from streamlet.backends.cluster.tree.outline import Outlines
 from streamlet.backends.cluster.tree.paths import ReconfigureRequest
 from streamlet.backends.cluster.tree.registry import workers
 from streamlet.backends.cluster.tree.signing import verify
-from streamlet.backends.cluster.tree.store import ClusterStore, Create, SetData
+from streamlet.backends.cluster.tree.store import ClusterStore, Create, Op, SetData, read_all
 from streamlet.core.model import world
 from streamlet.core.model.qos import QoS
 from streamlet.core.model.topology import Topology
@@ -59,6 +72,7 @@ from streamlet.errors import CoordinationError, ReconfigurationError
 
 log = structlog.get_logger("streamlet")
 TICK = 0.5  # seconds between looks at the jobs (each job's own interval decides when its window closes)
+MEASURED = 0.25  # seconds of an instance's part it takes before the spread policy reads its busy share
 
 Beats = dict[str, tuple[float, dict[str, dict[str, Any]]]]  # worker -> (beat time, its instances of one job)
 
@@ -124,7 +138,7 @@ class AdaptationLoop:
     async def _look(self, job: str, beats: dict[str, tuple[float, dict[str, dict[str, Any]]]], now: float) -> Any:
         found = await self.store.get(paths.spec(job))
         spec = None if found is None else found.data
-        settings = None if spec is None or not spec.get("adapt") else AdaptSettings.from_data(spec["adapt"])
+        settings = None if spec is None else settings_of(spec.get("adapt"))
         state = await self.store.get(paths.state(job))
         if spec is None or settings is None or state is None or state_of(state.data) != JobState.RUNNING:
             self._watches.pop(job, None)
@@ -138,7 +152,7 @@ class AdaptationLoop:
                 decided = float("-inf") if watch is None else watch.decided
                 self._watches[job] = _Watch(current, now, decided)  # the window starts after the cooldown
             return None
-        if now - watch.began < settings.interval:
+        if now - watch.began < settings.interval and "spread" not in settings.policies:
             return None
         signed = verify(job, spec, self.secret)  # before any of its code runs anywhere
         shape = await self.outlines.build(signed)  # in a process of its own, once (or the leader's build)
@@ -146,7 +160,13 @@ class AdaptationLoop:
             return None  # it cannot run: the leader fails it
         layout = await self._layout(job)
         topology = reconfigure.with_layout(shape, layout)
-        decision = await self._decide(job, topology, layout, settings, watch.base, current, now)
+        decision = None
+        if "spread" in settings.policies:  # at every look: the sooner a CPU-bound task spreads, the more it pays
+            decision = await self._spread(job, topology.name, current, now)
+        if decision is None and now - watch.began < settings.interval:
+            return None
+        if decision is None:
+            decision = await self._decide(job, topology, layout, settings, watch.base, current, now)
         self._watches[job] = _Watch(current, now, now if decision is not None else watch.decided)
         return decision
 
@@ -228,9 +248,48 @@ class AdaptationLoop:
             return None
         return await self._migrate(job, "migrate", handing.migration, handing.reason)
 
-    async def _migrate(self, job: str, policy: str, move: Migration, reason: str) -> dict[str, Any] | None:
+    async def _spread(self, job: str, topology: str, current: Beats, now: float) -> dict[str, Any] | None:
+        """The spread policy on each instance's busy share since its part started; its move, with the task's
+        CPU hint recorded in the same transaction."""
+        views = live(await workers(self.store), now)
+        cpu = {view.worker_id: float((view.load or {}).get("cpu_share", 0.0)) for view in views}
+        if max(cpu.values(), default=0.0) < CPU_BOUND:
+            return None  # no process burns a core: nothing is CPU-bound (the usual case, read in one look)
+        busy = await self._busy_since_start(job, current)
+        beating = {name: worker for worker, (_, snapshots) in current.items() for name in snapshots}
+        unbounded = dict.fromkeys(cpu, len(beating))
+        if spread(beating, busy, cpu, unbounded, lambda instance: True) is None:
+            return None  # the cheap look (the beats alone) finds nothing: no need to read the job's situation
+        found = await rebalancing.situation(self.store, job, now)
+        spreading = spread(found.placed, busy, cpu, found.room, found.movable, found.may_run)
+        if spreading is None:
+            return None
+        hint = {"cpu": round(spreading.cpu, 3), "at": now, "job": job}
+        step = await hints.hint_step(self.store, topology, spreading.task, hint)  # type: ignore[arg-type]
+        return await self._migrate(job, "spread", spreading.migration, spreading.reason, [step])
+
+    async def _busy_since_start(self, job: str, current: Beats) -> dict[str, float]:
+        """Instance -> its busy share of the time since its worker's part of the attempt started (counters are
+        cumulative from there; an instance a live change added later is under-counted, never over)."""
+        assignment = await self.store.get(paths.assignment(job))
+        if assignment is None:
+            return {}
+        started = await read_all(self.store, paths.started(job, int(assignment.data["attempt"])))
+        busy = {}
+        for worker, (at, snapshots) in current.items():
+            began = float((started.get(worker) or {}).get("at", at))
+            if at - began < MEASURED:
+                continue  # too little measured yet: the next beat tells
+            for name, snapshot in snapshots.items():
+                busy[name] = float(snapshot["busy"]) / (at - began)
+        return busy
+
+    async def _migrate(
+        self, job: str, policy: str, move: Migration, reason: str, extra: list[Op] | None = None
+    ) -> dict[str, Any] | None:
         request = reconfigure.request_node(paths.task_of(move.instance), migrate=(move.index, move.target), by=policy)
-        return await self._carry_out(job, policy, request, f"migrate {move.instance} to {move.target}", reason)
+        action = f"migrate {move.instance} to {move.target}"
+        return await self._carry_out(job, policy, request, action, reason, extra)
 
     async def _balance(
         self, job: str, topology: Topology, layout: Any, base: Beats, current: Beats
@@ -269,11 +328,17 @@ class AdaptationLoop:
         return await self._record(job, "shed", f"shed {shedding.ratio:.0%} at the sources", shedding.reason)
 
     async def _carry_out(
-        self, job: str, policy: str, request: ReconfigureRequest, action: str, reason: str
+        self,
+        job: str,
+        policy: str,
+        request: ReconfigureRequest,
+        action: str,
+        reason: str,
+        extra: list[Op] | None = None,
     ) -> dict[str, Any] | None:
-        """Leave the request for the leader and record the decision (nothing, if a request got there first or
-        this leader was deposed)."""
-        if not await self.fence.commit([Create(paths.reconfigure_request(job), request)]):
+        """Leave the request for the leader (with ``extra`` steps) and record the decision (nothing, if a request
+        got there first or this leader was deposed)."""
+        if not await self.fence.commit([Create(paths.reconfigure_request(job), request), *(extra or [])]):
             return None
         return await self._record(job, policy, action, reason)
 

@@ -41,6 +41,7 @@ from streamlet.backends.cluster.leader.scheduler import place, state_holders
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import LeaderFence
+from streamlet.backends.cluster.tree.hints import cpu_bound_tasks
 from streamlet.backends.cluster.tree.lifecycle import JobState, moved, state_of
 from streamlet.backends.cluster.tree.loads import fitting_workers, live, live_loads
 from streamlet.backends.cluster.tree.outline import Outlines
@@ -271,8 +272,9 @@ class Leader:
         topology = await self._topology(view)
         if not isinstance(topology, Topology):
             return await self._cannot_run(view, topology)
+        loads = await live_loads(self.store, self.clock(), since=self.seeing_since)
         try:
-            mapping = place(topology, await live_loads(self.store, self.clock(), since=self.seeing_since))
+            mapping = place(topology, loads, spread=await cpu_bound_tasks(self.store, topology.name))
         except DispatchError as exc:
             return await self._move(view, JobState.STALLED, f"no live worker can take it: {exc}")
         assignment: Assignment = {
@@ -423,7 +425,8 @@ class Leader:
         try:
             loads = await live_loads(self.store, self.clock(), exclude=view.name, since=self.seeing_since)
             holders = await state_holders(self.store, view.name, view.assignment.data)
-            mapping = place(topology, loads, avoid, holders)  # where the state is: a recovery moves little
+            spread = await cpu_bound_tasks(self.store, topology.name)
+            mapping = place(topology, loads, avoid, holders, spread)  # where the state is: a recovery moves little
         except DispatchError as exc:
             return await self._move(view, JobState.STALLED, f"{why}; no live worker can take it: {exc}")
         current, version = view.assignment

@@ -3,10 +3,13 @@
 The placing itself is the pure dispatch policy (``adaptation/dispatch``); this
 module reads what it needs from the store (live workers, their heartbeats
 and the instances of unfinished jobs they hold) and applies a topology's
-constraints (``add_task(workers=..., labels=...)``).
+constraints (``add_task(workers=..., labels=...)``) and its CPU hints (the
+tasks the spread policy found CPU-bound: spread from the start).
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from streamlet.adaptation.dispatch import WorkerLoad, assign
 from streamlet.backends.cluster.tree import paths
@@ -50,13 +53,15 @@ def place(
     loads: list[WorkerLoad],
     avoid: dict[str, set[str]] | None = None,
     prefer: dict[str, list[str]] | None = None,
+    spread: Collection[str] = (),
 ) -> dict[str, str]:
     """Instance id -> worker for every instance of ``topology``.
 
     A node runs only on the workers it names and that carry all its labels;
     it avoids the workers in ``avoid[node]`` (where it failed) while others
     remain; an instance goes to the first worker of ``prefer[instance id]``
-    with room (where its state is). Raises :class:`DispatchError` when no
+    with room (where its state is); the instances of a task in ``spread`` (its CPU hint says CPU-bound) go
+    to different workers while some have room. Raises :class:`DispatchError` when no
     live worker fits a node.
     """
     if not loads:
@@ -72,7 +77,7 @@ def place(
             )
         allowed[node.name] = (fitting - (avoid or {}).get(node.name, set())) or fitting
     preferred = {(paths.task_of(i), int(i.rsplit(".", 1)[1])): workers for i, workers in (prefer or {}).items()}
-    placed = assign(instances, upstream, loads, allowed, preferred)
+    placed = assign(instances, upstream, loads, allowed, preferred, spread)
     return {paths.instance_id(node, index): worker for (node, index), worker in placed.items()}
 
 

@@ -26,6 +26,7 @@ All paths are relative to the cluster's root ``/streamlet/<cluster>``::
     /jobs/<job>/loops/attempt-<n>/round             LoopRound    the termination detector asks for counters
     /jobs/<job>/loops/attempt-<n>/counters/<id>     LoopAnswer   a worker's loop counters for that round
     /jobs/<job>/loops/attempt-<n>/quiet             LoopQuiet    the loops found quiet for good (see ``termination``)
+    /cpu-hints                            CpuHints       what the spread policy measured: topology -> task -> hint
 
 (ZooKeeper does not allow children under an ephemeral node, so a worker's
 heartbeat lives at ``/loads/<id>``, not under ``/workers/<id>``.)
@@ -50,6 +51,7 @@ WORKERS = "/workers"
 DASHBOARD = "/dashboard"  # ephemeral: the leader's dashboard URL, {"url", "master"}
 LOADS = "/loads"
 JOBS = "/jobs"
+CPU_HINTS = "/cpu-hints"  # private (job data): topology and task names
 
 # Nodes anyone may read (with everything below them, and the root): none holds job data. Every other node is
 # readable only with the cluster secret, so a path added later is private until it is listed here.
@@ -291,6 +293,18 @@ def shedding(name: str) -> str:
 def decisions(name: str) -> str:
     """The adaptation loop's decisions about the job, one sequential child each (see ``control``)."""
     return f"{JOBS}/{name}/decisions"
+
+
+class CpuHint(TypedDict):
+    """What the spread policy measured of one CPU-bound task: the share of a core its co-located instances
+    took, when, in which job."""
+
+    cpu: float
+    at: float
+    job: str
+
+
+CpuHints = dict[str, dict[str, CpuHint]]  # topology name -> task -> hint
 
 
 def reconfigure_refused(name: str) -> str:

@@ -277,3 +277,63 @@ async def test_the_shed_policy_needs_a_qos() -> None:
     async with SimulatedCluster(workers=1) as cluster:
         with pytest.raises(JobError, match=r"--adapt shed keeps a QoS: topology 'bottleneck' has none"):
             await cluster.submit(bottleneck, adapt=AdaptSettings(frozenset({"shed"})))
+
+
+def parallel_work() -> sl.Topology:
+    """An eager source -> work (x2) -> an ExactlyOnceSink: dispatch packs all of it onto one worker."""
+    topology = sl.Topology("parallel-work")
+    source = topology.add_source("feed", PacedSource())
+    work = topology.add_task("work", Work, parallelism=2).set_input(source)
+    topology.add_sink("out", ExactlyOnceSink()).set_input(work)
+    return topology
+
+
+async def test_by_default_a_cpu_bound_task_spreads_over_the_workers(paced: asyncio.Event) -> None:
+    """A job that names no policy runs under 'spread': its two instances of 'work', packed on worker-0 whose
+    beats say 97 % of a core (worker-1: 5 %), take nearly all of it from the first beats on; the loop moves
+    work.1 to worker-1, live, once, records the decision and the task's CPU hint; nothing is lost or doubled."""
+    async with SimulatedCluster(workers=2, capacity=8) as cluster:
+        cluster.set_cpu("worker-0", 0.97)
+        cluster.set_cpu("worker-1", 0.05)
+        job = await cluster.submit(parallel_work, checkpoint_interval=None)
+        await job.wait_for("RUNNING")
+        assignment = await cluster.store.get(paths.assignment("parallel-work"))
+        await job.wait_for("RECONFIGURING")
+        _, reason = await job.wait_for("RUNNING")
+        paced.set()
+        outcome = await job.outcome()
+        decisions = await cluster.store.children(paths.decisions("parallel-work"))
+        first = await cluster.store.get(f"{paths.decisions('parallel-work')}/{decisions[0]}")
+        hints = await cluster.store.get(paths.CPU_HINTS)
+    assert assignment is not None
+    assert set(assignment[0]["instances"].values()) == {"worker-0"}
+    assert reason == "change 1 done: work.1 runs on worker-1"
+    assert first is not None
+    assert len(decisions) == 1
+    assert (first[0]["policy"], first[0]["action"]) == ("spread", "migrate work.1 to worker-1")
+    assert first[0]["reason"].startswith("work is CPU-bound on worker-0: its 2 instances there take ")
+    assert hints is not None
+    assert list(hints[0]) == ["parallel-work"]
+    assert list(hints[0]["parallel-work"]) == ["work"]
+    assert hints[0]["parallel-work"]["work"]["job"] == "parallel-work"
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert len(outcome.committed["out"]) == Paced.emitted
+
+
+async def test_a_task_hinted_cpu_bound_is_placed_spread_from_the_start(paced: asyncio.Event) -> None:
+    """With a CPU hint for 'work' of the topology (from an earlier run), the scheduler gives its instances a
+    worker each; the source and the sink stay with work.0 (cheap stages are co-located as ever)."""
+    async with SimulatedCluster(workers=2, capacity=8) as cluster:
+        hint = {"cpu": 0.9, "at": 0.0, "job": "earlier"}
+        await cluster.store.create(paths.CPU_HINTS, {"parallel-work": {"work": hint}})
+        job = await cluster.submit(parallel_work, checkpoint_interval=None, adapt=AdaptSettings(frozenset()))
+        await job.wait_for("RUNNING")
+        assignment = await cluster.store.get(paths.assignment("parallel-work"))
+        paced.set()
+        outcome = await job.outcome()
+    assert assignment is not None
+    assert assignment[0]["instances"] == {
+        "feed.0": "worker-0", "work.0": "worker-0", "work.1": "worker-1", "out.0": "worker-0",
+    }  # fmt: skip
+    assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
+    assert len(outcome.committed["out"]) == Paced.emitted
