@@ -10,6 +10,7 @@ from benchmarks import (
     cluster,
     columnar,
     cpu,
+    joins,
     latency,
     monitor,
     parallel,
@@ -47,6 +48,7 @@ def main() -> None:
         "monitor",
         "parallel",
         "peers",
+        "joins",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -60,6 +62,8 @@ def main() -> None:
         line = wordcount.main(args.records or 1_000_000, args.repeats)
     elif args.name == "columnar":
         line = columnar.main(args.records or 1_000_000, args.repeats)
+    elif args.name == "joins":
+        line = joins.main(args.records or 1_000_000, args.repeats)
     elif args.name == "windows":
         line = windows.main(args.records or 1_000_000, args.repeats)
     elif args.name == "cluster":

@@ -243,7 +243,7 @@ class Topology:
             ports.sync,
             make_task=make_task, config=dict(config or {}), on_error=on_error, max_failures=max_failures,
             window=window, workers=None if workers is None else tuple(workers), labels=tuple(labels or ()),
-            on_timer=type(probe).on_timer is not Task.on_timer, state_ttl=state_ttl, max_parallelism=max_parallelism,
+            on_timer=_tracks_event_time(probe), state_ttl=state_ttl, max_parallelism=max_parallelism,
             columnar=getattr(probe, "columnar", False), keyed_inputs=getattr(probe, "keyed_inputs", False),
         )  # fmt: skip
         return self._add(node)
@@ -576,6 +576,11 @@ def _takes_arguments(fn: Callable[..., Any]) -> bool:
 def _label(fn: Callable[..., Any]) -> str:
     name = getattr(fn, "__name__", type(fn).__name__)
     return "lambda" if name == "<lambda>" else name
+
+
+def _tracks_event_time(task: Task) -> bool:
+    """The task overrides ``on_timer`` (it may set event-time timers) or is an event-time join."""
+    return type(task).on_timer is not Task.on_timer or getattr(task, "event_time", False)
 
 
 def _on_event_time(node: Node) -> bool:

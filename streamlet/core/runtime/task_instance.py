@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -12,7 +13,7 @@ from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.hooks import maybe_await
-from streamlet.core.model.joins import JoinCounters, JoinHooks, JoinTask
+from streamlet.core.model.joins import EventTimeJoin, JoinCounters, JoinHooks, JoinTask
 from streamlet.core.model.ports import Inputs
 from streamlet.core.model.record import Barrier, Batch, DeadLetter, Element, Reconfigure, iteration_of, record_of
 from streamlet.core.model.task import RecordFailure, ReduceTask, Task, WindowReduceTask, leaves_nothing_on_failure
@@ -100,8 +101,11 @@ class TaskInstance(Receiver):
             task.holds_batches = True  # a failure fails the job: nothing held aside is ever taken back alone
         task.timers = self.timers
         self._handles_failures = isinstance(task, JoinTask)
+        self._advances = isinstance(task, EventTimeJoin)  # a join with work due as the watermark rises
         if isinstance(task, JoinTask):
             task.hooks = JoinHooks(self._join_failed, self.join_counters)
+        if isinstance(task, EventTimeJoin):
+            task.reindex()  # a restarted task object: the state is the instance's, the index is made anew
         self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
         self._async = inspect.iscoroutinefunction(task.execute)
         # the built-in window_reduce task (not a subclass: that may override execute) only passes results on
@@ -163,6 +167,12 @@ class TaskInstance(Receiver):
         if self.window is not None and snapshot["window"] is not None:
             self.window.restore(snapshot["window"])
         self.finished = snapshot["finished"]
+        self._state_replaced()
+
+    def _state_replaced(self) -> None:
+        """The state was restored, or keys moved in or out: a join indexes what it holds again."""
+        if isinstance(self.task, EventTimeJoin):
+            self.task.reindex()
 
     def final_snapshot(self) -> Any:
         """The snapshot once inputs ended (after finish)."""
@@ -210,6 +220,7 @@ class TaskInstance(Receiver):
             if not plan.retiring(self.index):
                 self.restore(split[self.index])
             parts = dict(enumerate(split))
+        self._state_replaced()
         for importer in plan.targets_of(self.index):
             await active.handoff.send(self.index, importer, parts[importer])
 
@@ -243,6 +254,7 @@ class TaskInstance(Receiver):
         if self._plain_state() and all(_plain_part(part) for part in parts):
             for part in parts:  # keys held here stay as they are: only the arriving ones are unpacked
                 self.state.values.update(unpackb(part["state"]))
+            self._state_replaced()
             return
         self.restore(merge_task_snapshots([self.snapshot(), *parts], self.node.window))
 
@@ -257,6 +269,8 @@ class TaskInstance(Receiver):
             if self.window is not None:
                 for window in self.window.close_all():
                     await self._run_window(window)
+            if self._advances:  # the input ended: the watermark is at +infinity
+                self.task.advance(math.inf, self.outputs)  # type: ignore[attr-defined]  # an EventTimeJoin
             await self._fire_final_timers()
             self.outputs.ts = None
             try:
@@ -351,6 +365,8 @@ class TaskInstance(Receiver):
             for window in self.window.advance(watermark):
                 await self._run_window(window)
         self.timers.watermark = watermark
+        if self._advances:
+            self.task.advance(watermark, self.outputs)  # type: ignore[attr-defined]  # an EventTimeJoin
         await self._fire_timers("event", watermark)
         await super().on_watermark(watermark)
 

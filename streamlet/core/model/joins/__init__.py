@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from streamlet.core.model.joins.asof import AsofJoin
-from streamlet.core.model.joins.base import LEFT, RIGHT, JoinCounters, JoinFunction, JoinHooks, JoinTask
+from streamlet.core.model.joins.base import (
+    LEFT,
+    RIGHT,
+    EventTimeJoin,
+    JoinCounters,
+    JoinFunction,
+    JoinHooks,
+    JoinTask,
+)
 from streamlet.core.model.joins.interval import IntervalJoin
 from streamlet.core.model.joins.table import TableJoin
 from streamlet.core.model.joins.window import WindowJoin
@@ -12,6 +20,7 @@ __all__ = (
     "LEFT",
     "RIGHT",
     "AsofJoin",
+    "EventTimeJoin",
     "IntervalJoin",
     "JoinCounters",
     "JoinFunction",

@@ -5,27 +5,27 @@ State per key is ``[lefts, versions]``: the left records waiting for the
 watermark (``[ts, value]``, in arrival order) and the right records
 (``[ts, value]``, sorted by ``ts``; among equal ``ts`` in arrival order, so
 the last one wins). With watermark ``W`` the versions kept are those with
-``ts > W - grace`` and the newest one at or before ``W - grace``; a timer at
-``version.ts + grace`` drops the older ones once that version is the newest
-such.
+``ts > W - grace`` and the newest one at or before ``W - grace``: once the
+watermark passes ``version.ts + grace``, the versions before it go.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
+from collections.abc import Iterator
 from functools import partial
 from operator import itemgetter
 from typing import Any
 
-from streamlet.core.model.joins.base import LEFT, RIGHT, JoinFunction, StreamJoin, after
+from streamlet.core.model.joins.base import LEFT, RIGHT, EventTimeJoin, JoinFunction
 from streamlet.core.model.ports import Inputs, Outputs
 from streamlet.core.model.record import Element
-from streamlet.core.model.timers import TimeDomain
 
 _ts_of = itemgetter(0)
 
 
-class AsofJoin(StreamJoin):
+class AsofJoin(EventTimeJoin):
     """``topology.asof_join``: see :meth:`streamlet.Topology.asof_join`."""
 
     kinds = ("inner", "left")
@@ -36,75 +36,89 @@ class AsofJoin(StreamJoin):
 
     def on_right(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Insert each right record among its key's versions (a ``None`` value ends the row from its ts on)."""
-        values, timers, counters, grace = self.state.values, self.timers, self.hooks.counters, self.grace
+        values, grace, due, order = self.state.values, self.grace, self._due, self._order
         for element in batch:
-            ts = self.check_ts(element, RIGHT, inputs)
-            key = element[0]
+            key, ts = element[0], element[2]
+            if type(ts) is not float and type(ts) is not int:
+                self.check_ts(element, RIGHT, inputs)  # raises, naming the node and key
             entry = values.get(key)
             if entry is None:
                 entry = values[key] = [[], []]
             versions = entry[RIGHT]
-            at = bisect.bisect_right(versions, ts, key=_ts_of)
-            versions.insert(at, [ts, element[1]])
-            counters.hold(1)
-            if len(versions) > 1:  # once the watermark passes ts + grace, the versions before it go
-                timers.at(key, ts + grace)
+            if not versions or versions[-1][0] <= ts:  # in order, the common case: no search
+                versions.append([ts, element[1]])
+            else:
+                versions.insert(bisect.bisect_right(versions, ts, key=_ts_of), [ts, element[1]])
+            if len(versions) > 1:  # once the watermark passes ts + grace, the versions before it go (at
+                # ts + grace exactly they may go too: kept one rise longer, they change no result)
+                heapq.heappush(due, (ts + grace, next(order), key))
+        self.hooks.counters.hold(len(batch))
 
     def on_left(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Hold each left record until the watermark passes its ts (join it now if it already has)."""
-        values, timers, counters = self.state.values, self.timers, self.hooks.counters
-        watermark, grace = timers.watermark, self.grace
+        values, due, order = self.state.values, self._due, self._order
+        watermark, grace = self.timers.watermark, self.grace
         out: list[Element] = []
+        held = 0
         for element in batch:
-            ts = self.check_ts(element, LEFT, inputs)
-            if ts < watermark - grace:  # further behind than grace: its versions may be gone
-                self.send_late(element, outputs)
+            key, ts = element[0], element[2]
+            if type(ts) is not float and type(ts) is not int:
+                self.check_ts(element, LEFT, inputs)  # raises, naming the node and key
+            if watermark > ts:
+                if ts < watermark - grace:  # further behind than grace: its versions may be gone
+                    self.send_late(element, outputs)
+                else:  # already due: what it meets cannot change any more by the rules
+                    entry = values.get(key)
+                    self._join(key, element[1], ts, [] if entry is None else entry[RIGHT], out)
                 continue
-            key = element[0]
             entry = values.get(key)
-            if watermark > ts:  # already due: what it meets cannot change any more by the rules
-                versions = [] if entry is None else entry[RIGHT]
-                results = self._join(key, element[1], ts, versions)
-                if results is not None:
-                    out.extend(results)
-                continue
             if entry is None:
                 entry = values[key] = [[], []]
             entry[LEFT].append([ts, element[1]])
-            counters.hold(1)
-            timers.at(key, after(ts))
+            held += 1
+            heapq.heappush(due, (ts, next(order), key))  # due once the watermark is past it
+        self.hooks.counters.hold(held)
         if out:
             outputs.emit_elements(out)
 
-    def _join(self, key: Any, value: Any, ts: float, versions: list[list[Any]]) -> list[Element] | None:
-        """The output of the left record ``(key, value, ts)`` against ``versions`` (``[]``: none)."""
-        at = bisect.bisect_right(versions, ts, key=_ts_of)
-        right = versions[at - 1][1] if at else None
+    def _join(self, key: Any, value: Any, ts: float, versions: list[list[Any]], out: list[Element]) -> None:
+        """Add to ``out`` the output of the left record ``(key, value, ts)`` against ``versions``."""
+        if versions and versions[-1][0] <= ts:  # the newest qualifies, the common case: no search
+            right = versions[-1][1]
+        else:
+            at = bisect.bisect_right(versions, ts, key=_ts_of)
+            right = versions[at - 1][1] if at else None
         if right is None and not self.keeps_left:  # no version, or a tombstone: no match
-            return []
-        return self.outputs_of((key, value, ts), partial(self._joined, key, value, right, ts))
+            return
+        if self.fn is None:  # the default pair cannot fail
+            out.append((key, (value, right), ts))
+            return
+        results = self.outputs_of((key, value, ts), partial(self._joined, key, value, right, ts))
+        if results is not None:
+            out.extend(results)
 
     def _joined(self, key: Any, value: Any, right: Any, ts: float) -> list[Element]:
         return [(key, self.value(key, value, right), ts)]
 
-    def on_timer(self, key: Any, when: float, time: TimeDomain, outputs: Outputs) -> None:
-        """The watermark reached ``when``: join the left records now due, then drop the versions no left
-        record can meet any more."""
-        entry = self.state.values.get(key)
-        if entry is None:
-            return
+    def expire(self, key: Any, entry: list[Any], watermark: float, out: list[Element]) -> None:
+        """Join the key's left records now due (the watermark passed their ts), then drop the versions no
+        left record can meet any more."""
         lefts, versions = entry
-        due = [left for left in lefts if after(left[0]) <= when]
-        if due:
-            entry[LEFT] = [left for left in lefts if after(left[0]) > when]
-            self.hooks.counters.hold(-len(due))
-            for ts, value in due:
-                results = self._join(key, value, ts, versions)
-                if results:
-                    outputs.emit_elements(results)
-        self._drop_versions(entry, when - self.grace)
-        if not entry[LEFT] and not entry[RIGHT]:
-            del self.state.values[key]
+        if lefts:
+            waiting = [left for left in lefts if left[0] >= watermark]
+            if len(waiting) < len(lefts):
+                entry[LEFT] = waiting
+                self.hooks.counters.hold(len(waiting) - len(lefts))
+                for ts, value in lefts:
+                    if ts < watermark:
+                        self._join(key, value, ts, versions, out)
+        self._drop_versions(entry, watermark - self.grace)
+
+    def whens(self, entry: list[Any]) -> Iterator[float]:
+        """When each waiting left record is due, and when each version after the first can retire those
+        before it."""
+        yield from (left[0] for left in entry[LEFT])
+        yield from (version[0] + self.grace for version in entry[RIGHT][1:])
 
     def _drop_versions(self, entry: list[Any], cut: float) -> None:
         """Keep the versions after ``cut`` and the newest at or before it (not a tombstone: it matches nothing)."""

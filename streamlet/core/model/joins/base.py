@@ -1,10 +1,13 @@
 """What every join shares: its two ports, its output function, its error handling and its late records.
 
 A join is a built-in :class:`~streamlet.core.model.task.Task` with two input
-ports (``LEFT`` and ``RIGHT``), keyed on ``record.key``: its state lives in
-``self.state`` (per key) and its clean-up in ``self.timers``, so a join is
-checkpointed, restored and re-split by key segment on a rescale like any
-keyed task. It handles its own failures: the output function ``fn`` is
+ports (``LEFT`` and ``RIGHT``), keyed on ``record.key``: everything it holds
+lives in ``self.state`` (per key), so a join is checkpointed, restored and
+re-split by key segment on a rescale like any keyed task. An event-time join
+also keeps an index of when each key has something due (a heap, rebuilt from
+the state whenever the runtime replaces or moves it: ``reindex``); the
+runtime calls ``advance(watermark)`` as the watermark rises, so the work due
+is done in one pass rather than by a timer per record. It handles its own failures: the output function ``fn`` is
 called before anything of the record that caused the call is stored or
 emitted, so a failing record leaves nothing behind and the error policy
 (``JoinHooks.failed``) decides what becomes of it.
@@ -12,9 +15,10 @@ emitted, so a failing record leaves nothing behind and the error policy
 
 from __future__ import annotations
 
-import math
+import heapq
+import itertools
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from streamlet.core.model.constants import LATE
@@ -28,12 +32,6 @@ RIGHT: Final = 1  #: ``set_input(..., in_port=RIGHT)``: a join's right input
 
 #: ``fn(key, left_value, right_value) -> value``: a join's output value.
 JoinFunction = Callable[[Any, Any, Any], Any]
-
-
-def after(seconds: float) -> float:
-    """The smallest time greater than ``seconds``: an event-time timer fires once the watermark is
-    *greater* than a bound (a watermark ``t`` still lets a record at ``t`` come)."""
-    return math.nextafter(seconds, math.inf)
 
 
 class JoinCounters:
@@ -155,6 +153,57 @@ class StreamJoin(JoinTask):
     @abstractmethod
     def on_right(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """A batch of right records."""
+
+
+class EventTimeJoin(StreamJoin):
+    """A join whose held records are due when the watermark passes a time: an index of ``(when, order,
+    key)`` (a heap: ``key`` has something due once the watermark is greater than ``when``) says which keys
+    to look at as the watermark rises (``advance``); each key's state says what is due."""
+
+    #: The job tracks event time (watermarks flow) for this task.
+    event_time: Final = True
+
+    def __init__(self, how: str, fn: JoinFunction | None) -> None:
+        super().__init__(how, fn)
+        self._due: list[tuple[float, int, Any]] = []  # (when, order, key): a key may have something due after when
+        self._order = itertools.count()  # keys of several types never meet in a comparison
+
+    def advance(self, watermark: float, outputs: Outputs) -> None:
+        """The watermark reached ``watermark``: every key with something due then, once each, in the
+        order their first due time came; what they emit leaves as one batch."""
+        due, keys = self._due, dict[Any, None]()
+        while due and due[0][0] < watermark:
+            keys[heapq.heappop(due)[2]] = None
+        values, out = self.state.values, list[Element]()
+        for key in keys:
+            entry = values.get(key)
+            if entry is not None:  # an entry of a key that moved away, or was already done: nothing to do
+                self.expire(key, entry, watermark, out)
+                if not entry[LEFT] and not entry[RIGHT]:
+                    del values[key]
+        if out:
+            outputs.emit_elements(out)
+
+    def reindex(self) -> None:
+        """The state was replaced (a restore) or keys moved in or out (a rescale): index it again."""
+        counters, held = self.hooks.counters, 0
+        self._due = []
+        for key, entry in self.state.values.items():
+            held += len(entry[LEFT]) + len(entry[RIGHT])
+            for when in set(self.whens(entry)):
+                self._due.append((when, next(self._order), key))
+        heapq.heapify(self._due)
+        counters.held = held
+        counters.peak = max(counters.peak, held)
+
+    @abstractmethod
+    def expire(self, key: Any, entry: list[Any], watermark: float, out: list[Element]) -> None:
+        """Do what is due for ``key`` at ``watermark``: add what it emits to ``out``, drop what can meet
+        nothing any more."""
+
+    @abstractmethod
+    def whens(self, entry: list[Any]) -> Iterable[float]:
+        """The times after which something of ``entry`` is due (for :meth:`reindex`)."""
 
 
 def _task_name(where: str) -> str:

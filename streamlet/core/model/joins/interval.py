@@ -3,23 +3,24 @@
 State per key is ``[lefts, rights]``, each a list in arrival order of
 ``[ts, value, paired]``. A left record ``a`` is held until the watermark
 passes ``a.ts + upper`` (no right record it could pair with can come after
-that), a right record ``b`` until it passes ``b.ts - lower``; one event-time
-timer per such moment drops them then, emitting the unpaired ones of an
-outer kind with ``None`` on the other side.
+that), a right record ``b`` until it passes ``b.ts - lower``; then it is
+dropped, and an unpaired one of an outer kind is emitted with ``None`` on
+the other side.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from streamlet.core.model.joins.base import LEFT, RIGHT, JoinFunction, StreamJoin, after
+from streamlet.core.model.joins.base import LEFT, RIGHT, EventTimeJoin, JoinFunction
 from streamlet.core.model.ports import Inputs, Outputs
 from streamlet.core.model.record import Element
-from streamlet.core.model.timers import TimeDomain
 
 
-class IntervalJoin(StreamJoin):
+class IntervalJoin(EventTimeJoin):
     """``topology.interval_join``: see :meth:`streamlet.Topology.interval_join`."""
 
     kinds = ("inner", "left", "right", "outer")
@@ -50,74 +51,85 @@ class IntervalJoin(StreamJoin):
     ) -> None:
         """Records of ``side``: a record at ``ts`` pairs with the other side's held records in
         ``[ts + low, ts + high]`` and can still pair until the watermark passes ``ts + open_for``."""
-        values, timers, counters = self.state.values, self.timers, self.hooks.counters
-        watermark, other = timers.watermark, 1 - side
+        values, due, order = self.state.values, self._due, self._order
+        watermark, other = self.timers.watermark, 1 - side
         out: list[Element] = []
+        held = 0
         for element in batch:
-            ts = self.check_ts(element, side, inputs)
+            ts = element[2]
+            if type(ts) is not float and type(ts) is not int:
+                self.check_ts(element, side, inputs)  # raises, naming the node and key
             closes = ts + open_for
             if watermark > closes:  # its interval closed before it came: it can pair with nothing
                 self.send_late(element, outputs)
                 continue
             key, value = element[0], element[1]
             entry = values.get(key)
-            matches = [] if entry is None else self._matches(entry[other], ts + low, ts + high)
+            if entry is None:
+                matches = []
+            else:
+                low_ts, high_ts = ts + low, ts + high
+                matches = [record for record in entry[other] if low_ts <= record[0] <= high_ts]
             if matches:
                 results = self.outputs_of(element, partial(self._pairs, key, value, ts, side, matches))
                 if results is None:
                     continue  # dead-lettered: nothing of it is kept
                 out.extend(results)
-                for held in matches:
-                    held[2] = True
+                for record in matches:
+                    record[2] = True
             if entry is None:
                 entry = values[key] = [[], []]
             entry[side].append([ts, value, bool(matches)])
-            counters.hold(1)
-            timers.at(key, after(closes))
+            held += 1
+            heapq.heappush(due, (closes, next(order), key))  # due once the watermark is past it
+        self.hooks.counters.hold(held)
         if out:
             outputs.emit_elements(out)
 
-    @staticmethod
-    def _matches(held: list[list[Any]], low: float, high: float) -> list[list[Any]]:
-        return [record for record in held if low <= record[0] <= high]
-
     def _pairs(self, key: Any, value: Any, ts: float, side: int, matches: list[list[Any]]) -> list[Element]:
         """The output of one arriving record and the held ones it pairs with, in their arrival order."""
+        if self.fn is None:  # the default pair
+            if side == LEFT:
+                return [(key, (value, held[1]), max(ts, held[0])) for held in matches]
+            return [(key, (held[1], value), max(ts, held[0])) for held in matches]
         if side == LEFT:
             return [(key, self.value(key, value, held[1]), max(ts, held[0])) for held in matches]
         return [(key, self.value(key, held[1], value), max(ts, held[0])) for held in matches]
 
-    def on_timer(self, key: Any, when: float, time: TimeDomain, outputs: Outputs) -> None:
-        """The watermark passed ``when``: drop the key's records that can pair no more (emitting the
-        unpaired ones of an outer kind)."""
-        entry = self.state.values.get(key)
-        if entry is None:
-            return
-        lefts, rights = entry
-        entry[LEFT] = self._expire(key, lefts, self.upper, when, self.keeps_left, LEFT, outputs)
-        entry[RIGHT] = self._expire(key, rights, -self.lower, when, self.keeps_right, RIGHT, outputs)
-        if not entry[LEFT] and not entry[RIGHT]:
-            del self.state.values[key]
+    def expire(self, key: Any, entry: list[Any], watermark: float, out: list[Element]) -> None:
+        """Drop the key's records that can pair no more, adding the unpaired ones of an outer kind to ``out``."""
+        entry[LEFT] = self._expire(key, entry[LEFT], self.upper, watermark, self.keeps_left, LEFT, out)
+        entry[RIGHT] = self._expire(key, entry[RIGHT], -self.lower, watermark, self.keeps_right, RIGHT, out)
+
+    def whens(self, entry: list[Any]) -> Iterator[float]:
+        """When each held record's interval closes."""
+        yield from (record[0] + self.upper for record in entry[LEFT])
+        yield from (record[0] - self.lower for record in entry[RIGHT])
 
     def _expire(
-        self, key: Any, held: list[list[Any]], open_for: float, when: float, emits: bool, side: int, outputs: Outputs
+        self,
+        key: Any,
+        held: list[list[Any]],
+        open_for: float,
+        watermark: float,
+        emits: bool,
+        side: int,
+        out: list[Element],
     ) -> list[list[Any]]:
-        """``held`` without the records closed by ``when``; those never paired are emitted when ``emits``."""
-        kept = [record for record in held if after(record[0] + open_for) > when]
+        """``held`` without the records closed by ``watermark``; those never paired are emitted when ``emits``."""
+        kept = [record for record in held if record[0] + open_for >= watermark]
         if len(kept) == len(held):
             return held
         self.hooks.counters.hold(len(kept) - len(held))
         if emits:
             for ts, value, paired in held:
-                if not paired and after(ts + open_for) <= when:
-                    self._emit_unpaired(key, value, ts, side, outputs)
+                if not paired and ts + open_for < watermark:
+                    self._unpaired(key, value, ts, side, out)
         return kept
 
-    def _emit_unpaired(self, key: Any, value: Any, ts: float, side: int, outputs: Outputs) -> None:
-        element = (key, value, ts)
-        if side == LEFT:
-            results = self.outputs_of(element, lambda: [(key, self.value(key, value, None), ts)])
-        else:
-            results = self.outputs_of(element, lambda: [(key, self.value(key, None, value), ts)])
+    def _unpaired(self, key: Any, value: Any, ts: float, side: int, out: list[Element]) -> None:
+        """Add to ``out`` the record that never paired, with ``None`` on the other side."""
+        left, right = (value, None) if side == LEFT else (None, value)
+        results = self.outputs_of((key, value, ts), lambda: [(key, self.value(key, left, right), ts)])
         if results is not None:
-            outputs.emit_elements(results)
+            out.extend(results)
