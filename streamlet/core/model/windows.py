@@ -90,6 +90,12 @@ class Ticks:
         # a unit of 1/n s: tick / n is one correctly rounded float division, ~40x cheaper than a Fraction
         self._divisor = self.unit.denominator if self.unit.numerator == 1 else 0
 
+    @property
+    def divisor(self) -> int:
+        """``n`` for a unit of ``1/n`` s, where a tick in seconds is ``tick / n`` (what :meth:`seconds` gives,
+        for loops that convert many ticks without a call each); 0 for other units."""
+        return self._divisor
+
     def of(self, seconds: float) -> int:
         """The tick nearest to ``seconds``."""
         return round(seconds * self.per_second)

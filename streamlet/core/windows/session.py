@@ -1,103 +1,30 @@
 """Session windows (``SessionWindow``): per key, records less than a gap apart share a window.
 
-All times are whole ticks (``Ticks``), so merging is exact integer arithmetic. A key holds a few sessions
-at most (they are disjoint and do not touch), kept in a list by start; which session closes next is a
-heap of deadlines. Sessions change bounds as records extend or merge them, so heap entries are not
-updated in place: a new entry is pushed, and an entry that no longer matches its session is skipped when
-it comes up (and dropped when the heap is compacted).
+A key holds a few sessions at most (disjoint, not touching), chained by start (``session_agenda.Session``).
+A record that opens its key's first session, or falls inside or stretches its key's one open session, is
+placed in the batch loop itself; anything else (several sessions, a fired one, a bridge between two) goes
+through :meth:`SessionLogic.merge`. Open sessions wait on an agenda by end, fired ones kept for lateness on
+one by when that ends (``session_agenda.Agenda``): a watermark fires every session it passed in one sweep.
+When the task only passes folded results on (``window_reduce``, ``emits_results``), a sweep hands over one
+window holding the results of all the sessions it fired, made here as the elements the task emits.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Iterator
 from operator import attrgetter
 from typing import Any
 
 from streamlet.core.model.encoding import hashable
 from streamlet.core.model.record import Batch
-from streamlet.core.model.windows import FoldHow, Ticks
+from streamlet.core.model.windows import Ticks
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic, window_data, window_from
+from streamlet.core.windows.session_agenda import NOTHING, Agenda, Session, combine, fold_steps
 
-__all__ = ("EventTimeSessionLogic", "ProcessingTimeSessionLogic", "SessionLogic")
+__all__ = ("EventTimeSessionLogic", "ProcessingTimeSessionLogic", "SessionLogic", "combine")
 
-
-class Session:
-    """One key's session ``[start, end)`` in ticks, and the window that holds its records or folded value."""
-
-    __slots__ = ("alive", "end", "fired", "key", "start", "window")
-
-    def __init__(self, key: Any, start: int, end: int, window: ClosedWindow, fired: bool = False) -> None:
-        self.key = key
-        self.start, self.end = start, end
-        self.window = window
-        self.fired = fired  # handed to the task already, and kept for allowed lateness
-        self.alive = True  # False once merged into another session or dropped
-
-    def __repr__(self) -> str:
-        return f"Session({self.key!r}, {self.start}, {self.end}, fired={self.fired})"
-
-
-_START = attrgetter("start")
-
-# (deadline tick, start tick, key rank, push order, session): ordered by end, then start, then key arrival
-_Entry = tuple[int, int, int, int, Session]
-
-
-class _Agenda:
-    """Sessions by a deadline, for sessions whose bounds keep changing: an entry is valid only while
-    ``valid(entry)`` holds; stale entries are skipped when they come up and dropped when they pile up."""
-
-    def __init__(self, valid: Callable[[_Entry], bool]) -> None:
-        self.valid = valid
-        self.heap: list[_Entry] = []
-        self.order = itertools.count()
-        self.compact_at = 64
-
-    def push(self, when: int, session: Session, rank: int) -> None:
-        """Schedule ``session`` at tick ``when`` (tied deadlines go by start, then ``rank``)."""
-        heapq.heappush(self.heap, (when, session.start, rank, next(self.order), session))
-        if len(self.heap) > self.compact_at:
-            self.heap = [entry for entry in self.heap if self.valid(entry)]
-            heapq.heapify(self.heap)
-            self.compact_at = 2 * len(self.heap) + 64
-
-    def pop_through(self, tick: float) -> list[Session]:
-        """Valid sessions with a deadline at or before ``tick``, in order, taken off the agenda."""
-        due: list[Session] = []
-        taken: set[int] = set()  # a session fired again without moving has two entries alike
-        heap = self.heap
-        while heap and heap[0][0] <= tick:
-            entry = heapq.heappop(heap)
-            if self.valid(entry) and id(entry[4]) not in taken:
-                taken.add(id(entry[4]))
-                due.append(entry[4])
-        return due
-
-    def first(self) -> int | None:
-        """The earliest valid deadline, if any."""
-        heap = self.heap
-        while heap and not self.valid(heap[0]):
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
-
-    def clear(self) -> None:
-        """Forget every entry."""
-        self.heap = []
-
-
-def combine(how: FoldHow, earlier: Any, later: Any) -> Any:
-    """Two folded values of one key merged, as if ``later``'s records had been folded after ``earlier``'s."""
-    if how in ("sum", "count"):  # a count is a sum of ones
-        return earlier + later
-    if how == "min":
-        return later if later < earlier else earlier
-    if how == "max":
-        return later if later > earlier else earlier
-    fn: Any = how
-    return fn(earlier, later)
+_CLOSING_ORDER = attrgetter("end", "start", "rank")
 
 
 class SessionLogic(WindowLogic):
@@ -112,110 +39,196 @@ class SessionLogic(WindowLogic):
     def __init__(self, gap: float, ticks: Ticks | None = None) -> None:
         self.ticks = ticks = ticks or Ticks(0.001)
         self.gap = ticks.of(gap)
-        self.sessions: dict[Any, list[Session]] = {}  # per key, by start: open ones and fired ones kept
-        # A key's place in the order of arrival, to order sessions with equal bounds; a key that has no
-        # session left is forgotten and gets a new place when it comes back.
-        self.ranks: dict[Any, int] = {}
+        self.sessions: dict[Any, Session] = {}  # per key, its first session by start: open ones and fired ones kept
+        # A key's place in the order of arrival orders sessions with equal bounds (``Session.rank``); a key
+        # that has no session left is forgotten and gets a new place when it comes back.
         self.next_rank = 0
-        self.closing = _Agenda(self._closes_then)  # open sessions by end
-        self.expiring = _Agenda(self._expires_then)  # fired sessions kept, by end + lateness
+        self.closing = Agenda()  # open sessions by end
+        self.expiring = Agenda()  # fired sessions kept, by end + lateness
 
     # -- placing and merging ------------------------------------------------------
 
+    def held(self, key: Any) -> Iterator[Session]:
+        """``key``'s sessions, by start."""
+        session = self.sessions.get(key)
+        while session is not None:
+            yield session
+            session = session.next
+
     def touching(self, key: Any, start: int, end: int) -> list[Session]:
         """``key``'s sessions that overlap or touch ``[start, end)``, by start."""
-        held = self.sessions.get(key)
-        return [] if held is None else [s for s in held if s.start <= end and start <= s.end]
+        return [s for s in self.held(key) if s.start <= end and start <= s.end]
 
     def merge(self, key: Any, start: int, end: int, touching: list[Session]) -> Session:
-        """The open session of ``key`` that holds ``[start, end)``: ``touching`` merged, or a new one."""
+        """The open session of ``key`` that holds ``[start, end)``: ``touching`` merged, or a new one.
+
+        Scheduling it is the caller's (:meth:`schedule`), or firing it: one that was fired is open again and
+        on no agenda, a new one on none yet.
+        """
         if len(touching) == 1 and not touching[0].fired and touching[0].start <= start and end <= touching[0].end:
-            return touching[0]  # the common case, a record inside its open session: nothing moves
+            return touching[0]  # a record inside its open session: nothing moves
         if not touching:
-            session = Session(key, start, end, ClosedWindow(0.0, 0.0, {}))
-            held = self.sessions.get(key)
-            if held is None:
-                held = self.sessions[key] = []
-                self.ranks[key] = self.next_rank
-                self.next_rank += 1
-            held.append(session)
-        else:
-            session = touching[0]
-            for other in touching[1:]:  # later sessions: their records follow this one's
-                self._absorb(session, other)
-            start, end = min(start, session.start), max(end, session.end)
-        session.start, session.end, session.fired = start, end, False
-        whole = self.whole_seconds
-        session.window.start, session.window.end = self.ticks.bound(start, whole), self.ticks.bound(end, whole)
-        self.sessions[key].sort(key=_START)
-        self.closing.push(end, session, self.ranks[key])
+            return self._open(key, start, end)
+        session = touching[0]
+        for other in touching[1:]:  # later sessions: their records follow this one's
+            self._absorb(session, other)
+        if session.fired:  # open again
+            self.expiring.remove(session)
+            session.fired = False
+        session.start, session.end = min(start, session.start), max(end, session.end)
+        session.whole = self.whole_seconds
+        return session
+
+    def _open(self, key: Any, start: int, end: int) -> Session:
+        records: dict[int, Batch] | None = {} if self.fold is None else None
+        first = self.sessions.get(key)
+        if first is None:
+            session = Session(key, start, end, self.next_rank, self.whole_seconds, records)
+            self.next_rank += 1
+            self.sessions[key] = session
+            return session
+        session = Session(key, start, end, first.rank, self.whole_seconds, records)
+        if start < first.start:  # disjoint from the others: its place by start is unique
+            session.next, self.sessions[key] = first, session
+            return session
+        before = first
+        while before.next is not None and before.next.start < start:
+            before = before.next
+        session.next, before.next = before.next, session
         return session
 
     def _absorb(self, session: Session, other: Session) -> None:
         """Move ``other``'s bounds and contents into ``session`` (``other`` starts later)."""
         session.end = max(session.end, other.end)
-        window, taken = session.window, other.window
-        for port, records in taken.records.items():
-            window.records.setdefault(port, []).extend(records)
-        if taken.folded is not None:
-            if window.folded is None:
-                window.folded = taken.folded
+        if other.records:
+            assert session.records is not None  # both keep records: the logic does not fold
+            for port, records in other.records.items():
+                session.records.setdefault(port, []).extend(records)
+        if other.value is not NOTHING:
+            if session.value is NOTHING:
+                session.value = other.value
             else:
                 assert self.fold is not None  # folded values exist only when folding
-                for key, value in taken.folded.items():
-                    window.folded[key] = (
-                        combine(self.fold, window.folded[key], value) if key in window.folded else value
-                    )
-            window.last_ts = taken.last_ts
-        self._drop(other)
+                session.value = combine(self.fold, session.value, other.value)
+            session.last_ts = other.last_ts
+        self._forget(other)
 
-    def _drop(self, session: Session) -> None:
-        session.alive = False
-        held = self.sessions[session.key]
-        held.remove(session)
-        if not held:
-            del self.sessions[session.key]
-            del self.ranks[session.key]
+    def take(self, session: Session, port: int, records: Batch) -> None:
+        """Put ``records`` (of the session's key) into ``session``: fold them, or keep them for ``port``."""
+        if session.records is not None:
+            kept = session.records.get(port)
+            if kept is None:
+                session.records[port] = list(records)
+            else:
+                kept.extend(records)
+            return
+        assert self.fold is not None
+        initial, step = fold_steps(self.fold)
+        value = session.value
+        for record in records:
+            if value is NOTHING:
+                value = record[1] if initial is NOTHING else step(initial, record[1])
+            else:
+                value = step(value, record[1])
+        session.value, session.last_ts = value, records[-1][2]
+
+    def schedule(self, session: Session) -> None:
+        """Put an open session on the closing agenda at its end, unless it is there already."""
+        if session.due != session.end:
+            self.closing.put(session, session.end)
+
+    def _forget(self, session: Session) -> None:
+        """Drop ``session``: off its agenda, out of its key's chain."""
+        if session.due is not None:
+            (self.expiring if session.fired else self.closing).remove(session)
+        self._unchain(session)
+
+    def _unchain(self, session: Session) -> None:
+        key = session.key
+        first = self.sessions[key]
+        if first is session:
+            if session.next is None:
+                del self.sessions[key]  # the key is forgotten: it gets a new rank when it comes back
+            else:
+                self.sessions[key] = session.next
+            return
+        while first.next is not session:
+            first = first.next  # type: ignore[assignment]  # session is in the chain
+        first.next = session.next
 
     # -- firing ---------------------------------------------------------------------
 
-    def _closes_then(self, entry: _Entry) -> bool:
-        when, start, _, _, session = entry
-        return session.alive and not session.fired and session.end == when and session.start == start
+    def fire(self, due: list[Session], firing: str, through: float) -> list[ClosedWindow]:
+        """Hand ``due`` over in order, marked ``firing``; each is kept while its lateness lasts past ``through``.
 
-    def _expires_then(self, entry: _Entry) -> bool:
-        session = entry[4]
-        return session.alive and session.fired and session.end + self.lateness == entry[0]
+        With ``emits_results``, as one window holding their results; else one window each (a copy of what a
+        kept session holds: it keeps taking records).
+        """
+        if not due:
+            return []
+        self._retire(due, through)
+        if self.emits_results:
+            return [self.results_window(due, firing)]
+        return [self.window_of(session, firing) for session in due]
 
-    def fire(self, session: Session, firing: str, through: float) -> ClosedWindow:
-        """Hand ``session`` over, marked ``firing``; keep it while its lateness lasts past ``through``."""
-        if session.end + self.lateness <= through:
-            self._drop(session)
-            session.window.firing = firing
-            return session.window
-        session.fired = True
-        self.expiring.push(session.end + self.lateness, session, self.ranks[session.key])
-        # a copy: the task gets what the session holds now, and the session keeps taking records
-        window = session.window
-        records = {port: list(batch) for port, batch in window.records.items()}
-        folded = None if window.folded is None else dict(window.folded)
-        return ClosedWindow(window.start, window.end, records, folded, last_ts=window.last_ts, firing=firing)
+    def _retire(self, due: list[Session], through: float) -> None:
+        """Keep each of ``due`` (on no agenda) on the expiring agenda while its lateness lasts past ``through``,
+        or drop it."""
+        lateness, sessions = self.lateness, self.sessions
+        for session in due:
+            if lateness and session.end + lateness > through:
+                session.fired = True
+                self.expiring.put(session, session.end + lateness)
+            elif session.next is None and sessions[session.key] is session:  # the common case, without a call
+                del sessions[session.key]
+            else:
+                self._unchain(session)
+
+    def results_window(self, sessions: list[Session], firing: str) -> ClosedWindow:
+        """One window standing for ``sessions``: their results as ``window_reduce`` emits them, in order (its
+        bounds span them)."""
+        ticks = self.ticks
+        bound, divisor = ticks.bound, ticks.divisor
+        results: Batch = []
+        add = results.append
+        for s in sessions:
+            start, end = s.start, s.end
+            if divisor and not s.whole:  # what Ticks.seconds does, without a call per bound
+                add((s.key, s.value, (end - 1) / divisor, 0, (start / divisor, end / divisor), firing))
+            else:
+                add((s.key, s.value, ticks.seconds(end - 1), 0, (bound(start, s.whole), bound(end, s.whole)), firing))
+        first, last = sessions[0], sessions[-1]
+        return ClosedWindow(
+            bound(first.start, first.whole), bound(last.end, last.whole), {}, firing=firing, results=results
+        )
+
+    def window_of(self, session: Session, firing: str) -> ClosedWindow:
+        """``session`` as a window (its records copied: a fired session may take more)."""
+        whole = session.whole
+        start, end = self.ticks.bound(session.start, whole), self.ticks.bound(session.end, whole)
+        folded = None if session.value is NOTHING else {session.key: session.value}
+        records = {port: list(batch) for port, batch in (session.records or {}).items()}
+        return ClosedWindow(start, end, records, folded, last_ts=session.last_ts, firing=firing)
 
     def fire_through(self, tick: float) -> list[ClosedWindow]:
         """Open sessions that end at or before ``tick``, fired on time in order; fired ones expired."""
-        closed = [self.fire(session, "on_time", tick) for session in self.closing.pop_through(tick)]
+        closed = self.fire(self.closing.pop_through(tick), "on_time", tick)
         for session in self.expiring.pop_through(tick):
-            self._drop(session)
+            self._forget(session)
         return closed
 
     def close_all(self) -> list[ClosedWindow]:
         """End of stream: every open session, in firing order (fired ones kept for lateness are done)."""
-        open_sessions = [s for held in self.sessions.values() for s in held if not s.fired]
-        open_sessions.sort(key=lambda s: (s.end, s.start, self.ranks[s.key]))
-        self.sessions, self.ranks = {}, {}
+        open_sessions = [s for key in self.sessions for s in self.held(key) if not s.fired]
+        open_sessions.sort(key=_CLOSING_ORDER)
+        self.sessions = {}
         self.closing.clear()
         self.expiring.clear()
-        return [session.window for session in open_sessions]
+        if not open_sessions:
+            return []
+        if self.emits_results:
+            return [self.results_window(open_sessions, "on_time")]
+        return [self.window_of(session, "on_time") for session in open_sessions]
 
     def result_ts(self, window: ClosedWindow) -> float | None:
         """A session's results carry its last tick, as a time window's do."""
@@ -225,26 +238,44 @@ class SessionLogic(WindowLogic):
 
     def snapshot(self) -> Any:
         sessions = [
-            [key, self.ranks[key], [[s.start, s.end, s.fired, window_data(s.window)] for s in held]]
-            for key, held in self.sessions.items()
+            [
+                key,
+                first.rank,
+                [[s.start, s.end, s.fired, window_data(self.window_of(s, "on_time"))] for s in self.held(key)],
+            ]
+            for key, first in self.sessions.items()
         ]
         return {"sessions": sessions, "next_rank": self.next_rank, "late": self.late}
 
     def restore(self, snapshot: Any) -> None:
-        self.sessions, self.ranks = {}, {}
+        self.sessions = {}
         self.closing.clear()
         self.expiring.clear()
         for key_data, rank, held in snapshot["sessions"]:
             key = hashable(key_data)  # plain msgpack gives lists for tuples
-            self.ranks[key] = rank
-            self.sessions[key] = [Session(key, start, end, window_from(w), fired) for start, end, fired, w in held]
-            for session in self.sessions[key]:
+            chain = [_restored(key, rank, *data) for data in held]
+            for session, after in zip(chain, [*chain[1:], None], strict=True):
+                session.next = after
                 if session.fired:
-                    self.expiring.push(session.end + self.lateness, session, rank)
+                    self.expiring.put(session, session.end + self.lateness)
                 else:
-                    self.closing.push(session.end, session, rank)
+                    self.closing.put(session, session.end)
+            self.sessions[key] = chain[0]
         self.next_rank = snapshot["next_rank"]
         self.late = snapshot["late"]
+
+
+def _restored(key: Any, rank: int, start: int, end: int, fired: bool, data: list[Any]) -> Session:
+    """A session back from its snapshot entry (``SessionLogic.snapshot``)."""
+    window = window_from(data)
+    # int bounds come only from int timestamps: the same flag gives the same bounds again
+    whole = type(window.start) is int or type(window.end) is int
+    session = Session(key, start, end, rank, whole, None if window.folded is not None else window.records)
+    session.fired = fired
+    if window.folded is not None:
+        [session.value] = window.folded.values()  # a session holds one key
+        session.last_ts = window.last_ts
+    return session
 
 
 class ProcessingTimeSessionLogic(SessionLogic):
@@ -258,7 +289,9 @@ class ProcessingTimeSessionLogic(SessionLogic):
             by_key.setdefault(record[0], []).append(record)
         end = tick + self.gap
         for key, records in by_key.items():
-            self.collect(self.merge(key, tick, end, self.touching(key, tick, end)).window, port, records)
+            session = self.merge(key, tick, end, self.touching(key, tick, end))
+            self.take(session, port, records)
+            self.schedule(session)
         return closed, []
 
     def on_time(self, now: float) -> list[ClosedWindow]:
@@ -287,39 +320,79 @@ class EventTimeSessionLogic(SessionLogic):
         if self.refuse_missing_ts and any(record[2] is None for record in batch):
             raise ValueError("a record has no ts")  # the task instance names it
         fired: list[ClosedWindow] = self._catch_up() if self.overdue else []
+        late: Batch = []
         if batch:
             self.whole_seconds = type(batch[0][2]) is int  # int timestamps: whole-second bounds stay ints
-        late: Batch = []
-        # Records are collected in runs (consecutive records of one open session) to fold them at once.
-        run: Batch = []
-        run_session: Session | None = None
-        for record in batch:
-            tick = self.ticks.of(now if record[2] is None else record[2])
-            end = tick + self.gap
-            touching = self.touching(record[0], tick, end)
-            if not touching and end + self.lateness <= self.watermark:
-                late.append(record)
-                continue
-            if len(touching) > 1 and run_session in touching:  # the run's session merges into another
-                assert run_session is not None
-                self.collect(run_session.window, port, run)
-                run = []
-            session = self.merge(record[0], tick, end, touching)
-            if session.end <= self.watermark:  # behind the watermark: within lateness, so it fires now
-                self.collect(session.window, port, [record])
-                fired.append(self.fire(session, "late", self.watermark))
-                continue
-            if session is not run_session:
-                if run:
-                    assert run_session is not None
-                    self.collect(run_session.window, port, run)
-                run, run_session = [], session
-            run.append(record)
-        if run:
-            assert run_session is not None
-            self.collect(run_session.window, port, run)
+            self._place_all(port, batch, now, late, fired)
         self.late += len(late)
         return fired, late
+
+    def _place_all(self, port: int, batch: Batch, now: float, late: Batch, fired: list[ClosedWindow]) -> None:
+        """Every record of ``batch`` into its session: the common cases here, the others by :meth:`_place`.
+
+        Every open session ends after the watermark (the overdue ones fired first), so a record that opens its
+        key's first session, or joins or stretches its key's one open session, cannot make it fire: it is folded
+        in (or kept), and new or stretched sessions go on the closing agenda together after the loop.
+        """
+        per_second, gap, watermark, whole = self.ticks.per_second, self.gap, self.watermark, self.whole_seconds
+        sessions = self.sessions
+        folding = self.fold is not None
+        initial, step = fold_steps(self.fold) if self.fold is not None else (NOTHING, _no_step)
+        moved: list[Session] = []
+        for record in batch:
+            key, ts = record[0], record[2]
+            tick = round((now if ts is None else ts) * per_second)
+            end = tick + gap
+            session = sessions.get(key)
+            if session is None:
+                if end <= watermark:  # late, or a session of its own that fires at once
+                    self._place_aside(moved, port, record, tick, end, late, fired)
+                    continue
+                session = Session(key, tick, end, self.next_rank, whole, None if folding else {})
+                self.next_rank += 1
+                sessions[key] = session
+                moved.append(session)
+                if folding:
+                    session.value = record[1] if initial is NOTHING else step(initial, record[1])
+                    session.last_ts = ts
+                    continue
+            elif session.next is None and not session.fired and session.start <= end and tick <= session.end:
+                if tick < session.start:  # it stretches its session back
+                    session.start, session.whole = tick, whole
+                if end > session.end:  # ... or on: it closes later
+                    session.end, session.whole = end, whole
+                    moved.append(session)
+                if folding:
+                    session.value = step(session.value, record[1])
+                    session.last_ts = ts
+                    continue
+            else:
+                self._place_aside(moved, port, record, tick, end, late, fired)
+                continue
+            self.take(session, port, [record])
+        self.closing.put_ends(moved)
+
+    def _place_aside(
+        self, moved: list[Session], port: int, record: Any, tick: int, end: int, late: Batch, fired: list[ClosedWindow]
+    ) -> None:
+        """:meth:`_place`, once the sessions the batch loop moved are on the agenda (a merge may drop one)."""
+        self.closing.put_ends(moved)
+        moved.clear()
+        self._place(port, record, tick, end, late, fired)
+
+    def _place(self, port: int, record: Any, tick: int, end: int, late: Batch, fired: list[ClosedWindow]) -> None:
+        """``record`` placed wherever the batch loop does not place it: late, merging, or firing late at once."""
+        key = record[0]
+        touching = self.touching(key, tick, end)
+        if not touching and end + self.lateness <= self.watermark:
+            late.append(record)
+            return
+        session = self.merge(key, tick, end, touching)
+        self.take(session, port, [record])
+        if session.end <= self.watermark:  # behind the watermark: within lateness, so it fires now
+            fired += self.fire([session], "late", self.watermark)
+        else:
+            self.schedule(session)
 
     def advance(self, watermark: float) -> list[ClosedWindow]:
         tick = self.ticks.of(watermark)
@@ -350,3 +423,7 @@ class EventTimeSessionLogic(SessionLogic):
         self.watermark = snapshot["watermark"]
         passed = [self.closing.first(), self.expiring.first()]
         self.overdue = any(when is not None and when <= self.watermark for when in passed)
+
+
+def _no_step(value: Any, _new: Any) -> Any:
+    return value  # never called: a logic that does not fold keeps records
