@@ -14,9 +14,17 @@ room, idle CPU (below the source's, after taking the instance's share) and
 fewest instances of that task. A cheap stage, or one that waits on I/O,
 stays where dispatch put it.
 
-What the policy learns is kept as a **CPU hint** per topology and task, so
-that the next time the topology is placed (a resubmission, a recovery) the
-task's instances are spread from the start (``dispatch.assign(spread=...)``).
+What the policy finds is kept at once as a **CPU hint** per topology and
+task, so that the next time the topology is placed (a resubmission, a
+recovery) the task's instances are spread from the start
+(``dispatch.assign(spread=...)``). The move itself waits until the source
+worker's part has run :data:`SETTLED` seconds: a live change off a worker
+whose core is saturated takes seconds (its control plane shares the event
+loop with the CPU-bound instances: about 200 ms a coordination step, 2.5
+to 3.5 s a migration, measured on the parallel benchmark's job), a job
+whose input runs out during a change restarts its attempt from the last
+checkpoint, and a job that has run a few seconds is likely to run as long
+again; a shorter one was never worth moving.
 
 Pure: placements and loads in, at most one migration out.
 """
@@ -30,6 +38,7 @@ from dataclasses import dataclass
 from streamlet.adaptation.rebalance import Migration
 
 CPU_BOUND = 0.75  # a share of one core: a task's co-located instances taking this much of it are CPU-bound
+SETTLED = 3.0  # seconds a worker's part runs before an instance moves off it (see above)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +52,36 @@ class Spreading:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class CpuBound:
+    """A finding: ``task``'s ``instances`` (by index) on ``worker`` take ``cpu`` of its core together."""
+
+    task: str
+    worker: str
+    instances: tuple[str, ...]
+    cpu: float
+
+
+def cpu_bound(
+    placed: Mapping[str, str], busy: Mapping[str, float], cpu: Mapping[str, float], movable: Callable[[str], bool]
+) -> list[CpuBound]:
+    """Every task CPU-bound on a worker (see the module docstring), the busiest worker first.
+
+    ``placed``: instance (``"task.index"``) -> worker; ``busy``: instance -> share of its measured time it was
+    busy; ``cpu``: live worker -> its process's share of a core; only ``movable`` instances count as crowding.
+    """
+    found = []
+    for worker in sorted(cpu, key=lambda worker: (-cpu[worker], worker)):
+        if cpu[worker] < CPU_BOUND:
+            break  # sorted: no worker further on burns enough of a core either
+        everything = sum(busy.get(instance, 0.0) for instance, where in placed.items() if where == worker)
+        for task, instances in _crowded_tasks(placed, worker, movable) if everything > 0.0 else []:
+            taken = cpu[worker] * sum(busy.get(instance, 0.0) for instance in instances) / everything
+            if taken >= CPU_BOUND:
+                found.append(CpuBound(task, worker, tuple(instances), taken))
+    return found
+
+
 def spread(
     placed: Mapping[str, str],
     busy: Mapping[str, float],
@@ -50,10 +89,10 @@ def spread(
     room: Mapping[str, int],
     movable: Callable[[str], bool],
     may_run: Callable[[str, str], bool] = lambda instance, worker: True,
+    settled: Callable[[str], bool] = lambda worker: True,
 ) -> Spreading | None:
-    """``placed``: instance (``"task.index"``) -> worker; ``busy``: instance -> share of its measured time it was
-    busy; ``cpu``: live worker -> its process's share of a core; ``room``: worker -> instances it can still
-    take. The first move that spreads a CPU-bound task, if any (the busiest worker first).
+    """The first move that spreads a CPU-bound task (:func:`cpu_bound`), if any: from a worker ``settled`` says
+    may hand one over, to one with room (``room``: worker -> instances it can still take) that may run it.
 
     >>> placed = {"feed.0": "w0", "work.0": "w0", "work.1": "w0"}
     >>> busy = {"feed.0": 0.05, "work.0": 0.45, "work.1": 0.45}
@@ -61,21 +100,15 @@ def spread(
     >>> (found.migration.instance, found.migration.target)
     ('work.1', 'w1')
     """
-    for source in sorted(cpu, key=lambda worker: (-cpu[worker], worker)):
-        if cpu[source] < CPU_BOUND:
-            return None  # sorted: no worker further on burns enough of a core either
-        everything = sum(busy.get(instance, 0.0) for instance, worker in placed.items() if worker == source)
-        if everything <= 0.0:
-            continue  # nothing measured there yet
-        for task, instances in _crowded_tasks(placed, source, movable):
-            taken = cpu[source] * sum(busy.get(instance, 0.0) for instance in instances) / everything
-            if taken < CPU_BOUND:
-                continue
-            moving = instances[-1]  # the highest index: the same input always gives the same move
-            target = _target(task, moving, source, taken / len(instances), placed, cpu, room, may_run)
-            if target is not None:
-                reason = _reason(task, instances, taken, source, cpu, target)
-                return Spreading(Migration(moving, source, target), task, taken, reason)
+    for finding in cpu_bound(placed, busy, cpu, movable):
+        if not settled(finding.worker):
+            continue
+        source, instances, taken = finding.worker, list(finding.instances), finding.cpu
+        moving = instances[-1]  # the highest index: the same input always gives the same move
+        target = _target(finding.task, moving, source, taken / len(instances), placed, cpu, room, may_run)
+        if target is not None:
+            reason = _reason(finding.task, instances, taken, source, cpu, target)
+            return Spreading(Migration(moving, source, target), finding.task, taken, reason)
     return None
 
 

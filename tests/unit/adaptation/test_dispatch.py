@@ -68,20 +68,22 @@ def test_a_task_allowed_nowhere_registered_is_an_error() -> None:
 
 def test_an_instance_goes_where_its_state_is_when_that_worker_has_room() -> None:
     """count.1's state is on w1 (then w2): it goes there, not beside its upstream on w0; out.0 prefers w2,
-    which is full, so it falls back to w1's other choice rules (co-location with its upstream)."""
+    which is full, so it falls back to the other choice rules (co-location with its upstream: count.0 on w0
+    and count.1 on w1 tie, the less loaded w1 wins)."""
     workers = [WorkerLoad("w0", 8), WorkerLoad("w1", 8), WorkerLoad("w2", 1, used=1)]
     prefer = {("count", 1): ["w1", "w2"], ("out", 0): ["w2"]}
     placed = assign(CHAIN, UPSTREAM, workers, prefer=prefer)
     assert placed == {
         ("src", 0): "w0", ("split", 0): "w0", ("split", 1): "w0", ("count", 0): "w0", ("count", 1): "w1",
-        ("out", 0): "w0",
+        ("out", 0): "w1",
     }  # fmt: skip
 
 
 def test_a_cpu_bound_task_spreads_while_cheap_stages_stay_co_located() -> None:
-    """With 'split' hinted CPU-bound, its two instances take a worker each; the rest joins its upstream."""
+    """With 'split' hinted CPU-bound, its two instances take a worker each; the rest joins its upstream (each
+    count instance has one split instance on each worker: a tie, which the less loaded worker wins)."""
     placed = assign(CHAIN, UPSTREAM, [WorkerLoad("w0", 8), WorkerLoad("w1", 8)], spread={"split"})
-    assert [placed[i] for i in CHAIN] == ["w0", "w0", "w1", "w0", "w0", "w0"]
+    assert [placed[i] for i in CHAIN] == ["w0", "w0", "w1", "w1", "w0", "w1"]
 
 
 def test_a_spread_task_still_fills_a_worker_when_no_other_has_room() -> None:

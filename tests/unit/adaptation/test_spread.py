@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from streamlet.adaptation.settings import AdaptSettings, parse_policies, settings_of
-from streamlet.adaptation.spread import spread
+from streamlet.adaptation.spread import CpuBound, cpu_bound, spread
 
 # the parallel benchmark's job as dispatch packs it: everything with its upstream on w0, w1 idle
 PACKED = {"numbers.0": "w0", "work.0": "w0", "work.1": "w0", "totals.0": "w0", "out.0": "w0"}
@@ -76,3 +76,10 @@ def test_a_job_naming_no_policy_spreads_and_none_names_none() -> None:
     assert parse_policies("none") == frozenset()
     assert settings_of(AdaptSettings(parse_policies("none")).to_data()).policies == frozenset()
     assert settings_of(AdaptSettings(parse_policies("autoscale")).to_data()).policies == frozenset({"autoscale"})
+
+
+def test_a_finding_comes_at_once_a_move_only_from_a_settled_worker() -> None:
+    """'work' is found CPU-bound on w0 whatever its part's age; no instance leaves w0 before it is settled."""
+    busy = {"work.0": 0.45, "work.1": 0.45}
+    assert cpu_bound(PACKED, busy, IDLE, movable) == [CpuBound("work", "w0", ("work.0", "work.1"), 0.98)]
+    assert spread(PACKED, busy, IDLE, ROOM, movable, settled=lambda worker: False) is None

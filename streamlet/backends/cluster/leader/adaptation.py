@@ -9,10 +9,10 @@ with no change under way or waiting:
 
 - ``spread``: each instance's busy share since its part started (its counters
   are cumulative from 0 there), so the first heartbeat already tells; a task
-  CPU-bound on a worker (``adaptation.spread``) has an instance migrated to a
-  worker with idle CPU, and the task's CPU hint is recorded in the same
-  transaction (``tree.hints``: the scheduler spreads it from the start the
-  next time the topology is placed).
+  CPU-bound on a worker (``adaptation.spread``) gets its CPU hint recorded at
+  once (``tree.hints``: the scheduler spreads it from the start the next time
+  the topology is placed), and once that worker's part has run ``SETTLED``
+  seconds one of its instances is migrated to a worker with idle CPU.
 
 Every ``interval`` (the job's ``AdaptSettings``), for the same jobs:
 
@@ -54,17 +54,17 @@ from streamlet.adaptation.rebalance import Migration
 from streamlet.adaptation.session_table import balance, session_tasks
 from streamlet.adaptation.settings import AdaptSettings, settings_of
 from streamlet.adaptation.shedding import decide, held_back, window_latency
-from streamlet.adaptation.spread import CPU_BOUND, spread
+from streamlet.adaptation.spread import CPU_BOUND, SETTLED, CpuBound, cpu_bound, spread
 from streamlet.backends.cluster.tree import hints, paths, rebalancing
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree.election import LeaderFence
 from streamlet.backends.cluster.tree.lifecycle import JobState, state_of
 from streamlet.backends.cluster.tree.loads import live, live_loads
 from streamlet.backends.cluster.tree.outline import Outlines
-from streamlet.backends.cluster.tree.paths import ReconfigureRequest
+from streamlet.backends.cluster.tree.paths import CpuHint, ReconfigureRequest
 from streamlet.backends.cluster.tree.registry import workers
 from streamlet.backends.cluster.tree.signing import verify
-from streamlet.backends.cluster.tree.store import ClusterStore, Create, Op, SetData, read_all
+from streamlet.backends.cluster.tree.store import ClusterStore, Create, SetData, read_all
 from streamlet.core.model import world
 from streamlet.core.model.qos import QoS
 from streamlet.core.model.topology import Topology
@@ -249,47 +249,59 @@ class AdaptationLoop:
         return await self._migrate(job, "migrate", handing.migration, handing.reason)
 
     async def _spread(self, job: str, topology: str, current: Beats, now: float) -> dict[str, Any] | None:
-        """The spread policy on each instance's busy share since its part started; its move, with the task's
-        CPU hint recorded in the same transaction."""
+        """The spread policy on each instance's busy share since its part started: a CPU-bound task's hint is
+        recorded at once, and one of its instances migrated once its worker's part has run ``SETTLED``."""
         views = live(await workers(self.store), now)
         cpu = {view.worker_id: float((view.load or {}).get("cpu_share", 0.0)) for view in views}
         if max(cpu.values(), default=0.0) < CPU_BOUND:
             return None  # no process burns a core: nothing is CPU-bound (the usual case, read in one look)
-        busy = await self._busy_since_start(job, current)
+        busy, ages = await self._since_start(job, current)
         beating = {name: worker for worker, (_, snapshots) in current.items() for name in snapshots}
-        unbounded = dict.fromkeys(cpu, len(beating))
-        if spread(beating, busy, cpu, unbounded, lambda instance: True) is None:
-            return None  # the cheap look (the beats alone) finds nothing: no need to read the job's situation
+        findings = cpu_bound(beating, busy, cpu, lambda instance: True)  # the beats alone: a cheap first look
+        if not findings:
+            return None
+        await self._hint(topology, job, findings, now)
+        if all(ages.get(finding.worker, 0.0) < SETTLED for finding in findings):
+            return None  # too young to pay for a move: the hint spreads the next placement
         found = await rebalancing.situation(self.store, job, now)
-        spreading = spread(found.placed, busy, cpu, found.room, found.movable, found.may_run)
+        settled = [worker for worker, age in ages.items() if age >= SETTLED]
+        spreading = spread(found.placed, busy, cpu, found.room, found.movable, found.may_run, settled.__contains__)
         if spreading is None:
             return None
-        hint = {"cpu": round(spreading.cpu, 3), "at": now, "job": job}
-        step = await hints.hint_step(self.store, topology, spreading.task, hint)  # type: ignore[arg-type]
-        return await self._migrate(job, "spread", spreading.migration, spreading.reason, [step])
+        return await self._migrate(job, "spread", spreading.migration, spreading.reason)
 
-    async def _busy_since_start(self, job: str, current: Beats) -> dict[str, float]:
+    async def _hint(self, topology: str, job: str, findings: list[CpuBound], now: float) -> None:
+        """Record the CPU hint of each task found CPU-bound that has none yet (fenced; logged)."""
+        known = await hints.cpu_bound_tasks(self.store, topology)
+        for finding in findings:
+            if finding.task in known:
+                continue
+            hint: CpuHint = {"cpu": round(finding.cpu, 3), "at": now, "job": job}
+            if await self.fence.commit([await hints.hint_step(self.store, topology, finding.task, hint)]):
+                known.add(finding.task)
+                reason = f"its {len(finding.instances)} instances on {finding.worker} take {finding.cpu:.0%} of a core"
+                log.info("cpu hint recorded", job=job, topology=topology, task=finding.task, reason=reason)
+
+    async def _since_start(self, job: str, current: Beats) -> tuple[dict[str, float], dict[str, float]]:
         """Instance -> its busy share of the time since its worker's part of the attempt started (counters are
-        cumulative from there; an instance a live change added later is under-counted, never over)."""
+        cumulative from there; an instance a live change added later is under-counted, never over), and
+        worker -> how long its part has run (as of its beat)."""
         assignment = await self.store.get(paths.assignment(job))
         if assignment is None:
-            return {}
+            return {}, {}
         started = await read_all(self.store, paths.started(job, int(assignment.data["attempt"])))
-        busy = {}
+        busy, ages = {}, {}
         for worker, (at, snapshots) in current.items():
-            began = float((started.get(worker) or {}).get("at", at))
-            if at - began < MEASURED:
+            ages[worker] = at - float((started.get(worker) or {}).get("at", at))
+            if ages[worker] < MEASURED:
                 continue  # too little measured yet: the next beat tells
             for name, snapshot in snapshots.items():
-                busy[name] = float(snapshot["busy"]) / (at - began)
-        return busy
+                busy[name] = float(snapshot["busy"]) / ages[worker]
+        return busy, ages
 
-    async def _migrate(
-        self, job: str, policy: str, move: Migration, reason: str, extra: list[Op] | None = None
-    ) -> dict[str, Any] | None:
+    async def _migrate(self, job: str, policy: str, move: Migration, reason: str) -> dict[str, Any] | None:
         request = reconfigure.request_node(paths.task_of(move.instance), migrate=(move.index, move.target), by=policy)
-        action = f"migrate {move.instance} to {move.target}"
-        return await self._carry_out(job, policy, request, action, reason, extra)
+        return await self._carry_out(job, policy, request, f"migrate {move.instance} to {move.target}", reason)
 
     async def _balance(
         self, job: str, topology: Topology, layout: Any, base: Beats, current: Beats
@@ -328,17 +340,11 @@ class AdaptationLoop:
         return await self._record(job, "shed", f"shed {shedding.ratio:.0%} at the sources", shedding.reason)
 
     async def _carry_out(
-        self,
-        job: str,
-        policy: str,
-        request: ReconfigureRequest,
-        action: str,
-        reason: str,
-        extra: list[Op] | None = None,
+        self, job: str, policy: str, request: ReconfigureRequest, action: str, reason: str
     ) -> dict[str, Any] | None:
-        """Leave the request for the leader (with ``extra`` steps) and record the decision (nothing, if a request
-        got there first or this leader was deposed)."""
-        if not await self.fence.commit([Create(paths.reconfigure_request(job), request), *(extra or [])]):
+        """Leave the request for the leader and record the decision (nothing, if a request got there first or
+        this leader was deposed)."""
+        if not await self.fence.commit([Create(paths.reconfigure_request(job), request)]):
             return None
         return await self._record(job, policy, action, reason)
 

@@ -273,16 +273,18 @@ class Leader:
         if not isinstance(topology, Topology):
             return await self._cannot_run(view, topology)
         loads = await live_loads(self.store, self.clock(), since=self.seeing_since)
+        spread = await cpu_bound_tasks(self.store, topology.name)
         try:
-            mapping = place(topology, loads, spread=await cpu_bound_tasks(self.store, topology.name))
+            mapping = place(topology, loads, spread=spread)
         except DispatchError as exc:
             return await self._move(view, JobState.STALLED, f"no live worker can take it: {exc}")
         assignment: Assignment = {
             "epoch": self.epoch, "attempt": 1, "instances": mapping, "boots": self._booted(mapping),
         }  # fmt: skip
         workers_ = ", ".join(sorted(set(mapping.values())))
+        hinted = f" ({', '.join(sorted(spread))} spread: CPU hint)" if spread else ""
         created = Create(paths.assignment(view.name), assignment)
-        return await self._move(view, JobState.SCHEDULED, f"assigned to {workers_}", [created], attempt=1)
+        return await self._move(view, JobState.SCHEDULED, f"assigned to {workers_}{hinted}", [created], attempt=1)
 
     async def _topology(self, view: JobView) -> Topology | str | None:
         """The job's topology as live changes left it, why it cannot run (a bad signature, code that does not

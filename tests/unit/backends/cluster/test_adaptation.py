@@ -290,8 +290,9 @@ def parallel_work() -> sl.Topology:
 
 async def test_by_default_a_cpu_bound_task_spreads_over_the_workers(paced: asyncio.Event) -> None:
     """A job that names no policy runs under 'spread': its two instances of 'work', packed on worker-0 whose
-    beats say 97 % of a core (worker-1: 5 %), take nearly all of it from the first beats on; the loop moves
-    work.1 to worker-1, live, once, records the decision and the task's CPU hint; nothing is lost or doubled."""
+    beats say 97 % of a core (worker-1: 5 %), take nearly all of it from the first beats on: the loop records
+    the task's CPU hint and, once the part has run SETTLED seconds, moves work.1 to worker-1, live, once, and
+    records the decision; nothing is lost or doubled."""
     async with SimulatedCluster(workers=2, capacity=8) as cluster:
         cluster.set_cpu("worker-0", 0.97)
         cluster.set_cpu("worker-1", 0.05)
@@ -322,18 +323,21 @@ async def test_by_default_a_cpu_bound_task_spreads_over_the_workers(paced: async
 
 async def test_a_task_hinted_cpu_bound_is_placed_spread_from_the_start(paced: asyncio.Event) -> None:
     """With a CPU hint for 'work' of the topology (from an earlier run), the scheduler gives its instances a
-    worker each; the source and the sink stay with work.0 (cheap stages are co-located as ever)."""
+    worker each; the cheap stages are co-located as ever: the source with work.0, the sink (a tie between its
+    upstream instances) with work.1, on the less loaded worker."""
     async with SimulatedCluster(workers=2, capacity=8) as cluster:
-        hint = {"cpu": 0.9, "at": 0.0, "job": "earlier"}
+        hint = {"cpu": 0.9, "at": 0.0, "job": "earlier"}  # as the loop left it
         await cluster.store.create(paths.CPU_HINTS, {"parallel-work": {"work": hint}})
         job = await cluster.submit(parallel_work, checkpoint_interval=None, adapt=AdaptSettings(frozenset()))
+        _, reason = await job.wait_for("SCHEDULED")
         await job.wait_for("RUNNING")
         assignment = await cluster.store.get(paths.assignment("parallel-work"))
         paced.set()
         outcome = await job.outcome()
+    assert reason == "assigned to worker-0, worker-1 (work spread: CPU hint)"
     assert assignment is not None
     assert assignment[0]["instances"] == {
-        "feed.0": "worker-0", "work.0": "worker-0", "work.1": "worker-1", "out.0": "worker-0",
+        "feed.0": "worker-0", "work.0": "worker-0", "work.1": "worker-1", "out.0": "worker-1",
     }  # fmt: skip
     assert (outcome.state, outcome.attempt) == ("FINISHED", 1)
     assert len(outcome.committed["out"]) == Paced.emitted
