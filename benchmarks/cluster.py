@@ -57,10 +57,12 @@ def run_on_cluster(
     capacity: int = 3,
     tls: bool = True,
     check: Check | None = None,
+    adapt: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Start a cluster of ``workers`` (``capacity`` each; ``tls``: mutual TLS between them, as ``cluster up``
-    by default), run the job ``target`` ``repeats`` times, checking each run's output with ``check`` (default:
-    the word count's totals), stop it."""  # fmt: skip
+    by default), run the job ``target`` ``repeats`` times (under the adaptation settings ``adapt``, default:
+    the cluster's), checking each run's output with ``check`` (default: the word count's totals), stop it.
+    Besides the medians: every run's rate (``rates``, in order) and its adaptation decisions' actions."""  # fmt: skip
     check = check or (lambda sinks: check_totals(sinks["totals"], records))
     with tempfile.TemporaryDirectory() as directory:
         state_dir = Path(directory)
@@ -69,13 +71,13 @@ def run_on_cluster(
             anyio.run(_wait_ready, state, workers)
             time.sleep(2.0)  # let the processes settle before reading idle memory
             idle = {p["role"]: rss_mb(int(p["pid"])) for p in state.processes if p["role"] in ("master", "worker")}
-            rates, shares, whole = [], [], []
+            rates, shares, whole, decided = [], [], [], []
             for repeat in range(repeats):
                 began = time.perf_counter()
                 outcome = anyio.run(
                     client.submit_and_wait,
                     state.settings(),
-                    client.Submission(target, f"wc{repeat}"),
+                    client.Submission(target, f"wc{repeat}", adapt=adapt),
                     True,
                     300,
                 )
@@ -90,12 +92,14 @@ def run_on_cluster(
                     if node["kind"] != "source"
                 )  # fmt: skip
                 rates.append(records / wall)
+                decided.append([decision["action"] for decision in outcome.get("decisions", [])])
                 shares.append(sum(r["tcp_records_in"] for r in reports) / received)
             gaps = anyio.run(checkpoint_gaps, state, state_dir) if workers > 1 and target == TARGET else []
             return {
                 "rate": statistics.median(rates), "tcp_share": round(statistics.median(shares), 3), "idle": idle,
                 "with_submission": statistics.median(whole),
                 "gap": round(statistics.median(gaps), 3) if gaps else None, "gaps": len(gaps),
+                "rates": rates, "decisions": decided,
             }  # fmt: skip
         finally:
             local_cluster.down(state_dir)
