@@ -348,13 +348,14 @@ class EventTimeSessionLogic(SessionLogic):
                 if end <= watermark:  # late, or a session of its own that fires at once
                     self._place_aside(moved, port, record, tick, end, late, fired)
                     continue
+                if folding:  # before the session exists: a fold that raises leaves none behind
+                    value = record[1] if initial is NOTHING else step(initial, record[1])
                 session = Session(key, tick, end, self.next_rank, whole, None if folding else {})
                 self.next_rank += 1
                 sessions[key] = session
                 moved.append(session)
                 if folding:
-                    session.value = record[1] if initial is NOTHING else step(initial, record[1])
-                    session.last_ts = ts
+                    session.value, session.last_ts = value, ts
                     continue
             elif session.next is None and not session.fired and session.start <= end and tick <= session.end:
                 if tick < session.start:  # it stretches its session back

@@ -80,14 +80,23 @@ class Agenda:
 
     def put_ends(self, sessions: list[Session]) -> None:
         """Schedule each of ``sessions`` (open ones, on this agenda or on none) at its end, unless it is there:
-        one call for a batch's new and stretched sessions."""
-        remove, link = self.remove, self._link
+        one call for a batch's new and stretched sessions (what :meth:`put` does, without two calls each)."""
+        chains, heap, remove = self.chains, self.heap, self.remove
         for session in sessions:
             when = session.end
-            if session.due != when:
-                if session.due is not None:
-                    remove(session)
-                link(session, when)
+            if session.due == when:
+                continue
+            if session.due is not None:
+                remove(session)
+            first = chains.get(when)
+            session.due, session.later = when, first
+            if first is None:
+                heapq.heappush(heap, when)
+            else:
+                first.earlier = session
+            chains[when] = session
+        if len(heap) > 2 * len(chains) + 64:
+            self._rebuild()
 
     def _link(self, session: Session, when: int) -> None:
         chains = self.chains
@@ -145,7 +154,7 @@ class Agenda:
         return heap[0] if heap else None
 
     def _rebuild(self) -> None:
-        self.heap = list(self.chains)
+        self.heap[:] = self.chains  # in place: put_ends holds the heap while it links
         heapq.heapify(self.heap)
 
     def clear(self) -> None:
