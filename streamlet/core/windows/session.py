@@ -331,8 +331,9 @@ class EventTimeSessionLogic(SessionLogic):
         """Every record of ``batch`` into its session: the common cases here, the others by :meth:`_place`.
 
         Every open session ends after the watermark (the overdue ones fired first), so a record that opens its
-        key's first session, or joins or stretches its key's one open session, cannot make it fire: it is folded
-        in (or kept), and new or stretched sessions go on the closing agenda together after the loop.
+        key's first session or one after its key's only session, or joins or stretches its key's one open
+        session, cannot make it fire: it is folded in (or kept), and new or stretched sessions go on the closing
+        agenda together after the loop.
         """
         per_second, gap, watermark, whole = self.ticks.per_second, self.gap, self.watermark, self.whole_seconds
         sessions = self.sessions
@@ -344,15 +345,18 @@ class EventTimeSessionLogic(SessionLogic):
             tick = round((now if ts is None else ts) * per_second)
             end = tick + gap
             session = sessions.get(key)
-            if session is None:
+            if session is None or (session.next is None and tick > session.end):  # the key's first, or one after
                 if end <= watermark:  # late, or a session of its own that fires at once
                     self._place_aside(moved, port, record, tick, end, late, fired)
                     continue
                 if folding:  # before the session exists: a fold that raises leaves none behind
                     value = record[1] if initial is NOTHING else step(initial, record[1])
-                session = Session(key, tick, end, self.next_rank, whole, None if folding else {})
-                self.next_rank += 1
-                sessions[key] = session
+                if session is None:
+                    session = sessions[key] = Session(key, tick, end, self.next_rank, whole, None if folding else {})
+                    self.next_rank += 1
+                else:  # after its key's one session, not touching it: next in the chain
+                    before = session
+                    session = before.next = Session(key, tick, end, before.rank, whole, None if folding else {})
                 moved.append(session)
                 if folding:
                     session.value, session.last_ts = value, ts
