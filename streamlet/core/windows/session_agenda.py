@@ -26,8 +26,8 @@ class Session:
     """One key's session ``[start, end)`` in ticks: its folded value, or its records per input port.
 
     Sessions link to each other instead of sitting in lists (a list per session is one more object for the
-    garbage collector to trace, and there are about as many sessions as records): ``next`` is the key's next
-    session by start, ``earlier``/``later`` its neighbours at its tick on an agenda.
+    garbage collector to trace, and a stream of short sessions has nearly one a record): ``next`` is the key's
+    next session by start, ``earlier``/``later`` its neighbours at its tick on an agenda.
     """
 
     __slots__ = (
