@@ -22,7 +22,7 @@ from streamlet.core.model.columnar import (
 )
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.joins import AsofJoin, IntervalJoin, JoinFunction, TableJoin, WindowJoin
-from streamlet.core.model.joins.checks import check_grace, check_interval, check_join_window
+from streamlet.core.model.joins.checks import check_grace, check_interval, join_window
 from streamlet.core.model.partition import ROUND_ROBIN, Partitioning, PartitionSpec
 from streamlet.core.model.ports import PortDeclarer
 from streamlet.core.model.qos import QoS
@@ -371,9 +371,11 @@ class Topology:
         in arrival order, as ``(key, fn(key, left, right))`` stamped with the window's last tick and carrying
         its bounds (``window_start``/``window_end``); with an outer ``how``, the records of a side that
         found no partner in that window are emitted with ``None`` for the other. Late records go to the
-        ``LATE`` port. Wire both inputs with ``partitioning=SAME_KEY``.
+        ``LATE`` port, and on event time a record without ``ts`` fails the job (a ``TaskError``). Each window
+        fires once: ``allowed_lateness`` and ``early_firing`` are refused. Wire both inputs with
+        ``partitioning=SAME_KEY``.
         """
-        check_join_window(name, window)
+        window = join_window(name, window)
         if "window" in options:
             raise TopologyError(f"task '{name}': window_join takes its window as its second argument, not window=")
         _check_join(name, WindowJoin.kinds, how, fn, options, ttl=False)

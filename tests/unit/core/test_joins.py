@@ -349,3 +349,40 @@ def test_a_join_with_nothing_on_its_right_port_is_refused() -> None:
         sl.TopologyError, match=re.escape("task 'j' has 2 input ports but input port 1 is not connected")
     ):
         topology.validate()
+
+
+async def test_window_join_on_processing_time_pairs_what_arrived_in_the_same_window(
+    manual_clock: sl.ManualClock,
+) -> None:
+    """By the job clock: records in [0, 10) pair, the window closes when the clock passes 10."""
+    topology = joined(lambda t: t.window_join("j", sl.TimeWindow(10.0)))
+    async with sl.start(topology, clock=manual_clock) as job:
+        await job.send("left", "k", "a")
+        await job.send("right", "k", "x")
+        await job.settle()
+        manual_clock.advance(11.0)
+        await job.settle()
+        assert [(r.value, r.window) for r in so_far(job)] == [(("a", "x"), (0.0, 10.0))]
+        await job.send("right", "k", "y")  # a window of its own: nothing to pair with
+        for side in ("left", "right"):
+            await job.close_source(side)
+        result = await job.wait()
+    assert [r.value for r in result.sink("out")] == [("a", "x")]
+
+
+def test_an_event_time_window_join_refuses_a_record_without_ts() -> None:
+    topology = sl.Topology("no-ts-window")
+    join = topology.window_join("j", sl.TimeWindow(10.0, time="event"))
+    join.set_input(topology.add_source("l", [sl.Record("key-2", "v", None)]), in_port=sl.LEFT, partitioning=sl.SAME_KEY)
+    join.set_input(topology.add_source("r", [sl.Record("key-2", "w", 1.0)]), in_port=sl.RIGHT, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(join)
+    with pytest.raises(
+        sl.TaskError, match=r"task 'j' instance 0 input port 0: the record with key 'key-2' has ts None"
+    ):
+        sl.run(topology)
+
+
+def test_a_window_join_fires_each_window_once() -> None:
+    """allowed_lateness (or early_firing) would fire a window again and emit its pairs twice: refused."""
+    with pytest.raises(sl.TopologyError, match=r"^task 'j': window_join fires each window once"):
+        sl.Topology("late").window_join("j", sl.TimeWindow(10.0, time="event", allowed_lateness=5.0))

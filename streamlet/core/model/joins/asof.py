@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator
+import math
 from functools import partial
 from operator import itemgetter
 from typing import Any
@@ -36,7 +36,8 @@ class AsofJoin(EventTimeJoin):
 
     def on_right(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Insert each right record among its key's versions (a ``None`` value ends the row from its ts on)."""
-        values, grace, due, order = self.state.values, self.grace, self._due, self._order
+        values, grace, scheduled = self.state.values, self.grace, self._next
+        due, order = self._due, self._order
         for element in batch:
             key, ts = element[0], element[2]
             if type(ts) is not float and type(ts) is not int:
@@ -49,14 +50,18 @@ class AsofJoin(EventTimeJoin):
                 versions.append([ts, element[1]])
             else:
                 versions.insert(bisect.bisect_right(versions, ts, key=_ts_of), [ts, element[1]])
-            if len(versions) > 1:  # once the watermark passes ts + grace, the versions before it go (at
-                # ts + grace exactly they may go too: kept one rise longer, they change no result)
-                heapq.heappush(due, (ts + grace, next(order), key))
+            if len(versions) > 1:  # once the watermark passes the second's ts + grace, the first goes (at
+                # ts + grace exactly it may go too: kept one rise longer, it changes no result)
+                when = versions[1][0] + grace
+                if when < scheduled.get(key, math.inf):
+                    scheduled[key] = when
+                    heapq.heappush(due, (when, next(order), key))
         self.hooks.counters.hold(len(batch))
 
     def on_left(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Hold each left record until the watermark passes its ts (join it now if it already has)."""
-        values, due, order = self.state.values, self._due, self._order
+        values, scheduled = self.state.values, self._next
+        due, order = self._due, self._order
         watermark, grace = self.timers.watermark, self.grace
         out: list[Element] = []
         held = 0
@@ -76,7 +81,9 @@ class AsofJoin(EventTimeJoin):
                 entry = values[key] = [[], []]
             entry[LEFT].append([ts, element[1]])
             held += 1
-            heapq.heappush(due, (ts, next(order), key))  # due once the watermark is past it
+            if ts < scheduled.get(key, math.inf):  # due once the watermark is past it
+                scheduled[key] = ts
+                heapq.heappush(due, (ts, next(order), key))
         self.hooks.counters.hold(held)
         if out:
             outputs.emit_elements(out)
@@ -100,29 +107,50 @@ class AsofJoin(EventTimeJoin):
     def _joined(self, key: Any, value: Any, right: Any, ts: float) -> list[Element]:
         return [(key, self.value(key, value, right), ts)]
 
-    def expire(self, key: Any, entry: list[Any], watermark: float, out: list[Element]) -> None:
+    def expire(self, key: Any, entry: list[Any], watermark: float, out: list[Element]) -> float | None:
         """Join the key's left records now due (the watermark passed their ts), then drop the versions no
-        left record can meet any more."""
+        left record can meet any more; when something is due next."""
         lefts, versions = entry
+        due, counters = math.inf, self.hooks.counters
         if lefts:
-            waiting = [left for left in lefts if left[0] >= watermark]
+            waiting = []
+            plain = self.fn is None and not self.keeps_left
+            for left in lefts:
+                ts = left[0]
+                if ts < watermark:
+                    if plain and versions and versions[-1][0] <= ts and versions[-1][1] is not None:
+                        out.append((key, (left[1], versions[-1][1]), ts))  # the newest version: no search
+                    else:
+                        self._join(key, left[1], ts, versions, out)
+                else:
+                    waiting.append(left)
+                    if ts < due:
+                        due = ts
             if len(waiting) < len(lefts):
+                counters.held -= len(lefts) - len(waiting)
                 entry[LEFT] = waiting
-                self.hooks.counters.hold(len(waiting) - len(lefts))
-                for ts, value in lefts:
-                    if ts < watermark:
-                        self._join(key, value, ts, versions, out)
-        self._drop_versions(entry, watermark - self.grace)
+        if versions:
+            self._drop_versions(versions, watermark - self.grace)
+            if len(versions) > 1 and versions[1][0] + self.grace < due:
+                due = versions[1][0] + self.grace
+        return None if due == math.inf else due
 
-    def whens(self, entry: list[Any]) -> Iterator[float]:
-        """When each waiting left record is due, and when each version after the first can retire those
-        before it."""
-        yield from (left[0] for left in entry[LEFT])
-        yield from (version[0] + self.grace for version in entry[RIGHT][1:])
+    def next_due(self, entry: list[Any]) -> float | None:
+        """When the first waiting left record is due, or the second version can retire the first."""
+        lefts, versions = entry
+        first = min((left[0] for left in lefts), default=math.inf)
+        if len(versions) > 1:
+            first = min(first, versions[1][0] + self.grace)
+        return None if first == math.inf else first
 
-    def _drop_versions(self, entry: list[Any], cut: float) -> None:
+    def held_in(self, entry: list[Any]) -> int:
+        """Its waiting left records and its versions."""
+        return len(entry[LEFT]) + len(entry[RIGHT])
+
+    def _drop_versions(self, versions: list[list[Any]], cut: float) -> None:
         """Keep the versions after ``cut`` and the newest at or before it (not a tombstone: it matches nothing)."""
-        versions = entry[RIGHT]
+        if len(versions) > 1 and versions[1][0] > cut and versions[0][1] is not None:
+            return  # the common case: the oldest is the newest at or before the cut, nothing to drop
         newest = bisect.bisect_right(versions, cut, key=_ts_of) - 1
         if newest < 0:
             return
@@ -130,4 +158,4 @@ class AsofJoin(EventTimeJoin):
             newest += 1  # a tombstone as the oldest version kept means what no version means
         if newest:
             del versions[:newest]
-            self.hooks.counters.hold(-newest)
+            self.hooks.counters.held -= newest

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from abc import abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Final
 
 from streamlet.core.model.constants import LATE
@@ -85,20 +85,13 @@ class JoinTask(Task):
         self.how = how
         self.fn = fn
         self.hooks = JoinHooks()
+        #: Unpaired left (right) records are emitted: ``how`` is ``"left"`` or ``"outer"`` (``"right"``, ``"outer"``).
+        self.keeps_left = how in ("left", "outer")
+        self.keeps_right = how in ("right", "outer")
 
     def declare_ports(self, ports: PortDeclarer) -> None:
         """``LEFT`` and ``RIGHT`` in, one port out (and ``LATE``)."""
         ports.set_inputs(2)
-
-    @property
-    def keeps_left(self) -> bool:
-        """Unpaired left records are emitted (``how`` is ``"left"`` or ``"outer"``)."""
-        return self.how in ("left", "outer")
-
-    @property
-    def keeps_right(self) -> bool:
-        """Unpaired right records are emitted (``how`` is ``"right"`` or ``"outer"``)."""
-        return self.how in ("right", "outer")
 
     def value(self, key: Any, left: Any, right: Any) -> Any:
         """``fn(key, left, right)``, or the default pair."""
@@ -156,30 +149,45 @@ class StreamJoin(JoinTask):
 
 
 class EventTimeJoin(StreamJoin):
-    """A join whose held records are due when the watermark passes a time: an index of ``(when, order,
-    key)`` (a heap: ``key`` has something due once the watermark is greater than ``when``) says which keys
-    to look at as the watermark rises (``advance``); each key's state says what is due."""
+    """A join whose held records are due when the watermark passes a time.
+
+    An index says which keys to look at as the watermark rises (``advance``): ``_next`` holds, per key,
+    the earliest time after which something of it is due, and ``_due`` is a heap of ``(when, order, key)``
+    with an entry for each such time (and stale ones, skipped: a key scheduled earlier since, or done).
+    One entry per key at a time rather than one per record, so a record costs a dict lookup, not a heap
+    push. The index is derived from the state: :meth:`reindex` makes it anew.
+    """
 
     #: The job tracks event time (watermarks flow) for this task.
     event_time: Final = True
 
     def __init__(self, how: str, fn: JoinFunction | None) -> None:
         super().__init__(how, fn)
-        self._due: list[tuple[float, int, Any]] = []  # (when, order, key): a key may have something due after when
+        self._next: dict[Any, float] = {}
+        self._due: list[tuple[float, int, Any]] = []
         self._order = itertools.count()  # keys of several types never meet in a comparison
 
     def advance(self, watermark: float, outputs: Outputs) -> None:
         """The watermark reached ``watermark``: every key with something due then, once each, in the
-        order their first due time came; what they emit leaves as one batch."""
-        due, keys = self._due, dict[Any, None]()
+        order their due times came; what they emit leaves as one batch."""
+        due, scheduled, keys = self._due, self._next, dict[Any, None]()
         while due and due[0][0] < watermark:
-            keys[heapq.heappop(due)[2]] = None
-        values, out = self.state.values, list[Element]()
+            when, _, key = heapq.heappop(due)
+            if scheduled.get(key) == when:  # else stale: scheduled earlier since, or done
+                keys[key] = None
+        values, out, order = self.state.values, list[Element](), self._order
         for key in keys:
             entry = values.get(key)
-            if entry is not None:  # an entry of a key that moved away, or was already done: nothing to do
-                self.expire(key, entry, watermark, out)
-                if not entry[LEFT] and not entry[RIGHT]:
+            if entry is None:  # moved away by a rescale
+                del scheduled[key]
+                continue
+            after = self.expire(key, entry, watermark, out)
+            if after is not None:
+                scheduled[key] = after
+                heapq.heappush(due, (after, next(order), key))
+            else:
+                del scheduled[key]
+                if not entry[LEFT] and not entry[RIGHT]:  # nothing held any more
                     del values[key]
         if out:
             outputs.emit_elements(out)
@@ -187,23 +195,30 @@ class EventTimeJoin(StreamJoin):
     def reindex(self) -> None:
         """The state was replaced (a restore) or keys moved in or out (a rescale): index it again."""
         counters, held = self.hooks.counters, 0
-        self._due = []
+        self._next, self._due = {}, []
         for key, entry in self.state.values.items():
-            held += len(entry[LEFT]) + len(entry[RIGHT])
-            for when in set(self.whens(entry)):
+            held += self.held_in(entry)
+            when = self.next_due(entry)
+            if when is not None:
+                self._next[key] = when
                 self._due.append((when, next(self._order), key))
         heapq.heapify(self._due)
         counters.held = held
         counters.peak = max(counters.peak, held)
 
     @abstractmethod
-    def expire(self, key: Any, entry: list[Any], watermark: float, out: list[Element]) -> None:
+    def expire(self, key: Any, entry: list[Any], watermark: float, out: list[Element]) -> float | None:
         """Do what is due for ``key`` at ``watermark``: add what it emits to ``out``, drop what can meet
-        nothing any more."""
+        nothing any more; return :meth:`next_due` of what is left."""
 
     @abstractmethod
-    def whens(self, entry: list[Any]) -> Iterable[float]:
-        """The times after which something of ``entry`` is due (for :meth:`reindex`)."""
+    def next_due(self, entry: list[Any]) -> float | None:
+        """The earliest time after which something of ``entry`` is due; ``None`` when nothing is (an entry
+        that holds nothing then goes)."""
+
+    @abstractmethod
+    def held_in(self, entry: list[Any]) -> int:
+        """How many records ``entry`` holds."""
 
 
 def _task_name(where: str) -> str:

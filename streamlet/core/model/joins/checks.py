@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -28,7 +29,18 @@ def check_grace(name: str, grace: Any) -> None:
         raise TopologyError(f"task '{name}': grace must be None or a number of seconds >= 0, got {grace!r}")
 
 
-def check_join_window(name: str, window: Any) -> None:
-    """A window join runs on a ``TimeWindow`` or a ``SessionWindow``."""
+def join_window(name: str, window: Any) -> TimeWindow | SessionWindow:
+    """The window a window join runs on: a ``TimeWindow`` or a ``SessionWindow`` firing once per window (a
+    window fired again, early or late, would emit its pairs again), on event time refusing records without
+    ``ts`` (as every event-time join does)."""
     if not isinstance(window, TimeWindow | SessionWindow):
         raise TopologyError(f"task '{name}': window_join needs a TimeWindow or a SessionWindow, got {window!r}")
+    window.validate(f"task '{name}'")
+    if window.allowed_lateness or getattr(window, "early_firing", None) is not None:
+        raise TopologyError(
+            f"task '{name}': window_join fires each window once (its pairs would come out again): "
+            "no allowed_lateness or early_firing; late records go to the LATE port"
+        )
+    if window.time == "event" and window.missing_ts == "clock":
+        return dataclasses.replace(window, missing_ts="fail")
+    return window

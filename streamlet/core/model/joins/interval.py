@@ -1,7 +1,9 @@
 """The interval join (Flink's): records of the same key pair when ``left.ts + lower <= right.ts <= left.ts + upper``.
 
-State per key is ``[lefts, rights]``, each a list in arrival order of
-``[ts, value, paired]``. A left record ``a`` is held until the watermark
+State per key is ``[lefts, rights]``, each a list of records sorted by
+``ts`` (in arrival order among equal ``ts``), so the records that close
+first are at the front: ``[ts, value, paired]`` on a side whose unpaired
+records come out (an outer kind), else ``(ts, value)``. A left record ``a`` is held until the watermark
 passes ``a.ts + upper`` (no right record it could pair with can come after
 that), a right record ``b`` until it passes ``b.ts - lower``; then it is
 dropped, and an unpaired one of an outer kind is emitted with ``None`` on
@@ -10,14 +12,19 @@ the other side.
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Iterator
+import math
 from functools import partial
+from operator import itemgetter
 from typing import Any
 
 from streamlet.core.model.joins.base import LEFT, RIGHT, EventTimeJoin, JoinFunction
 from streamlet.core.model.ports import Inputs, Outputs
 from streamlet.core.model.record import Element
+
+_ts_of = itemgetter(0)
+_NONE: list[list[Any]] = []  # no match (never changed)
 
 
 class IntervalJoin(EventTimeJoin):
@@ -29,6 +36,8 @@ class IntervalJoin(EventTimeJoin):
         super().__init__(how, fn)
         self.lower = lower
         self.upper = upper
+        # per side: when a record at ts closes (ts + this), and whether an unpaired one is emitted
+        self._sides = ((LEFT, upper, self.keeps_left), (RIGHT, -lower, self.keeps_right))
 
     def on_left(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Pair each left record with the right ones held in its interval, then hold it until it closes."""
@@ -51,81 +60,103 @@ class IntervalJoin(EventTimeJoin):
     ) -> None:
         """Records of ``side``: a record at ``ts`` pairs with the other side's held records in
         ``[ts + low, ts + high]`` and can still pair until the watermark passes ``ts + open_for``."""
-        values, due, order = self.state.values, self._due, self._order
-        watermark, other = self.timers.watermark, 1 - side
+        values, scheduled = self.state.values, self._next
+        due, order = self._due, self._order
+        watermark, other, plain = self.timers.watermark, 1 - side, self.fn is None
+        keeps, marks = (self.keeps_left, self.keeps_right) if side == LEFT else (self.keeps_right, self.keeps_left)
         out: list[Element] = []
         held = 0
         for element in batch:
-            ts = element[2]
+            key, value, ts = element[0], element[1], element[2]
             if type(ts) is not float and type(ts) is not int:
                 self.check_ts(element, side, inputs)  # raises, naming the node and key
             closes = ts + open_for
             if watermark > closes:  # its interval closed before it came: it can pair with nothing
                 self.send_late(element, outputs)
                 continue
-            key, value = element[0], element[1]
             entry = values.get(key)
-            if entry is None:
-                matches = []
-            else:
+            if entry is None:  # the common case with few records per key: nothing to pair with yet
+                record = [ts, value, False] if keeps else (ts, value)
+                values[key] = [[record], []] if side == LEFT else [[], [record]]
+                held += 1
+                scheduled[key] = closes  # a new entry: nothing of the key was scheduled
+                heapq.heappush(due, (closes, next(order), key))
+                continue
+            others = entry[other]
+            if len(others) == 1:  # the common case with few records per key: no comprehension to run
+                matches = others if ts + low <= others[0][0] <= ts + high else _NONE
+            elif others:
                 low_ts, high_ts = ts + low, ts + high
-                matches = [record for record in entry[other] if low_ts <= record[0] <= high_ts]
+                matches = [record for record in others if low_ts <= record[0] <= high_ts]
+            else:
+                matches = others
             if matches:
-                results = self.outputs_of(element, partial(self._pairs, key, value, ts, side, matches))
-                if results is None:
-                    continue  # dead-lettered: nothing of it is kept
-                out.extend(results)
-                for record in matches:
-                    record[2] = True
-            if entry is None:
-                entry = values[key] = [[], []]
-            entry[side].append([ts, value, bool(matches)])
+                if plain and side == LEFT:  # the default pair cannot fail
+                    out += [(key, (value, record[1]), ts if ts > record[0] else record[0]) for record in matches]
+                elif plain:
+                    out += [(key, (record[1], value), ts if ts > record[0] else record[0]) for record in matches]
+                else:
+                    results = self.outputs_of(element, partial(self._pairs, key, value, ts, side, matches))
+                    if results is None:
+                        continue  # dead-lettered: nothing of it is kept
+                    out += results
+                if marks:
+                    for record in matches:
+                        record[2] = True
+            own, record = entry[side], [ts, value, bool(matches)] if keeps else (ts, value)
+            if not own or own[-1][0] <= ts:  # in order, the common case
+                own.append(record)
+            else:
+                own.insert(bisect.bisect_right(own, ts, key=_ts_of), record)
             held += 1
-            heapq.heappush(due, (closes, next(order), key))  # due once the watermark is past it
+            if closes < scheduled.get(key, math.inf):  # due once the watermark is past it
+                scheduled[key] = closes
+                heapq.heappush(due, (closes, next(order), key))
         self.hooks.counters.hold(held)
         if out:
             outputs.emit_elements(out)
 
     def _pairs(self, key: Any, value: Any, ts: float, side: int, matches: list[list[Any]]) -> list[Element]:
-        """The output of one arriving record and the held ones it pairs with, in their arrival order."""
-        if self.fn is None:  # the default pair
-            if side == LEFT:
-                return [(key, (value, held[1]), max(ts, held[0])) for held in matches]
-            return [(key, (held[1], value), max(ts, held[0])) for held in matches]
+        """The output of one arriving record and the held ones it pairs with, in their ``ts`` order."""
         if side == LEFT:
             return [(key, self.value(key, value, held[1]), max(ts, held[0])) for held in matches]
         return [(key, self.value(key, held[1], value), max(ts, held[0])) for held in matches]
 
-    def expire(self, key: Any, entry: list[Any], watermark: float, out: list[Element]) -> None:
-        """Drop the key's records that can pair no more, adding the unpaired ones of an outer kind to ``out``."""
-        entry[LEFT] = self._expire(key, entry[LEFT], self.upper, watermark, self.keeps_left, LEFT, out)
-        entry[RIGHT] = self._expire(key, entry[RIGHT], -self.lower, watermark, self.keeps_right, RIGHT, out)
+    def expire(self, key: Any, entry: list[Any], watermark: float, out: list[Element]) -> float | None:
+        """Drop the key's records that can pair no more, adding the unpaired ones of an outer kind to
+        ``out``; when the next held record closes."""
+        due, counters = math.inf, self.hooks.counters
+        for side, open_for, emits in self._sides:
+            held = entry[side]
+            if not held:
+                continue
+            closed, count = 0, len(held)
+            while closed < count and held[closed][0] + open_for < watermark:  # sorted: the closed ones first
+                closed += 1
+            if closed:
+                counters.held -= closed
+                if emits:
+                    for ts, value, paired in held[:closed]:
+                        if not paired:
+                            self._unpaired(key, value, ts, side, out)
+                del held[:closed]
+            if held and held[0][0] + open_for < due:
+                due = held[0][0] + open_for
+        return None if due == math.inf else due
 
-    def whens(self, entry: list[Any]) -> Iterator[float]:
-        """When each held record's interval closes."""
-        yield from (record[0] + self.upper for record in entry[LEFT])
-        yield from (record[0] - self.lower for record in entry[RIGHT])
+    def next_due(self, entry: list[Any]) -> float | None:
+        """When the first held record's interval closes."""
+        lefts, rights = entry
+        if not lefts and not rights:
+            return None
+        return min(
+            min((record[0] for record in lefts), default=math.inf) + self.upper,
+            min((record[0] for record in rights), default=math.inf) - self.lower,
+        )
 
-    def _expire(
-        self,
-        key: Any,
-        held: list[list[Any]],
-        open_for: float,
-        watermark: float,
-        emits: bool,
-        side: int,
-        out: list[Element],
-    ) -> list[list[Any]]:
-        """``held`` without the records closed by ``watermark``; those never paired are emitted when ``emits``."""
-        kept = [record for record in held if record[0] + open_for >= watermark]
-        if len(kept) == len(held):
-            return held
-        self.hooks.counters.hold(len(kept) - len(held))
-        if emits:
-            for ts, value, paired in held:
-                if not paired and ts + open_for < watermark:
-                    self._unpaired(key, value, ts, side, out)
-        return kept
+    def held_in(self, entry: list[Any]) -> int:
+        """Its left and right records."""
+        return len(entry[LEFT]) + len(entry[RIGHT])
 
     def _unpaired(self, key: Any, value: Any, ts: float, side: int, out: list[Element]) -> None:
         """Add to ``out`` the record that never paired, with ``None`` on the other side."""
