@@ -512,7 +512,12 @@ class TaskInstance(Receiver):
         self.outputs.ts = batch[-1][2]
         if self._handles_failures:  # a join applies the policy to the record itself, leaving nothing of it
             self.inputs.set_one(port, batch)
-            await self._call()
+            try:
+                await self._call()
+            except StreamletError:
+                raise
+            except Exception as exc:  # not its fn (that goes through the policy): a key it cannot hold
+                raise self.task_error(batch[0], exc, what="a batch starting with key") from exc
             return
         while batch:
             marks = self.outputs.marks() if self.policy.replays else None

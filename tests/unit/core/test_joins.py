@@ -386,3 +386,26 @@ def test_a_window_join_fires_each_window_once() -> None:
     """allowed_lateness (or early_firing) would fire a window again and emit its pairs twice: refused."""
     with pytest.raises(sl.TopologyError, match=r"^task 'j': window_join fires each window once"):
         sl.Topology("late").window_join("j", sl.TimeWindow(10.0, time="event", allowed_lateness=5.0))
+
+
+@pytest.mark.parametrize("ts", [float("nan"), True])
+def test_a_ts_that_is_not_a_number_of_seconds_fails_the_job(ts: Any) -> None:
+    """NaN would never close (and be held for ever), a bool is no time: a TaskError naming the key."""
+    topology = sl.Topology("bad-ts")
+    join = topology.asof_join("j")
+    join.set_input(topology.add_source("l", [sl.Record("k", "v", 1.0)]), in_port=sl.LEFT, partitioning=sl.SAME_KEY)
+    join.set_input(topology.add_source("r", [sl.Record("k", "w", ts)]), in_port=sl.RIGHT, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(join)
+    with pytest.raises(sl.TaskError, match=r"^task 'j' instance 0 input port 1: the record with key 'k' has ts "):
+        sl.run(topology)
+
+
+def test_a_key_a_join_cannot_hold_fails_naming_the_join() -> None:
+    """An unhashable key is no error of fn: the job fails with a TaskError naming the join and the key."""
+    topology = sl.Topology("bad-key")
+    join = topology.table_join("j")
+    join.set_input(topology.add_source("l", [sl.Record(["a"], "v", 1.0)]), in_port=sl.LEFT, partitioning=sl.SAME_KEY)
+    join.set_input(topology.add_source("r", [sl.Record("k", "w", 1.0)]), in_port=sl.RIGHT, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(join)
+    with pytest.raises(sl.TaskError, match=r"^task 'j' instance 0 failed on a batch starting with key \['a'\]"):
+        sl.run(topology)

@@ -40,7 +40,7 @@ class AsofJoin(EventTimeJoin):
         due, order = self._due, self._order
         for element in batch:
             key, ts = element[0], element[2]
-            if type(ts) is not float and type(ts) is not int:
+            if (type(ts) is not float and type(ts) is not int) or ts != ts:  # not a number, or NaN
                 self.check_ts(element, RIGHT, inputs)  # raises, naming the node and key
             entry = values.get(key)
             if entry is None:
@@ -67,7 +67,7 @@ class AsofJoin(EventTimeJoin):
         held = 0
         for element in batch:
             key, ts = element[0], element[2]
-            if type(ts) is not float and type(ts) is not int:
+            if (type(ts) is not float and type(ts) is not int) or ts != ts:  # not a number, or NaN
                 self.check_ts(element, LEFT, inputs)  # raises, naming the node and key
             if watermark > ts:
                 if ts < watermark - grace:  # further behind than grace: its versions may be gone

@@ -114,9 +114,10 @@ class JoinTask(Task):
         self.hooks.counters.late += 1
 
     def check_ts(self, element: Element, port: int, inputs: Inputs) -> float:
-        """The event time of ``element``; a ``TaskError`` naming the node and key when it has none."""
+        """The event time of ``element``; a ``TaskError`` naming the node and key when it has none (or one
+        that is not a number of seconds: a bool, a string, NaN)."""
         ts = element[2]
-        if type(ts) is float or type(ts) is int:  # not a bool, not a string
+        if (type(ts) is float or type(ts) is int) and ts == ts:
             return ts
         rule = "has no ts" if ts is None else f"has ts {ts!r}"
         raise TaskError(

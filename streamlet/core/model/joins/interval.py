@@ -68,7 +68,7 @@ class IntervalJoin(EventTimeJoin):
         held = 0
         for element in batch:
             key, value, ts = element[0], element[1], element[2]
-            if type(ts) is not float and type(ts) is not int:
+            if (type(ts) is not float and type(ts) is not int) or ts != ts:  # not a number, or NaN
                 self.check_ts(element, side, inputs)  # raises, naming the node and key
             closes = ts + open_for
             if watermark > closes:  # its interval closed before it came: it can pair with nothing
