@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, Final
@@ -166,17 +167,20 @@ class EventTimeJoin(StreamJoin):
         super().__init__(how, fn)
         self._next: dict[Any, float] = {}
         self._due: list[tuple[float, int, Any]] = []
+        self._emptied: list[Any] = []  # keys whose entries held nothing at the last rise
         self._order = itertools.count()  # keys of several types never meet in a comparison
 
     def advance(self, watermark: float, outputs: Outputs) -> None:
         """The watermark reached ``watermark``: every key with something due then, once each, in the
         order their due times came; what they emit leaves as one batch."""
+        values = self.state.values
+        self._forget_emptied(values)
         due, scheduled, keys = self._due, self._next, dict[Any, None]()
         while due and due[0][0] < watermark:
             when, _, key = heapq.heappop(due)
             if scheduled.get(key) == when:  # else stale: scheduled earlier since, or done
                 keys[key] = None
-        values, out, order = self.state.values, list[Element](), self._order
+        out, order, emptied = list[Element](), self._order, self._emptied
         for key in keys:
             entry = values.get(key)
             if entry is None:  # moved away by a rescale
@@ -188,16 +192,29 @@ class EventTimeJoin(StreamJoin):
                 heapq.heappush(due, (after, next(order), key))
             else:
                 del scheduled[key]
-                if not entry[LEFT] and not entry[RIGHT]:  # nothing held any more
-                    del values[key]
+                if not entry[LEFT] and not entry[RIGHT]:  # nothing held any more: gone at the next rise,
+                    emptied.append(key)  # unless a record of the key comes first (then it is used again)
+        if watermark == math.inf:
+            self._forget_emptied(values)
         if out:
             outputs.emit_elements(out)
+
+    def _forget_emptied(self, values: dict[Any, Any]) -> None:
+        """Drop the entries emptied at the last rise that are still empty."""
+        for key in self._emptied:
+            entry = values.get(key)
+            if entry is not None and not entry[LEFT] and not entry[RIGHT]:
+                del values[key]
+        self._emptied = []
 
     def reindex(self) -> None:
         """The state was replaced (a restore) or keys moved in or out (a rescale): index it again."""
         counters, held = self.hooks.counters, 0
-        self._next, self._due = {}, []
-        for key, entry in self.state.values.items():
+        self._next, self._due, self._emptied = {}, [], []
+        values = self.state.values
+        for key in [key for key, entry in values.items() if not entry[LEFT] and not entry[RIGHT]]:
+            del values[key]  # emptied at the rise before a snapshot
+        for key, entry in values.items():
             held += self.held_in(entry)
             when = self.next_due(entry)
             if when is not None:
