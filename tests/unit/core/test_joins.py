@@ -409,3 +409,41 @@ def test_a_key_a_join_cannot_hold_fails_naming_the_join() -> None:
     topology.add_sink("out", sl.CollectSink()).set_input(join)
     with pytest.raises(sl.TaskError, match=r"^task 'j' instance 0 failed on a batch starting with key \['a'\]"):
         sl.run(topology)
+
+
+async def test_table_join_skip_dead_letters_the_left_record_it_failed_on() -> None:
+    add = lambda t: t.table_join("j", how="left", fn=failing_on("bad"), on_error="skip")  # noqa: E731
+    sent: Sent = [
+        ("right", "u", "row", 0.0),
+        ("left", "u", "ok", 1.0),
+        ("left", "u", "bad", 2.0),
+        ("left", "u", "ok2", 3.0),
+    ]
+    result = await drive(joined(add), sent)
+    assert out(result) == [("u", ("ok", "row"), 1.0), ("u", ("ok2", "row"), 3.0)]
+    assert [(d.record.key, d.record.value, d.record.ts) for d in result.dead_letters] == [("u", "bad", 2.0)]
+
+
+async def test_asof_skip_at_the_watermark_dead_letters_the_waiting_left_record() -> None:
+    """The failing call happens when the watermark passes the left record: that record is the dead letter."""
+    add = lambda t: t.asof_join("j", fn=failing_on("t2", "p"), on_error="skip")  # noqa: E731
+    sent: Sent = [
+        ("right", "s", "p", 0.0),
+        ("left", "s", "t1", 1.0),
+        ("left", "s", "t2", 2.0),
+        ("left", "s", "t3", 3.0),
+    ]
+    result = await drive(joined(add), sent)
+    assert out(result) == [("s", ("t1", "p"), 1.0), ("s", ("t3", "p"), 3.0)]
+    assert [(d.record.key, d.record.value, d.record.ts) for d in result.dead_letters] == [("s", "t2", 2.0)]
+
+
+async def test_window_join_skip_leaves_the_failing_left_record_out_of_its_window() -> None:
+    """fn fails on (a, x): a is dead-lettered and the window is joined without it; with "outer", y and x still
+    meet b, so nothing comes out unpaired."""
+    add = lambda t: t.window_join("j", sl.TimeWindow(10.0, time="event"), how="outer",  # noqa: E731
+                                  fn=failing_on("a", "x"), on_error="skip")  # fmt: skip
+    sent: Sent = [("left", "k", "a", 1.0), ("left", "k", "b", 2.0), ("right", "k", "x", 3.0), ("right", "k", "y", 4.0)]
+    result = await drive(joined(add), sent)
+    assert [r.value for r in result.sink("out")] == [("b", "x"), ("b", "y")]
+    assert [d.record.value for d in result.dead_letters] == ["a"]
