@@ -148,3 +148,23 @@ class Counted(sl.Task):
 
     def finish(self, outputs: sl.Outputs) -> None:
         outputs.emit("pairs", self.seen)
+
+
+def test_columnar_sources_feed_a_join_as_records() -> None:
+    """Arrow batches on both inputs are turned into records at the join's edge: trades meet their prices."""
+    import pyarrow as pa
+
+    trades = pa.table({"sym": ["A", "A", "B"], "qty": [1, 2, 3], "ts": [1.0, 5.0, 2.0]})
+    prices = pa.table({"sym": ["A", "A", "B"], "px": [10.0, 11.0, 7.5], "ts": [0.0, 4.0, 2.5]})
+    topology = sl.Topology("columnar-asof")
+    join = topology.asof_join("j", how="left")
+    for name, table, port, value in (("trades", trades, sl.LEFT, "qty"), ("prices", prices, sl.RIGHT, "px")):
+        source = topology.add_source(name, sl.ColumnarSource(table, key="sym", value=value, ts="ts"))
+        join.set_input(source, in_port=port, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(join)
+    result = sl.run(topology)
+    assert sorted(jj.outcome(result.sink("out"))) == [
+        ("A", (1, 10.0), 1.0),
+        ("A", (2, 11.0), 5.0),
+        ("B", (3, None), 2.0),
+    ]
