@@ -104,6 +104,7 @@ class AdaptationLoop:
         self.clock = clock
         self.outlines = Outlines() if outlines is None else outlines  # the leader's: each job built once
         self._watches: dict[str, _Watch] = {}
+        self._burning = False  # some live worker burns CPU_BOUND of a core, as of this look's beats
 
     async def run(self) -> None:
         """Look every :data:`TICK` until cancelled (a failed look is logged; the next one tries again)."""
@@ -130,9 +131,11 @@ class AdaptationLoop:
     async def _beats(self, now: float) -> dict[str, tuple[float, dict[str, dict[str, Any]]]]:
         """Every live worker's last heartbeat: worker -> (its time, its instances' statistics)."""
         found = {}
+        self._burning = False
         for view in live(await workers(self.store), now):
             load = view.load or {}
             found[view.worker_id] = (float(load.get("ts", 0.0)), dict(load.get("instances") or {}))
+            self._burning |= float(load.get("cpu_share", 0.0)) >= CPU_BOUND
         return found
 
     async def _look(self, job: str, beats: dict[str, tuple[float, dict[str, dict[str, Any]]]], now: float) -> Any:
@@ -142,6 +145,9 @@ class AdaptationLoop:
         state = await self.store.get(paths.state(job))
         if spec is None or settings is None or state is None or state_of(state.data) != JobState.RUNNING:
             self._watches.pop(job, None)
+            return None
+        if settings.policies == {"spread"} and not self._burning:
+            self._watches.pop(job, None)  # no process burns a core: nothing to spread, nothing more to read
             return None
         if await self.store.get(paths.reconfigure_request(job)) is not None:
             return None  # one change at a time: a request waits already
