@@ -90,7 +90,12 @@ class TaskInstance(Receiver):
         return self.node.make_task()
 
     def _new_task(self) -> Task:
-        return self._adopt(self._make_task())
+        task = self._adopt(self._make_task())
+        if isinstance(task, EventTimeJoin) and isinstance(self.task, EventTimeJoin):
+            # the old object may still be in the middle of a call that goes on adding to its index: the new
+            # one shares that index (a copy, or one made anew from the state, would miss what the call adds)
+            task.share_index(self.task)
+        return task
 
     def _adopt(self, task: Task) -> Task:
         """Give ``task`` this instance's state and timers; it is the one ``execute`` calls from now on."""
@@ -104,8 +109,6 @@ class TaskInstance(Receiver):
         self._advances = isinstance(task, EventTimeJoin)  # a join with work due as the watermark rises
         if isinstance(task, JoinTask):
             task.hooks = JoinHooks(self._join_failed, self.join_counters)
-        if isinstance(task, EventTimeJoin):
-            task.reindex()  # a restarted task object: the state is the instance's, the index is made anew
         self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
         self._async = inspect.iscoroutinefunction(task.execute)
         # the built-in window_reduce task (not a subclass: that may override execute) only passes results on
@@ -153,6 +156,8 @@ class TaskInstance(Receiver):
             if isinstance(self.state, ExpiringState):
                 snapshot["state_written"] = self.state.checkpoint_written()
             snapshot["timers"] = self.timers.checkpoint()
+            if isinstance(self.task, EventTimeJoin):  # what decides which records are late, and how many were
+                snapshot["join"] = {"watermark": self.timers.watermark, "late": self.join_counters.late}
         except EncodingError as exc:
             where = f"task '{self.node.name}' instance {self.index}"
             raise EncodingError(f"{where}: {exc}", value_type=exc.value_type) from exc.__cause__
@@ -167,6 +172,10 @@ class TaskInstance(Receiver):
         if self.window is not None and snapshot["window"] is not None:
             self.window.restore(snapshot["window"])
         self.finished = snapshot["finished"]
+        join = snapshot.get("join")
+        if join is not None:
+            self.timers.watermark = join["watermark"]
+            self.join_counters.late = join["late"]
         self._state_replaced()
 
     def _state_replaced(self) -> None:

@@ -44,6 +44,10 @@ def split_task_snapshot(
     if "state_written" in snapshot:
         for entry, written in zip(split, KeyedState.partition(snapshot["state_written"], parts, owner), strict=True):
             entry["state_written"] = written
+    join = snapshot.get("join")
+    if join is not None:  # a join's watermark holds for every part; its late count stays at home
+        for index, entry in enumerate(split):
+            entry["join"] = {"watermark": join["watermark"], "late": join["late"] if index == home else 0}
     return split
 
 
@@ -61,6 +65,9 @@ def merge_task_snapshots(snapshots: Sequence[dict[str, Any]], window: WindowSpec
     written = [snapshot["state_written"] for snapshot in snapshots if "state_written" in snapshot]
     if written:
         merged["state_written"] = KeyedState.merge(written)
+    joins = [snapshot["join"] for snapshot in snapshots if snapshot.get("join") is not None]
+    if joins:  # every instance saw the same watermark at the barrier; the least of them is the safe one
+        merged["join"] = {"watermark": min(j["watermark"] for j in joins), "late": sum(j["late"] for j in joins)}
     return merged
 
 

@@ -6,7 +6,9 @@ watermark (``[ts, value]``, in arrival order) and the right records
 (``[ts, value]``, sorted by ``ts``; among equal ``ts`` in arrival order, so
 the last one wins). With watermark ``W`` the versions kept are those with
 ``ts > W - grace`` and the newest one at or before ``W - grace``: once the
-watermark passes ``version.ts + grace``, the versions before it go.
+watermark reaches ``version.ts + grace``, the versions before it go (the
+index wakes a key once the watermark *passes* a time, so that time is the
+float just below).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class AsofJoin(EventTimeJoin):
     def on_right(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Insert each right record among its key's versions (a ``None`` value ends the row from its ts on)."""
         values, grace, scheduled = self.state.values, self.grace, self._next
-        due, order = self._due, self._order
+        due, order, watermark = self._due, self._order, self.timers.watermark
+        held = len(batch)
         for element in batch:
             key, ts = element[0], element[2]
             if (type(ts) is not float and type(ts) is not int) or ts != ts:  # not a number, or NaN
@@ -50,13 +53,15 @@ class AsofJoin(EventTimeJoin):
                 versions.append([ts, element[1]])
             else:
                 versions.insert(bisect.bisect_right(versions, ts, key=_ts_of), [ts, element[1]])
-            if len(versions) > 1:  # once the watermark passes the second's ts + grace, the first goes (at
-                # ts + grace exactly it may go too: kept one rise longer, it changes no result)
-                when = versions[1][0] + grace
-                if when < scheduled.get(key, math.inf):
-                    scheduled[key] = when
-                    heapq.heappush(due, (when, next(order), key))
-        self.hooks.counters.hold(len(batch))
+            if len(versions) > 1:
+                if versions[1][0] + grace <= watermark:  # behind the watermark: older versions go at once
+                    held -= self._drop_versions(versions, watermark - grace)
+                if len(versions) > 1:  # once the watermark reaches the second's ts + grace, the first goes
+                    when = _just_below(versions[1][0] + grace)
+                    if when < scheduled.get(key, math.inf):
+                        scheduled[key] = when
+                        heapq.heappush(due, (when, next(order), key))
+        self.hooks.counters.hold(held)
 
     def on_left(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Hold each left record until the watermark passes its ts (join it now if it already has)."""
@@ -130,9 +135,9 @@ class AsofJoin(EventTimeJoin):
                 counters.held -= len(lefts) - len(waiting)
                 entry[LEFT] = waiting
         if versions:
-            self._drop_versions(versions, watermark - self.grace)
-            if len(versions) > 1 and versions[1][0] + self.grace < due:
-                due = versions[1][0] + self.grace
+            self.hooks.counters.held -= self._drop_versions(versions, watermark - self.grace)
+            if len(versions) > 1:
+                due = min(due, _just_below(versions[1][0] + self.grace))
         return None if due == math.inf else due
 
     def next_due(self, entry: list[Any]) -> float | None:
@@ -140,22 +145,28 @@ class AsofJoin(EventTimeJoin):
         lefts, versions = entry
         first = min((left[0] for left in lefts), default=math.inf)
         if len(versions) > 1:
-            first = min(first, versions[1][0] + self.grace)
+            first = min(first, _just_below(versions[1][0] + self.grace))
         return None if first == math.inf else first
 
     def held_in(self, entry: list[Any]) -> int:
         """Its waiting left records and its versions."""
         return len(entry[LEFT]) + len(entry[RIGHT])
 
-    def _drop_versions(self, versions: list[list[Any]], cut: float) -> None:
-        """Keep the versions after ``cut`` and the newest at or before it (not a tombstone: it matches nothing)."""
-        if len(versions) > 1 and versions[1][0] > cut and versions[0][1] is not None:
-            return  # the common case: the oldest is the newest at or before the cut, nothing to drop
+    @staticmethod
+    def _drop_versions(versions: list[list[Any]], cut: float) -> int:
+        """Keep the versions after ``cut`` and the newest at or before it (a tombstone too: a right record
+        behind the watermark that came later must not become the row again for the left records after it);
+        how many went."""
+        if len(versions) < 2 or versions[1][0] > cut:
+            return 0  # the common case: the oldest is the newest at or before the cut, nothing to drop
         newest = bisect.bisect_right(versions, cut, key=_ts_of) - 1
-        if newest < 0:
-            return
-        if versions[newest][1] is None:
-            newest += 1  # a tombstone as the oldest version kept means what no version means
-        if newest:
+        if newest > 0:
             del versions[:newest]
-            self.hooks.counters.held -= newest
+            return newest
+        return 0
+
+
+def _just_below(seconds: float) -> float:
+    """The float below ``seconds``: the index wakes a key once the watermark is greater than a time, and a
+    version goes once the watermark reaches ``seconds``."""
+    return math.nextafter(seconds, -math.inf)

@@ -194,8 +194,12 @@ class EventTimeJoin(StreamJoin):
                 del scheduled[key]
                 if not entry[LEFT] and not entry[RIGHT]:  # nothing held any more: gone at the next rise,
                     emptied.append(key)  # unless a record of the key comes first (then it is used again)
-        if watermark == math.inf:
-            self._forget_emptied(values)
+        if watermark == math.inf:  # the input ended: nothing held can meet anything any more
+            values.clear()
+            scheduled.clear()
+            due.clear()
+            self._emptied = []
+            self.hooks.counters.held = 0
         if out:
             outputs.emit_elements(out)
 
@@ -206,6 +210,10 @@ class EventTimeJoin(StreamJoin):
             if entry is not None and not entry[LEFT] and not entry[RIGHT]:
                 del values[key]
         self._emptied = []
+
+    def share_index(self, other: EventTimeJoin) -> None:
+        """Use ``other``'s index (the same objects): a restarted task object taking over from ``other``."""
+        self._next, self._due, self._order, self._emptied = other._next, other._due, other._order, other._emptied
 
     def reindex(self) -> None:
         """The state was replaced (a restore) or keys moved in or out (a rescale): index it again."""
