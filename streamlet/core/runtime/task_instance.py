@@ -13,7 +13,7 @@ from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.hooks import maybe_await
-from streamlet.core.model.joins import EventTimeJoin, JoinCounters, JoinHooks, JoinTask
+from streamlet.core.model.joins import EventTimeJoin, JoinCounters, JoinHooks, JoinTask, WindowJoin
 from streamlet.core.model.ports import Inputs
 from streamlet.core.model.record import Barrier, Batch, DeadLetter, Element, Reconfigure, iteration_of, record_of
 from streamlet.core.model.task import RecordFailure, ReduceTask, Task, WindowReduceTask, leaves_nothing_on_failure
@@ -52,6 +52,7 @@ class TaskInstance(Receiver):
         self.timers = Timers(env.clock.now)
         self.failures = 0
         self.join_counters = JoinCounters()  # a join's late and held records (kept across task objects)
+        self.arrivals = 0  # records a window join's windows have taken (their arrival numbers)
         self.finished = False  # restored from a checkpoint taken after finish(): do not run it again
         task = self._make_task()
         #: Takes back what a failed call did to state and timers before skip or restart replays; only tasks
@@ -158,6 +159,8 @@ class TaskInstance(Receiver):
             snapshot["timers"] = self.timers.checkpoint()
             if isinstance(self.task, EventTimeJoin):  # what decides which records are late, and how many were
                 snapshot["join"] = {"watermark": self.timers.watermark, "late": self.join_counters.late}
+            if isinstance(self.task, WindowJoin):  # records restored into windows keep their places
+                snapshot["arrivals"] = self.arrivals
         except EncodingError as exc:
             where = f"task '{self.node.name}' instance {self.index}"
             raise EncodingError(f"{where}: {exc}", value_type=exc.value_type) from exc.__cause__
@@ -172,6 +175,7 @@ class TaskInstance(Receiver):
         if self.window is not None and snapshot["window"] is not None:
             self.window.restore(snapshot["window"])
         self.finished = snapshot["finished"]
+        self.arrivals = snapshot.get("arrivals", 0)
         join = snapshot.get("join")
         if join is not None:
             self.timers.watermark = join["watermark"]
@@ -307,6 +311,9 @@ class TaskInstance(Receiver):
             if late_rows is not None:
                 self.outputs.emit_columns(batch.with_data(batch.data.filter(late_rows)), port=LATE_PORT)
         else:
+            if isinstance(self.task, WindowJoin):  # numbered, so a merged session keeps each side's order
+                batch = self.task.stamped(batch, self.arrivals)
+                self.arrivals += len(batch)
             closed, late = self._add_to_windows(port, batch)
             if late:
                 self._send_late(late)
@@ -361,6 +368,8 @@ class TaskInstance(Receiver):
         return self.policy.failed(self, element, error, "record with key")
 
     def _send_late(self, late: Batch) -> None:
+        if isinstance(self.task, WindowJoin):
+            late = [self.task.unstamped(element) for element in late]
         on_late = getattr(self.node.window, "on_late", None)
         self.outputs.emit_elements(late, port=LATE_PORT)
         if on_late is not None:

@@ -44,6 +44,9 @@ def split_task_snapshot(
     if "state_written" in snapshot:
         for entry, written in zip(split, KeyedState.partition(snapshot["state_written"], parts, owner), strict=True):
             entry["state_written"] = written
+    if "arrivals" in snapshot:  # a window join's arrival numbers go on from the highest in every part
+        for entry in split:
+            entry["arrivals"] = snapshot["arrivals"]
     join = snapshot.get("join")
     if join is not None:  # a join's watermark holds for every part; its late count stays at home
         for index, entry in enumerate(split):
@@ -65,6 +68,9 @@ def merge_task_snapshots(snapshots: Sequence[dict[str, Any]], window: WindowSpec
     written = [snapshot["state_written"] for snapshot in snapshots if "state_written" in snapshot]
     if written:
         merged["state_written"] = KeyedState.merge(written)
+    arrivals = [snapshot["arrivals"] for snapshot in snapshots if "arrivals" in snapshot]
+    if arrivals:
+        merged["arrivals"] = max(arrivals)
     joins = [snapshot["join"] for snapshot in snapshots if snapshot.get("join") is not None]
     if joins:  # every instance saw the same watermark at the barrier; the least of them is the safe one
         merged["join"] = {"watermark": min(j["watermark"] for j in joins), "late": sum(j["late"] for j in joins)}

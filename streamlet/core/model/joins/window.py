@@ -16,6 +16,11 @@ from streamlet.core.model.ports import Inputs, Outputs
 from streamlet.core.model.record import Element
 
 
+def _arrival(element: Element) -> int:
+    number: int = element[1][0]
+    return number
+
+
 class WindowJoin(JoinTask):
     """``topology.window_join``: see :meth:`streamlet.Topology.window_join`."""
 
@@ -24,13 +29,25 @@ class WindowJoin(JoinTask):
     def __init__(self, how: str = "inner", fn: JoinFunction | None = None) -> None:
         super().__init__(how, fn)
 
+    @staticmethod
+    def stamped(batch: list[Element], first: int) -> list[Element]:
+        """``batch`` as the window holds it: each value ``(arrival number, value)``, numbered from ``first``.
+        A window merged from two sessions lists the earlier session's records first; the numbers give each
+        side back its arrival order."""
+        return [(element[0], (first + index, element[1]), element[2]) for index, element in enumerate(batch)]
+
+    @staticmethod
+    def unstamped(element: Element) -> Element:
+        """The record :meth:`stamped` made ``element`` from."""
+        return (element[0], element[1][1], element[2])
+
     def execute(self, inputs: Inputs, outputs: Outputs) -> None:
         """A fired window: per key (in the order keys first came), its pairs left-major, each side in
         arrival order; the unpaired records of an outer kind with ``None``."""
         sides: dict[Any, tuple[list[Element], list[Element]]] = {}
         for side in (LEFT, RIGHT):
-            for element in inputs.elements(side):
-                sides.setdefault(element[0], ([], []))[side].append(element)
+            for element in sorted(inputs.elements(side), key=_arrival):
+                sides.setdefault(element[0], ([], []))[side].append(self.unstamped(element))
         for key, (lefts, rights) in sides.items():
             for _key, value in self._joined(key, lefts, rights):
                 outputs.emit(key, value)
