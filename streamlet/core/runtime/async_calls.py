@@ -92,11 +92,18 @@ class MapAsyncInstance(TaskInstance):
             await self._import(joining)
             self._reconfigured()
         await self.open()
+        failure: Exception | None = None
         async with anyio.create_task_group() as group:
             self.group = group
-            await self._loop()
-            await self.finish_calls()
+            try:
+                await self._loop()
+                await self.finish_calls()
+            except Exception as exc:  # noqa: BLE001 - raised as it is, not in an exception group
+                failure = exc
+                group.cancel_scope.cancel()  # the calls still in flight are abandoned
         self.group = None
+        if failure is not None:
+            raise failure
         await self.complete()
 
     async def _loop(self) -> None:
