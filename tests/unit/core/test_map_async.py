@@ -367,3 +367,14 @@ def test_map_async_refuses_a_concurrency_below_one() -> None:
     message = "task 'enrich': concurrency must be a whole number >= 1, got 0"
     with pytest.raises(sl.TopologyError, match=f"^{re.escape(message)}$"):
         topology.map_async("enrich", fails_on_b, concurrency=0)
+
+
+def test_map_async_refuses_to_run_inside_a_loop() -> None:
+    """A map_async task on a cycle is a TopologyError naming it."""
+    topology = sl.Topology("looped")
+    source = topology.add_source("s", [("a", 1)])
+    mapped = topology.map_async("enrich", fails_on_b).set_input(source)
+    mapped.set_input(mapped)
+    topology.set_max_iterations(3)
+    with pytest.raises(sl.TopologyError, match=r"^task 'enrich': map_async cannot run inside a loop$"):
+        topology.validate()
