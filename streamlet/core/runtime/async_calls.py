@@ -303,6 +303,8 @@ class MapAsyncInstance(TaskInstance):
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Continue from :meth:`snapshot`: answers held again, the other records to call again."""
         super().restore(snapshot)
+        assert not self.calling  # restored before it runs, or with every call finished (a rescale)
+        self.queue, self.uncalled, self.held, self.entries = deque(), deque(), {}, 0
         stored = snapshot.get("calls")
         for key, value, ts, answer in [] if stored is None else unpackb(stored):
             call = Call((key, value, ts), self.tail_segment)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import streamlet as sl
+from streamlet.testing import SimulatedCluster
 
 
 class Gate:
@@ -378,3 +379,45 @@ def test_map_async_refuses_to_run_inside_a_loop() -> None:
     topology.set_max_iterations(3)
     with pytest.raises(sl.TopologyError, match=r"^task 'enrich': map_async cannot run inside a loop$"):
         topology.validate()
+
+
+def keyed(fn: Any, parallelism: int) -> sl.Topology:
+    """QueueSource 's' -> map_async 'enrich' (by SAME_KEY, concurrency 2) -> CollectSink 'out'."""
+    topology = sl.Topology("keyed-enrichment")
+    source = topology.add_source("s", sl.QueueSource())
+    mapped = topology.map_async("enrich", fn, concurrency=2, parallelism=parallelism)
+    mapped.set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(mapped)
+    return topology
+
+
+async def checkpoint_alone_then_crash(gate: Gate, checkpoints: Path) -> None:
+    """One instance: 'a' held, 'b' answered behind it, 'c' and 'd' taken at the barrier; a checkpoint, a crash."""
+    async with sl.start(keyed(gate, 1), checkpoint_dir=checkpoints) as job:
+        await send_all(job, "ab")
+        await gate.until(lambda: "b" in gate.returned)
+        await job.send("s", "c", 2)
+        await job.send("s", "d", 3)
+        await job.checkpoint()
+        raise Crash
+
+
+async def test_a_restore_with_more_instances_splits_the_stored_calls_by_key(tmp_path: Path) -> None:
+    """Taken with 1 instance, restored with 2: each stored record goes to its key's instance, each result once."""
+    with pytest.raises(Crash):
+        await checkpoint_alone_then_crash(Gate({"a", "c"}), tmp_path)
+    again = Gate(set())
+    async with sl.start(keyed(again, 2), checkpoint_dir=tmp_path) as job:
+        result = await finish(job)
+    assert sorted(again.started) == ["a", "c", "d"]
+    assert sorted((r.key, r.value) for r in result.sink("out")) == [("a", 0), ("b", 2), ("c", 4), ("d", 6)]
+
+
+async def test_on_a_two_worker_cluster_map_async_gives_the_in_process_result() -> None:
+    """A simulated 2-worker cluster runs the parallel job to the in-process result."""
+    async with sl.start(parallel()) as job:
+        expected = by_key((await job.wait()).sink("out"))
+    async with SimulatedCluster(workers=2, checkpoint_interval=None) as cluster:
+        outcome = await cluster.run(parallel(), job="enrich")
+    assert outcome.state == "FINISHED", outcome.reason
+    assert by_key(outcome.collected["out"]) == expected
