@@ -191,6 +191,7 @@ class MapAsyncInstance(TaskInstance):
             call.error = exc
         self.calling -= 1
         self.finished_calls.append(call)  # still CALLING: done once the loop has checked the answer
+        self._start_calls()  # the next record's call starts now, not once the loop comes round
         self.inbox.wake()
 
     async def _step(self) -> None:
