@@ -153,8 +153,7 @@ async def yield_often() -> None:
 
 
 async def test_a_full_instance_stops_taking_input() -> None:
-    """concurrency=2, calls held: 2 calls start; 2 batches wait in its inbox, the source holds a third, and the
-    last 10 records stay in the source's queue until calls return."""
+    """concurrency=2, calls held: 2 calls start, 2 batches wait in its inbox, 10 records stay in the source queue."""
     gate = Gate()
     async with sl.start(enrich(gate, concurrency=2)) as job:
         feed = job._plan.feeds["s"]  # type: ignore[union-attr]
@@ -277,9 +276,7 @@ async def checkpoint_then_crash(gate: Gate, checkpoints: Path) -> None:
 
 
 async def test_a_checkpoint_with_calls_in_flight_and_answers_held_restores_exactly(tmp_path: Path) -> None:
-    """concurrency=2: 'a' in flight, 'b' answered but held by order (the instance is full), 'c' and 'd' taken
-    ahead of the barrier ('c' called, 'd' held uncalled); the checkpoint completes without waiting; after a crash
-    the restored job calls 'a', 'c' and 'd' again, not 'b', and every result comes out once."""
+    """In flight, answered-but-held and taken-uncalled records survive a crash; only unanswered ones are called anew."""
     gate = Gate({"a", "c"})
     with pytest.raises(Crash):
         await checkpoint_then_crash(gate, tmp_path)
