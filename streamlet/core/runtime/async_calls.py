@@ -30,8 +30,9 @@ import anyio.abc
 from streamlet.core.model.async_calls import MapAsyncTask
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.record import Barrier, Batch, Element, Reconfigure, record_of
+from streamlet.core.model.world import monotonic
 from streamlet.core.runtime.channel import Inbox
-from streamlet.core.runtime.instances import Environment, Receiver
+from streamlet.core.runtime.instances import Environment, Receiver, count_batch
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.runtime.task_instance import TaskInstance
 
@@ -117,10 +118,13 @@ class MapAsyncInstance(TaskInstance):
             self.start = channel + 1  # the channels take turns
             item = inbox.pop(channel)
             if type(item) is list:
+                began = monotonic()
                 self.counters.count_in(len(item))
                 if self.watermarks.any_idle:
                     self.watermarks.activate(channel)
                 self._take(item)
+                taken = monotonic()  # the calls run apart: busy is the taking, latency until the calls began
+                count_batch(self.counters, inbox.last_arrival, began, taken, taken)
             else:
                 await self.on_marker(channel, item)  # type: ignore[arg-type]
 
