@@ -152,6 +152,15 @@ async def yield_often() -> None:
         await asyncio.sleep(0)
 
 
+async def until_true(done: Any) -> None:
+    """Wait until ``done()`` holds, letting the job run between looks (a safety bound, no timing)."""
+    for _ in range(100_000):
+        if done():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the job never reached the state waited for")
+
+
 async def test_a_full_instance_stops_taking_input() -> None:
     """concurrency=2, calls held: 2 calls start, 2 batches wait in its inbox, 10 records stay in the source queue."""
     gate = Gate()
@@ -164,8 +173,9 @@ async def test_a_full_instance_stops_taking_input() -> None:
         for batch in range(4):
             for i in range(2 + 10 * batch, 12 + 10 * batch):
                 await job.send("s", f"k{i}", i)
-            await yield_often()
-        assert (len(gate.started), inbox.queued(0), feed.qsize()) == (2, 2, 10)
+            await yield_often()  # room for the next sends, if the job takes them
+        await until_true(lambda: (inbox.queued(0), feed.qsize()) == (2, 10))
+        assert len(gate.started) == 2  # and no call more: the full instance took nothing
         for i in range(42):
             gate.release(f"k{i}")
         await job.settle()
