@@ -10,6 +10,7 @@ from benchmarks import (
     cluster,
     columnar,
     cpu,
+    enrich,
     joins,
     latency,
     monitor,
@@ -49,6 +50,7 @@ def main() -> None:
         "parallel",
         "peers",
         "joins",
+        "enrich",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -62,6 +64,8 @@ def main() -> None:
         line = wordcount.main(args.records or 1_000_000, args.repeats)
     elif args.name == "columnar":
         line = columnar.main(args.records or 1_000_000, args.repeats)
+    elif args.name == "enrich":
+        line = enrich.main(args.records or 20_000, args.repeats)
     elif args.name == "joins":
         line = joins.main(args.records or 1_000_000, args.repeats)
     elif args.name == "windows":

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from streamlet.core.model import graph
+from streamlet.core.model.async_calls import AsyncFunction, MapAsyncTask, check_map_async
 from streamlet.core.model.columnar import (
     AggregateEmit,
     AggregateHow,
@@ -86,6 +87,7 @@ class Node:
     state_ttl: float | None = None  # seconds of the job clock a task's state entry lives after its last write
     max_parallelism: int = DEFAULT_SEGMENTS  # key segments of a keyed input: the most instances it can have
     columnar: bool = False  # a columnar source, task or sink: Arrow batches reach it / leave it as they are
+    async_calls: bool = False  # a map_async task: its instance calls the function with calls in flight
     keyed_inputs: bool = False  # a join: every input must be partitioned by SAME_KEY
 
     def describe(self) -> str:
@@ -260,6 +262,38 @@ class Topology:
     def map(self, name: str, fn: Callable[[Record], tuple[Any, Any]], **options: Any) -> NodeHandle:
         """A task emitting ``fn(record) -> (key, value)`` for every record."""
         return self.add_task(name, lambda: MapTask(fn), **options)
+
+    def map_async(
+        self,
+        name: str,
+        fn: AsyncFunction,
+        concurrency: int = 16,
+        ordered: bool = True,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> NodeHandle:
+        """A task emitting ``await fn(record) -> (key, value)`` for every record (``None`` drops it), with up
+        to ``concurrency`` calls in flight per instance (Flink's Async I/O).
+
+        Results keep their record's ``ts`` and come in input order when ``ordered``, else as the calls
+        complete, but never past a watermark that followed their record. A call that takes longer than
+        ``timeout`` seconds of real time (the event loop's clock, not the job clock) or raises is handled by
+        ``on_error``: ``"fail"`` stops the job with a ``TaskError`` naming the task and the record's key,
+        ``"skip"`` dead-letters the record, ``"restart"`` calls again. A full instance takes no more input
+        (barriers aside); a checkpoint does not wait for calls in flight: it stores the records not yet
+        answered (called again after a restore, so a call may repeat) and the answers held back by order.
+
+        Example:
+            >>> async def lookup(record):
+            ...     return record.key, record.value * 2
+            >>> topology = Topology("enrich")
+            >>> numbers = topology.add_source("numbers", [("a", 1), ("b", 2)])
+            >>> doubled = topology.map_async("double", lookup, concurrency=8).set_input(numbers)
+        """
+        check_map_async(name, fn, concurrency, ordered, timeout, options)
+        handle = self.add_task(name, lambda: MapAsyncTask(fn, concurrency, ordered, timeout), **options)
+        self.nodes[name].async_calls = True
+        return handle
 
     def filter(self, name: str, fn: Callable[[Record], bool], **options: Any) -> NodeHandle:
         """A task passing on the records for which ``fn(record)`` is true."""

@@ -117,6 +117,10 @@ def _check_cycles(topology: TopologyData) -> None:
                 f"topology '{topology.name}' has a cycle {cycle} (back edge into input of "
                 f"'{head}') without an iteration limit; call topology.set_max_iterations(n)"
             )
+    for part in graph.strongly_connected(successors):
+        for name in sorted(part):
+            if getattr(topology.nodes[name], "async_calls", False):
+                raise TopologyError(f"task '{name}': map_async cannot run inside a loop")
 
 
 def _check_columnar_edges(topology: TopologyData) -> None:

@@ -151,6 +151,10 @@ class Inbox:
                 break
         return item
 
+    def holds(self, channel: int, kind: type) -> bool:
+        """Some item of type ``kind`` (a marker class) is queued in ``channel``, anywhere in it."""
+        return any(type(item) is kind for item in self._queues[channel])
+
     def is_empty(self, channel: int) -> bool:
         """True when ``channel`` holds nothing."""
         return not self._queues[channel]

@@ -529,6 +529,10 @@ class Receiver(Instance):
                     timer.cancel()
         await self.on_time()
 
+    def quiet(self) -> bool:
+        """It waits for input with nothing under way (what ``Job.settle`` waits for)."""
+        return self.inbox.waiting()
+
     def has_work(self) -> bool:
         """Some unblocked channel holds an item."""
         inbox = self.inbox

@@ -438,7 +438,7 @@ class Job:
             if instance.completed:
                 continue
             if isinstance(instance, Receiver):
-                if not instance.inbox.waiting():
+                if not instance.quiet():
                     return False
             elif isinstance(instance, SourceInstance):
                 feed = plan.feeds.get(instance.node.name)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from streamlet.core.model.partition import KEYED
 from streamlet.core.model.record import END_OF_STREAM
 from streamlet.core.model.topology import Node, Topology
+from streamlet.core.runtime.async_calls import task_instance
 from streamlet.core.runtime.instances import Environment, Instance, Receiver
 from streamlet.core.runtime.reconfiguration import (
     ActiveReconfiguration,
@@ -213,7 +214,7 @@ class Reconfigurer:
         added = []
         for index in new:
             if builder.is_local(node.name, index):
-                instance = TaskInstance(node, index, builder.make_outputs(node, index), self.env, inboxes[index])
+                instance = task_instance(node, index, builder.make_outputs(node, index), self.env, inboxes[index])
                 instance.joining = active
                 active.expect(node.name, index)
                 added.append(instance)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.timers import Timers
 from streamlet.core.model.windows import WindowSpec
 from streamlet.core.state.keyed import KeyedState
@@ -47,6 +48,9 @@ def split_task_snapshot(
     if "arrivals" in snapshot:  # a window join's arrival numbers go on from the highest in every part
         for entry in split:
             entry["arrivals"] = snapshot["arrivals"]
+    if snapshot.get("calls") is not None:  # map_async's entries: each goes with its record's key
+        for entry, calls in zip(split, _split_calls(snapshot["calls"], owner, parts), strict=True):
+            entry["calls"] = calls
     join = snapshot.get("join")
     if join is not None:  # a join's watermark holds for every part; its late count stays at home
         for index, entry in enumerate(split):
@@ -71,10 +75,21 @@ def merge_task_snapshots(snapshots: Sequence[dict[str, Any]], window: WindowSpec
     arrivals = [snapshot["arrivals"] for snapshot in snapshots if "arrivals" in snapshot]
     if arrivals:
         merged["arrivals"] = max(arrivals)
+    calls = [snapshot["calls"] for snapshot in snapshots if snapshot.get("calls") is not None]
+    if calls:  # map_async's entries, each instance's in its input order
+        merged["calls"] = pack_exact([entry for part in calls for entry in unpackb(part)], "map_async entries")
     joins = [snapshot["join"] for snapshot in snapshots if snapshot.get("join") is not None]
     if joins:  # every instance saw the same watermark at the barrier; the least of them is the safe one
         merged["join"] = {"watermark": min(j["watermark"] for j in joins), "late": sum(j["late"] for j in joins)}
     return merged
+
+
+def _split_calls(packed: bytes, owner: Owner, parts: int) -> list[bytes]:
+    """``map_async``'s stored entries ``(key, value, ts, answer)`` split by ``owner(key)``, order kept."""
+    split: list[list[Any]] = [[] for _ in range(parts)]
+    for entry in unpackb(packed):
+        split[owner(entry[0])].append(entry)
+    return [pack_exact(part, "map_async entries") for part in split]
 
 
 def regroup(
