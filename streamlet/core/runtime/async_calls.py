@@ -87,11 +87,7 @@ class MapAsyncInstance(TaskInstance):
 
     async def run(self) -> None:
         """Take input while calls run; end once every input ended and every entry has left."""
-        joining = self.joining
-        if joining is not None:
-            self.joining = None
-            await self._import(joining)
-            self._reconfigured()
+        await self.take_handover()
         await self.open()
         failure: Exception | None = None
         async with anyio.create_task_group() as group:

@@ -133,13 +133,17 @@ class TaskInstance(Receiver):
                 task=self.node.name, instance=self.index, key=None,
             ) from exc  # fmt: skip
 
-    async def run(self) -> None:
-        """Run the loop of the task's input mode (a new instance first takes the state handed to it)."""
+    async def take_handover(self) -> None:
+        """An instance added by a rescale takes the state handed to it before it runs (others: nothing)."""
         joining = self.joining
         if joining is not None:
             self.joining = None
             await self._import(joining)
             self._reconfigured()
+
+    async def run(self) -> None:
+        """Run the loop of the task's input mode (a new instance first takes the state handed to it)."""
+        await self.take_handover()
         if self.node.sync and self.node.inputs > 1:
             await self.open()
             await self._run_sync()
