@@ -300,14 +300,16 @@ async def test_a_checkpoint_with_calls_in_flight_and_answers_held_restores_exact
 
 async def test_settle_waits_for_calls_in_flight() -> None:
     """settle() returns only once every call has returned and its result reached the sink."""
-
-    async def slow(record: sl.Record) -> tuple[str, int]:
-        await asyncio.sleep(0.02)
-        return record.key, record.value
-
-    async with sl.start(enrich(slow, ordered=False)) as job:
+    gate = Gate({"a", "b", "c"})
+    async with sl.start(enrich(gate, ordered=False)) as job:
         await send_all(job, "abc")
-        await job.settle()
+        await gate.until(lambda: len(gate.started) == 3)
+        settling = asyncio.create_task(job.settle())
+        await yield_often()
+        assert not settling.done()  # three calls are held: settle cannot be done, however long it ran
+        for key in "abc":
+            gate.release(key)
+        await settling
         assert sorted(r.key for r in job._result().sink("out")) == ["a", "b", "c"]
         await finish(job)
 
