@@ -66,6 +66,9 @@ def merged(
     return JobResult(counters, dead_letters, sinks)
 
 
+SUMMED_NODE_COUNTERS = ("held", "held_peak", "lookups", "cache_hits")  # NodeStatistics' fields after queued
+
+
 def statistics(
     topology: Topology, parts: list[dict[str, Any]], wall_time: float, checkpoints: Checkpoints = None
 ) -> JobStatistics:
@@ -77,6 +80,7 @@ def statistics(
             nodes[name] = NodeStatistics(
                 name, node.kind, node.parallelism, sum(int(c["records_in"]) for c in counted),
                 sum(int(c["records_out"]) for c in counted), sum(int(c["queued"]) for c in counted),
+                *(sum(int(c.get(field, 0)) for c in counted) for field in SUMMED_NODE_COUNTERS),
             )  # fmt: skip
 
     def total(counter: str) -> int:

@@ -43,8 +43,13 @@ def check_map_async(name: str, fn: Any, concurrency: Any, ordered: Any, timeout:
         raise TopologyError(f"{where}: concurrency must be a whole number >= 1, got {concurrency!r}")
     if type(ordered) is not bool:
         raise TopologyError(f"{where}: ordered must be True or False, got {ordered!r}")
-    if timeout is not None and (type(timeout) is bool or not isinstance(timeout, int | float) or not timeout > 0):
-        raise TopologyError(f"{where}: timeout must be a number of seconds > 0 or None, got {timeout!r}")
+    check_timeout(where, "timeout", timeout)
     for refused in ("window", "state_ttl"):
         if options.get(refused) is not None:
             raise TopologyError(f"{where}: map_async keeps no windows or state; {refused} is refused")
+
+
+def check_timeout(where: str, what: str, seconds: Any) -> None:
+    """A limit in seconds: a number > 0, or None for no limit."""
+    if seconds is not None and (type(seconds) is bool or not isinstance(seconds, int | float) or not seconds > 0):
+        raise TopologyError(f"{where}: {what} must be a number of seconds > 0 or None, got {seconds!r}")

@@ -24,6 +24,7 @@ from streamlet.core.model.columnar import (
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.joins import AsofJoin, IntervalJoin, JoinFunction, TableJoin, WindowJoin
 from streamlet.core.model.joins.checks import check_grace, check_interval, join_window
+from streamlet.core.model.lookups import Lookup, LookupFunction, LookupJoinTask, check_lookup_join
 from streamlet.core.model.partition import ROUND_ROBIN, Partitioning, PartitionSpec
 from streamlet.core.model.ports import PortDeclarer
 from streamlet.core.model.qos import QoS
@@ -87,7 +88,7 @@ class Node:
     state_ttl: float | None = None  # seconds of the job clock a task's state entry lives after its last write
     max_parallelism: int = DEFAULT_SEGMENTS  # key segments of a keyed input: the most instances it can have
     columnar: bool = False  # a columnar source, task or sink: Arrow batches reach it / leave it as they are
-    async_calls: bool = False  # a map_async task: its instance calls the function with calls in flight
+    async_calls: str = ""  # "map" (map_async) or "lookup" (lookup_join): its instance has calls in flight
     keyed_inputs: bool = False  # a join: every input must be partitioned by SAME_KEY
 
     def describe(self) -> str:
@@ -292,7 +293,55 @@ class Topology:
         """
         check_map_async(name, fn, concurrency, ordered, timeout, options)
         handle = self.add_task(name, lambda: MapAsyncTask(fn, concurrency, ordered, timeout), **options)
-        self.nodes[name].async_calls = True
+        self.nodes[name].async_calls = "map"
+        return handle
+
+    def lookup_join(
+        self,
+        name: str,
+        lookup: Lookup,
+        how: str = "inner",
+        fn: LookupFunction | None = None,
+        cache_size: int = 10_000,
+        cache_ttl: float | None = None,
+        concurrency: int = 4,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> NodeHandle:
+        """Join each record with its key's row from an outside store: ``await lookup(keys) -> {key: row}``
+        is called with the distinct keys of a batch that are not cached (a key missing from the answer, or
+        answered ``None``, has no row).
+
+        The output is ``(key, fn(key, value, row))`` (``fn=None``: ``(value, row)``) with the record's
+        ``ts``, in input order; ``how="inner"`` drops records without a row, ``"left"`` keeps them with
+        ``row=None``. Up to ``concurrency`` lookups are in flight per instance. A lookup that raises, answers
+        something other than a mapping or takes longer than ``timeout`` seconds of real time applies
+        ``on_error`` to every record waiting for it (``"restart"`` looks up again). Answers, keys without a
+        row included, are cached per instance: ``cache_size`` keys at most (least recently used evicted,
+        ``0`` caches nothing), each for ``cache_ttl`` seconds of the job clock from its fetch (a hit does
+        not extend it; ``None``: until evicted). A checkpoint does not wait for lookups in flight: records
+        not yet joined are stored and looked up again after a restore. Wire the input with
+        ``partitioning=SAME_KEY``, so that a key's records meet one instance's cache. A lookup with a
+        ``connect()`` method (an async context manager giving the lookup function, e.g.
+        ``PostgresLookup``'s pool of connections) is connected once per instance, for its lifetime.
+
+        Example:
+            >>> async def customers(keys):
+            ...     return {key: {"name": key.title()} for key in keys if key != "nobody"}
+            >>> topology = Topology("orders")
+            >>> orders = topology.add_source("orders", [("ada", 10), ("nobody", 5)])
+            >>> named = topology.lookup_join("customer", customers, how="left").set_input(
+            ...     orders, partitioning=SAME_KEY
+            ... )
+        """
+        limits = dict(cache_size=cache_size, cache_ttl=cache_ttl, concurrency=concurrency, timeout=timeout)
+        check_lookup_join(name, lookup, how, fn, options, **limits)
+
+        def make_task() -> LookupJoinTask:
+            return LookupJoinTask(lookup, how, fn, cache_size, cache_ttl, concurrency, timeout)
+
+        handle = self.add_task(name, make_task, **options)
+        self.nodes[name].async_calls = "lookup"
         return handle
 
     def filter(self, name: str, fn: Callable[[Record], bool], **options: Any) -> NodeHandle:

@@ -29,6 +29,7 @@ import anyio.abc
 
 from streamlet.core.model.async_calls import MapAsyncTask
 from streamlet.core.model.encoding import pack_exact, unpackb
+from streamlet.core.model.lookups import LookupJoinTask
 from streamlet.core.model.record import Barrier, Batch, Element, Reconfigure, record_of
 from streamlet.core.model.world import monotonic
 from streamlet.core.runtime.channel import Inbox
@@ -71,11 +72,11 @@ class MapAsyncInstance(TaskInstance):
     def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
         task = self.task
-        assert isinstance(task, MapAsyncTask)
+        assert isinstance(task, MapAsyncTask | LookupJoinTask)  # a lookup join's calls are lookups, in order
         self.concurrency, self.ordered, self.timeout = task.concurrency, task.ordered, task.timeout
         self.queue: deque[Call | HeldWatermark] = deque()
         self.uncalled: deque[Call] = deque()
-        self.finished_calls: list[Call] = []  # completed since the loop last looked
+        self.finished_calls: list[Any] = []  # completed since the loop last looked (calls, or lookups)
         self.held: dict[int, list[Call]] = {}  # unordered: answers waiting for a watermark before them to leave
         self.entries = 0  # data entries not yet emitted (what concurrency and backpressure count)
         self.calling = 0
@@ -128,7 +129,7 @@ class MapAsyncInstance(TaskInstance):
         """An unblocked channel to take from: any with an item, or, when full, one whose head is a marker or
         whose data is ahead of a barrier; -1 if none."""
         inbox, blocked = self.inbox, self.blocked
-        full = self.entries >= self.concurrency
+        full = self._full()
         channels = len(blocked)
         for offset in range(channels):
             channel = (self.start + offset) % channels
@@ -139,6 +140,10 @@ class MapAsyncInstance(TaskInstance):
             if self.aligning is not None or inbox.holds(channel, Barrier):
                 return channel  # ahead of a barrier: taken and held uncalled, so the checkpoint goes on
         return -1
+
+    def _full(self) -> bool:
+        """Whether the instance takes no more data (barriers aside): ``concurrency`` records not yet emitted."""
+        return self.entries >= self.concurrency
 
     async def _wait(self) -> None:
         """Nothing to take: send partial batches, then sleep until input arrives or a call completes."""
@@ -203,7 +208,7 @@ class MapAsyncInstance(TaskInstance):
         self._start_calls()
         await self._emit_ready()
 
-    def _answered(self, call: Call) -> None:
+    def _answered(self, call: Any) -> None:
         """A completed call: its error to the policy (again: back to the front of the uncalled), or its
         answer checked and, unordered, emitted when no watermark waits before it."""
         error = call.error
@@ -331,9 +336,3 @@ def _stored(call: Call) -> tuple[Any, Any, Any, Any]:
     if call.state != DONE:
         return (key, value, ts, None)
     return (key, value, ts, False if call.result is None else list(call.result))
-
-
-def task_instance(node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> TaskInstance:
-    """The instance a task node gets: a ``map_async`` one its own kind."""
-    kind = MapAsyncInstance if node.async_calls else TaskInstance
-    return kind(node, index, outputs, env, inbox)

@@ -31,6 +31,7 @@ from streamlet.core.runtime.channel import ChannelFactory
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
+from streamlet.core.runtime.lookup_join import LookupJoinInstance
 from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan, StateHandoff
 from streamlet.core.runtime.rescale import Reconfigurer
@@ -558,7 +559,7 @@ class Job:
                 nodes[name] = NodeStatistics(
                     name, node.kind, node.parallelism,
                     sum(i.counters.records_in for i in group), sum(i.records_out() for i in group), queued,
-                    *_held(group),
+                    *_held(group), *_looked_up(group),
                 )  # fmt: skip
         end = self._ended if self._finished.is_set() else world.monotonic()
         coordinator = self._coordinator
@@ -593,6 +594,12 @@ def _held(group: list[Any]) -> tuple[int, int]:
     """A join's records held now and the sum of its instances' peaks (0, 0 for any other node)."""
     counters = [i.join_counters for i in group if isinstance(i, TaskInstance)]
     return sum(c.held for c in counters), sum(c.peak for c in counters)
+
+
+def _looked_up(group: list[Any]) -> tuple[int, int]:
+    """A lookup join's lookups and cache hits (0, 0 for any other node)."""
+    counters = [i.lookup_counters for i in group if isinstance(i, LookupJoinInstance)]
+    return sum(c.lookups for c in counters), sum(c.cache_hits for c in counters)
 
 
 def new_attempt() -> str:

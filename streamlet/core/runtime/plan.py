@@ -15,12 +15,12 @@ from streamlet.core.model.record import Element
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sources import QueueSource, SourceContext
 from streamlet.core.model.topology import Edge, Node, Topology
-from streamlet.core.runtime.async_calls import task_instance
 from streamlet.core.runtime.channel import Channel, ChannelFactory, Inbox
 from streamlet.core.runtime.cycles import CycleTracker, Quiescence
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
 from streamlet.core.runtime.outputs import RoutedOutputs, WindowOutputs, fan_out
 from streamlet.core.runtime.routing import DiscardRoute, Route, in_loop_adder, make_route
+from streamlet.core.runtime.task_kinds import task_instance
 
 
 @dataclass

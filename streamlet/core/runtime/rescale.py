@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from streamlet.core.model.partition import KEYED
 from streamlet.core.model.record import END_OF_STREAM
 from streamlet.core.model.topology import Node, Topology
-from streamlet.core.runtime.async_calls import task_instance
 from streamlet.core.runtime.instances import Environment, Instance, Receiver
 from streamlet.core.runtime.reconfiguration import (
     ActiveReconfiguration,
@@ -42,6 +41,7 @@ from streamlet.core.runtime.reconfiguration import (
 )  # fmt: skip
 from streamlet.core.runtime.routing import Switch
 from streamlet.core.runtime.task_instance import TaskInstance
+from streamlet.core.runtime.task_kinds import task_instance
 from streamlet.core.state.regroup import unsplittable_window
 from streamlet.errors import ReconfigurationError
 

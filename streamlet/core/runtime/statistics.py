@@ -13,7 +13,8 @@ from streamlet.core.model.histogram import LatencyHistogram
 @dataclass(frozen=True, slots=True)
 class NodeStatistics:
     """Records into and out of one node, summed over its instances; a join's ``held`` records (in its state
-    now) and ``held_peak`` (the most each instance held at once, summed)."""
+    now) and ``held_peak`` (the most each instance held at once, summed); a lookup join's ``lookups`` (calls
+    of its lookup) and ``cache_hits`` (records joined from its cache)."""
 
     name: str
     kind: str
@@ -23,6 +24,8 @@ class NodeStatistics:
     queued: int  # items waiting in the node's inboxes now
     held: int = 0
     held_peak: int = 0
+    lookups: int = 0
+    cache_hits: int = 0
 
 
 @dataclass(frozen=True, slots=True)
