@@ -1,4 +1,5 @@
-"""Enrichment: ``map_async`` over a function that awaits 10 ms, at concurrency 64, against a hand-written loop.
+"""Enrichment: ``map_async`` over a function that awaits 10 ms, at concurrency 64, against a hand-written loop;
+and ``lookup_join`` at a 90 % cache hit rate (the ``lookup_*`` fields, ``benchmarks.enrich_lookup``).
 
 Both sides run on uvloop over the same ``records`` records. streamlet: an
 iterable source, ``map_async("enrich", lookup, concurrency=64)`` (ordered) and
@@ -16,6 +17,7 @@ from typing import Any
 import uvloop
 
 import streamlet as sl
+from benchmarks import enrich_lookup
 from benchmarks.common import alternating, median_rate, report
 
 CONCURRENCY = 64
@@ -73,4 +75,5 @@ def main(records: int, repeats: int) -> dict[str, Any]:
         delay_ms=DELAY * 1000,
         records=records,
         repeats=repeats,
+        **enrich_lookup.measure(10 * records, repeats),
     )

@@ -74,7 +74,7 @@ class MapAsyncInstance(TaskInstance):
         task = self.task
         assert isinstance(task, MapAsyncTask | LookupJoinTask)  # a lookup join's calls are lookups, in order
         self.concurrency, self.ordered, self.timeout = task.concurrency, task.ordered, task.timeout
-        self.queue: deque[Call | HeldWatermark] = deque()
+        self.queue: deque[Any] = deque()  # Calls and HeldWatermarks (a lookup join's: batches and watermarks)
         self.uncalled: deque[Call] = deque()
         self.finished_calls: list[Any] = []  # completed since the loop last looked (calls, or lookups)
         self.held: dict[int, list[Call]] = {}  # unordered: answers waiting for a watermark before them to leave
@@ -249,11 +249,11 @@ class MapAsyncInstance(TaskInstance):
                 for call in self.held.pop(self.segment, []):
                     self._emit(call)
                 await Receiver.on_watermark(self, head.watermark)
-            elif head.state == EMITTED:  # type: ignore[union-attr]
+            elif head.state == EMITTED:
                 queue.popleft()
-            elif ordered and head.state == DONE:  # type: ignore[union-attr]
+            elif ordered and head.state == DONE:
                 queue.popleft()
-                self._emit(head)  # type: ignore[arg-type]
+                self._emit(head)
             else:
                 break
         await self.outputs.flush(self.env.batch_size)
@@ -300,11 +300,12 @@ class MapAsyncInstance(TaskInstance):
         """The task's snapshot with the entries not yet emitted, in input order: ``(key, value, ts, answer)``
         with ``answer`` a held ``[key, value]``, ``None`` to call again, or ``False`` for a held drop."""
         snapshot = super().snapshot()
-        snapshot["calls"] = pack_exact([_stored(call) for call in self._pending()], f"task '{self.node.name}'")
+        snapshot["calls"] = pack_exact(self._stored_entries(), f"task '{self.node.name}'")
         return snapshot
 
-    def _pending(self) -> list[Call]:
-        return [entry for entry in self.queue if type(entry) is Call and entry.state != EMITTED]
+    def _stored_entries(self) -> list[tuple[Any, Any, Any, Any]]:
+        """The records not yet emitted, in input order, as :meth:`snapshot` stores them."""
+        return [_stored(entry) for entry in self.queue if type(entry) is Call and entry.state != EMITTED]
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Continue from :meth:`snapshot`: answers held again, the other records to call again."""

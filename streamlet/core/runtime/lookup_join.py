@@ -10,8 +10,8 @@ the head of the queue, so the output keeps the input's order, and watermarks
 wait behind the records before them.
 
 Backpressure: the instance takes no more data while ``concurrency`` lookups
-wait to be called beyond those in flight, or while ``concurrency`` batches of
-records wait to leave. A checkpoint stores the records not yet joined (looked
+wait to be called beyond those in flight, or while ``concurrency + 1``
+batches of records wait to leave. A checkpoint stores the records not yet joined (looked
 up again after a restore) and the joined ones held back by order; the cache is
 not stored: it is only a cache.
 """
@@ -27,7 +27,7 @@ import anyio
 from streamlet.core.model.encoding import unpackb
 from streamlet.core.model.lookups import Lookup, LookupJoinTask
 from streamlet.core.model.record import Batch, Element
-from streamlet.core.runtime.async_calls import CALLING, DONE, UNCALLED, Call, MapAsyncInstance
+from streamlet.core.runtime.async_calls import CALLING, DONE, EMITTED, UNCALLED, MapAsyncInstance
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.instances import Environment
 from streamlet.core.runtime.outputs import RoutedOutputs
@@ -36,6 +36,20 @@ if TYPE_CHECKING:
     from streamlet.core.model.topology import Node
 
 NO_ROW = object()  # cached for a key the store has no row for
+PENDING = object()  # a record's output while its key's lookup is out
+
+
+class BatchEntry:
+    """A batch taken: its records and, position by position, each one's output element (``None``: none, a
+    drop) or ``PENDING`` while its key's lookup is out; done once nothing is pending."""
+
+    __slots__ = ("elements", "pending", "results", "state")
+
+    def __init__(self, elements: Batch, results: list[Any], pending: int) -> None:
+        self.elements = elements
+        self.results = results
+        self.pending = pending
+        self.state = DONE if not pending else UNCALLED
 
 
 class KeyLookup:
@@ -45,20 +59,19 @@ class KeyLookup:
 
     def __init__(self) -> None:
         self.keys: list[Any] = []
-        self.waiting: dict[Any, list[Call]] = {}  # key -> its records' entries, in input order
-        self.records: list[Call] = []  # every entry waiting, in input order (records are taken in order)
+        self.waiting: dict[Any, list[tuple[BatchEntry, int]]] = {}  # key -> its records (entry, position)
+        self.records: list[tuple[BatchEntry, int]] = []  # every record waiting, in input order (taken in order)
         self.state = UNCALLED
         self.answer: Any = None
         self.error: BaseException | None = None
 
-    def wait_for(self, key: Any, call: Call) -> None:
-        self.records.append(call)
+    def wait_for(self, key: Any, entry: BatchEntry, position: int) -> None:
         waiting = self.waiting.get(key)
         if waiting is None:
             self.keys.append(key)
-            self.waiting[key] = [call]
-        else:
-            waiting.append(call)
+            self.waiting[key] = waiting = []
+        waiting.append((entry, position))
+        self.records.append((entry, position))
 
 
 class LookupCache:
@@ -68,17 +81,6 @@ class LookupCache:
     def __init__(self, size: int, ttl: float | None) -> None:
         self.size, self.ttl = size, ttl
         self.rows: OrderedDict[Hashable, tuple[Any, float]] = OrderedDict()  # key -> (row, expiry)
-
-    def get(self, key: Hashable, now: float) -> Any:
-        """The key's cached row, ``NO_ROW`` if cached without one, ``None`` if not cached (or expired)."""
-        entry = self.rows.get(key)
-        if entry is None:
-            return None
-        if entry[1] <= now:
-            del self.rows[key]
-            return None
-        self.rows.move_to_end(key)  # recently used; its expiry stays
-        return entry[0]
 
     def put(self, key: Hashable, row: Any, now: float) -> None:
         if not self.size:
@@ -128,32 +130,52 @@ class LookupJoinInstance(MapAsyncInstance):
 
     def _full(self) -> bool:
         pending = len(self.uncalled_lookups)
-        return pending >= self.concurrency or self.entries >= self.concurrency * self.env.batch_size
+        return pending >= self.concurrency or self.entries >= (self.concurrency + 1) * self.env.batch_size
 
     def _take(self, batch: Batch) -> None:
         """Join the cached keys' records now; the others wait for this batch's lookup (or one in flight)."""
-        now = self.env.clock.now()
-        lookup = KeyLookup()
-        for element in batch:
-            self._enter(element, now, lookup)
+        task = self.task
+        assert isinstance(task, LookupJoinTask)
+        now, cache = self.env.clock.now(), self.cache
+        rows, recent = cache.rows, cache.rows.move_to_end  # cache.get, inlined: the path every record takes
+        fn, inner, looking_up = task.fn, task.how == "inner", self.looking_up
+        results: list[Any] = []
+        entry = BatchEntry(batch, results, 0)
+        lookup: KeyLookup | None = None
+        hits = 0
+        for position, element in enumerate(batch):
+            key = element[0]
+            cached = rows.get(key)
+            if cached is not None and cached[1] <= now:
+                del rows[key]  # expired
+                cached = None
+            if cached is None:
+                results.append(PENDING)
+                entry.pending += 1
+                pending = looking_up.get(key)
+                if pending is None:
+                    if lookup is None:
+                        lookup = KeyLookup()
+                    looking_up[key] = pending = lookup
+                pending.wait_for(key, entry, position)
+                continue
+            hits += 1
+            recent(key)  # recently used; its expiry stays
+            row = cached[0]
+            if row is NO_ROW:
+                results.append(None if inner else self._joined(element, None))
+                continue
+            try:
+                results.append((key, fn(key, element[1], row), element[2]))
+            except Exception:  # noqa: BLE001 - user code: the policy decides, for this record
+                results.append(self._joined(element, row))
+        self.lookup_counters.cache_hits += hits
+        entry.state = UNCALLED if entry.pending else DONE
+        self.queue.append(entry)
         self.entries += len(batch)
-        if lookup.keys:
+        if lookup is not None:
             self.uncalled_lookups.append(lookup)
         self._start_calls()
-
-    def _enter(self, element: Element, now: float, lookup: KeyLookup) -> None:
-        call = Call(element, 0)  # in order: no watermark segments
-        self.queue.append(call)
-        key = element[0]
-        row = self.cache.get(key, now)
-        if row is not None:
-            self.lookup_counters.cache_hits += 1
-            self._join(call, row)
-            return
-        pending = self.looking_up.get(key)
-        if pending is None:
-            self.looking_up[key] = pending = lookup
-        pending.wait_for(key, call)
 
     def _start_calls(self) -> None:
         group = self.group
@@ -193,57 +215,100 @@ class LookupJoinInstance(MapAsyncInstance):
         if error is not None:
             self._lookup_failed(lookup, error)
             return
-        now = self.env.clock.now()
+        now, inner = self.env.clock.now(), self._inner()
         for key in lookup.keys:
             row = answer.get(key)
             row = NO_ROW if row is None else row
             self.cache.put(key, row, now)
             del self.looking_up[key]
-            for call in lookup.waiting[key]:
-                self._join(call, row)
+            for entry, position in lookup.waiting[key]:
+                element = entry.elements[position]
+                if row is NO_ROW and inner:
+                    self._settled(entry, position, None)
+                else:
+                    self._settled(entry, position, self._joined(element, None if row is NO_ROW else row))
+
+    def _inner(self) -> bool:
+        task = self.task
+        assert isinstance(task, LookupJoinTask)
+        return task.how == "inner"
 
     def _lookup_failed(self, lookup: KeyLookup, error: BaseException) -> None:
-        calls = lookup.records
-        if self.policy.failed_unit(self, [call.element for call in calls], error, "lookup of the batch with key"):
+        elements = [entry.elements[position] for entry, position in lookup.records]
+        if self.policy.failed_unit(self, elements, error, "lookup of the batch with key"):
             lookup.state = UNCALLED
             self.uncalled_lookups.appendleft(lookup)  # looked up again, before any later batch
             return
         for key in lookup.keys:
             del self.looking_up[key]
-        for call in calls:  # dead-lettered: each leaves without output
-            call.state = DONE
+        for entry, position in lookup.records:  # dead-lettered: each leaves without output
+            self._settled(entry, position, None)
 
-    def _join(self, call: Call, row: Any) -> None:
-        """The record's output from its key's row (``NO_ROW``: none), by the task's ``fn`` and kind; a failing
-        ``fn`` follows the policy for that record (again: with a new task object)."""
-        key, value = call.element[0], call.element[1]
+    @staticmethod
+    def _settled(entry: BatchEntry, position: int, result: Any) -> None:
+        entry.results[position] = result
+        entry.pending -= 1
+        if not entry.pending:
+            entry.state = DONE
+
+    def _joined(self, element: Element, row: Any) -> Element | None:
+        """The record's output element from its key's row (``None``: no row, a left join's), by the task's
+        ``fn``; a failing ``fn`` follows the policy for that record (again: with a new task object)."""
+        key, value = element[0], element[1]
         while True:
             task = self.task
             assert isinstance(task, LookupJoinTask)
-            if row is NO_ROW and task.how == "inner":
-                break
             try:
-                call.result = (key, task.fn(key, value, None if row is NO_ROW else row))
-                break
+                return (key, task.fn(key, value, row), element[2])
             except Exception as exc:  # noqa: BLE001 - user code: the policy decides
-                if not self.policy.failed(self, call.element, exc, "record with key"):
-                    break
-        call.state = DONE
+                if not self.policy.failed(self, element, exc, "record with key"):
+                    return None
+
+    def _emit(self, entry: BatchEntry) -> None:  # type: ignore[override]  # the queue's entries are batches
+        """A done batch leaves: its output elements, in order."""
+        self.outputs.emit_elements([result for result in entry.results if result is not None])
+        entry.state = EMITTED
+        entry.results = []
+        self.entries -= len(entry.elements)
+
+    def _stored_entries(self) -> list[tuple[Any, Any, Any, Any]]:
+        """Every record not yet emitted as ``(key, value, ts, answer)``: ``None`` to look up again,
+        ``False`` for a drop, else the output ``[key, value]``."""
+        stored: list[tuple[Any, Any, Any, Any]] = []
+        for entry in self.queue:
+            if type(entry) is not BatchEntry or entry.state == EMITTED:
+                continue
+            for element, result in zip(entry.elements, entry.results, strict=True):
+                answer = None if result is PENDING else False if result is None else [result[0], result[1]]
+                stored.append((element[0], element[1], element[2], answer))
+        return stored
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Continue from the snapshot: the joined records held again, the others looked up again."""
         stored = snapshot.get("calls")
         super().restore({**snapshot, "calls": None})
         self.uncalled_lookups, self.looking_up = deque(), {}
+        records = [] if stored is None else unpackb(stored)
+        if not records:
+            return
+        elements = [(key, value, ts) for key, value, ts, _answer in records]
+        results = [
+            PENDING if answer is None else None if answer is False else (*answer, ts) for *_, ts, answer in records
+        ]
+        entry = BatchEntry(elements, results, 0)
         lookup = KeyLookup()
-        for key, value, ts, answer in [] if stored is None else unpackb(stored):
-            call = Call((key, value, ts), 0)
-            self.queue.append(call)
-            self.entries += 1
-            if answer is None:
-                pending = self.looking_up.setdefault(key, lookup)
-                pending.wait_for(key, call)
-            else:
-                call.state, call.result = DONE, None if answer is False else tuple(answer)
+        for position, result in enumerate(results):
+            if result is PENDING:
+                entry.pending += 1
+                key = elements[position][0]
+                self.looking_up.setdefault(key, lookup).wait_for(key, entry, position)
+        entry.state = UNCALLED if entry.pending else DONE
+        self.queue.append(entry)
+        self.entries = len(elements)
         if lookup.keys:
             self.uncalled_lookups.append(lookup)
+
+
+def _result(answer: Any, ts: Any) -> Any:
+    """A stored record's output element again: ``PENDING`` (look up again), ``None`` (a drop), or the element."""
+    return PENDING if answer is None else None if answer is False else (answer[0], answer[1], ts)
