@@ -556,3 +556,51 @@ def test_joins_on_two_workers_give_the_in_process_output(cluster: Path, tmp_path
         rows = sorted(((r.key, list(r.value), r.ts) for r in expected.sink(sink)), key=repr)
         assert len(rows) > 1000
         assert sorted((tuple(row) for row in collected[sink]), key=repr) == [tuple(row) for row in rows]
+
+
+ENRICH = """
+import asyncio
+
+import streamlet as sl
+
+
+async def priced(record):
+    await asyncio.sleep(0)  # a call in flight
+    return None if record.value % 11 == 0 else (record.key, record.value * 3)
+
+
+async def names(keys):
+    await asyncio.sleep(0)  # a round trip
+    return {key: key.upper() for key in keys if int(key[1:]) % 4}
+
+
+def build_topology():
+    topology = sl.Topology("enrich")
+    source = topology.add_source("in", [(f"u{i % 19}", i) for i in range(3000)])
+    mapped = topology.map_async("price", priced, concurrency=8, parallelism=2)
+    mapped.set_input(source, partitioning=sl.SAME_KEY)
+    joined = topology.lookup_join("name", names, how="left", cache_size=5, concurrency=2, parallelism=2)
+    joined.set_input(mapped, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(joined)
+    return topology
+"""
+
+
+def test_map_async_and_lookup_join_on_two_workers_give_the_in_process_output(cluster: Path, tmp_path: Path) -> None:
+    """map_async then lookup_join, two instances each, spread over both workers: each key's records equal the
+    in-process run's, in that key's input order."""
+    path = tmp_path / "enrich.py"
+    path.write_text(ENRICH, encoding="utf-8")
+    results = tmp_path / "enrich.json"
+    run = streamlet("submit", str(path), "--job", "enrich", "--results", str(results), cwd=cluster)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0].startswith("job 'enrich' FINISHED on worker-0, worker-1")
+    expected: dict[str, list[Any]] = {}
+    for i in range(3000):
+        key = f"u{i % 19}"
+        if i % 11:
+            expected.setdefault(key, []).append([i * 3, key.upper() if (i % 19) % 4 else None])
+    collected: dict[str, list[Any]] = {}
+    for key, value, _ts in json.loads(results.read_text())["out"]:
+        collected.setdefault(key, []).append(value)
+    assert collected == expected
