@@ -483,3 +483,24 @@ def test_a_lookup_with_connect_gets_one_session_per_instance_closed_at_the_end()
     assert sorted(r.value[0] for r in records) == list(range(30))
     assert all(r.value[1] == (r.key.upper(), sessions[r.key]) for r in records)
     assert set(sessions.values()) == {0, 1}  # both instances had keys, each through its own session
+
+
+async def test_a_watermark_waits_behind_the_records_still_looked_up() -> None:
+    """ada (ts 0.5) is looked up while the watermark passes 0.5: the window downstream gets it, none late."""
+    store = Store(held={"ada"})
+    topology = sl.Topology("windowed")
+    source = topology.add_source("orders", sl.QueueSource(), watermarks=sl.Watermarks())
+    joined = topology.lookup_join("customer", store).set_input(source, partitioning=sl.SAME_KEY)
+    counts = topology.window_reduce("count", "count", window=sl.TimeWindow(1.0, time="event")).set_input(joined)
+    topology.add_sink("out", sl.CollectSink()).set_input(counts)
+    topology.add_sink("late", sl.CollectSink()).set_input(counts, out_port=sl.LATE)
+    async with sl.start(topology) as job:
+        await job.send("orders", "ada", 1, 0.5)
+        await store.until(lambda: store.calls == [["ada"]])
+        await job.send("orders", "bob", 1, 5.0)
+        await store.until(lambda: ["bob"] in store.returned)
+        store.release("ada")
+        result = await finish(job)
+    assert out(result.sink("out")) == [("ada", 1, 0.999), ("bob", 1, 5.999)]
+    assert result.sink("late") == []
+    assert result.statistics.late == 0
