@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from streamlet.core.model.encoding import unpackb
-from streamlet.core.model.lookups import Lookup, LookupJoinTask
+from streamlet.core.model.lookups import Lookup, LookupJoinTask, pair
 from streamlet.core.model.record import Batch, Element
 from streamlet.core.runtime.async_calls import CALLING, DONE, EMITTED, UNCALLED, MapAsyncInstance
 from streamlet.core.runtime.channel import Inbox
@@ -143,7 +143,8 @@ class LookupJoinInstance(MapAsyncInstance):
         entry = BatchEntry(batch, results, 0)
         lookup: KeyLookup | None = None
         hits = 0
-        for position, element in enumerate(batch):
+        paired = fn is pair  # the default fn, inlined
+        for element in batch:
             key = element[0]
             cached = rows.get(key)
             if cached is not None and cached[1] <= now:
@@ -157,13 +158,16 @@ class LookupJoinInstance(MapAsyncInstance):
                     if lookup is None:
                         lookup = KeyLookup()
                     looking_up[key] = pending = lookup
-                pending.wait_for(key, entry, position)
+                pending.wait_for(key, entry, len(results) - 1)
                 continue
             hits += 1
             recent(key)  # recently used; its expiry stays
             row = cached[0]
             if row is NO_ROW:
                 results.append(None if inner else self._joined(element, None))
+                continue
+            if paired:
+                results.append((key, (element[1], row), element[2]))
                 continue
             try:
                 results.append((key, fn(key, element[1], row), element[2]))
