@@ -19,10 +19,11 @@ this process's peak resident memory over the whole benchmark.
 ``window_*`` is the windowed count: the same words stamped with an int event
 time (``RATE`` words a second, in order), counted per word in tumbling
 ``TimeWindow(WINDOW, time="event")`` windows by
-``aggregate("count", window=...)`` (each batch grouped by window and word in
-Arrow, merged into the window's counts, a window emitted when the watermark
-passes its end), against one ``group_by([window_start, word])`` over the whole
-table; ``window_loop_*`` against the streaming pyarrow loop (window starts by
+``aggregate("count", window=...)`` (each window holding its rows in Arrow,
+counted by one ``group_by`` when the watermark passes its end and emitted as
+one Arrow batch with its bounds, into a columnar sink; the result dict made
+from those batches as the baseline makes it from its ``group_by``'s), against
+one ``group_by([window_start, word])`` over the whole table; ``window_loop_*`` against the streaming pyarrow loop (window starts by
 ``pc.subtract``/``pc.modulo``, ``group_by`` + ``aggregate`` per batch, merged
 into a dict per window, windows emitted when the watermark, the largest time
 read less ``LAG``, passes them). Results are checked equal.

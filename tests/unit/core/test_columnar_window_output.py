@@ -197,3 +197,24 @@ def test_held_rows_split_by_key_fire_in_their_parts_as_unsplit() -> None:
         ((10, 20), "c", 3),
         ((20, 30), "a", 1),
     ]  # no watermark here: "a" at 3 is in its window
+
+
+def test_batches_of_other_schemas_in_one_window_are_merged_per_key() -> None:
+    """A window taking an int field, then a float one, then dictionary-encoded keys: one result per key."""
+    batches = [
+        pa.record_batch({"k": ["a", "b"], "n": [1, 2], "ts": [1, 2]}),
+        pa.record_batch({"k": ["a", "c"], "n": [0.5, 4.0], "ts": [3, 4]}),
+        pa.record_batch({"k": pa.array(["c", "b"]).dictionary_encode(), "n": [1.0, 1.0], "ts": [5, 6]}),
+        pa.record_batch({"k": pa.array(["a"]).dictionary_encode(), "n": [2.0], "ts": [7]}),
+    ]
+    topology = sl.Topology("schemas")
+    rows = topology.add_source("in", sl.ColumnarSource(batches, key="k", value="n", ts="ts"))
+    sums = topology.aggregate("sum", "sum", window=sl.TimeWindow(10, time="event")).set_input(rows)
+    sink = ColumnsSink()
+    topology.add_sink("out", sink).set_input(sums)
+    sl.run(topology)
+    [batch] = sink.batches
+    assert batch.data.to_pydict() == {
+        "key": ["a", "b", "c"], "value": [3.5, 3.0, 5.0], "ts": [9.999] * 3, "window_start": [0] * 3,
+        "window_end": [10] * 3,
+    }  # fmt: skip
