@@ -23,10 +23,11 @@ time (``RATE`` words a second, in order), counted per word in tumbling
 counted by one ``group_by`` when the watermark passes its end and emitted as
 one Arrow batch with its bounds, into a columnar sink; the result dict made
 from those batches as the baseline makes it from its ``group_by``'s), against
-one ``group_by([window_start, word])`` over the whole table; ``window_loop_*`` against the streaming pyarrow loop (window starts by
-``pc.subtract``/``pc.modulo``, ``group_by`` + ``aggregate`` per batch, merged
-into a dict per window, windows emitted when the watermark, the largest time
-read less ``LAG``, passes them). Results are checked equal.
+one ``group_by([window_start, word])`` over the whole table; ``window_loop_*``
+against the streaming pyarrow loop (window starts by ``pc.subtract``/
+``pc.modulo``, ``group_by`` + ``aggregate`` per batch, merged into a dict per
+window, windows emitted when the watermark, the largest time read less
+``LAG``, passes them). Results are checked equal.
 """
 
 from __future__ import annotations

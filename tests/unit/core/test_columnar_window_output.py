@@ -218,3 +218,18 @@ def test_batches_of_other_schemas_in_one_window_are_merged_per_key() -> None:
         "key": ["a", "b", "c"], "value": [3.5, 3.0, 5.0], "ts": [9.999] * 3, "window_start": [0] * 3,
         "window_end": [10] * 3,
     }  # fmt: skip
+
+
+def test_a_batch_a_window_cannot_aggregate_fails_as_it_arrives() -> None:
+    """Rows are aggregated only when their window fires, yet a sum of strings fails on its batch, named."""
+    topology = sl.Topology("bad")
+    table = pa.table({"k": ["a"], "n": ["x"], "ts": [1]})
+    rows = topology.add_source("in", sl.ColumnarSource(table, key="k", value="n", ts="ts"))
+    sums = topology.aggregate("sum", "sum", window=sl.TimeWindow(10, time="event")).set_input(rows)
+    topology.add_sink("out", sl.CollectSink()).set_input(sums)
+    with pytest.raises(
+        sl.TaskError,
+        match=r"^task 'sum' instance 0 failed on a columnar batch of 1 rows starting with key 'a': "
+        r"ArrowNotImplementedError: Function 'hash_sum' has no kernel matching input types \(string, uint32\)$",
+    ):
+        sl.run(topology)
