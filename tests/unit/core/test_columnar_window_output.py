@@ -80,6 +80,7 @@ def per_window(records: list[Record]) -> dict[tuple[Any, Any], list[tuple[Any, A
     windows: dict[tuple[Any, Any], list[tuple[Any, Any]]] = {}
     for record in records:
         assert type(record) is sl.WindowRecord
+        assert record.window is not None
         start, end = record.window
         assert (record.ts, record.firing) == (end - 0.001, "on_time")
         windows.setdefault((start, end), []).append((record.key, record.value))
