@@ -19,13 +19,15 @@ this process's peak resident memory over the whole benchmark.
 ``window_*`` is the windowed count: the same words stamped with an int event
 time (``RATE`` words a second, in order), counted per word in tumbling
 ``TimeWindow(WINDOW, time="event")`` windows by
-``aggregate("count", window=...)`` (each batch grouped by window and word in
-Arrow, merged into the window's counts, a window emitted when the watermark
-passes its end), against one ``group_by([window_start, word])`` over the whole
-table; ``window_loop_*`` against the streaming pyarrow loop (window starts by
-``pc.subtract``/``pc.modulo``, ``group_by`` + ``aggregate`` per batch, merged
-into a dict per window, windows emitted when the watermark, the largest time
-read less ``LAG``, passes them). Results are checked equal.
+``aggregate("count", window=...)`` (each window holding its rows in Arrow,
+counted by one ``group_by`` when the watermark passes its end and emitted as
+one Arrow batch with its bounds, into a columnar sink; the result dict made
+from those batches as the baseline makes it from its ``group_by``'s), against
+one ``group_by([window_start, word])`` over the whole table; ``window_loop_*``
+against the streaming pyarrow loop (window starts by ``pc.subtract``/
+``pc.modulo``, ``group_by`` + ``aggregate`` per batch, merged into a dict per
+window, windows emitted when the watermark, the largest time read less
+``LAG``, passes them). Results are checked equal.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import pyarrow.compute as pc
 import streamlet as sl
 from benchmarks.common import alternating, median_rate, report
 from benchmarks.wordcount import make_words
+from streamlet.core.model.columns import ColumnBatch
 
 BATCH = 10_000
 RATE = 1_000  # words a second of event time in the windowed count
@@ -140,14 +143,43 @@ def run_window_loop_baseline(batches: list[pa.RecordBatch]) -> WindowCounts:
     return emitted
 
 
+class ArrowCollectSink(sl.Sink):
+    """A columnar sink keeping the Arrow batches it is given (in this process: the benchmark runs in one)."""
+
+    takes_columns = True
+
+    def __init__(self) -> None:
+        self.batches: list[ColumnBatch] = []
+
+    def open(self, context: sl.SinkContext) -> sl.ElementWriter:
+        """A writer appending to this sink's list."""
+        return _ArrowCollectWriter(self.batches)
+
+
+class _ArrowCollectWriter(sl.ElementWriter):
+    def __init__(self, batches: list[ColumnBatch]) -> None:
+        self.batches = batches
+
+    def write(self, batch: list[Any]) -> None:
+        raise AssertionError("the windowed count reached its sink as records, not as Arrow batches")
+
+    def write_columns(self, batch: ColumnBatch) -> None:
+        self.batches.append(batch)
+
+
 def run_window_streamlet(batches: list[pa.RecordBatch]) -> WindowCounts:
-    """The windowed columnar count: ``(window_start, word) -> count`` of every result."""
+    """The windowed columnar count into a columnar sink: ``(window_start, word) -> count`` of every result, made
+    from the fired windows' Arrow batches as the baseline makes it from its ``group_by``'s."""
     topology = sl.Topology("columnar-window-bench")
     source = sl.ColumnarSource(batches, key="word", ts="ts")
     words = topology.add_source("words", source, watermarks=sl.Watermarks(out_of_orderness=LAG))
     counts = topology.aggregate("count", "count", window=sl.TimeWindow(WINDOW, time="event")).set_input(words)
-    topology.add_sink("totals", sl.CollectSink()).set_input(counts)
-    return {(record.window_start, record.key): record.value for record in sl.run(topology).sink("totals")}
+    sink = ArrowCollectSink()
+    topology.add_sink("totals", sink).set_input(counts)
+    sl.run(topology)
+    fired = pa.Table.from_batches([batch.data for batch in sink.batches])
+    columns = (fired.column(name).to_pylist() for name in ("window_start", "key", "value"))
+    return {(start, word): count for start, word, count in zip(*columns, strict=True)}
 
 
 def build(batches: list[pa.RecordBatch], emit: str = "end", parallelism: int = 1) -> sl.Topology:

@@ -51,7 +51,8 @@ def to_arrow(records: Batch, where: str) -> Any:
 def columns_to_arrow(batch: ColumnBatch, where: str) -> Any:
     """A columnar batch as the same rows :func:`to_arrow` makes of its elements, column by column (no step
     per row): its key column as ``key``, its value column as ``value`` (or, without one, each other column
-    as its own, like dict values), its ts column as ``ts`` (float64)."""
+    as its own, like dict values), its ts column as ``ts`` (float64), and its window bounds, when it has
+    them, as ``window_start``/``window_end`` (float64)."""
     pa = _pyarrow()
     data, rows = batch.data, len(batch)
     columns: dict[str, Any] = {"key": pa.nulls(rows) if batch.key is None else data.column(batch.key)}
@@ -67,6 +68,9 @@ def columns_to_arrow(batch: ColumnBatch, where: str) -> Any:
         columns["ts"] = pa.nulls(rows, pa.float64()) if batch.ts is None else data.column(batch.ts).cast(pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ConnectorError(f"{where}: the ts column {batch.ts!r} is not a number of seconds: {exc}") from exc
+    if batch.window_start is not None:  # a columnar window's results: their bounds, as window records give them
+        columns["window_start"] = data.column(batch.window_start).cast(pa.float64())
+        columns["window_end"] = data.column(batch.window_end).cast(pa.float64())
     return pa.table(columns)
 
 

@@ -47,7 +47,7 @@ ERROR 7  ``[reason]``, then the connection closes                 either way
 OPEN 8   ``[channel, ...]`` / ``[[channel, last_seq, credit], ...]`` sender -> receiver -> sender
 WATERMARK 9 ``[channel, epoch, seq, ts, idle]``                   sender -> receiver
 RECONFIGURE 10 ``[channel, epoch, seq, id, task, senders]``       sender -> receiver
-ARROW 11 ``[channel, epoch, seq, key, value, ts, ipc]``            sender -> receiver
+ARROW 11 ``[channel, epoch, seq, key, value, ts, ipc(, ws, we)]``  sender -> receiver
 ======== ======================================================= =========================
 
 * **Authentication.** Mutual HMAC-SHA256 over nonces with the shared
@@ -88,7 +88,9 @@ ARROW 11 ``[channel, epoch, seq, key, value, ts, ipc]``            sender -> rec
   (``None`` for records of the batch that have no window).
 * **Arrow.** A columnar batch (the built-in columnar operators') goes as one
   ARROW frame: the names of its key, value and ts columns and the record
-  batch as Arrow IPC (``streamlet.transport.arrow_frames``). The receiver
+  batch as Arrow IPC (``streamlet.transport.arrow_frames``), then, for a
+  columnar window's results, the names of its window start and end columns
+  (``ws``, ``we``: the longer body; a batch without them sends the shorter one). The receiver
   takes exactly one batch, validates it in full and checks the named
   columns; anything else is a bad frame. One over the limit goes as several
   ARROW frames of row ranges, each an item of its own (no ``MORE``); a row

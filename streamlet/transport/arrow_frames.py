@@ -1,8 +1,11 @@
 """ARROW frames: a columnar batch over TCP as Arrow IPC, no step per row.
 
 Body (msgpack, like every frame): ``[channel, epoch, seq, key, value, ts,
-ipc]`` where ``key``/``value``/``ts`` name the batch's role columns (a
-string or ``None``) and ``ipc`` is one record batch in the Arrow IPC stream
+ipc]``, or ``[channel, epoch, seq, key, value, ts, ipc, window_start,
+window_end]`` for a batch with window bounds (a columnar window's results),
+where ``key``/``value``/``ts`` and ``window_start``/``window_end`` name the
+batch's role columns (a string or ``None``; both window roles or neither:
+a window role is never ``None`` in the longer body) and ``ipc`` is one record batch in the Arrow IPC stream
 format (a schema message, one batch message, the end marker), never
 compressed. The frame limit bounds ``ipc`` before anything is read, and so
 the decoded batch: a record batch or dictionary batch whose message says its
@@ -41,7 +44,10 @@ def arrow_body(channel: str, epoch: int, seq: int, batch: ColumnBatch) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.data.schema) as writer:
         writer.write_batch(batch.data)
-    return packb([channel, epoch, seq, batch.key, batch.value, batch.ts, sink.getvalue().to_pybytes()])
+    body = [channel, epoch, seq, batch.key, batch.value, batch.ts, sink.getvalue().to_pybytes()]
+    if batch.window_start is not None:  # the short body otherwise: what a peer without window roles reads
+        body += [batch.window_start, batch.window_end]
+    return packb(body)
 
 
 def arrow_frames(channel: str, epoch: int, seq: int, batch: ColumnBatch, max_frame: int) -> list[bytes]:
@@ -66,10 +72,16 @@ def arrow_frames(channel: str, epoch: int, seq: int, batch: ColumnBatch, max_fra
     return [with_header(FrameType.ARROW, body) for body in bodies]
 
 
-def columns_from(key: Any, value: Any, ts: Any, payload: Any, *, max_frame: int = DEFAULT_MAX_FRAME) -> ColumnBatch:
-    """The columnar batch of an ARROW frame's body, checked (see the module docstring)."""
+def columns_from(
+    key: Any, value: Any, ts: Any, payload: Any, *window: Any, max_frame: int = DEFAULT_MAX_FRAME
+) -> ColumnBatch:
+    """The columnar batch of an ARROW frame's body (from its key role on; ``window``: the window roles of the
+    long body), checked (see the module docstring)."""
     if not all(role is None or type(role) is str for role in (key, value, ts)) or type(payload) is not bytes:
         raise FrameError("malformed ARROW body")
+    if window and (len(window) != 2 or not all(type(role) is str for role in window)):
+        raise FrameError("malformed ARROW window roles")
+    start, end = window or (None, None)
     pa = import_pyarrow()
     try:
         for message in pa.ipc.MessageReader.open_stream(payload):
@@ -93,9 +105,9 @@ def columns_from(key: Any, value: Any, ts: Any, payload: Any, *, max_frame: int 
     names = data.schema.names
     if len(set(names)) != len(names):
         raise FrameError("ARROW batch with duplicate column names")
-    if any(role is not None and role not in names for role in (key, value, ts)):
+    if any(role is not None and role not in names for role in (key, value, ts, start, end)):
         raise FrameError("ARROW roles naming columns the batch has not")
-    return ColumnBatch(data, key, value, ts)
+    return ColumnBatch(data, key, value, ts, window_start=start, window_end=end)
 
 
 def _compressed(metadata: bytes) -> bool:

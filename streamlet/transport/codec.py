@@ -65,7 +65,7 @@ class FrameType(enum.IntEnum):
     OPEN = 8  # [channel, ...]: the sender (re)attaches channels after connecting
     WATERMARK = 9  # [channel, epoch, seq, ts, idle]: event time on the channel has reached ts
     RECONFIGURE = 10  # [channel, epoch, seq, id, task, senders]: the sender switched to a new layout of task
-    ARROW = 11  # [channel, epoch, seq, key, value, ts, ipc]: a columnar batch as Arrow IPC (see arrow_frames)
+    ARROW = 11  # [channel, epoch, seq, key, value, ts, ipc(, window_start, window_end)]: Arrow IPC (arrow_frames)
     PING = 12  # [n]: are you there? The data server answers with the same frame (a sender's link keeps alive)
 
 
@@ -81,7 +81,7 @@ _SHAPES: dict[FrameType, tuple[int, ...] | None] = {
     FrameType.OPEN: None,
     FrameType.WATERMARK: (5,),
     FrameType.RECONFIGURE: (6,),
-    FrameType.ARROW: (7,),
+    FrameType.ARROW: (7, 9),
     FrameType.PING: (1,),
 }
 

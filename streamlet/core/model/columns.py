@@ -4,7 +4,8 @@ A channel carries data batches (lists of elements) or markers; between
 columnar nodes (a :class:`~streamlet.core.model.columnar.ColumnarSource`,
 ``Topology.where``, ``Topology.aggregate``) it also carries a
 :class:`ColumnBatch`: a ``pyarrow.RecordBatch`` with the names of the columns
-that play the record's ``key``, ``value`` and ``ts``. Where the receiver is not
+that play the record's ``key``, ``value`` and ``ts`` (and, for the results of a
+columnar window, the columns of each row's window bounds). Where the receiver is not
 columnar (a user ``Task``, a shortcut, a sink) the sending route turns it into
 elements once (:meth:`ColumnBatch.elements`), so user code always sees records.
 
@@ -39,8 +40,11 @@ class ColumnBatch:
     """One Arrow record batch in a stream, with the columns that are its records' ``key``, ``value`` and ``ts``.
 
     ``value=None`` makes each record's value a ``dict`` of the row's other
-    columns (all but the key and ts columns); ``key=None`` or ``ts=None`` give
-    records a ``None`` key or time.
+    columns (all but the role columns); ``key=None`` or ``ts=None`` give
+    records a ``None`` key or time. ``window_start`` and ``window_end`` (both or
+    neither) name the columns of each row's window bounds: the results of a
+    columnar window (``aggregate(..., window=...)``), whose records are then
+    on-time window records (``record.window``), as ``window_reduce`` emits them.
     Read-only once emitted, like a record: several receivers may hold it.
 
     Example:
@@ -48,26 +52,45 @@ class ColumnBatch:
         >>> batch = ColumnBatch(pa.record_batch({"word": ["a", "b"], "n": [1, 2]}), key="word", value="n")
         >>> batch.elements()
         [('a', 1, None), ('b', 2, None)]
+        >>> data = pa.record_batch({"k": ["a"], "n": [3], "start": [0], "end": [10]})
+        >>> ColumnBatch(data, "k", "n", window_start="start", window_end="end").elements()
+        [('a', 3, None, 0, (0, 10), 'on_time')]
     """
 
-    __slots__ = ("_elements", "data", "key", "ts", "value")
+    __slots__ = ("_elements", "data", "key", "ts", "value", "window_end", "window_start")
 
-    def __init__(self, data: Any, key: str | None = None, value: str | None = None, ts: str | None = None) -> None:
+    def __init__(
+        self,
+        data: Any,
+        key: str | None = None,
+        value: str | None = None,
+        ts: str | None = None,
+        *,
+        window_start: str | None = None,
+        window_end: str | None = None,
+    ) -> None:
+        if (window_start is None) != (window_end is None):
+            raise ValueError("a columnar batch names both window bound columns or neither")
         self.data = data  # a pyarrow.RecordBatch
         self.key = key
         self.value = value
         self.ts = ts
+        self.window_start = window_start
+        self.window_end = window_end
         self._elements: Batch | None = None
 
     def __len__(self) -> int:
         return int(self.data.num_rows)
 
     def __repr__(self) -> str:
-        return f"ColumnBatch({len(self)} rows, key={self.key!r}, value={self.value!r}, ts={self.ts!r})"
+        window = "" if self.window_start is None else f", window=({self.window_start!r}, {self.window_end!r})"
+        return f"ColumnBatch({len(self)} rows, key={self.key!r}, value={self.value!r}, ts={self.ts!r}{window})"
 
     def with_data(self, data: Any) -> ColumnBatch:
         """The same roles over other rows of the same schema (a filtered or split batch)."""
-        return ColumnBatch(data, self.key, self.value, self.ts)
+        return ColumnBatch(
+            data, self.key, self.value, self.ts, window_start=self.window_start, window_end=self.window_end
+        )
 
     def column(self, name: str | None) -> list[Any]:
         """Column ``name`` as Python values (``None`` per row when there is no such role)."""
@@ -76,16 +99,27 @@ class ColumnBatch:
         return list(self.data.column(name).to_pylist())
 
     def elements(self) -> Batch:
-        """The rows as elements ``(key, value, ts)``: made once, then the same list for every receiver."""
+        """The rows as elements ``(key, value, ts)`` (six wide with window bounds: ``(key, value, ts, 0,
+        (start, end), "on_time")``): made once, then the same list for every receiver."""
         made = self._elements
         if made is None:
             values = self.other_columns().to_pylist() if self.value is None else self.column(self.value)
-            made = self._elements = list(zip(self.column(self.key), values, self.column(self.ts), strict=True))
+            rows = zip(self.column(self.key), values, self.column(self.ts), strict=True)
+            if self.window_start is None:
+                made = list(rows)
+            else:
+                bounds = zip(self.column(self.window_start), self.column(self.window_end), strict=True)
+                made = [(*row, 0, window, "on_time") for row, window in zip(rows, bounds, strict=True)]
+            self._elements = made
         return made
 
+    def roles(self) -> tuple[str | None, ...]:
+        """The role columns: key, value, ts, window start and end (``None`` where there is none)."""
+        return (self.key, self.value, self.ts, self.window_start, self.window_end)
+
     def other_columns(self) -> Any:
-        """The record batch without its key and ts columns (what a ``value=None`` record's value holds)."""
-        roles = (self.key, self.ts)
+        """The record batch without its key, ts and window columns (what a ``value=None`` record's value holds)."""
+        roles = (self.key, self.ts, self.window_start, self.window_end)
         return self.data.select([name for name in self.data.schema.names if name not in roles])
 
     def last_ts(self) -> Any:

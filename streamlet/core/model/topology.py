@@ -409,9 +409,11 @@ class Topology:
         runs in parallel.
 
         With ``window=TimeWindow(size, time="event")`` (tumbling, event time, no other option: anything else
-        is refused) it folds per window and key in Arrow and emits what ``window_reduce`` on that window
-        does, when the watermark passes each window's end (results stamped with its last tick, with its
-        bounds; late rows counted and sent to the ``LATE`` port)."""
+        is refused) it holds each window's rows in Arrow and, when the watermark passes the window's end,
+        aggregates them at once and emits the window as one columnar batch with the fields ``key``,
+        ``value``, ``ts`` (the window's last tick), ``window_start`` and ``window_end``: to a columnar node
+        or sink as it is, to any other node as the records ``window_reduce`` on that window emits. Late rows
+        are counted and sent to the ``LATE`` port."""
         check_aggregate(name, how, emit, options.get("state_ttl"), options.get("window"))
         return self.add_task(name, lambda: AggregateTask(how, key, field, emit), **options)
 

@@ -444,6 +444,9 @@ class TaskInstance(Receiver):
         return self.policy.failed(self, timer, error, what)
 
     async def _run_window(self, window: ClosedWindow) -> None:
+        if window.columns is not None:  # a columnar window's results, one Arrow batch with the window's bounds
+            self.outputs.emit_columns(window.columns)
+            return
         if window.results is not None:  # made by the logic (emits_results), maybe of many windows fired at once
             self.outputs.emit_elements(window.results)
             return

@@ -28,6 +28,9 @@ class ClosedWindow:
     #: The results as the built-in ``window_reduce`` emits them, made by a logic told so (``emits_results``);
     #: such a window may stand for many fired together (``start``/``end`` then span them). ``None``: not made.
     results: Batch | None = None
+    #: The results as one columnar batch (a columnar window's: see ``core/windows/columnar.py``), emitted as
+    #: it is. ``None``: not made.
+    columns: Any = None
 
     def all_records(self) -> Batch:
         """Records of every port, in port order."""

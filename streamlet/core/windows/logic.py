@@ -345,7 +345,9 @@ class EventTimeLogic(TimeLogic):
 def _copied(window: ClosedWindow) -> ClosedWindow:
     records = {port: list(batch) for port, batch in window.records.items()}
     folded = None if window.folded is None else dict(window.folded)
-    return ClosedWindow(window.start, window.end, records, folded, window.last_ts, window.firing)
+    copy = ClosedWindow(window.start, window.end, records, folded, window.last_ts, window.firing)
+    copy.columns = window.columns  # an Arrow batch: read-only, shared
+    return copy
 
 
 def _firing(window: ClosedWindow, firing: str) -> ClosedWindow:

@@ -69,3 +69,37 @@ def test_an_aggregate_reaches_spark_as_arrow_without_elements(tmp_path: Path, mo
         (key, value) for _, _, rows_ in sink.handed for key, value in zip(rows_["key"], rows_["value"], strict=True)
     )
     assert handed == [("s1", 44), ("s2", 31)]
+
+
+def test_window_columns_make_the_rows_their_window_records_make() -> None:
+    """A columnar window's results (with window bound columns) give the rows their window records give."""
+    data = pa.record_batch({
+        "key": ["a", "b"], "value": [2, 1], "ts": [9.999, 9.999], "window_start": [0, 0], "window_end": [10, 10],
+    })  # fmt: skip
+    batch = ColumnBatch(data, "key", "value", "ts", window_start="window_start", window_end="window_end")
+    rows = columns_to_arrow(batch, "sink")
+    assert rows.to_pydict() == to_arrow(batch.elements(), "sink").to_pydict()
+    assert rows.schema.names == ["key", "value", "ts", "window_start", "window_end"]
+
+
+def test_a_windowed_aggregate_reaches_spark_as_arrow_with_its_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ColumnarSource -> aggregate on a window -> SparkSink: fired windows reach Spark as Arrow, bounds and all."""
+    sink = Recording(tmp_path)
+
+    def no_elements(self: ColumnBatch) -> Any:
+        raise AssertionError("a columnar batch was turned into elements")
+
+    monkeypatch.setattr(ColumnBatch, "elements", no_elements)
+    topology = sl.Topology("windows-to-spark")
+    readings = pa.table({"sensor": ["s1", "s2", "s1", "s1"], "celsius": [20, 31, 24, 5], "at": [1, 2, 3, 12]})
+    rows = topology.add_source("in", sl.ColumnarSource(readings, key="sensor", value="celsius", ts="at"))
+    sums = topology.aggregate("sum", "sum", window=sl.TimeWindow(10, time="event")).set_input(rows)
+    topology.add_sink("spark", sink).set_input(sums)
+    sl.run(topology)
+    [(_, _, handed)] = sink.handed
+    assert handed == {
+        "key": ["s1", "s2", "s1"], "value": [44, 31, 5], "ts": [9.999, 9.999, 19.999], "epoch": [0, 0, 0],
+        "window_start": [0.0, 0.0, 10.0], "window_end": [10.0, 10.0, 20.0],
+    }  # fmt: skip

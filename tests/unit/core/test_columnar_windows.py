@@ -114,8 +114,10 @@ def test_window_state_snapshots_as_msgpack_and_restores() -> None:
     batch = ColumnBatch(pa.record_batch({"k": ["a", "b", "a"], "n": [1, 4, 2], "ts": [1, 12, 3]}), "k", "n", "ts")
     first.add_columns(batch, now=0.0)
     second.restore(unpackb(packb(first.snapshot())))
-    fired = [[(w.start, w.end, w.folded) for w in logic.advance(30.0)] for logic in (first, second)]
-    assert fired[0] == fired[1] == [(0, 10, {"a": 1.5}), (10, 20, {"b": 4.0})]
+    fired = [[(w.start, w.end, w.columns.elements()) for w in logic.advance(30.0)] for logic in (first, second)]
+    assert fired[0] == fired[1] == [
+        (0, 10, [("a", 1.5, 9.999, 0, (0, 10), "on_time")]), (10, 20, [("b", 4.0, 19.999, 0, (10, 20), "on_time")])
+    ]  # fmt: skip
 
 
 def test_open_windows_survive_a_checkpoint_and_restore() -> None:

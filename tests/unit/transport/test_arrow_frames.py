@@ -12,7 +12,7 @@ from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.encoding import packb
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import FrameError, RecordTooLarge
-from streamlet.transport.arrow_frames import _compressed, arrow_body, columns_from
+from streamlet.transport.arrow_frames import _compressed, arrow_body, arrow_frames, columns_from
 from streamlet.transport.codec import DEFAULT_MAX_FRAME, FrameType, decode_body, frame, with_header
 from streamlet.transport.tcp import DataServer, read_frame
 from tests.unit.transport.test_tcp import CHANNEL, SECRET, authenticate, batch, opened, raw, until
@@ -36,16 +36,21 @@ def ipc(data: pa.RecordBatch, compression: str | None = None) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+def fired(rows: int) -> ColumnBatch:
+    """A fired columnar window's results: per key a count, the result time and int window bounds."""
+    data = pa.record_batch({
+        "key": [f"w{i}" for i in range(rows)], "value": list(range(rows)), "ts": [9.999] * rows,
+        "window_start": [0] * rows, "window_end": [10] * rows,
+    })  # fmt: skip
+    return ColumnBatch(data, "key", "value", "ts", window_start="window_start", window_end="window_end")
+
+
 ZEROS = pa.record_batch({"x": pa.array([0] * (1 << 20), pa.int64())})  # 8 MiB decoded; a few kB compressed
 DUPLICATE = pa.RecordBatch.from_arrays([pa.array([1, 2]), pa.array([3, 4])], names=["x", "x"])
 
 
 def same(received: Any, sent: ColumnBatch) -> bool:
-    return (
-        type(received) is ColumnBatch
-        and received.data.equals(sent.data)
-        and (received.key, received.value, received.ts) == (sent.key, sent.value, sent.ts)
-    )
+    return type(received) is ColumnBatch and received.data.equals(sent.data) and received.roles() == sent.roles()
 
 
 def test_a_body_decodes_to_the_same_batch() -> None:
@@ -53,6 +58,31 @@ def test_a_body_decodes_to_the_same_batch() -> None:
     sent = sensors(10)
     body = arrow_body(CHANNEL, 0, 1, sent)
     assert same(columns_from(*decode_body(FrameType.ARROW, body)[3:]), sent)
+
+
+def test_window_bounds_travel_as_two_more_roles() -> None:
+    """A batch with window bounds has the long body (two more roles) and decodes to the same window records;
+    one without them keeps the short body."""
+    sent = fired(3)
+    body = decode_body(FrameType.ARROW, arrow_body(CHANNEL, 0, 1, sent))
+    assert (len(body), body[7:]) == (9, ["window_start", "window_end"])
+    received = columns_from(*body[3:])
+    assert same(received, sent)
+    assert received.elements() == [
+        ("w0", 0, 9.999, 0, (0, 10), "on_time"), ("w1", 1, 9.999, 0, (0, 10), "on_time"),
+        ("w2", 2, 9.999, 0, (0, 10), "on_time"),
+    ]  # fmt: skip
+    assert len(decode_body(FrameType.ARROW, arrow_body(CHANNEL, 0, 1, sensors(2)))) == 7
+
+
+def test_a_window_batch_cut_to_the_frame_limit_keeps_its_bounds_in_every_frame() -> None:
+    """Cut in row ranges to fit the limit, every frame carries the window roles; the rows come back in order."""
+    sent = fired(2000)
+    frames = arrow_frames(CHANNEL, 0, 1, sent, 8 * 1024)
+    assert len(frames) > 1
+    parts = [columns_from(*decode_body(FrameType.ARROW, frame[9:])[3:]) for frame in frames]
+    assert {part.roles() for part in parts} == {sent.roles()}
+    assert pa.Table.from_batches([part.data for part in parts]).equals(pa.Table.from_batches([sent.data]))
 
 
 async def test_a_columnar_batch_crosses_as_arrow_between_batches_and_markers() -> None:
@@ -106,10 +136,20 @@ async def test_a_row_over_the_frame_limit_fails_the_send_and_sends_nothing() -> 
         ([CHANNEL, 0, 1, "sensor", None, None, b"not arrow at all"], "undecodable ARROW batch: ArrowInvalid"),
         ([CHANNEL, 0, 1, 7, None, None, b""], "malformed ARROW body"),
         (None, "ARROW roles naming columns the batch has not"),
+        ([CHANNEL, 0, 1, "x", None, None, ipc(ZEROS[:1]), "x", None], "malformed ARROW window roles"),
+        ([CHANNEL, 0, 1, "x", None, None, ipc(ZEROS[:1]), "x", "end"], "ARROW roles naming columns the batch has not"),
         ([CHANNEL, 0, 1, "x", None, None, ipc(ZEROS, compression="zstd")], "ARROW batch with a compressed body"),
         ([CHANNEL, 0, 1, "x", None, None, ipc(DUPLICATE)], "ARROW batch with duplicate column names"),
     ],
-    ids=["garbage", "role-not-a-name", "role-not-a-column", "compressed", "duplicate-names"],
+    ids=[
+        "garbage",
+        "role-not-a-name",
+        "role-not-a-column",
+        "window-role-none",
+        "window-role-not-a-column",
+        "compressed",
+        "duplicate-names",
+    ],
 )
 async def test_a_bad_arrow_frame_closes_that_connection_only(body: list[Any] | None, reason: str) -> None:
     """Garbage IPC, a role that is not a name, or a role naming no column: ERROR, closed, counted; others go on."""
