@@ -2,5 +2,6 @@
 (a resumable incremental query)."""
 
 from streamlet.connectors.postgres.sink import PostgresSink
+from streamlet.connectors.postgres.source import PostgresSource
 
-__all__ = ("PostgresSink",)
+__all__ = ("PostgresSink", "PostgresSource")

@@ -345,11 +345,11 @@ class PostgresWriter(SinkWriter):
         try:
             table, columns = await schema.table_columns(connection, self.sink.table)
         except exceptions.UndefinedTableError as exc:
-            raise self._error(f"table {self.sink.table!r} does not exist", exc) from exc
+            raise self._error(f"writing to table {self.sink.table!r}: it does not exist", exc) from exc
         names = self.names
         unknown = [name for name in (*names, *(self.sink.conflict or ())) if name not in columns]
         if unknown:
-            raise self._error(f"table {table} has no column {unknown[0]!r} (columns: {sorted(columns)})", None)
+            raise self._error(f"writing to table {table}: it has no column {unknown[0]!r} (it has {sorted(columns)})", None)
         return Target(table, tuple(columns[name] for name in names))
 
     async def _guarded(self, operation: Callable[[], Any], doing: str) -> None:
