@@ -48,10 +48,11 @@ def sinks(dsn: str) -> tuple[sl.PostgresSink, sl.PostgresSink]:
     )
 
 
-def build(dsn: str) -> sl.Topology:
-    """4000 records -> throttle -> bomb -> running count (x2, SAME_KEY) -> append and upsert sinks (x2 each)."""
+def build(dsn: str, source: sl.Source | None = None) -> sl.Topology:
+    """4000 records (or ``source``) -> throttle -> bomb -> running count (x2, SAME_KEY) -> append and upsert
+    sinks (x2 each)."""
     topology = sl.Topology("postgres-exactly-once")
-    lines = topology.add_source("in", items())
+    lines = topology.add_source("in", items() if source is None else source)
     throttle = topology.add_task("throttle", exactly_once.Throttle).set_input(lines)
     bomb = topology.add_task("bomb", exactly_once.Bomb).set_input(throttle)
     count = topology.add_task("count", exactly_once.RunningCount, parallelism=2)
@@ -62,14 +63,20 @@ def build(dsn: str) -> sl.Topology:
     return topology
 
 
-def run(dsn: str, checkpoints: Path, processes: int = 1, store: sl.CheckpointStore | None = None) -> sl.JobResult:
+def run(
+    dsn: str,
+    checkpoints: Path,
+    processes: int = 1,
+    store: sl.CheckpointStore | None = None,
+    source: sl.Source | None = None,
+) -> sl.JobResult:
     """Run the job with a checkpoint every 20 ms."""
     options: dict[str, Any] = {"checkpoint_interval": 0.02, "batch_size": exactly_once.BATCH, "processes": processes}
     if store is None:
         options["checkpoint_dir"] = checkpoints
     else:
         options["checkpoint_store"] = store
-    return sl.run(build(dsn), **options)
+    return sl.run(build(dsn, source), **options)
 
 
 def appended_rows(dsn: str) -> list[tuple[str, int]]:
