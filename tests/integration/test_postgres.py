@@ -127,7 +127,11 @@ def test_an_unknown_column_fails_the_attempt(postgres_dsn: str, tmp_path: Path) 
     topology = sl.Topology("unknown-column")
     sink = sl.PostgresSink(postgres_dsn, "numbers", row=lambda r: {"name": r.key, "count": r.value})
     topology.add_sink("out", sink).set_input(topology.add_source("in", [("a", 1)]))
-    with pytest.raises(sl.SinkError, match=r"^sink 'out' instance 0 failed writing to table numbers: it has no column 'count' \(it has \['n', 'name'\]\)$"):
+    with pytest.raises(
+        sl.SinkError,
+        match=r"^sink 'out' instance 0 failed writing to table numbers: it has no column 'count' "
+        r"\(it has \['n', 'name'\]\)$",
+    ):
         sl.run(topology, checkpoint_dir=tmp_path)
 
 
@@ -135,7 +139,10 @@ def test_an_unknown_table_fails_the_attempt(postgres_dsn: str) -> None:
     """A table that does not exist is a SinkError naming it."""
     topology = sl.Topology("unknown-table")
     topology.add_sink("out", sl.PostgresSink(postgres_dsn, "nowhere")).set_input(topology.add_source("in", [1]))
-    with pytest.raises(sl.SinkError, match=r"^sink 'out' instance 0 failed writing to table 'nowhere': it does not exist: UndefinedTableError"):
+    with pytest.raises(
+        sl.SinkError,
+        match=r"^sink 'out' instance 0 failed writing to table 'nowhere': it does not exist: UndefinedTableError",
+    ):
         sl.run(topology)
 
 

@@ -46,7 +46,8 @@ from typing import Any
 
 import structlog
 
-from streamlet.connectors.postgres import epochs, schema
+import streamlet.connectors.postgres.epochs as epochs
+import streamlet.connectors.postgres.schema as schema
 from streamlet.connectors.postgres.connection import (
     RECONNECT_WITHIN,
     close_quietly,
@@ -103,7 +104,9 @@ class PostgresSink(Sink):
         reconnect_within: float = RECONNECT_WITHIN,
     ) -> None:
         if on_error not in ("fail", "skip"):
-            raise ConnectorError(f"PostgresSink for table {table!r}: on_error must be 'fail' or 'skip', not {on_error!r}")
+            raise ConnectorError(
+                f"PostgresSink for table {table!r}: on_error must be 'fail' or 'skip', not {on_error!r}"
+            )
         if type(batch_rows) is not int or batch_rows < 1:
             raise ConnectorError(f"PostgresSink for table {table!r}: batch_rows must be a whole number >= 1")
         if conflict is not None and (isinstance(conflict, str) or not conflict):
@@ -349,7 +352,9 @@ class PostgresWriter(SinkWriter):
         names = self.names
         unknown = [name for name in (*names, *(self.sink.conflict or ())) if name not in columns]
         if unknown:
-            raise self._error(f"writing to table {table}: it has no column {unknown[0]!r} (it has {sorted(columns)})", None)
+            raise self._error(
+                f"writing to table {table}: it has no column {unknown[0]!r} (it has {sorted(columns)})", None
+            )
         return Target(table, tuple(columns[name] for name in names))
 
     async def _guarded(self, operation: Callable[[], Any], doing: str) -> None:

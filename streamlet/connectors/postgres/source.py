@@ -45,11 +45,13 @@ from streamlet.connectors.postgres.connection import (
     retrying,
 )
 from streamlet.core.model.columns import ColumnBatch, import_pyarrow
-from streamlet.core.model.record import Batch, Record
+from streamlet.core.model.record import Batch
 from streamlet.core.model.sources import Source, SourceContext, SourceReader
 from streamlet.errors import ConnectorError, SourceError
 
-TABLE_NAME = re.compile(r'^(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")(?:\.(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+"))?$')
+TABLE_NAME = re.compile(
+    r'^(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")(?:\.(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+"))?$'
+)
 BELOW_SNAPSHOT = "age(q.xmin) > age(xid(pg_snapshot_xmin(pg_current_snapshot())))"
 
 
