@@ -59,13 +59,14 @@ from streamlet.connectors.postgres.connection import (
 )
 from streamlet.connectors.postgres.copying import copy_rows, refused_column
 from streamlet.connectors.postgres.schema import Target
-from streamlet.core.model.record import Record, Records
-from streamlet.core.model.sinks import RestorePoint, Sink, SinkContext, SinkWriter
+from streamlet.core.model.record import Batch, Record, Records, records_of
+from streamlet.core.model.sinks import ElementWriter, RestorePoint, Sink, SinkContext
 from streamlet.errors import ConnectorError, SinkError
 
 log = structlog.get_logger("streamlet")
 
 Row = Callable[[Record], Mapping[str, Any]]
+DEFAULT_COLUMNS = ("key", "value", "ts")
 
 
 def default_row(record: Record) -> Mapping[str, Any]:
@@ -112,18 +113,19 @@ class PostgresSink(Sink):
         if conflict is not None and (isinstance(conflict, str) or not conflict):
             raise ConnectorError(f"PostgresSink for table {table!r}: conflict must be a list of column names")
         self.dsn, self.table = dsn, table
-        self.row = row or default_row
+        self.row = row  # None: the default row (see default_row), taken from the elements directly
         self.conflict = None if conflict is None else tuple(conflict)
         self.batch_rows, self.on_error, self.reconnect_within = batch_rows, on_error, reconnect_within
 
-    def open(self, context: SinkContext) -> SinkWriter:
+    def open(self, context: SinkContext) -> ElementWriter:
         """A writer for instance ``context.index``; it connects on first use."""
         require_asyncpg()
         return PostgresWriter(self, context)
 
 
-class PostgresWriter(SinkWriter):
-    """One instance's writer (see the module docstring)."""
+class PostgresWriter(ElementWriter):
+    """One instance's writer (see the module docstring); it takes elements, so that the default row makes no
+    record object (a custom ``row`` gets records)."""
 
     def __init__(self, sink: PostgresSink, context: SinkContext) -> None:
         self.sink, self.context = sink, context
@@ -149,10 +151,22 @@ class PostgresWriter(SinkWriter):
 
     # -- the SinkWriter hooks -----------------------------------------------------------------------
 
-    async def write(self, batch: Records) -> None:
-        row_of, rows, keys = self.sink.row, self.rows, self.keys
+    async def write(self, batch: Batch) -> None:
         if not batch:
             return
+        if self.sink.row is None:  # the default row: the elements' own (key, value, ts), no record made
+            self.names = DEFAULT_COLUMNS
+            if all(len(element) == 3 for element in batch):
+                self.rows.extend(batch)
+            else:  # loop or window elements (six wide): their first three fields
+                self.rows.extend(element[:3] for element in batch)
+        else:
+            self._add_rows(records_of(batch), self.sink.row)
+        if len(self.rows) >= self.sink.batch_rows:
+            await self._flush()
+
+    def _add_rows(self, batch: Records, row_of: Row) -> None:
+        rows, keys = self.rows, self.keys
         if self.pick is None:
             self.names = tuple(row_of(batch[0]))
             self.pick = _picker(self.names)
@@ -160,8 +174,6 @@ class PostgresWriter(SinkWriter):
         for record in batch:
             rows.append(pick(row_of(record)))
             keys.append(record.key)
-        if len(rows) >= self.sink.batch_rows:
-            await self._flush()
 
     async def prepare_commit(self, epoch: int) -> None:
         self.checkpointed = True  # an instance added by a rescale is told of checkpoints only here
@@ -241,7 +253,8 @@ class PostgresWriter(SinkWriter):
         self.seq = seq + len(rows)
         self.rows, self.keys = [], []
         for bad in refused:
-            await self._refused_row(connection, target, rows[bad.index], keys[bad.index], bad.error)
+            key = keys[bad.index] if keys else rows[bad.index][0]  # the default row's first column is the key
+            await self._refused_row(connection, target, rows[bad.index], key, bad.error)
 
     async def _refused_row(self, connection: Any, target: Target, row: Any, key: Any, error: BaseException) -> None:
         types = [column.type for column in target.columns]
