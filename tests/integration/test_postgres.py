@@ -154,3 +154,28 @@ def test_a_server_not_back_within_the_bound_fails_with_the_cause(tmp_path: Path)
     topology.add_sink("out", sink).set_input(topology.add_source("in", [1]))
     with pytest.raises(sl.SinkError, match=r"PostgreSQL at postgresql://postgres:\*\*\*@127.0.0.1:9/nothing not"):
         sl.run(topology, checkpoint_dir=tmp_path)
+
+
+def test_a_job_started_again_from_nothing_is_a_new_submission_and_starts_clean(dsn: str, tmp_path: Path) -> None:
+    """Two runs from empty checkpoint folders: the second's epochs (from 1 again) are not refused as a replay of
+    the first's; with the tables emptied in between, they are exact again."""
+    postgres_jobs.run(dsn, tmp_path / "first")
+    sql(dsn, "TRUNCATE counts_log, counts")
+    postgres_jobs.run(dsn, tmp_path / "second")
+    postgres_jobs.assert_exact(dsn)
+    assert sql(dsn, "SELECT count(DISTINCT submission), sum(refused) FROM streamlet_sink_epochs") == [(2, 0)]
+
+
+def test_a_constraint_failing_when_rows_move_fails_the_attempt_naming_it(postgres_dsn: str, tmp_path: Path) -> None:
+    """A duplicate in the append table's unique key is found at commit: a SinkError naming the constraint."""
+    sql(postgres_dsn, "CREATE TABLE once (key text, value bigint, ts double precision, UNIQUE (key))")
+    topology = sl.Topology("duplicate")
+    sink = sl.PostgresSink(postgres_dsn, "once")
+    topology.add_sink("out", sink).set_input(topology.add_source("in", [("a", 1), ("a", 2)]))
+    with pytest.raises(
+        sl.SinkError,
+        match=r"^sink 'out' instance 0 failed committing checkpoint 1: UniqueViolationError: duplicate key value "
+        r'violates unique constraint "once_key_key"\nDETAIL:  Key \(key\)=\(a\) already exists\.$',
+    ):
+        sl.run(topology, checkpoint_dir=tmp_path)
+    assert sql(postgres_dsn, "SELECT count(*) FROM once") == [(0,)]
