@@ -179,3 +179,44 @@ def test_a_constraint_failing_when_rows_move_fails_the_attempt_naming_it(postgre
     ):
         sl.run(topology, checkpoint_dir=tmp_path)
     assert sql(postgres_dsn, "SELECT count(*) FROM once") == [(0,)]
+
+
+class CutConnections(sl.Task):
+    """After 100 batches, once, the server drops every connection of the sinks (pg_terminate_backend)."""
+
+    dsn = ""
+    cut = 0
+
+    def prepare(self, config: dict[str, object]) -> None:
+        self.batches = 0
+
+    async def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        self.batches += 1
+        if self.batches == 100:
+            import asyncpg
+
+            admin = await asyncpg.connect(self.dsn)
+            found = await admin.fetch(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'streamlet sink%'"
+            )
+            await admin.close()
+            type(self).cut = len(found)
+        outputs.emit_batch(inputs.get())
+
+
+def test_connections_the_server_drops_between_checkpoints_are_made_again(dsn: str, tmp_path: Path) -> None:
+    """Every sink connection is terminated mid-job (no staging transaction open: epochs stay under batch_rows):
+    the sinks reconnect within the bound and the tables are exact."""
+    CutConnections.dsn, CutConnections.cut = dsn, 0
+    topology = sl.Topology("postgres-cut")
+    lines = topology.add_source("in", postgres_jobs.items())
+    throttle = topology.add_task("throttle", postgres_jobs.exactly_once.Throttle).set_input(lines)
+    cut = topology.add_task("cut", CutConnections).set_input(throttle)
+    count = topology.add_task("count", postgres_jobs.exactly_once.RunningCount, parallelism=2)
+    count.set_input(cut, partitioning=sl.SAME_KEY)
+    appended, latest = postgres_jobs.sinks(dsn, batch_rows=10_000)  # rows held until the barrier
+    topology.add_sink("appended", appended, parallelism=2).set_input(count)
+    topology.add_sink("latest", latest, parallelism=2).set_input(count)
+    sl.run(topology, checkpoint_dir=tmp_path, checkpoint_interval=0.02, batch_size=10)
+    assert CutConnections.cut >= 4  # at least one connection of each of the four sink instances
+    postgres_jobs.assert_exact(dsn)

@@ -40,11 +40,11 @@ def count_row(record: sl.Record) -> dict[str, Any]:
     return {"key": record.key, "n": record.value}
 
 
-def sinks(dsn: str) -> tuple[sl.PostgresSink, sl.PostgresSink]:
-    """The append sink and the upsert sink."""
+def sinks(dsn: str, batch_rows: int = 50) -> tuple[sl.PostgresSink, sl.PostgresSink]:
+    """The append sink and the upsert sink (50 rows: epochs are staged in several copies, and retagged)."""
     return (
-        sl.PostgresSink(dsn, "counts_log", row=count_row, batch_rows=50),
-        sl.PostgresSink(dsn, "counts", row=count_row, conflict=["key"], batch_rows=50),
+        sl.PostgresSink(dsn, "counts_log", row=count_row, batch_rows=batch_rows),
+        sl.PostgresSink(dsn, "counts", row=count_row, conflict=["key"], batch_rows=batch_rows),
     )
 
 

@@ -63,10 +63,12 @@ def connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, exceptions.InterfaceError) and "connection is closed" in str(exc)
 
 
-async def connect(dsn: str, **options: Any) -> Any:
-    """One asyncpg connection to ``dsn`` (``options`` go to ``asyncpg.connect``)."""
+async def connect(dsn: str, name: str = "streamlet", **options: Any) -> Any:
+    """One asyncpg connection to ``dsn``, named ``name`` in ``pg_stat_activity`` (its ``application_name``;
+    ``options`` go to ``asyncpg.connect``)."""
     asyncpg = require_asyncpg()
-    return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT, **options)
+    settings = {"application_name": name[:63], **options.pop("server_settings", {})}
+    return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT, server_settings=settings, **options)
 
 
 async def close_quietly(connection: Any) -> None:

@@ -187,14 +187,14 @@ class PostgresWriter(ElementWriter):
     async def commit(self, epoch: int) -> None:
         if not any(e <= epoch for e in self.prepared):
             return  # nothing staged: no transaction needed
-        await self._guarded(lambda: self._commit(epoch), f"committing checkpoint {epoch}")
+        await self._guarded(lambda: self._commit(epoch), f"committing checkpoint {epoch}", staging=False)
         self.prepared = [e for e in self.prepared if e > epoch]
 
     async def restore(self, point: RestorePoint | None) -> None:
         self.checkpointed = True
         if point is not None:
             self.next_epoch = point.epoch + 1
-        await self._guarded(lambda: self._restore(point), "restoring")
+        await self._guarded(lambda: self._restore(point), "restoring", staging=False)
 
     async def close(self) -> None:
         try:
@@ -334,13 +334,15 @@ class PostgresWriter(ElementWriter):
     # -- the connection -----------------------------------------------------------------------------
 
     async def _stager(self) -> Any:
+        if self.stager is not None and self.stager.is_closed() and self.open_epoch is not None:
+            raise self._error("staging: the connection closed under the open transaction: its rows are gone", None)
         if self.stager is None or self.stager.is_closed():
-            self.stager = await connect(self.sink.dsn)
+            self.stager = await connect(self.sink.dsn, f"streamlet {self.what}")
         return self.stager
 
     async def _mover(self) -> Any:
         if self.mover is None or self.mover.is_closed():
-            self.mover = await connect(self.sink.dsn)
+            self.mover = await connect(self.sink.dsn, f"streamlet {self.what}")
         return self.mover
 
     async def _ready(self, connection: Any = None) -> tuple[Any, Target]:
@@ -370,13 +372,20 @@ class PostgresWriter(ElementWriter):
             )
         return Target(table, tuple(columns[name] for name in names))
 
-    async def _guarded(self, operation: Callable[[], Any], doing: str) -> None:
-        """Run ``operation``, reconnecting within the bound; what fails becomes a ``SinkError`` saying why."""
+    async def _guarded(self, operation: Callable[[], Any], doing: str, staging: bool = True) -> None:
+        """Run ``operation`` on the staging connection (or the mover's), reconnecting within the bound; what
+        fails becomes a ``SinkError`` saying why. Rows copied into a staging transaction the server lost are
+        gone with it: that fails at once (the job restores its last checkpoint and replays them)."""
 
         async def attempt() -> None:
-            if self.open_epoch is not None and (self.stager is None or self.stager.is_closed()):
+            if staging and self.open_epoch is not None and self.stager is None:
                 raise self._error(f"lost the connection while {doing}: the open transaction's rows are gone", None)
-            await operation()
+            try:
+                await operation()
+            except Exception as exc:
+                if connection_lost(exc):  # the next try connects afresh
+                    await self._drop(staging)
+                raise
 
         try:
             await retrying(attempt, self.what, self.sink.reconnect_within)
@@ -393,6 +402,14 @@ class PostgresWriter(ElementWriter):
     def _error(self, doing: str, exc: BaseException | None) -> SinkError:
         cause = "" if exc is None else f": {type(exc).__name__}: {exc}"
         return SinkError(f"{self.what} failed {doing}{cause}", sink=self.context.node, instance=self.context.index)
+
+    async def _drop(self, staging: bool) -> None:
+        """Forget the staging (or the mover's) connection after its server went away."""
+        if staging:
+            lost, self.stager = self.stager, None
+        else:
+            lost, self.mover = self.mover, None
+        await close_quietly(lost)
 
     async def _release(self) -> None:
         stager, mover, self.stager, self.mover = self.stager, self.mover, None, None

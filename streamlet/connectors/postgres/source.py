@@ -172,7 +172,7 @@ class PostgresReader(SourceReader):
 
         async def fetch() -> list[Any]:
             if self.connection is None or self.connection.is_closed():
-                self.connection = await connect(source.dsn)
+                self.connection = await connect(source.dsn, f"streamlet source '{self.context.node}'")
             return list(await self.connection.fetch(statement, *arguments))
 
         try:
