@@ -74,7 +74,8 @@ def test_two_processes_crash_and_restore_exactly_once(dsn: str, armed_bomb: Path
     with pytest.raises(sl.TaskError, match=r"^task 'bomb' instance 0 failed on a batch of 10 records"):
         postgres_jobs.run(dsn, armed_bomb, processes=2)
     Bomb.armed = False  # it disarmed itself in the worker process only
-    assert 0 < len(postgres_jobs.appended_rows(dsn)) < RECORDS
+    # (a worker's commits may still be on their way when the crash stops it: the rows in may be none yet)
+    assert len(postgres_jobs.appended_rows(dsn)) < RECORDS
     result = postgres_jobs.run(dsn, armed_bomb, processes=2)
     assert result.statistics.checkpoints >= 1
     postgres_jobs.assert_exact(dsn)
