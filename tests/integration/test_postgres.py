@@ -217,7 +217,7 @@ def test_connections_the_server_drops_between_checkpoints_are_made_again(dsn: st
     count.set_input(cut, partitioning=sl.SAME_KEY)
     appended, latest = postgres_jobs.sinks(dsn, batch_rows=10_000)  # rows held until the barrier
     topology.add_sink("appended", appended, parallelism=2).set_input(count)
-    topology.add_sink("latest", latest, parallelism=2).set_input(count)
+    topology.add_sink("latest", latest, parallelism=2).set_input(count, partitioning=sl.SAME_KEY)
     sl.run(topology, checkpoint_dir=tmp_path, checkpoint_interval=0.02, batch_size=10)
     assert CutConnections.cut >= 4  # at least one connection of each of the four sink instances
     postgres_jobs.assert_exact(dsn)

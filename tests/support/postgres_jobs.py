@@ -50,7 +50,7 @@ def sinks(dsn: str, batch_rows: int = 50) -> tuple[sl.PostgresSink, sl.PostgresS
 
 def build(dsn: str, source: sl.Source | None = None) -> sl.Topology:
     """4000 records (or ``source``) -> throttle -> bomb -> running count (x2, SAME_KEY) -> append and upsert
-    sinks (x2 each)."""
+    sinks (x2 each; the upsert sink by SAME_KEY: a key's rows through one instance, whose commits are ordered)."""
     topology = sl.Topology("postgres-exactly-once")
     lines = topology.add_source("in", items() if source is None else source)
     throttle = topology.add_task("throttle", exactly_once.Throttle).set_input(lines)
@@ -59,7 +59,7 @@ def build(dsn: str, source: sl.Source | None = None) -> sl.Topology:
     count.set_input(bomb, partitioning=sl.SAME_KEY)
     appended, latest = sinks(dsn)
     topology.add_sink("appended", appended, parallelism=2).set_input(count)
-    topology.add_sink("latest", latest, parallelism=2).set_input(count)
+    topology.add_sink("latest", latest, parallelism=2).set_input(count, partitioning=sl.SAME_KEY)
     return topology
 
 
@@ -167,7 +167,7 @@ def build_topology():
     appended = FaultySink(DSN, "counts_log", row=count_row, batch_rows=500)
     latest = FaultySink(DSN, "counts", row=count_row, conflict=["key"], batch_rows=500)
     topology.add_sink("appended", appended, parallelism=2).set_input(count)
-    topology.add_sink("latest", latest, parallelism=2).set_input(count)
+    topology.add_sink("latest", latest, parallelism=2).set_input(count, partitioning=sl.SAME_KEY)
     return topology
 """
 CLUSTER_WORDS = [f"w{(i * 7919) % 97}" for i in range(20_000)]

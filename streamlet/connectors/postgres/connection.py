@@ -57,6 +57,9 @@ def connection_lost(exc: BaseException) -> bool:
         exceptions.AdminShutdownError,
         exceptions.CrashShutdownError,
         exceptions.TooManyConnectionsError,
+        # the client's protocol state broken: a server that ended the session mid-operation (asyncpg has not
+        # yet seen the socket close) leaves it so; the connection is as good as lost
+        exceptions.InternalClientError,
     )
     if isinstance(exc, lost):
         return True

@@ -21,7 +21,10 @@ The submission is found in ``streamlet_sink_runs``: a run restored from a
 checkpoint belongs to the submission of the run that took it, a run started
 afresh is a new submission; so a job started again from nothing (or removed
 and submitted again under its name) starts clean. Upsert mode (``conflict``)
-keeps the last row per conflict key of what one commit moves.
+keeps the last row per conflict key of what one commit moves. Commits of
+different instances are not ordered with each other: with several instances,
+route the sink's input by ``SAME_KEY`` on the conflict key, so that each
+key's rows go through one instance.
 
 **Without checkpoints** output is at-least-once: every ``batch_rows`` rows
 (and the rest at the end) go into the table in their own transaction; a
