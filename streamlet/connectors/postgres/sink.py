@@ -144,6 +144,8 @@ class PostgresWriter(ElementWriter):
         self.keys: list[Any] = []  # their records' keys, for messages
         self.open_epoch: int | None = None  # the tag of rows copied in the transaction still open
         self.transaction: Any = None
+        self.chunked = False  # the open transaction holds rows copied before the barrier (not held any more)
+        self.unsure: int | None = None  # the epoch whose staging commit lost its answer
         self.checkpointed = False  # restore() was called: checkpoints drive the output
         self.submission: str | None = None
         self.next_epoch = 1  # the epoch rows copied before their barrier are tagged with (a guess, fixed later)
@@ -221,13 +223,21 @@ class PostgresWriter(ElementWriter):
 
     async def _stage(self, epoch: int, final: bool) -> None:
         """Copy the held rows tagged ``epoch`` into the open transaction (opened here); ``final``: it is
-        the barrier's epoch, so retag rows copied under a guess, and commit."""
+        the barrier's epoch, so retag rows copied under a guess, and commit. The held rows are let go only
+        once they are in: a commit whose answer was lost is looked up before anything is copied again."""
         connection, target = await self._ready()
+        if final and self.unsure == epoch:
+            self.unsure = None
+            if await self._staged(connection, target, epoch):
+                self.rows, self.keys = [], []  # the lost answer was a commit
+                return
+            if self.chunked:
+                raise self._error(f"staging checkpoint {epoch}: its open transaction was lost with its rows", None)
         fresh = self.open_epoch is None
         if fresh:
             self.transaction = connection.transaction()
             await self.transaction.start()
-            self.open_epoch = epoch
+            self.open_epoch, self.chunked = epoch, False
         try:
             await self._copy(connection, target, epoch)
         except BaseException:
@@ -235,6 +245,7 @@ class PostgresWriter(ElementWriter):
                 self.transaction, self.open_epoch = None, None
             raise
         if not final:
+            self.rows, self.keys, self.chunked = [], [], True
             return
         if self.open_epoch != epoch:  # rows copied before the barrier were tagged with a wrong guess
             await connection.execute(
@@ -244,7 +255,22 @@ class PostgresWriter(ElementWriter):
                 self.open_epoch,
             )  # fmt: skip
         transaction, self.transaction, self.open_epoch = self.transaction, None, None
-        await transaction.commit()
+        try:
+            await transaction.commit()
+        except Exception as exc:
+            if connection_lost(exc):
+                self.unsure = epoch  # committed or not: the retry looks
+            raise
+        self.rows, self.keys, self.chunked = [], [], False
+
+    async def _staged(self, connection: Any, target: Target, epoch: int) -> bool:
+        """Whether this run's rows of ``epoch`` are in staging (a commit went through)."""
+        found = await connection.fetchval(
+            f"SELECT 1 FROM {target.staging} WHERE sl_submission = $1 AND sl_sink = $2 AND sl_instance = $3 "
+            "AND sl_attempt = $4 AND sl_epoch = $5 LIMIT 1",
+            self.submission, self.context.node, self.context.index, self.context.attempt, epoch,
+        )  # fmt: skip
+        return found is not None
 
     async def _copy(self, connection: Any, target: Target, epoch: int) -> None:
         """The held rows into staging, tagged; refused rows reported or skipped (see ``on_error``)."""
@@ -254,7 +280,6 @@ class PostgresWriter(ElementWriter):
         tagged = [(*tag, seq + n, *row) for n, row in enumerate(rows)]
         refused = await copy_rows(connection, target.staging, (*schema.META, *target.names), tagged)
         self.seq = seq + len(rows)
-        self.rows, self.keys = [], []
         for bad in refused:
             key = keys[bad.index] if keys else rows[bad.index][0]  # the default row's first column is the key
             await self._refused_row(connection, target, rows[bad.index], key, bad.error)
@@ -281,6 +306,7 @@ class PostgresWriter(ElementWriter):
             plan = self._move(target.staging, target.names, self.context.index, run, 0)
             await connection.execute(epochs.insert_statement(plan), self.submission, plan.sink, plan.instance, run, 0)
             await connection.execute(epochs.CLEAN_MOVED, self.submission, plan.sink, plan.instance, 0)
+        self.rows, self.keys = [], []  # in: a lost answer writes them again (at-least-once)
 
     async def _commit(self, epoch: int) -> None:
         connection, target = await self._ready(await self._mover())
