@@ -12,7 +12,7 @@ export JAVA_HOME := $(JAVA_17)
 endif
 endif
 
-.PHONY: run test lint typecheck docs unit chaos nemesis bench clean zookeeper java browser nettools
+.PHONY: run test lint typecheck docs unit chaos nemesis bench clean zookeeper java browser nettools postgresql
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "streamlet needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
@@ -30,6 +30,13 @@ zookeeper:
 	@test -e /usr/share/java/zookeeper.jar || test -n "$$ZOOKEEPER_HOME" || { \
 	  echo "installing ZooKeeper (apt-get install -y zookeeper)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper) >/dev/null; }
+
+# The PostgreSQL tests (and the docs' examples) initdb and start servers of their own from Debian's postgresql;
+# install it when no PostgreSQL server binary is there.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || test -n "$$POSTGRES_BIN" || { \
+	  echo "installing PostgreSQL (apt-get install -y postgresql)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql) >/dev/null; }
 
 # Spark (the flagship example, the Spark tests) needs a Java runtime; install Debian's Java 17 when there is none.
 java:
@@ -67,7 +74,7 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-unit: $(STAMP) zookeeper java browser nettools
+unit: $(STAMP) zookeeper java browser nettools postgresql
 	$(BIN)/pytest -q
 
 test: lint typecheck docs unit

@@ -17,6 +17,7 @@ from benchmarks import (
     parallel,
     peers,
     placement,
+    postgres,
     rescale,
     routing,
     spark,
@@ -51,6 +52,7 @@ def main() -> None:
         "peers",
         "joins",
         "enrich",
+        "postgres",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -60,6 +62,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats is None:
         args.repeats = 7 if args.name == "checkpoint" else 5
+    if args.name == "postgres":  # one line per measurement: the sink (upsert, append) and the source
+        for each in postgres.main(args.records or 200_000, min(args.repeats, 3)):
+            emit(each, args.json)
+        return
     if args.name == "wordcount":
         line = wordcount.main(args.records or 1_000_000, args.repeats)
     elif args.name == "columnar":

@@ -16,6 +16,7 @@ from streamlet.backends.local import run, start
 from streamlet.backends.local_adaptation import balance_segments
 from streamlet.connectors.files import FileSink, FileSource, read_file_sink
 from streamlet.connectors.kafka import KafkaError, KafkaSink, KafkaSource
+from streamlet.connectors.postgres import PostgresSink, PostgresSource
 from streamlet.connectors.spark import SparkSink
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.columnar import ColumnarSource
@@ -104,6 +105,8 @@ __all__ = (
     "IterableSource",
     "KafkaSink",
     "KafkaSource",
+    "PostgresSink",
+    "PostgresSource",
     "QueueSource",
     "read_file_sink",
     "RestorePoint",

@@ -15,7 +15,9 @@ import pytest
 
 import streamlet as sl
 from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
+from streamlet.testing.postgres_server import PostgresServer
 from tests.support.exactly_once import Bomb
+from tests.support.postgres import fresh_database
 
 pytest_plugins = ["tests.support.reaper", "tests.support.timeouts"]
 
@@ -74,3 +76,17 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperSer
     server = ZooKeeperServer(data_dir=Path(tmp_path_factory.mktemp("zookeeper")), die_with_parent=True)
     with server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the session's own (``initdb`` into a folder under /tmp, a free port, stopped by
+    PID); a missing installation fails the tests, it does not skip them. Started only when a test asks."""
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_dsn(postgres: PostgresServer) -> str:
+    """The DSN of a new, empty database on the session's PostgreSQL server: one per test."""
+    return fresh_database(postgres)

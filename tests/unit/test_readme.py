@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.postgres import fresh_database
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -118,13 +120,21 @@ class Run:
     process: subprocess.Popen[str]
 
 
+POSTGRES_PAGES = {"docs/postgres.md"}  # their blocks get STREAMLET_POSTGRES_DSN: a fresh database each
+
+
 @pytest.fixture(scope="module")
-def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, int], Run]]:
+def started(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[dict[tuple[str, int], Run]]:
     """Every runnable block's program, started at once, each in a scratch directory of its own."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    base = dict(os.environ)
+    base["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [base.get("PYTHONPATH")])])
     runs: dict[tuple[str, int], Run] = {}
     for where, block in RUNNABLE:
+        env = base
+        if where in POSTGRES_PAGES:  # the session's PostgreSQL server, started only when such a page exists
+            env = {**base, "STREAMLET_POSTGRES_DSN": fresh_database(request.getfixturevalue("postgres"))}
         chain = program(BLOCKS[where], block.index, where)
         source = "".join(part.code for part in chain)
         scratch = tmp_path_factory.mktemp(f"block-{re.sub(r'[^a-z0-9]+', '-', where.lower())}-{block.index}")
