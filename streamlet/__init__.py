@@ -16,7 +16,7 @@ from streamlet.backends.local import run, start
 from streamlet.backends.local_adaptation import balance_segments
 from streamlet.connectors.files import FileSink, FileSource, read_file_sink
 from streamlet.connectors.kafka import KafkaError, KafkaSink, KafkaSource
-from streamlet.connectors.postgres import PostgresSink, PostgresSource
+from streamlet.connectors.postgres import PostgresLookup, PostgresSink, PostgresSource
 from streamlet.connectors.spark import SparkSink
 from streamlet.core.model.clock import Clock
 from streamlet.core.model.columnar import ColumnarSource
@@ -105,6 +105,7 @@ __all__ = (
     "IterableSource",
     "KafkaSink",
     "KafkaSource",
+    "PostgresLookup",
     "PostgresSink",
     "PostgresSource",
     "QueueSource",

@@ -1,7 +1,8 @@
-"""PostgreSQL connectors (asyncpg): ``PostgresSink`` (exactly once with checkpoints) and ``PostgresSource``
-(a resumable incremental query)."""
+"""PostgreSQL connectors (asyncpg): ``PostgresSink`` (exactly once with checkpoints), ``PostgresSource``
+(a resumable incremental query) and ``PostgresLookup`` (rows by key, for ``lookup_join``)."""
 
+from streamlet.connectors.postgres.lookup import PostgresLookup
 from streamlet.connectors.postgres.sink import PostgresSink
 from streamlet.connectors.postgres.source import PostgresSource
 
-__all__ = ("PostgresSink", "PostgresSource")
+__all__ = ("PostgresLookup", "PostgresSink", "PostgresSource")
