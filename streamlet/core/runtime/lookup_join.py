@@ -158,7 +158,14 @@ class LookupJoinInstance(MapAsyncInstance):
                     if lookup is None:
                         lookup = KeyLookup()
                     looking_up[key] = pending = lookup
-                pending.wait_for(key, entry, len(results) - 1)
+                place = (entry, len(results) - 1)  # KeyLookup.wait_for, inlined
+                waiting = pending.waiting.get(key)
+                if waiting is None:
+                    pending.keys.append(key)
+                    pending.waiting[key] = [place]
+                else:
+                    waiting.append(place)
+                pending.records.append(place)
                 continue
             hits += 1
             recent(key)  # recently used; its expiry stays
@@ -219,23 +226,27 @@ class LookupJoinInstance(MapAsyncInstance):
         if error is not None:
             self._lookup_failed(lookup, error)
             return
-        now, inner = self.env.clock.now(), self._inner()
+        task = self.task
+        assert isinstance(task, LookupJoinTask)
+        now, inner, paired, looking_up = self.env.clock.now(), task.how == "inner", task.fn is pair, self.looking_up
+        put = self.cache.put
         for key in lookup.keys:
             row = answer.get(key)
             row = NO_ROW if row is None else row
-            self.cache.put(key, row, now)
-            del self.looking_up[key]
+            put(key, row, now)
+            del looking_up[key]
             for entry, position in lookup.waiting[key]:
                 element = entry.elements[position]
-                if row is NO_ROW and inner:
-                    self._settled(entry, position, None)
+                if row is NO_ROW:
+                    result = None if inner else self._joined(element, None)
+                elif paired:  # the default fn, inlined
+                    result = (key, (element[1], row), element[2])
                 else:
-                    self._settled(entry, position, self._joined(element, None if row is NO_ROW else row))
-
-    def _inner(self) -> bool:
-        task = self.task
-        assert isinstance(task, LookupJoinTask)
-        return task.how == "inner"
+                    result = self._joined(element, row)
+                entry.results[position] = result
+                entry.pending -= 1
+                if not entry.pending:
+                    entry.state = DONE
 
     def _lookup_failed(self, lookup: KeyLookup, error: BaseException) -> None:
         elements = [entry.elements[position] for entry, position in lookup.records]
