@@ -18,22 +18,22 @@ import pytest
 
 import streamlet as sl
 from streamlet.testing import SimulatedCluster
+from tests.support.held_calls import HeldCalls, until_true
 
 CUSTOMERS = {"ada": "Ada Lovelace", "bob": "Bob Kahn", "cy": "Cy Young"}
 
 
-class Store:
+class Store(HeldCalls):
     """An async ``lookup(keys)`` over ``rows`` that records each call's keys and holds calls asking for a
     key of ``held`` until :meth:`release`."""
 
     def __init__(self, rows: dict[Any, Any] | None = None, held: set[Any] | None = None) -> None:
+        super().__init__()
         self.rows = CUSTOMERS if rows is None else rows
         self.held = set() if held is None else held
         self.calls: list[list[Any]] = []
         self.returned: list[list[Any]] = []
-        self.events: dict[Any, asyncio.Event] = {}
         self.in_flight = self.most_in_flight = 0
-        self.changed = asyncio.Event()
         self.failures: dict[Any, int] = {}  # key -> lookups asking for it that raise before any answers
 
     async def __call__(self, keys: list[Any]) -> dict[Any, Any]:
@@ -44,7 +44,7 @@ class Store:
         try:
             for key in keys:
                 if key in self.held:
-                    await self.events.setdefault(key, asyncio.Event()).wait()
+                    await self.hold(key)
             for key in keys:
                 if self.failures.get(key, 0):
                     self.failures[key] -= 1
@@ -54,18 +54,6 @@ class Store:
             self.in_flight -= 1
             self.returned.append(list(keys))
             self._changed()
-
-    def _changed(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    def release(self, key: Any) -> None:
-        self.events.setdefault(key, asyncio.Event()).set()
-
-    async def until(self, done: Any) -> None:
-        """Wait until ``done()`` holds (checked each time a lookup starts or returns)."""
-        while not done():
-            await self.changed.wait()
 
 
 def enrich(lookup: Any, **options: Any) -> sl.Topology:
@@ -198,15 +186,6 @@ async def test_output_keeps_input_order_when_lookups_finish_in_reverse() -> None
         result = await finish(job)
     assert store.calls == [["ada"], ["bob"], ["cy"]]
     assert [(r.key, r.value[0]) for r in result.sink("out")] == [("ada", 0), ("bob", 1), ("cy", 2), ("ada", 3)]
-
-
-async def until_true(done: Any) -> None:
-    """Wait until ``done()`` holds, letting the job run between looks (a safety bound, no timing)."""
-    for _ in range(100_000):
-        if done():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the job never reached the state waited for")
 
 
 async def test_no_more_than_concurrency_lookups_are_in_flight() -> None:

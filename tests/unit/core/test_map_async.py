@@ -16,18 +16,18 @@ import pytest
 
 import streamlet as sl
 from streamlet.testing import SimulatedCluster
+from tests.support.held_calls import HeldCalls, until_true
 
 
-class Gate:
+class Gate(HeldCalls):
     """An async function for ``map_async`` that doubles values and holds the calls of chosen keys."""
 
     def __init__(self, held: set[str] | None = None, *, results: dict[str, Any] | None = None) -> None:
+        super().__init__()
         self.held = held  # keys whose calls wait to be released (None: every key's)
         self.results = results or {}  # a key's answer other than (key, 2 * value)
         self.started: list[str] = []
         self.returned: list[str] = []
-        self.events: dict[str, asyncio.Event] = {}
-        self.changed = asyncio.Event()
         self.in_flight = self.most_in_flight = 0
 
     async def __call__(self, record: sl.Record) -> Any:
@@ -36,26 +36,13 @@ class Gate:
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         self._changed()
         if self.held is None or record.key in self.held:
-            await self.events.setdefault(record.key, asyncio.Event()).wait()
+            await self.hold(record.key)
         else:
             await asyncio.sleep(0)  # yield, so other calls start while this one is in flight
         self.in_flight -= 1
         self.returned.append(record.key)
         self._changed()
         return self.results.get(record.key, (record.key, record.value * 2))
-
-    def _changed(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    def release(self, key: str) -> None:
-        """Let ``key``'s call return."""
-        self.events.setdefault(key, asyncio.Event()).set()
-
-    async def until(self, done: Any) -> None:
-        """Wait until ``done()`` holds (checked each time a call starts or returns)."""
-        while not done():
-            await self.changed.wait()
 
 
 def enrich(fn: Any, **options: Any) -> sl.Topology:
@@ -150,15 +137,6 @@ async def yield_often() -> None:
     """Let every other task run as far as it can (the source until it waits on room downstream)."""
     for _ in range(100):
         await asyncio.sleep(0)
-
-
-async def until_true(done: Any) -> None:
-    """Wait until ``done()`` holds, letting the job run between looks (a safety bound, no timing)."""
-    for _ in range(100_000):
-        if done():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the job never reached the state waited for")
 
 
 async def test_a_full_instance_stops_taking_input() -> None:
