@@ -7,6 +7,8 @@ it is the child process the SIGKILL test kills.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -86,3 +88,16 @@ def run(checkpoints: Path, output: Path, interval: float | None = 0.02) -> sl.Jo
 
 if __name__ == "__main__":
     run(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+class DieAfterSave(sl.DirectoryCheckpointStore):
+    """Saves checkpoints; after checkpoint ``die_after`` is on disk the process kills itself."""
+
+    def __init__(self, directory: Path, die_after: int) -> None:
+        super().__init__(directory)
+        self.die_after = die_after
+
+    def save(self, epoch: int, data: bytes) -> Any:
+        super().save(epoch, data)
+        if epoch == self.die_after:
+            os.kill(os.getpid(), signal.SIGKILL)

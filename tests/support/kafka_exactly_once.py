@@ -22,6 +22,7 @@ from typing import Any
 import streamlet as sl
 from streamlet.connectors import kafka_staging
 from tests.support import exactly_once
+from tests.support.exactly_once import DieAfterSave
 
 CHECK_CRCS_OFF = {"check_crcs": False}  # the mock broker writes transaction markers with CRC 0
 
@@ -48,19 +49,6 @@ def build(bootstrap: str, in_topic: str, out_topic: str, staging: Path) -> sl.To
     count.set_input(bomb, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sink(bootstrap, out_topic, staging), parallelism=2).set_input(count)
     return topology
-
-
-class DieAfterSave(sl.DirectoryCheckpointStore):
-    """Saves checkpoints; after checkpoint ``die_after`` is on disk the process kills itself."""
-
-    def __init__(self, directory: Path, die_after: int) -> None:
-        super().__init__(directory)
-        self.die_after = die_after
-
-    def save(self, epoch: int, data: bytes) -> Any:
-        super().save(epoch, data)
-        if epoch == self.die_after:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run(

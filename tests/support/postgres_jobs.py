@@ -12,15 +12,13 @@ which a checkpoint is complete but its rows are not in the table yet.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import streamlet as sl
 from tests.support import exactly_once
-from tests.support.exactly_once import expected_output, items
+from tests.support.exactly_once import DieAfterSave, expected_output, items
 from tests.support.postgres import sql
 
 TABLES = """
@@ -99,19 +97,6 @@ def assert_exact(dsn: str) -> None:
     assert appended_rows(dsn) == expected_output()
     assert latest_rows(dsn) == expected_latest()
     assert sql(dsn, "SELECT count(*) FROM streamlet_sink_staging") == [(0,)]
-
-
-class DieAfterSave(sl.DirectoryCheckpointStore):
-    """Saves checkpoints; after checkpoint ``die_after`` is on disk the process kills itself."""
-
-    def __init__(self, directory: Path, die_after: int) -> None:
-        super().__init__(directory)
-        self.die_after = die_after
-
-    def save(self, epoch: int, data: bytes) -> Any:
-        super().save(epoch, data)
-        if epoch == self.die_after:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 # The cluster job: the same counts from a list source, paced so checkpoints complete while it runs. The first
