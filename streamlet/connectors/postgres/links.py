@@ -8,7 +8,7 @@ base class of ``PostgresWriter`` and holds only the state these methods need.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import streamlet.connectors.postgres.schema as schema
 from streamlet.connectors.postgres.connection import (
@@ -19,18 +19,16 @@ from streamlet.connectors.postgres.connection import (
     require_asyncpg,
     retrying,
 )
+from streamlet.connectors.postgres.rows import SinkSettings
 from streamlet.connectors.postgres.schema import Target
 from streamlet.core.model.sinks import SinkContext
 from streamlet.errors import SinkError
-
-if TYPE_CHECKING:
-    from streamlet.connectors.postgres.sink import PostgresSink
 
 
 class WriterLinks:
     """A writer's connections, target and submission (see the module docstring)."""
 
-    def __init__(self, sink: PostgresSink, context: SinkContext) -> None:
+    def __init__(self, sink: SinkSettings, context: SinkContext) -> None:
         self.sink, self.context = sink, context
         self.what = f"sink '{context.node}' instance {context.index}"
         # Two connections: staging holds a transaction open across an epoch, while the coordinator's

@@ -5,7 +5,7 @@ connections)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -14,14 +14,11 @@ import streamlet.connectors.postgres.schema as schema
 from streamlet.connectors.postgres.connection import connection_lost
 from streamlet.connectors.postgres.copying import copy_rows, refused_column
 from streamlet.connectors.postgres.links import WriterLinks
-from streamlet.connectors.postgres.rows import DEFAULT_COLUMNS, Row, picker
+from streamlet.connectors.postgres.rows import DEFAULT_COLUMNS, Row, SinkSettings, picker
 from streamlet.connectors.postgres.schema import Target
 from streamlet.core.model.record import Batch, Records, records_of
 from streamlet.core.model.sinks import ElementWriter, RestorePoint, SinkContext
 from streamlet.errors import SinkError
-
-if TYPE_CHECKING:
-    from streamlet.connectors.postgres.sink import PostgresSink
 
 log = structlog.get_logger("streamlet")
 
@@ -30,7 +27,7 @@ class PostgresWriter(WriterLinks, ElementWriter):
     """One instance's writer (the protocol: see :mod:`.sink`); it takes elements, so that the default row makes no
     record object (a custom ``row`` gets records)."""
 
-    def __init__(self, sink: PostgresSink, context: SinkContext) -> None:
+    def __init__(self, sink: SinkSettings, context: SinkContext) -> None:
         super().__init__(sink, context)
         self.pick: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
         self.rows: list[tuple[Any, ...]] = []  # this epoch's rows not copied yet
