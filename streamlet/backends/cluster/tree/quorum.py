@@ -17,6 +17,9 @@ import ssl
 from streamlet.errors import NoQuorum
 
 SERVING = ("leader", "follower", "standalone")
+# seconds a member has to answer ``srvr``: a JVM on a busy host can take over a second, and a live member
+# called "down" is a wrong answer; a member that is really gone refuses the connection at once.
+MODE_TIMEOUT = 3.0
 
 
 def four_letter_word(
@@ -42,7 +45,7 @@ def _ask(connection: socket.socket, word: str) -> str:
 def member_mode(host: str, port: int, tls: ssl.SSLContext | None = None) -> str:
     """The mode a ZooKeeper server at ``host:port`` reports (``srvr``), or ``down``."""
     try:
-        answer = four_letter_word(host, port, "srvr", tls=tls)
+        answer = four_letter_word(host, port, "srvr", timeout=MODE_TIMEOUT, tls=tls)
     except OSError:  # ssl.SSLError included: a member that refuses us serves nothing we can use
         return "down"
     for line in answer.splitlines():
