@@ -63,7 +63,7 @@ def test_a_crash_after_a_checkpoint_is_saved_before_its_commit_moves_the_epoch_a
             os.kill(child.pid, signal.SIGKILL)
             child.wait(timeout=10)
     assert child.returncode == -signal.SIGKILL
-    staged = sql(dsn, "SELECT DISTINCT sl_sink, sl_instance, sl_epoch FROM streamlet_sink_staging ORDER BY 1, 2")
+    staged = sql(dsn, "SELECT DISTINCT sink, instance, epoch FROM streamlet_sink_staging ORDER BY 1, 2")
     assert {(sink, epoch) for sink, _, epoch in staged} == {("appended", 3), ("latest", 3)}
     postgres_jobs.run(dsn, checkpoints)
     postgres_jobs.assert_exact(dsn)

@@ -1,11 +1,11 @@
-"""Moving staged epochs into the target table, fenced by ``streamlet_sink_epochs``.
+"""Staged batches, and moving them into the target table, fenced by ``streamlet_sink_epochs``.
 
 One transaction per (sink instance, staged run): advance the instance's last
 epoch only where the stored one is older (``ON CONFLICT ... WHERE epoch <
-excluded.epoch``), and only then insert the staged rows into the target; in
-either case the staged rows of epochs up to it go (moved, or refused: a
-replay or a zombie, counted in ``refused`` unless this run moved them itself
-already, as a retried commit whose first answer was lost does).
+excluded.epoch``), and only then insert the rows of the run's batches into
+the target; in either case the batches of epochs up to it go (moved, or
+refused: a replay or a zombie, counted in ``refused`` unless this run moved
+them itself already, as a retried commit whose first answer was lost does).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from streamlet.connectors.postgres.schema import EPOCHS, STAGING, column_list
+from streamlet.connectors.postgres.schema import BATCH_IDS, BATCH_SETTING, EPOCHS, STAGING, column_list, rows_table
 
 FENCE = f"""
 INSERT INTO {EPOCHS} AS stored (submission, sink, instance, epoch, run) VALUES ($1, $2, $3, $4, $5)
@@ -25,14 +25,29 @@ REFUSED = f"""
 UPDATE {EPOCHS} SET refused = refused + 1 WHERE submission = $1 AND sink = $2 AND instance = $3 AND run <> $4
 RETURNING epoch, run
 """
-CLEAN_MOVED = f"DELETE FROM {STAGING} WHERE sl_submission = $1 AND sl_sink = $2 AND sl_instance = $3 AND sl_epoch <= $4"
-STAGED = "sl_submission = $1 AND sl_sink = $2 AND sl_instance = $3 AND sl_attempt = $4 AND sl_epoch <= $5"
+RUN_BATCHES = (
+    f"SELECT batch FROM {STAGING} "
+    "WHERE submission = $1 AND sink = $2 AND instance = $3 AND attempt = $4 AND epoch <= $5 ORDER BY batch"
+)
+MOVED = "submission = $1 AND sink = $2 AND instance = $3 AND epoch <= $4"  # every run's batches up to the epoch
+ABORTED = (  # the restored run's ($3) batches after the checkpoint ($4), and those of runs neither it nor $5
+    "submission = $1 AND sink = $2 AND ((attempt = $3 AND epoch > $4) OR NOT (attempt = ANY($5::text[]) "
+    "OR attempt = $3))"
+)
+OPEN_BATCH = f"SELECT set_config('{BATCH_SETTING}', nextval('{BATCH_IDS}')::text, true)"
+IS_RECORDED = f"SELECT 1 FROM {STAGING} WHERE batch = $1"
+RECORD_BATCH = f"""
+INSERT INTO {STAGING} (batch, submission, sink, instance, attempt, epoch, rows_table)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+"""
+# Filtering by an array of batch ids, not a join with the batch table: one cheap test per staged row.
+IN_BATCHES = "sl_batch = ANY($1::bigint[])"
 
 
 @dataclass(frozen=True, slots=True)
 class Move:
     """What one move takes: whose rows (submission, sink, instance, the run that staged them), up to which
-    epoch, from which staging table into which table, and the run that moves them."""
+    epoch, from which table of staged rows into which table, and the run that moves them."""
 
     submission: str
     sink: str
@@ -46,13 +61,14 @@ class Move:
     mover: str
 
 
-def insert_statement(move: Move) -> str:
-    """The ``INSERT ... SELECT`` moving the staged rows: in order (append), or the last row per conflict key
-    (upsert: PostgreSQL refuses to affect one row twice in a statement)."""
+def insert_statement(move: Move, batches: str = IN_BATCHES) -> str:
+    """The ``INSERT ... SELECT`` moving the staged rows of ``batches`` (a condition on ``sl_batch``; by
+    default: in the array $1): in order (append), or the last row per conflict key (upsert: PostgreSQL
+    refuses to affect one row twice in a statement)."""
     columns = column_list(move.columns)
-    source = f"FROM {move.staging} WHERE {STAGED}"
+    source = f"FROM {move.staging} WHERE {batches}"
     if move.conflict is None:
-        return f"INSERT INTO {move.target} ({columns}) SELECT {columns} {source} ORDER BY sl_epoch, sl_seq"
+        return f"INSERT INTO {move.target} ({columns}) SELECT {columns} {source} ORDER BY sl_batch, sl_seq"
     keys = column_list(move.conflict)
     others = [name for name in move.columns if name not in move.conflict]
     action = "DO NOTHING"
@@ -60,12 +76,17 @@ def insert_statement(move: Move) -> str:
         action = "DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in map(_quoted, others))
     return (
         f"INSERT INTO {move.target} ({columns}) SELECT DISTINCT ON ({keys}) {columns} {source} "
-        f"ORDER BY {keys}, sl_epoch DESC, sl_seq DESC ON CONFLICT ({keys}) {action}"
+        f"ORDER BY {keys}, sl_batch DESC, sl_seq DESC ON CONFLICT ({keys}) {action}"
     )
 
 
 def _quoted(name: str) -> str:
     return column_list([name])
+
+
+async def open_batch(connection: Any) -> int:
+    """A new batch id, set as the open transaction's ``streamlet.batch`` (the rows it copies take it)."""
+    return int(await connection.fetchval(OPEN_BATCH))
 
 
 async def move(connection: Any, plan: Move) -> bool:
@@ -74,37 +95,36 @@ async def move(connection: Any, plan: Move) -> bool:
     async with connection.transaction():
         advanced = await connection.fetchval(FENCE, *key, plan.epoch, plan.mover)
         if advanced:
-            await connection.execute(insert_statement(plan), *key, plan.staged_by, plan.epoch)
+            batches = [row[0] for row in await connection.fetch(RUN_BATCHES, *key, plan.staged_by, plan.epoch)]
+            await connection.execute(insert_statement(plan), batches)
         refused = not advanced and await connection.fetchrow(REFUSED, *key, plan.mover) is not None
-        await connection.execute(CLEAN_MOVED, *key, plan.epoch)
+        await delete_batches(connection, MOVED, *key, plan.epoch)
     return bool(advanced) or not refused
 
 
+async def delete_batches(connection: Any, where: str, *args: Any) -> None:
+    """Delete the batches ``where`` holds of, and their rows, table by table (no scan of other tables)."""
+    gone = await connection.fetch(f"DELETE FROM {STAGING} WHERE {where} RETURNING batch, rows_table", *args)
+    by_table: dict[str, list[int]] = {}
+    for batch, table in gone:
+        by_table.setdefault(rows_table(table), []).append(batch)
+    for table, batches in sorted(by_table.items()):
+        await connection.execute(f"DELETE FROM {table} WHERE {IN_BATCHES}", batches)
+
+
 async def staged_instances(connection: Any, submission: str, sink: str, run: str, epoch: int) -> list[Any]:
-    """(staging table, instance) of every instance that ``run`` staged epochs up to ``epoch`` for."""
-    return list(
-        await connection.fetch(
-            f"SELECT DISTINCT tableoid::regclass::text, sl_instance FROM {STAGING} "
-            "WHERE sl_submission = $1 AND sl_sink = $2 AND sl_attempt = $3 AND sl_epoch <= $4",
-            submission,
-            sink,
-            run,
-            epoch,
-        )
-    )
+    """(table of staged rows, instance) of every instance that ``run`` staged epochs up to ``epoch`` for."""
+    found = await connection.fetch(
+        f"SELECT DISTINCT rows_table, instance FROM {STAGING} "
+        "WHERE submission = $1 AND sink = $2 AND attempt = $3 AND epoch <= $4 ORDER BY 2, 1",
+        submission, sink, run, epoch,
+    )  # fmt: skip
+    return [(rows_table(table), instance) for table, instance in found]
 
 
 async def drop_aborted(
     connection: Any, submission: str, sink: str, keep: Sequence[str], restored: str | None, epoch: int
 ) -> None:
     """Delete what no commit can move any more: the restored run's epochs after the checkpoint, and every
-    other run's staging except the runs in ``keep`` (this one)."""
-    await connection.execute(
-        f"DELETE FROM {STAGING} WHERE sl_submission = $1 AND sl_sink = $2 "
-        "AND ((sl_attempt = $3 AND sl_epoch > $4) OR NOT (sl_attempt = ANY($5::text[]) OR sl_attempt = $3))",
-        submission,
-        sink,
-        restored or "",
-        epoch,
-        list(keep),
-    )
+    other run's batches except the runs in ``keep`` (this one)."""
+    await delete_batches(connection, ABORTED, submission, sink, restored or "", epoch, list(keep))

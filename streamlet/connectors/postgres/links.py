@@ -37,7 +37,7 @@ class WriterLinks:
         self.mover: Any = None
         self.target: Target | None = None
         self.names: tuple[str, ...] = ()  # the columns rows name (those of the first row)
-        self.open_epoch: int | None = None  # the tag of rows copied in the transaction still open
+        self.open_batch: int | None = None  # the batch of the staging transaction still open
         self.transaction: Any = None
         self.submission: str | None = None
 
@@ -61,7 +61,7 @@ class WriterLinks:
     # -- the connection -----------------------------------------------------------------------------
 
     async def _stager(self) -> Any:
-        if self.stager is not None and self.stager.is_closed() and self.open_epoch is not None:
+        if self.stager is not None and self.stager.is_closed() and self.open_batch is not None:
             raise self._error("staging: the connection closed under the open transaction: its rows are gone", None)
         if self.stager is None or self.stager.is_closed():
             self.stager = await connect(self.sink.dsn, f"streamlet {self.what}")
@@ -105,7 +105,7 @@ class WriterLinks:
         gone with it: that fails at once (the job restores its last checkpoint and replays them)."""
 
         async def attempt() -> None:
-            if staging and self.open_epoch is not None and self.stager is None:
+            if staging and self.open_batch is not None and self.stager is None:
                 raise self._error(f"lost the connection while {doing}: the open transaction's rows are gone", None)
             try:
                 await operation()
@@ -140,6 +140,6 @@ class WriterLinks:
 
     async def _release(self) -> None:
         stager, mover, self.stager, self.mover = self.stager, self.mover, None, None
-        self.transaction, self.open_epoch = None, None
+        self.transaction, self.open_batch = None, None
         await close_quietly(stager)
         await close_quietly(mover)

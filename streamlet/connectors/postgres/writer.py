@@ -4,6 +4,7 @@ connections)."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from streamlet.core.model.sinks import ElementWriter, RestorePoint, SinkContext
 from streamlet.errors import SinkError
 
 log = structlog.get_logger("streamlet")
+FIRST_THREE = operator.itemgetter(0, 1, 2)  # (key, value, ts) of any element (loop and window ones are wider)
 
 
 class PostgresWriter(WriterLinks, ElementWriter):
@@ -33,11 +35,9 @@ class PostgresWriter(WriterLinks, ElementWriter):
         self.rows: list[tuple[Any, ...]] = []  # this epoch's rows not copied yet
         self.keys: list[Any] = []  # their records' keys, for messages
         self.chunked = False  # the open transaction holds rows copied before the barrier (not held any more)
-        self.unsure: int | None = None  # the epoch whose staging commit lost its answer
+        self.unsure: tuple[int, int] | None = None  # (epoch, batch) whose staging commit lost its answer
         self.checkpointed = False  # restore() was called: checkpoints drive the output
-        self.next_epoch = 1  # the epoch rows copied before their barrier are tagged with (a guess, fixed later)
         self.prepared: list[int] = []  # epochs staged with rows and not moved yet
-        self.seq = 0
         self.skipped = 0  # records left out under on_error="skip"
         self.refused = 0  # commits the fence refused (a replay or a zombie)
 
@@ -48,10 +48,7 @@ class PostgresWriter(WriterLinks, ElementWriter):
             return
         if self.sink.row is None:  # the default row: the elements' own (key, value, ts), no record made
             self.names = DEFAULT_COLUMNS
-            if all(len(element) == 3 for element in batch):
-                self.rows.extend(batch)
-            else:  # loop or window elements (six wide): their first three fields
-                self.rows.extend(element[:3] for element in batch)
+            self.rows.extend(map(FIRST_THREE, batch))
         else:
             self._add_rows(records_of(batch), self.sink.row)
         if len(self.rows) >= self.sink.batch_rows:
@@ -69,12 +66,10 @@ class PostgresWriter(WriterLinks, ElementWriter):
 
     async def prepare_commit(self, epoch: int) -> None:
         self.checkpointed = True  # an instance added by a rescale is told of checkpoints only here
-        if not self.rows and self.open_epoch is None:
-            self.next_epoch = epoch + 1
+        if not self.rows and self.open_batch is None:
             return
-        await self._guarded(lambda: self._stage(epoch, final=True), f"staging checkpoint {epoch}")
+        await self._guarded(lambda: self._stage(epoch), f"staging checkpoint {epoch}")
         self.prepared.append(epoch)
-        self.next_epoch = epoch + 1
 
     async def commit(self, epoch: int) -> None:
         if not any(e <= epoch for e in self.prepared):
@@ -84,8 +79,6 @@ class PostgresWriter(WriterLinks, ElementWriter):
 
     async def restore(self, point: RestorePoint | None) -> None:
         self.checkpointed = True
-        if point is not None:
-            self.next_epoch = point.epoch + 1
         await self._guarded(lambda: self._restore(point), "restoring", staging=False)
 
     async def close(self) -> None:
@@ -103,70 +96,57 @@ class PostgresWriter(WriterLinks, ElementWriter):
     async def _flush(self) -> None:
         """``batch_rows`` rows are held: copy them (into staging, or straight through without checkpoints)."""
         if self.checkpointed:
-            epoch = self.open_epoch if self.open_epoch is not None else self.next_epoch
-            await self._guarded(lambda: self._stage(epoch, final=False), "staging rows")
+            await self._guarded(lambda: self._stage(None), "staging rows")
         else:
             await self._guarded(self._write_through, "writing rows")
 
-    async def _stage(self, epoch: int, final: bool) -> None:
-        """Copy the held rows tagged ``epoch`` into the open transaction (opened here); ``final``: it is
-        the barrier's epoch, so retag rows copied under a guess, and commit. The held rows are let go only
-        once they are in: a commit whose answer was lost is looked up before anything is copied again."""
+    async def _stage(self, epoch: int | None) -> None:
+        """Copy the held rows into the open transaction (opened here, with a new batch id); ``epoch``: the
+        barrier's, so record the batch with it and commit. The held rows are let go only once they are in: a
+        commit whose answer was lost is looked up before anything is copied again."""
         connection, target = await self._ready()
-        if final and self.unsure == epoch:
+        if epoch is not None and self.unsure is not None and self.unsure[0] == epoch:
+            lost = self.unsure[1]
             self.unsure = None
-            if await self._staged(connection, target, epoch):
+            if await connection.fetchval(epochs.IS_RECORDED, lost) is not None:
                 self.rows, self.keys = [], []  # the lost answer was a commit
                 return
             if self.chunked:
                 raise self._error(f"staging checkpoint {epoch}: its open transaction was lost with its rows", None)
-        fresh = self.open_epoch is None
+        fresh = self.open_batch is None
         if fresh:
             self.transaction = connection.transaction()
             await self.transaction.start()
-            self.open_epoch, self.chunked = epoch, False
+            self.open_batch, self.chunked = await epochs.open_batch(connection), False
         try:
-            await self._copy(connection, target, epoch)
+            await self._copy(connection, target)
         except BaseException:
             if fresh:  # nothing else was in it: the held rows can go again in a new one
-                self.transaction, self.open_epoch = None, None
+                self.transaction, self.open_batch = None, None
             raise
-        if not final:
+        if epoch is None:
             self.rows, self.keys, self.chunked = [], [], True
             return
-        if self.open_epoch != epoch:  # rows copied before the barrier were tagged with a wrong guess
-            await connection.execute(
-                f"UPDATE {target.staging} SET sl_epoch = $1 WHERE sl_submission = $2 AND sl_sink = $3 "
-                "AND sl_instance = $4 AND sl_attempt = $5 AND sl_epoch = $6",
-                epoch, self.submission, self.context.node, self.context.index, self.context.attempt,
-                self.open_epoch,
-            )  # fmt: skip
-        transaction, self.transaction, self.open_epoch = self.transaction, None, None
+        batch, context = self.open_batch, self.context
+        assert batch is not None
+        await connection.execute(
+            epochs.RECORD_BATCH, batch, self.submission, context.node, context.index, context.attempt, epoch,
+            target.staging,
+        )  # fmt: skip
+        transaction, self.transaction, self.open_batch = self.transaction, None, None
         try:
             await transaction.commit()
         except Exception as exc:
             if connection_lost(exc):
-                self.unsure = epoch  # committed or not: the retry looks
+                self.unsure = (epoch, batch)  # committed or not: the retry looks
             raise
         self.rows, self.keys, self.chunked = [], [], False
 
-    async def _staged(self, connection: Any, target: Target, epoch: int) -> bool:
-        """Whether this run's rows of ``epoch`` are in staging (a commit went through)."""
-        found = await connection.fetchval(
-            f"SELECT 1 FROM {target.staging} WHERE sl_submission = $1 AND sl_sink = $2 AND sl_instance = $3 "
-            "AND sl_attempt = $4 AND sl_epoch = $5 LIMIT 1",
-            self.submission, self.context.node, self.context.index, self.context.attempt, epoch,
-        )  # fmt: skip
-        return found is not None
-
-    async def _copy(self, connection: Any, target: Target, epoch: int) -> None:
-        """The held rows into staging, tagged; refused rows reported or skipped (see ``on_error``)."""
+    async def _copy(self, connection: Any, target: Target) -> None:
+        """The held rows into the open transaction's batch (the server adds batch and sequence); refused rows
+        reported or skipped (see ``on_error``)."""
         rows, keys = self.rows, self.keys
-        context, seq = self.context, self.seq
-        tag = (self.submission, context.node, context.index, context.attempt, epoch)
-        tagged = [(*tag, seq + n, *row) for n, row in enumerate(rows)]
-        refused = await copy_rows(connection, target.staging, (*schema.META, *target.names), tagged)
-        self.seq = seq + len(rows)
+        refused = await copy_rows(connection, target.staging, target.names, rows)
         for bad in refused:
             key = keys[bad.index] if keys else rows[bad.index][0]  # the default row's first column is the key
             await self._refused_row(connection, target, rows[bad.index], key, bad.error)
@@ -187,12 +167,12 @@ class PostgresWriter(WriterLinks, ElementWriter):
     async def _write_through(self) -> None:
         """No checkpoints: stage the held rows and move them at once, in one transaction (at-least-once)."""
         connection, target = await self._ready()
-        run = self.context.attempt
         async with connection.transaction():
-            await self._copy(connection, target, 0)
-            plan = self._move(target.staging, target.names, self.context.index, run, 0)
-            await connection.execute(epochs.insert_statement(plan), self.submission, plan.sink, plan.instance, run, 0)
-            await connection.execute(epochs.CLEAN_MOVED, self.submission, plan.sink, plan.instance, 0)
+            batch = await epochs.open_batch(connection)
+            await self._copy(connection, target)
+            plan = self._move(target.staging, target.names, self.context.index, self.context.attempt, 0)
+            await connection.execute(epochs.insert_statement(plan), [batch])
+            await connection.execute(f"DELETE FROM {target.staging} WHERE {epochs.IN_BATCHES}", [batch])
         self.rows, self.keys = [], []  # in: a lost answer writes them again (at-least-once)
 
     async def _commit(self, epoch: int) -> None:

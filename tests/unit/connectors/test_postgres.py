@@ -21,11 +21,10 @@ def move(conflict: tuple[str, ...] | None) -> epochs.Move:
 
 
 def test_append_moves_rows_in_the_order_they_were_staged() -> None:
-    """Append: every staged row of the run, epoch then sequence order."""
+    """Append: every staged row of the run's batches up to the epoch, batch (epoch) then sequence order."""
     assert epochs.insert_statement(move(None)) == (
         'INSERT INTO public.t ("key", "n", "at") SELECT "key", "n", "at" FROM stage WHERE '
-        "sl_submission = $1 AND sl_sink = $2 AND sl_instance = $3 AND sl_attempt = $4 AND sl_epoch <= $5 "
-        "ORDER BY sl_epoch, sl_seq"
+        "sl_batch = ANY($1::bigint[]) ORDER BY sl_batch, sl_seq"
     )
 
 
@@ -33,7 +32,7 @@ def test_upsert_moves_the_last_row_per_key_and_updates_the_other_columns() -> No
     """Upsert: DISTINCT ON the key, newest first, ON CONFLICT DO UPDATE of the columns outside the key."""
     statement = epochs.insert_statement(move(("key",)))
     assert statement.endswith(
-        'ORDER BY "key", sl_epoch DESC, sl_seq DESC ON CONFLICT ("key") DO UPDATE SET "n" = excluded."n", '
+        'ORDER BY "key", sl_batch DESC, sl_seq DESC ON CONFLICT ("key") DO UPDATE SET "n" = excluded."n", '
         '"at" = excluded."at"'
     )
     assert 'SELECT DISTINCT ON ("key") "key", "n", "at" FROM stage' in statement
