@@ -78,13 +78,37 @@ class PostgresServer:
         init = [str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"]
         subprocess.run([*as_user, *init, "--no-sync", "--no-instructions"], check=True, capture_output=True)
         self.port = _free_port()
-        server = [str(binaries / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.folder)]
+        self._launch()
+        return self
+
+    def _launch(self) -> None:
+        """Start the server on the initialised folder and port; wait until it accepts connections."""
+        assert self.folder is not None
+        data = self.folder / "data"
+        server = [str(find_bin() / "postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.folder)]
         settings = ["listen_addresses=127.0.0.1", "fsync=off", "synchronous_commit=off", "max_connections=200"]
         options = [part for setting in settings for part in ("-c", setting)]
         with open(self.folder / "server.log", "ab") as log:
-            self.process = subprocess.Popen([*as_user, *server, *options], stdout=log, stderr=subprocess.STDOUT)
+            command = [*self._as_system_user(), *server, *options]
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         self._wait_until_ready(data)
-        return self
+
+    def crash(self) -> None:
+        """Stop the server as a crash would (SIGQUIT by PID: an immediate shutdown, every client cut off, WAL
+        replayed at the next start), keeping its data; wait until it is gone."""
+        process = self.process
+        assert process is not None
+        assert self.folder is not None
+        process.send_signal(signal.SIGQUIT)
+        process.wait(timeout=30)
+        # a stale file saying "ready" would let the next start return before that server is ready
+        (self.folder / "data" / "postmaster.pid").unlink(missing_ok=True)
+
+    def start_again(self) -> None:
+        """Start the server again after :meth:`crash`, on the same folder and port (it recovers first). As
+        root the server ends with the thread that starts it (``--pdeathsig``): call this from a thread that
+        outlives it."""
+        self._launch()
 
     def _as_system_user(self) -> list[str]:
         """The prefix that runs a command as ``postgres`` and ends it with this process (root only)."""

@@ -39,14 +39,14 @@ def count_row(record: sl.Record) -> dict[str, Any]:
 
 
 def sinks(dsn: str, batch_rows: int = 50) -> tuple[sl.PostgresSink, sl.PostgresSink]:
-    """The append sink and the upsert sink (50 rows: epochs are staged in several copies, and retagged)."""
+    """The append sink and the upsert sink (50 rows: an epoch is staged in several copies, in one transaction)."""
     return (
         sl.PostgresSink(dsn, "counts_log", row=count_row, batch_rows=batch_rows),
         sl.PostgresSink(dsn, "counts", row=count_row, conflict=["key"], batch_rows=batch_rows),
     )
 
 
-def build(dsn: str, source: sl.Source | None = None) -> sl.Topology:
+def build(dsn: str, source: sl.Source | None = None, batch_rows: int = 50) -> sl.Topology:
     """4000 records (or ``source``) -> throttle -> bomb -> running count (x2, SAME_KEY) -> append and upsert
     sinks (x2 each; the upsert sink by SAME_KEY: a key's rows through one instance, whose commits are ordered)."""
     topology = sl.Topology("postgres-exactly-once")
@@ -55,7 +55,7 @@ def build(dsn: str, source: sl.Source | None = None) -> sl.Topology:
     bomb = topology.add_task("bomb", exactly_once.Bomb).set_input(throttle)
     count = topology.add_task("count", exactly_once.RunningCount, parallelism=2)
     count.set_input(bomb, partitioning=sl.SAME_KEY)
-    appended, latest = sinks(dsn)
+    appended, latest = sinks(dsn, batch_rows)
     topology.add_sink("appended", appended, parallelism=2).set_input(count)
     topology.add_sink("latest", latest, parallelism=2).set_input(count, partitioning=sl.SAME_KEY)
     return topology
@@ -93,10 +93,15 @@ def expected_latest() -> dict[str, int]:
 
 
 def assert_exact(dsn: str) -> None:
-    """Append: each (key, n) once; upsert: each key's final count; nothing left staged."""
-    assert appended_rows(dsn) == expected_output()
+    """Append: each (key, n) once; upsert: each key's final count; nothing left staged (no batch, no row)."""
+    found, wanted = appended_rows(dsn), expected_output()
+    doubled, missing = Counter(found) - Counter(wanted), Counter(wanted) - Counter(found)
+    assert found == wanted, f"{doubled.total()} rows extra, first {sorted(doubled)[:10]}; " + (
+        f"{missing.total()} missing, first {sorted(missing)[:10]}"
+    )
     assert latest_rows(dsn) == expected_latest()
     assert sql(dsn, "SELECT count(*) FROM streamlet_sink_staging") == [(0,)]
+    assert sql(dsn, "SELECT count(*) FROM streamlet_sink_staged") == [(0,)]
 
 
 # The cluster job: the same counts from a list source, paced so checkpoints complete while it runs. The first

@@ -25,6 +25,21 @@ from streamlet.core.model.sinks import SinkContext
 from streamlet.errors import SinkError
 
 
+async def durable_connection(dsn: str, name: str) -> Any:
+    """A connection whose commits are flushed before they are acknowledged: where the server's
+    ``synchronous_commit`` is ``off``, a commit it acknowledged can vanish in a server crash, and a staged
+    epoch that vanishes after its checkpoint completed would move nothing (rows lost). Stricter settings
+    (``local``, ``on``, ``remote_*``) are kept."""
+    connection = await connect(dsn, name)
+    try:
+        if await connection.fetchval("SHOW synchronous_commit") == "off":
+            await connection.execute("SET synchronous_commit = on")
+    except BaseException:
+        await close_quietly(connection)
+        raise
+    return connection
+
+
 class WriterLinks:
     """A writer's connections, target and submission (see the module docstring)."""
 
@@ -64,12 +79,12 @@ class WriterLinks:
         if self.stager is not None and self.stager.is_closed() and self.open_batch is not None:
             raise self._error("staging: the connection closed under the open transaction: its rows are gone", None)
         if self.stager is None or self.stager.is_closed():
-            self.stager = await connect(self.sink.dsn, f"streamlet {self.what}")
+            self.stager = await durable_connection(self.sink.dsn, f"streamlet {self.what}")
         return self.stager
 
     async def _mover(self) -> Any:
         if self.mover is None or self.mover.is_closed():
-            self.mover = await connect(self.sink.dsn, f"streamlet {self.what}")
+            self.mover = await durable_connection(self.sink.dsn, f"streamlet {self.what}")
         return self.mover
 
     async def _ready(self, connection: Any = None) -> tuple[Any, Target]:

@@ -5,9 +5,10 @@ database transaction, fenced so that a replay or a zombie commits nothing:
 
 1. ``write`` keeps rows in memory; past ``batch_rows`` they are COPYed into
    the target's staging table (see :mod:`.schema`) inside a transaction that
-   stays open for the epoch. ``prepare_commit(e)`` (the barrier) COPYs the
-   rest, tagged with the job's submission, the sink, the instance, this run
-   and epoch ``e``, and commits.
+   stays open for the epoch, as one batch. ``prepare_commit(e)`` (the barrier)
+   COPYs the rest, records the batch as the job's submission's, the sink's,
+   the instance's, this run's and epoch ``e``'s, and commits. The sink's
+   sessions commit synchronously (see :func:`.links.durable_connection`).
 2. ``commit(e)`` (the checkpoint is complete) moves this run's staged epochs
    up to ``e`` into the target table in one transaction that also advances
    ``streamlet_sink_epochs`` (submission, sink, instance -> last epoch, the

@@ -113,20 +113,24 @@ class PostgresWriter(WriterLinks, ElementWriter):
                 return
             if self.chunked:
                 raise self._error(f"staging checkpoint {epoch}: its open transaction was lost with its rows", None)
-        fresh = self.open_batch is None
-        if fresh:
+        if self.open_batch is None:
             self.transaction = connection.transaction()
             await self.transaction.start()
             self.open_batch, self.chunked = await epochs.open_batch(connection), False
         try:
             await self._copy(connection, target)
+            if epoch is None:
+                self.rows, self.keys, self.chunked = [], [], True
+                return
+            await self._record_and_commit(connection, target, epoch)
         except BaseException:
-            if fresh:  # nothing else was in it: the held rows can go again in a new one
+            if not self.chunked:  # the held rows were all it had: they go again in a new transaction
                 self.transaction, self.open_batch = None, None
             raise
-        if epoch is None:
-            self.rows, self.keys, self.chunked = [], [], True
-            return
+        self.rows, self.keys, self.chunked = [], [], False
+
+    async def _record_and_commit(self, connection: Any, target: Target, epoch: int) -> None:
+        """Record the open batch as ``epoch``'s, in its own transaction, and commit it."""
         batch, context = self.open_batch, self.context
         assert batch is not None
         await connection.execute(
@@ -140,7 +144,6 @@ class PostgresWriter(WriterLinks, ElementWriter):
             if connection_lost(exc):
                 self.unsure = (epoch, batch)  # committed or not: the retry looks
             raise
-        self.rows, self.keys, self.chunked = [], [], False
 
     async def _copy(self, connection: Any, target: Target) -> None:
         """The held rows into the open transaction's batch (the server adds batch and sequence); refused rows

@@ -1,0 +1,264 @@
+"""PostgresSink's error paths against a real server: a staging commit whose answer was lost (it went
+through, or it did not), an open staging transaction lost with rows copied before its barrier, and the
+server crashing and coming back mid-job. In each, both tables of the exactly-once job
+(``tests/support/postgres_jobs.py``) end exact: no row twice (``counts_log`` refuses a double by its unique
+key), none missing, and nothing left in staging.
+
+A lost answer is made by the connection the sink uses: its third staging ``COMMIT`` of instance 0 of the
+append sink is sent (or not) and then the connection is cut, so the client sees exactly what a network
+failure at that moment shows it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import streamlet as sl
+import streamlet.connectors.postgres.links as links
+from streamlet.testing.postgres_server import PostgresServer
+from tests.support import postgres_jobs
+from tests.support.exactly_once import RECORDS, RunningCount, Throttle, items
+from tests.support.postgres import fresh_database, sql
+
+pytestmark = pytest.mark.integration
+
+
+class LosingTransaction:
+    """A transaction of a sink connection. Started explicitly (``start()``: only staging does; moves and
+    savepoints use ``async with``) while :class:`LoseOneAnswer` is armed, its ``commit`` is followed
+    (``committed``) or replaced by cutting the connection, then raises what asyncpg raises for a connection
+    gone mid-operation."""
+
+    def __init__(self, owner: LoseOneAnswer) -> None:
+        self.owner, self.real = owner, owner.real.transaction()
+        self.losing = False
+
+    async def start(self) -> None:
+        rule = type(self.owner)
+        if rule.armed and self.owner.name == "streamlet sink 'appended' instance 0":
+            rule.passed += 1
+            self.losing = rule.passed > rule.PASS
+            rule.armed = not self.losing
+        await self.real.start()
+
+    async def commit(self) -> None:
+        if not self.losing:
+            await self.real.commit()
+            return
+        import asyncpg
+
+        if type(self.owner).committed:
+            await self.real.commit()
+        self.owner.real.terminate()
+        type(self.owner).lost += 1
+        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+
+    async def __aenter__(self) -> Any:
+        return await self.real.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self.real.__aexit__(*exc)
+
+
+class LoseOneAnswer:
+    """Wraps the sinks' connections: while ``armed``, the third staging transaction of ``appended`` instance 0
+    (two checkpoints are in by then) loses its commit's answer (see :class:`LosingTransaction`). Everything
+    else is the real connection's."""
+
+    PASS = 2  # staging transactions let through first
+    passed = 0
+    lost = 0
+    armed = False
+    committed = True
+
+    def __init__(self, real: Any, name: str) -> None:
+        self.real, self.name = real, name
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.real, attribute)
+
+    def transaction(self) -> LosingTransaction:
+        return LosingTransaction(self)
+
+
+@pytest.fixture
+def losing_answers(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[LoseOneAnswer]]:
+    """The sinks connect through :class:`LoseOneAnswer`, armed."""
+    real_connect = links.connect
+
+    async def connect(dsn: str, name: str) -> Any:
+        return LoseOneAnswer(await real_connect(dsn, name), name)
+
+    monkeypatch.setattr(links, "connect", connect)
+    LoseOneAnswer.lost, LoseOneAnswer.passed, LoseOneAnswer.armed = 0, 0, True
+    yield LoseOneAnswer
+    LoseOneAnswer.armed = False
+
+
+@pytest.fixture
+def dsn(postgres_dsn: str) -> str:
+    """A fresh database holding the job's two empty tables."""
+    postgres_jobs.create_tables(postgres_dsn)
+    return postgres_dsn
+
+
+def run_holding_each_epoch(dsn: str, checkpoints: Path, batch_rows: int) -> sl.JobResult:
+    """The exactly-once job with its sinks holding ``batch_rows`` rows before they copy."""
+    topology = postgres_jobs.build(dsn, batch_rows=batch_rows)
+    return sl.run(topology, checkpoint_dir=checkpoints, checkpoint_interval=0.02, batch_size=10)
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["the commit went through", "the commit did not"])
+def test_a_staging_commit_whose_answer_was_lost_is_looked_up_so_nothing_is_staged_twice_or_lost(
+    dsn: str, tmp_path: Path, losing_answers: type[LoseOneAnswer], committed: bool
+) -> None:
+    """The epoch's rows were held in memory (no copy before the barrier): the retry asks the server whether
+    the batch is recorded; if it is, nothing is copied again, if not, the held rows are staged again. One run,
+    in attempt 1, ends exact."""
+    losing_answers.committed = committed
+    result = run_holding_each_epoch(dsn, tmp_path / "checkpoints", batch_rows=10_000)
+    assert losing_answers.lost == 1
+    assert result.statistics.checkpoints >= 2
+    postgres_jobs.assert_exact(dsn)
+
+
+def test_an_open_staging_transaction_lost_with_copied_rows_fails_the_attempt_and_the_restore_replays_them(
+    dsn: str, tmp_path: Path, losing_answers: type[LoseOneAnswer]
+) -> None:
+    """Rows copied before the barrier (batch_rows=5) are not held any more: when the staging commit is lost
+    without going through, they are gone with it, so the attempt fails saying so; the rerun restores the last
+    checkpoint and replays them. Both tables end exact."""
+    losing_answers.committed = False
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(
+        sl.SinkError,
+        match=r"^sink 'appended' instance 0 failed staging checkpoint \d+: its open transaction was lost with its "
+        r"rows$",
+    ):
+        run_holding_each_epoch(dsn, checkpoints, batch_rows=5)
+    assert losing_answers.lost == 1
+    result = run_holding_each_epoch(dsn, checkpoints, batch_rows=5)
+    assert result.statistics.nodes["in"].records_out < RECORDS  # it resumed
+    postgres_jobs.assert_exact(dsn)
+
+
+class Restarter:
+    """Crashes a server and starts it again from a thread of its own that lives until :meth:`close`: the
+    server's process ends with the thread that started it (``setpriv --pdeathsig``), and a worker thread of
+    anyio's may end any time."""
+
+    def __init__(self, server: PostgresServer) -> None:
+        self.server = server
+        self.started, self.released = threading.Event(), threading.Event()
+        self.keeper: threading.Thread | None = None
+        self.failure: BaseException | None = None
+
+    def crash_and_restart(self) -> None:
+        """Crash the server, start it again in the keeper thread; return once it accepts connections."""
+        self.server.crash()
+        self.keeper = threading.Thread(target=self._keep, name="postgres-restarter")
+        self.keeper.start()
+        assert self.started.wait(timeout=120), "the server did not start again"
+        if self.failure is not None:
+            raise self.failure
+
+    def _keep(self) -> None:
+        try:
+            self.server.start_again()
+        except BaseException as exc:
+            self.failure = exc
+        finally:
+            self.started.set()
+        self.released.wait()
+
+    def close(self) -> None:
+        self.released.set()
+        if self.keeper is not None:
+            self.keeper.join(timeout=30)
+
+
+class CrashTheServer(sl.Task):
+    """After 150 batches, once, crashes the test's own server and starts it again (in a thread: the job goes
+    on meanwhile, its sinks retrying against a server that is not there)."""
+
+    restarter: Restarter | None = None
+    crashed = threading.Event()
+
+    def prepare(self, config: dict[str, object]) -> None:
+        self.batches = 0
+
+    async def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        self.batches += 1
+        restarter = type(self).restarter
+        if self.batches == 150 and restarter is not None and not type(self).crashed.is_set():
+            type(self).crashed.set()
+            await anyio.to_thread.run_sync(restarter.crash_and_restart)
+        outputs.emit_batch(inputs.get())
+
+
+@pytest.fixture
+def own_server() -> Iterator[Restarter]:
+    """A server of this test's own (it is crashed and started again), stopped by PID at the end."""
+    with PostgresServer() as server:
+        restarter = Restarter(server)
+        try:
+            yield restarter
+        finally:
+            restarter.close()
+
+
+def test_a_server_that_crashes_and_comes_back_within_the_bound_leaves_the_tables_exact(
+    own_server: Restarter, tmp_path: Path
+) -> None:
+    """The server goes down mid-job (an immediate shutdown: every connection cut, staging transactions
+    rolled back) and comes back: the sinks retry within ``reconnect_within``, stage the rows they still hold
+    again and move what the checkpoints completed. The job ends in its first run with both tables exact."""
+    dsn = fresh_database(own_server.server)
+    postgres_jobs.create_tables(dsn)
+    CrashTheServer.restarter = own_server
+    CrashTheServer.crashed.clear()
+    topology = sl.Topology("postgres-crash")
+    lines = topology.add_source("in", items())
+    throttle = topology.add_task("throttle", Throttle).set_input(lines)
+    crash = topology.add_task("crash", CrashTheServer).set_input(throttle)
+    count = topology.add_task("count", RunningCount, parallelism=2)
+    count.set_input(crash, partitioning=sl.SAME_KEY)
+    appended, latest = postgres_jobs.sinks(dsn, batch_rows=10_000)  # rows held until the barrier
+    topology.add_sink("appended", appended, parallelism=2).set_input(count)
+    topology.add_sink("latest", latest, parallelism=2).set_input(count, partitioning=sl.SAME_KEY)
+    sl.run(topology, checkpoint_dir=tmp_path, checkpoint_interval=0.02, batch_size=10)
+    assert CrashTheServer.crashed.is_set()
+    assert "database system was interrupted" in (own_server.server.socket_dir / "server.log").read_text()
+    postgres_jobs.assert_exact(dsn)
+    assert sql(dsn, "SELECT count(*) FROM streamlet_sink_staged") == [(0,)]
+
+
+async def stage_then_crash_then_commit(restarter: Restarter, dsn: str) -> None:
+    """One writer: 1000 rows staged at the barrier of epoch 1 (acknowledged), the server crashed at once and
+    started again, then the checkpoint's commit."""
+    writer = sl.PostgresSink(dsn, "out").open(sl.SinkContext("out", 0, 1, job_id="crash", attempt="run1"))
+    await writer.restore(None)
+    await writer.write([(f"k{n}", n, float(n)) for n in range(1000)])
+    await writer.prepare_commit(1)
+    await anyio.to_thread.run_sync(restarter.crash_and_restart)
+    await writer.commit(1)
+    await writer.close()
+
+
+def test_a_staged_epoch_the_server_acknowledged_survives_its_crash_even_with_asynchronous_commits(
+    own_server: Restarter,
+) -> None:
+    """The server's default is ``synchronous_commit = off`` (an acknowledged commit can vanish in a crash):
+    the sink's own sessions commit synchronously, so the epoch staged just before the crash is still there
+    when the checkpoint's commit moves it: every row, once."""
+    dsn = fresh_database(own_server.server)
+    assert sql(dsn, "SELECT setting FROM pg_settings WHERE name = 'synchronous_commit'") == [("off",)]
+    sql(dsn, "CREATE TABLE out (key text, value bigint, ts double precision)")
+    anyio.run(stage_then_crash_then_commit, own_server, dsn)
+    assert sql(dsn, "SELECT count(*), sum(value) FROM out") == [(1000, sum(range(1000)))]
+    assert sql(dsn, "SELECT count(*) FROM streamlet_sink_staging") == [(0,)]
