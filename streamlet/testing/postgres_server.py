@@ -94,15 +94,17 @@ class PostgresServer:
         self._wait_until_ready(data)
 
     def crash(self) -> None:
-        """Stop the server as a crash would (SIGQUIT by PID: an immediate shutdown, every client cut off, WAL
-        replayed at the next start), keeping its data; wait until it is gone."""
+        """Stop the server as a crash would (SIGQUIT to the postmaster's PID, from ``postmaster.pid``: an
+        immediate shutdown, every client cut off, WAL replayed at the next start), keeping its data; wait
+        until it is gone."""
         process = self.process
         assert process is not None
         assert self.folder is not None
-        process.send_signal(signal.SIGQUIT)
-        process.wait(timeout=30)
+        pid_file = self.folder / "data" / "postmaster.pid"
+        os.kill(int(pid_file.read_text().split()[0]), signal.SIGQUIT)
+        process.wait(timeout=30)  # the postmaster itself, or the runuser around it, which ends with it
         # a stale file saying "ready" would let the next start return before that server is ready
-        (self.folder / "data" / "postmaster.pid").unlink(missing_ok=True)
+        pid_file.unlink(missing_ok=True)
 
     def start_again(self) -> None:
         """Start the server again after :meth:`crash`, on the same folder and port (it recovers first). As

@@ -1,12 +1,9 @@
 """PostgresSink's error paths against a real server: a staging commit whose answer was lost (it went
-through, or it did not), an open staging transaction lost with rows copied before its barrier, and the
-server crashing and coming back mid-job. In each, both tables of the exactly-once job
-(``tests/support/postgres_jobs.py``) end exact: no row twice (``counts_log`` refuses a double by its unique
-key), none missing, and nothing left in staging.
-
-A lost answer is made by the connection the sink uses: its third staging ``COMMIT`` of instance 0 of the
-append sink is sent (or not) and then the connection is cut, so the client sees exactly what a network
-failure at that moment shows it."""
+through, it did not, or it lands late; with the lookup after it cut off too), an open staging transaction
+lost with rows copied before its barrier, and the server crashing and coming back mid-job. In each, both
+tables of the exactly-once job (``tests/support/postgres_jobs.py``) end exact: no row twice (``counts_log``
+refuses a double by its unique key), none missing, and nothing left in staging. The faults are in
+``tests/support/postgres_faults.py``."""
 
 from __future__ import annotations
 
@@ -24,80 +21,22 @@ from streamlet.testing.postgres_server import PostgresServer
 from tests.support import postgres_jobs
 from tests.support.exactly_once import RECORDS, RunningCount, Throttle, items
 from tests.support.postgres import fresh_database, sql
+from tests.support.postgres_faults import DID_NOT, LATE, WENT_THROUGH, LoseOneAnswer, Restarter
 
 pytestmark = pytest.mark.integration
 
 
-class LosingTransaction:
-    """A transaction of a sink connection. Started explicitly (``start()``: only staging does; moves and
-    savepoints use ``async with``) while :class:`LoseOneAnswer` is armed, its ``commit`` is followed
-    (``committed``) or replaced by cutting the connection, then raises what asyncpg raises for a connection
-    gone mid-operation."""
-
-    def __init__(self, owner: LoseOneAnswer) -> None:
-        self.owner, self.real = owner, owner.real.transaction()
-        self.losing = False
-
-    async def start(self) -> None:
-        rule = type(self.owner)
-        if rule.armed and self.owner.name == "streamlet sink 'appended' instance 0":
-            rule.passed += 1
-            self.losing = rule.passed > rule.PASS
-            rule.armed = not self.losing
-        await self.real.start()
-
-    async def commit(self) -> None:
-        if not self.losing:
-            await self.real.commit()
-            return
-        import asyncpg
-
-        if type(self.owner).committed:
-            await self.real.commit()
-        self.owner.real.terminate()
-        type(self.owner).lost += 1
-        raise asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation")
-
-    async def __aenter__(self) -> Any:
-        return await self.real.__aenter__()
-
-    async def __aexit__(self, *exc: Any) -> Any:
-        return await self.real.__aexit__(*exc)
-
-
-class LoseOneAnswer:
-    """Wraps the sinks' connections: while ``armed``, the third staging transaction of ``appended`` instance 0
-    (two checkpoints are in by then) loses its commit's answer (see :class:`LosingTransaction`). Everything
-    else is the real connection's."""
-
-    PASS = 2  # staging transactions let through first
-    passed = 0
-    lost = 0
-    armed = False
-    committed = True
-
-    def __init__(self, real: Any, name: str) -> None:
-        self.real, self.name = real, name
-
-    def __getattr__(self, attribute: str) -> Any:
-        return getattr(self.real, attribute)
-
-    def transaction(self) -> LosingTransaction:
-        return LosingTransaction(self)
-
-
 @pytest.fixture
 def losing_answers(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[LoseOneAnswer]]:
-    """The sinks connect through :class:`LoseOneAnswer`, armed."""
+    """The sinks connect through :class:`LoseOneAnswer` (armed by the test); a late commit is awaited."""
     real_connect = links.connect
 
     async def connect(dsn: str, name: str) -> Any:
         return LoseOneAnswer(await real_connect(dsn, name), name)
 
     monkeypatch.setattr(links, "connect", connect)
-    LoseOneAnswer.lost, LoseOneAnswer.passed, LoseOneAnswer.armed = 0, 0, True
     yield LoseOneAnswer
-    LoseOneAnswer.armed = False
+    LoseOneAnswer.armed, LoseOneAnswer.cut_lookups = False, 0
 
 
 @pytest.fixture
@@ -113,17 +52,38 @@ def run_holding_each_epoch(dsn: str, checkpoints: Path, batch_rows: int) -> sl.J
     return sl.run(topology, checkpoint_dir=checkpoints, checkpoint_interval=0.02, batch_size=10)
 
 
-@pytest.mark.parametrize("committed", [True, False], ids=["the commit went through", "the commit did not"])
+@pytest.mark.parametrize(
+    ("mode", "cut_lookups"),
+    [(WENT_THROUGH, 0), (DID_NOT, 0), (WENT_THROUGH, 1), (DID_NOT, 1), (LATE, 0)],
+    ids=[WENT_THROUGH, DID_NOT, f"{WENT_THROUGH}, its lookup cut off", f"{DID_NOT}, its lookup cut off", LATE],
+)
 def test_a_staging_commit_whose_answer_was_lost_is_looked_up_so_nothing_is_staged_twice_or_lost(
-    dsn: str, tmp_path: Path, losing_answers: type[LoseOneAnswer], committed: bool
+    dsn: str, tmp_path: Path, losing_answers: type[LoseOneAnswer], mode: str, cut_lookups: int
 ) -> None:
     """The epoch's rows were held in memory (no copy before the barrier): the retry asks the server whether
-    the batch is recorded; if it is, nothing is copied again, if not, the held rows are staged again. One run,
-    in attempt 1, ends exact."""
-    losing_answers.committed = committed
+    the batch went in, once the transaction that staged it has ended (a late commit is waited for); if it
+    did, nothing is copied again, if not, the held rows are staged again. A lookup cut off is asked again.
+    One run ends exact."""
+    losing_answers.arm(dsn, mode, cut_lookups)
     result = run_holding_each_epoch(dsn, tmp_path / "checkpoints", batch_rows=10_000)
-    assert losing_answers.lost == 1
+    assert (losing_answers.lost, losing_answers.cut_lookups) == (1, 0)
+    assert losing_answers.looked_up.is_set()
+    if mode == LATE:  # it ran in the job's loop, which has ended: it is done, and it committed
+        assert losing_answers.late is not None
+        assert losing_answers.late.done()
+        assert losing_answers.late.exception() is None
     assert result.statistics.checkpoints >= 2
+    postgres_jobs.assert_exact(dsn)
+
+
+def test_a_lost_answer_of_a_commit_that_went_through_with_rows_copied_before_the_barrier_is_found(
+    dsn: str, tmp_path: Path, losing_answers: type[LoseOneAnswer]
+) -> None:
+    """Rows copied before the barrier (batch_rows=5) are not held any more, but the commit went through: the
+    lookup finds the batch and the one run ends exact."""
+    losing_answers.arm(dsn, WENT_THROUGH)
+    run_holding_each_epoch(dsn, tmp_path / "checkpoints", batch_rows=5)
+    assert losing_answers.lost == 1
     postgres_jobs.assert_exact(dsn)
 
 
@@ -133,7 +93,7 @@ def test_an_open_staging_transaction_lost_with_copied_rows_fails_the_attempt_and
     """Rows copied before the barrier (batch_rows=5) are not held any more: when the staging commit is lost
     without going through, they are gone with it, so the attempt fails saying so; the rerun restores the last
     checkpoint and replays them. Both tables end exact."""
-    losing_answers.committed = False
+    losing_answers.arm(dsn, DID_NOT)
     checkpoints = tmp_path / "checkpoints"
     with pytest.raises(
         sl.SinkError,
@@ -145,41 +105,6 @@ def test_an_open_staging_transaction_lost_with_copied_rows_fails_the_attempt_and
     result = run_holding_each_epoch(dsn, checkpoints, batch_rows=5)
     assert result.statistics.nodes["in"].records_out < RECORDS  # it resumed
     postgres_jobs.assert_exact(dsn)
-
-
-class Restarter:
-    """Crashes a server and starts it again from a thread of its own that lives until :meth:`close`: the
-    server's process ends with the thread that started it (``setpriv --pdeathsig``), and a worker thread of
-    anyio's may end any time."""
-
-    def __init__(self, server: PostgresServer) -> None:
-        self.server = server
-        self.started, self.released = threading.Event(), threading.Event()
-        self.keeper: threading.Thread | None = None
-        self.failure: BaseException | None = None
-
-    def crash_and_restart(self) -> None:
-        """Crash the server, start it again in the keeper thread; return once it accepts connections."""
-        self.server.crash()
-        self.keeper = threading.Thread(target=self._keep, name="postgres-restarter")
-        self.keeper.start()
-        assert self.started.wait(timeout=120), "the server did not start again"
-        if self.failure is not None:
-            raise self.failure
-
-    def _keep(self) -> None:
-        try:
-            self.server.start_again()
-        except BaseException as exc:
-            self.failure = exc
-        finally:
-            self.started.set()
-        self.released.wait()
-
-    def close(self) -> None:
-        self.released.set()
-        if self.keeper is not None:
-            self.keeper.join(timeout=30)
 
 
 class CrashTheServer(sl.Task):
@@ -231,11 +156,13 @@ def test_a_server_that_crashes_and_comes_back_within_the_bound_leaves_the_tables
     appended, latest = postgres_jobs.sinks(dsn, batch_rows=10_000)  # rows held until the barrier
     topology.add_sink("appended", appended, parallelism=2).set_input(count)
     topology.add_sink("latest", latest, parallelism=2).set_input(count, partitioning=sl.SAME_KEY)
-    sl.run(topology, checkpoint_dir=tmp_path, checkpoint_interval=0.02, batch_size=10)
+    try:
+        sl.run(topology, checkpoint_dir=tmp_path, checkpoint_interval=0.02, batch_size=10)
+    finally:
+        CrashTheServer.restarter = None
     assert CrashTheServer.crashed.is_set()
     assert "database system was interrupted" in (own_server.server.socket_dir / "server.log").read_text()
     postgres_jobs.assert_exact(dsn)
-    assert sql(dsn, "SELECT count(*) FROM streamlet_sink_staged") == [(0,)]
 
 
 async def stage_then_crash_then_commit(restarter: Restarter, dsn: str) -> None:

@@ -34,8 +34,18 @@ ABORTED = (  # the restored run's ($3) batches after the checkpoint ($4), and th
     "submission = $1 AND sink = $2 AND ((attempt = $3 AND epoch > $4) OR NOT (attempt = ANY($5::text[]) "
     "OR attempt = $3))"
 )
-OPEN_BATCH = f"SELECT set_config('{BATCH_SETTING}', nextval('{BATCH_IDS}')::text, true)"
-IS_RECORDED = f"SELECT 1 FROM {STAGING} WHERE batch = $1"
+# A staging transaction holds an advisory lock on its batch until it ends (two int4 keys: a key space apart
+# from the one-bigint DDL_LOCK), so a lookup after a lost answer waits for a commit still on its way.
+BATCH_LOCK_CLASS = 0x53544147  # "STAG"
+OPEN_BATCH = f"""
+SELECT set_config('{BATCH_SETTING}', n::text, true), pg_advisory_xact_lock({BATCH_LOCK_CLASS}, (n % 2147483647)::int)
+FROM (SELECT nextval('{BATCH_IDS}') AS n) AS next
+"""
+BATCH_LOCK = f"SELECT pg_advisory_xact_lock({BATCH_LOCK_CLASS}, ($1::bigint % 2147483647)::int)"
+IS_RECORDED = (  # the whole identity: after a crash a sequence can hand out an id of a batch that never committed
+    f"SELECT 1 FROM {STAGING} WHERE batch = $1 AND submission = $2 AND sink = $3 AND instance = $4 "
+    "AND attempt = $5 AND epoch = $6"
+)
 RECORD_BATCH = f"""
 INSERT INTO {STAGING} (batch, submission, sink, instance, attempt, epoch, rows_table)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -87,6 +97,17 @@ def _quoted(name: str) -> str:
 async def open_batch(connection: Any) -> int:
     """A new batch id, set as the open transaction's ``streamlet.batch`` (the rows it copies take it)."""
     return int(await connection.fetchval(OPEN_BATCH))
+
+
+async def recorded(connection: Any, batch: int, whose: Sequence[Any], epoch: int, wait: float) -> bool:
+    """Whether batch ``batch`` of ``whose`` (submission, sink, instance, attempt) went in as ``epoch``'s,
+    asked once the transaction that staged it has ended: a commit whose answer was lost may still be on its
+    way (a synchronous standby not answered yet). That wait lasts up to ``wait`` seconds, then the lock's
+    ``LockNotAvailableError``."""
+    async with connection.transaction():
+        await connection.execute(f"SET LOCAL lock_timeout = {max(1, round(wait * 1000))}")
+        await connection.execute(BATCH_LOCK, batch)
+        return await connection.fetchval(IS_RECORDED, batch, *whose, epoch) is not None
 
 
 async def move(connection: Any, plan: Move) -> bool:

@@ -4,10 +4,12 @@ connections)."""
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import anyio
 import structlog
 
 import streamlet.connectors.postgres.epochs as epochs
@@ -106,18 +108,20 @@ class PostgresWriter(WriterLinks, ElementWriter):
         commit whose answer was lost is looked up before anything is copied again."""
         connection, target = await self._ready()
         if epoch is not None and self.unsure is not None and self.unsure[0] == epoch:
-            lost = self.unsure[1]
-            self.unsure = None
-            if await connection.fetchval(epochs.IS_RECORDED, lost) is not None:
+            context = self.context
+            whose = (self.submission, context.node, context.index, context.attempt)
+            went_in = await epochs.recorded(connection, self.unsure[1], whose, epoch, self.sink.reconnect_within)
+            self.unsure = None  # answered (a lookup cut off asks again on the next try)
+            if went_in:
                 self.rows, self.keys = [], []  # the lost answer was a commit
                 return
             if self.chunked:
                 raise self._error(f"staging checkpoint {epoch}: its open transaction was lost with its rows", None)
-        if self.open_batch is None:
-            self.transaction = connection.transaction()
-            await self.transaction.start()
-            self.open_batch, self.chunked = await epochs.open_batch(connection), False
         try:
+            if self.open_batch is None:
+                self.transaction = connection.transaction()
+                await self.transaction.start()
+                self.open_batch, self.chunked = await epochs.open_batch(connection), False
             await self._copy(connection, target)
             if epoch is None:
                 self.rows, self.keys, self.chunked = [], [], True
@@ -125,9 +129,18 @@ class PostgresWriter(WriterLinks, ElementWriter):
             await self._record_and_commit(connection, target, epoch)
         except BaseException:
             if not self.chunked:  # the held rows were all it had: they go again in a new transaction
-                self.transaction, self.open_batch = None, None
+                await self._forget_transaction()
             raise
         self.rows, self.keys, self.chunked = [], [], False
+
+    async def _forget_transaction(self) -> None:
+        """Roll back the open staging transaction, where the connection still has it: left open, the next
+        ``start()`` on that connection would only open a savepoint inside it, and its commit commit nothing."""
+        transaction, self.transaction, self.open_batch = self.transaction, None, None
+        if transaction is None:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5), contextlib.suppress(Exception):
+            await transaction.rollback()  # a closed connection, or one never started: nothing to undo
 
     async def _record_and_commit(self, connection: Any, target: Target, epoch: int) -> None:
         """Record the open batch as ``epoch``'s, in its own transaction, and commit it."""
