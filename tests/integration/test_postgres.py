@@ -221,3 +221,23 @@ def test_connections_the_server_drops_between_checkpoints_are_made_again(dsn: st
     sl.run(topology, checkpoint_dir=tmp_path, checkpoint_interval=0.02, batch_size=10)
     assert CutConnections.cut >= 4  # at least one connection of each of the four sink instances
     postgres_jobs.assert_exact(dsn)
+
+
+def test_staging_made_by_an_older_streamlet_is_a_clear_error_and_is_left_alone(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    """An older layout of ``streamlet_sink_staging`` (rows tagged, no batch column) is never written into:
+    the attempt fails naming the table and what to do, and the old table keeps its rows."""
+    sql(postgres_dsn, "CREATE TABLE streamlet_sink_staging (sl_submission text, sl_epoch bigint, sl_seq bigint)")
+    sql(postgres_dsn, "INSERT INTO streamlet_sink_staging VALUES ('old', 1, 1)")
+    sql(postgres_dsn, "CREATE TABLE events (key text, value bigint, ts double precision)")
+    topology = sl.Topology("older-staging")
+    topology.add_sink("out", sl.PostgresSink(postgres_dsn, "events")).set_input(topology.add_source("in", [1]))
+    with pytest.raises(
+        sl.SinkError,
+        match=r"^sink 'out' instance 0 failed restoring: ConnectorError: table streamlet_sink_staging was made by "
+        r"an older streamlet \(it has no column 'batch'\): move what it staged into its targets or drop it",
+    ):
+        sl.run(topology, checkpoint_dir=tmp_path)
+    assert sql(postgres_dsn, "SELECT * FROM streamlet_sink_staging") == [("old", 1, 1)]
+    assert sql(postgres_dsn, "SELECT count(*) FROM events") == [(0,)]

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamlet.connectors.postgres.connection import quote_identifier
+from streamlet.errors import ConnectorError
 
 STAGING = "streamlet_sink_staging"
 STAGED = "streamlet_sink_staged"
@@ -98,10 +99,6 @@ class Target:
         return f"{STAGED}_{hashlib.sha256(shape.encode()).hexdigest()[:16]}"
 
 
-class OlderSchema(Exception):
-    """A table streamlet owns has another shape (or content) than this version writes."""
-
-
 ROWS_TABLE = re.compile(rf"{STAGED}_[0-9a-f]{{16}}")
 
 
@@ -109,7 +106,7 @@ def rows_table(name: str) -> str:
     """``name``, read back from ``streamlet_sink_staging``, checked to be one of our tables of staged rows
     before it goes into a statement."""
     if ROWS_TABLE.fullmatch(name) is None:
-        raise OlderSchema(f"table {STAGING} names {name!r} as a table of staged rows: streamlet makes no such table")
+        raise ConnectorError(f"table {STAGING} names {name!r} as a table of staged rows: streamlet makes no such table")
     return name
 
 
@@ -120,12 +117,12 @@ SELECT NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{STAGING}'::regc
 
 
 async def ensure_own_tables(connection: Any) -> None:
-    """Create the tables streamlet owns, where missing; :class:`OlderSchema` when an older streamlet made them."""
+    """Create the tables streamlet owns, where missing; a ``ConnectorError`` when an older streamlet made them."""
     async with connection.transaction():
         await connection.execute("SELECT pg_advisory_xact_lock($1)", DDL_LOCK)
         await connection.execute(OWN_TABLES)
         if await connection.fetchval(OLDER_STAGING):
-            raise OlderSchema(
+            raise ConnectorError(
                 f"table {STAGING} was made by an older streamlet (it has no column 'batch'): move what it "
                 "staged into its targets or drop it, then start the job again"
             )
