@@ -135,7 +135,7 @@ class PostgresWriter(WriterLinks, ElementWriter):
 
     async def _forget_transaction(self) -> None:
         """Roll back the open staging transaction, where the connection still has it: left open, the next
-        ``start()`` on that connection would only open a savepoint inside it, and its commit commit nothing."""
+        ``start()`` on that connection would only open a savepoint inside it, and its commit would commit nothing."""
         transaction, self.transaction, self.open_batch = self.transaction, None, None
         if transaction is None:
             return
