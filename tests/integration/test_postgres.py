@@ -209,15 +209,7 @@ def test_connections_the_server_drops_between_checkpoints_are_made_again(dsn: st
     """Every sink connection is terminated mid-job (no staging transaction open: epochs stay under batch_rows):
     the sinks reconnect within the bound and the tables are exact."""
     CutConnections.dsn, CutConnections.cut = dsn, 0
-    topology = sl.Topology("postgres-cut")
-    lines = topology.add_source("in", postgres_jobs.items())
-    throttle = topology.add_task("throttle", postgres_jobs.exactly_once.Throttle).set_input(lines)
-    cut = topology.add_task("cut", CutConnections).set_input(throttle)
-    count = topology.add_task("count", postgres_jobs.exactly_once.RunningCount, parallelism=2)
-    count.set_input(cut, partitioning=sl.SAME_KEY)
-    appended, latest = postgres_jobs.sinks(dsn, batch_rows=10_000)  # rows held until the barrier
-    topology.add_sink("appended", appended, parallelism=2).set_input(count)
-    topology.add_sink("latest", latest, parallelism=2).set_input(count, partitioning=sl.SAME_KEY)
+    topology = postgres_jobs.build(dsn, batch_rows=10_000, fault=("cut", CutConnections))  # rows held
     sl.run(topology, checkpoint_dir=tmp_path, checkpoint_interval=0.02, batch_size=10)
     assert CutConnections.cut >= 4  # at least one connection of each of the four sink instances
     postgres_jobs.assert_exact(dsn)

@@ -19,7 +19,7 @@ import streamlet as sl
 import streamlet.connectors.postgres.links as links
 from streamlet.testing.postgres_server import PostgresServer
 from tests.support import postgres_jobs
-from tests.support.exactly_once import RECORDS, RunningCount, Throttle, items
+from tests.support.exactly_once import RECORDS
 from tests.support.postgres import fresh_database, sql
 from tests.support.postgres_faults import DID_NOT, LATE, WENT_THROUGH, LoseOneAnswer, Restarter
 
@@ -147,15 +147,7 @@ def test_a_server_that_crashes_and_comes_back_within_the_bound_leaves_the_tables
     postgres_jobs.create_tables(dsn)
     CrashTheServer.restarter = own_server
     CrashTheServer.crashed.clear()
-    topology = sl.Topology("postgres-crash")
-    lines = topology.add_source("in", items())
-    throttle = topology.add_task("throttle", Throttle).set_input(lines)
-    crash = topology.add_task("crash", CrashTheServer).set_input(throttle)
-    count = topology.add_task("count", RunningCount, parallelism=2)
-    count.set_input(crash, partitioning=sl.SAME_KEY)
-    appended, latest = postgres_jobs.sinks(dsn, batch_rows=10_000)  # rows held until the barrier
-    topology.add_sink("appended", appended, parallelism=2).set_input(count)
-    topology.add_sink("latest", latest, parallelism=2).set_input(count, partitioning=sl.SAME_KEY)
+    topology = postgres_jobs.build(dsn, batch_rows=10_000, fault=("crash", CrashTheServer))  # rows held
     try:
         sl.run(topology, checkpoint_dir=tmp_path, checkpoint_interval=0.02, batch_size=10)
     finally:

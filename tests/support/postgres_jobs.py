@@ -46,15 +46,21 @@ def sinks(dsn: str, batch_rows: int = 50) -> tuple[sl.PostgresSink, sl.PostgresS
     )
 
 
-def build(dsn: str, source: sl.Source | None = None, batch_rows: int = 50) -> sl.Topology:
-    """4000 records (or ``source``) -> throttle -> bomb -> running count (x2, SAME_KEY) -> append and upsert
-    sinks (x2 each; the upsert sink by SAME_KEY: a key's rows through one instance, whose commits are ordered)."""
+def build(
+    dsn: str,
+    source: sl.Source | None = None,
+    batch_rows: int = 50,
+    fault: tuple[str, type[sl.Task]] = ("bomb", exactly_once.Bomb),
+) -> sl.Topology:
+    """4000 records (or ``source``) -> throttle -> the ``fault`` task (name, class; default: the bomb) -> running
+    count (x2, SAME_KEY) -> append and upsert sinks (x2 each; the upsert sink by SAME_KEY: a key's rows through
+    one instance, whose commits are ordered), holding ``batch_rows`` rows before they copy."""
     topology = sl.Topology("postgres-exactly-once")
     lines = topology.add_source("in", items() if source is None else source)
     throttle = topology.add_task("throttle", exactly_once.Throttle).set_input(lines)
-    bomb = topology.add_task("bomb", exactly_once.Bomb).set_input(throttle)
+    faulty = topology.add_task(fault[0], fault[1]).set_input(throttle)
     count = topology.add_task("count", exactly_once.RunningCount, parallelism=2)
-    count.set_input(bomb, partitioning=sl.SAME_KEY)
+    count.set_input(faulty, partitioning=sl.SAME_KEY)
     appended, latest = sinks(dsn, batch_rows)
     topology.add_sink("appended", appended, parallelism=2).set_input(count)
     topology.add_sink("latest", latest, parallelism=2).set_input(count, partitioning=sl.SAME_KEY)
