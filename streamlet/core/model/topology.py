@@ -427,9 +427,10 @@ class Topology:
         arrives, as ``(key, fn(key, a.value, b.value))`` with ``ts = max(a.ts, b.ts)``; the default ``fn``
         gives ``(a.value, b.value)``. With ``how="left"``, ``"right"`` or ``"outer"``, a record that never
         paired is emitted with ``None`` on the other side (and its own ``ts``) once the watermark is greater
-        than the end of the time in which it could still pair (``a.ts + upper``; ``b.ts - lower``); a record
-        is dropped from state at the same moment. A record whose interval has closed when it arrives is late:
-        it goes to the ``LATE`` port (``statistics.late``) and pairs with nothing. Wire both inputs with
+        than the last time at which an on-time record of the other side could still pair with it
+        (``a.ts + max(upper, 0)``; ``b.ts + max(-lower, 0)``); a record is dropped from state at the same
+        moment. A record whose ``ts`` is behind the join's watermark when it arrives is late: it goes to the
+        ``LATE`` port (``statistics.late``) and pairs with nothing. Wire both inputs with
         ``partitioning=SAME_KEY``.
 
         Example:

@@ -156,7 +156,8 @@ class Held:
 
 
 class IntervalModel(Model):
-    """``a.ts + lower <= b.ts <= a.ts + upper``; a record is held until the watermark passes its interval's end."""
+    """``a.ts + lower <= b.ts <= a.ts + upper``; a record behind the watermark is late; an on-time one is held
+    until no on-time record of the other side can pair with it (docs/joins.md)."""
 
     def __init__(self, lower: int, upper: int, how: str, bad: frozenset[Any] = frozenset()) -> None:
         super().__init__(bad)
@@ -165,14 +166,15 @@ class IntervalModel(Model):
         self.holding: dict[tuple[str, Any], list[Held]] = {}
 
     def closes(self, side: str, ts: float) -> float:
-        return ts + self.upper if side == "left" else ts - self.lower
+        """The greatest watermark at which an on-time record of the other side (ts >= W) can still pair."""
+        return ts + max(self.upper, 0) if side == "left" else ts + max(-self.lower, 0)
 
     def meet(self, side: str, ts: float, other: Held) -> bool:
         left, right = (ts, other.ts) if side == "left" else (other.ts, ts)
         return left + self.lower <= right <= left + self.upper
 
     def arrive(self, side: str, key: Any, value: Any, ts: float) -> None:
-        if self.watermark > self.closes(side, ts):
+        if ts < self.watermark:
             self.late.append((key, value, ts))
             return
         other = "right" if side == "left" else "left"

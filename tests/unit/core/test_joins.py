@@ -115,18 +115,40 @@ async def test_an_unpaired_left_comes_out_only_once_the_watermark_passes_its_int
     assert sorted(r.value for r in result.sink("out")) == [("l", "at-the-end"), ("m", None), ("n", "s")]
 
 
-async def test_a_record_whose_interval_closed_is_late_and_pairs_with_nothing() -> None:
-    """To the LATE port, counted in statistics.late; a record behind the watermark with its interval open pairs."""
+async def test_a_record_behind_the_watermark_is_late_and_pairs_with_nothing() -> None:
+    """To the LATE port, counted in statistics.late: ts < W is late even while its interval is still open."""
     sent: Sent = [
         ("left", "k", "l", 10.0), ("right", "k", "r", 20.0), ("left", "x", "w", 20.0),  # watermark 20
-        ("left", "k", "late", 14.0),  # 14 + 5 = 19 < 20: closed
-        ("right", "k", "behind", 16.0),  # 16 - 0 = 16 < 20: closed too (lower = 0)
-        ("left", "k", "open", 16.0),  # 16 + 5 = 21 >= 20: open, pairs with the held r (20)
+        ("left", "k", "late", 14.0),  # 14 < 20: late (and 14 + 5 = 19 < 20 too)
+        ("right", "k", "behind", 16.0),  # 16 < 20: late
+        ("left", "k", "open", 16.0),  # 16 < 20: late, though 16 + 5 = 21 >= 20 would still pair with r
+        ("left", "k", "at-the-mark", 20.0),  # 20 = W: on time, pairs with the held r (20)
     ]  # fmt: skip
     result = await drive(joined(interval(0.0, 5.0)), sent)
-    assert out(result) == [("k", ("open", "r"), 20.0)]
-    assert out(result, "late") == [("k", "late", 14.0), ("k", "behind", 16.0)]
-    assert result.statistics.late == 2
+    assert out(result) == [("k", ("at-the-mark", "r"), 20.0)]
+    assert out(result, "late") == [("k", "late", 14.0), ("k", "behind", 16.0), ("k", "open", 16.0)]
+    assert result.statistics.late == 3
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper", "sent", "pair"),
+    [
+        # paid 5-10 s after the order: order o1@92 held, W = 97, the payment o1@100 is on time and pairs
+        (5.0, 10.0, [("left", "o1", "order", 92.0), ("right", "x", "-", 97.0), ("left", "y", "-", 97.0),
+                     ("right", "o1", "pay", 100.0)], ("order", "pay")),
+        # a right record 5-10 s before the left one: r@92 held, W = 97, the left o1@100 is on time and pairs
+        (-10.0, -5.0, [("right", "o1", "r", 92.0), ("left", "y", "-", 97.0), ("right", "x", "-", 97.0),
+                       ("left", "o1", "l", 100.0)], ("l", "r")),
+    ],
+)  # fmt: skip
+async def test_bounds_of_one_sign_pair_an_on_time_record_whose_interval_lies_behind_the_watermark(
+    lower: float, upper: float, sent: Sent, pair: tuple[str, str]
+) -> None:
+    """The other source being ahead is enough: an on-time record (ts >= W) is never late, whatever its bounds."""
+    result = await drive(joined(interval(lower, upper)), sent)
+    assert out(result) == [("o1", pair, 100.0)]
+    assert out(result, "late") == []
+    assert result.statistics.late == 0
 
 
 def test_a_record_without_ts_fails_the_job_naming_the_node_and_key() -> None:

@@ -3,11 +3,18 @@
 State per key is ``[lefts, rights]``, each a list of records sorted by
 ``ts`` (in arrival order among equal ``ts``), so the records that close
 first are at the front: ``[ts, value, paired]`` on a side whose unpaired
-records come out (an outer kind), else ``(ts, value)``. A left record ``a`` is held until the watermark
-passes ``a.ts + upper`` (no right record it could pair with can come after
-that), a right record ``b`` until it passes ``b.ts - lower``; then it is
-dropped, and an unpaired one of an outer kind is emitted with ``None`` on
-the other side.
+records come out (an outer kind), else ``(ts, value)``.
+
+Two rules, as in Flink's ``IntervalJoinOperator``, and kept apart on purpose:
+a record is *late* when its own ``ts`` is behind the join's watermark (it
+goes to ``LATE`` and pairs with nothing); an on-time record is *held* until
+no on-time record of the other side can still pair with it: a left record
+``a`` until the watermark passes ``a.ts + max(upper, 0)``, a right record
+``b`` until it passes ``b.ts + max(-lower, 0)``. (When the interval lies
+wholly on one side of ``a.ts``, the end of the interval is not when the
+record turns useless: an on-time record of the other side at ``ts >= W`` can
+still fall in it while ``W <= a.ts``.) Then it is dropped, and an unpaired
+one of an outer kind is emitted with ``None`` on the other side.
 """
 
 from __future__ import annotations
@@ -36,17 +43,19 @@ class IntervalJoin(EventTimeJoin):
         super().__init__(how, fn)
         self.lower = lower
         self.upper = upper
-        # per side: when a record at ts closes (ts + this), and whether an unpaired one is emitted
-        self._sides = ((LEFT, upper, self.keeps_left), (RIGHT, -lower, self.keeps_right))
+        # per side: how long after its ts a held record can still pair with an on-time one, and whether an
+        # unpaired one is emitted
+        self._left_open, self._right_open = max(upper, 0.0), max(-lower, 0.0)
+        self._sides = ((LEFT, self._left_open, self.keeps_left), (RIGHT, self._right_open, self.keeps_right))
 
     def on_left(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Pair each left record with the right ones held in its interval, then hold it until it closes."""
-        self._arrive(batch, LEFT, self.lower, self.upper, self.upper, inputs, outputs)
+        self._arrive(batch, LEFT, self.lower, self.upper, self._left_open, inputs, outputs)
 
     def on_right(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Pair each right record with the left ones whose interval holds it, then hold it until none can."""
-        # b pairs with a when b.ts - upper <= a.ts <= b.ts - lower; it can pair until the watermark passes b.ts - lower
-        self._arrive(batch, RIGHT, -self.upper, -self.lower, -self.lower, inputs, outputs)
+        # b pairs with a when b.ts - upper <= a.ts <= b.ts - lower
+        self._arrive(batch, RIGHT, -self.upper, -self.lower, self._right_open, inputs, outputs)
 
     def _arrive(
         self,
@@ -59,7 +68,8 @@ class IntervalJoin(EventTimeJoin):
         outputs: Outputs,
     ) -> None:
         """Records of ``side``: a record at ``ts`` pairs with the other side's held records in
-        ``[ts + low, ts + high]`` and can still pair until the watermark passes ``ts + open_for``."""
+        ``[ts + low, ts + high]``; it is late when the watermark is past ``ts``, else it is held until the
+        watermark passes ``ts + open_for``."""
         values, scheduled = self.state.values, self._next
         due, order = self._due, self._order
         watermark, other, plain = self.timers.watermark, 1 - side, self.fn is None
@@ -70,10 +80,10 @@ class IntervalJoin(EventTimeJoin):
             key, value, ts = element[0], element[1], element[2]
             if (type(ts) is not float and type(ts) is not int) or ts != ts:  # not a number, or NaN
                 self.check_ts(element, side, inputs)  # raises, naming the node and key
-            closes = ts + open_for
-            if watermark > closes:  # its interval closed before it came: it can pair with nothing
+            if watermark > ts:  # behind the watermark: late, whether or not its interval is still open
                 self.send_late(element, outputs)
                 continue
+            closes = ts + open_for
             entry = values.get(key)
             if entry is None:  # the common case with few records per key: nothing to pair with yet
                 record = [ts, value, False] if keeps else (ts, value)
@@ -145,13 +155,13 @@ class IntervalJoin(EventTimeJoin):
         return None if due == math.inf else due
 
     def next_due(self, entry: list[Any]) -> float | None:
-        """When the first held record's interval closes."""
+        """When the first held record can pair no more."""
         lefts, rights = entry
         if not lefts and not rights:
             return None
         return min(
-            min((record[0] for record in lefts), default=math.inf) + self.upper,
-            min((record[0] for record in rights), default=math.inf) - self.lower,
+            min((record[0] for record in lefts), default=math.inf) + self._left_open,
+            min((record[0] for record in rights), default=math.inf) + self._right_open,
         )
 
     def held_in(self, entry: list[Any]) -> int:
