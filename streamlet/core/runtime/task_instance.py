@@ -578,12 +578,14 @@ class TaskInstance(Receiver):
             self.policy.failed(self, batch[0], error, "record with key")
             return batch
         for record in batch:  # replay one record at a time so the policy lands on the exact record
+            marks = self.outputs.marks()
             self.inputs.set_one(port, [record])
             try:
                 await self._call()
             except TopologyError:
                 raise
             except Exception as exc:  # noqa: BLE001 - user code: the policy says what becomes of the record
+                self.outputs.rollback(marks)  # the failed call is taken back whole: what it emitted too
                 self.policy.failed(self, record, exc, "record with key")
         if not self.policy.replays:  # fail, and the replay did not fail again: report the batch
             raise self.task_error(batch[0], error, what=f"a batch of {len(batch)} records starting with key")

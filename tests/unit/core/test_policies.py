@@ -161,3 +161,47 @@ def test_failure_in_a_parallel_instance_names_that_instance() -> None:
     topology.add_sink("out", sl.CollectSink()).set_input(node)
     with pytest.raises(sl.TaskError, match=r"^task 'parse' instance 2 failed on record with key 'k'"):
         sl.run(topology)
+
+
+class SeesThenFails(sl.Task):
+    """Emits ``seen <v>`` for each record, then raises on 2; counts in keyed state when ``counts``."""
+
+    counts = False
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        for record in inputs.get():
+            outputs.emit(record.key, f"seen {record.value}")
+            if self.counts:
+                self.state.put("seen", self.state.get("seen", 0) + 1)
+            if record.value == 2:
+                raise ValueError("two")
+
+    def finish(self, outputs: sl.Outputs) -> None:
+        if self.counts:
+            outputs.emit("count", self.state.get("seen"))
+
+
+class SeesThenFailsAsync(SeesThenFails):
+    async def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:  # type: ignore[override]
+        SeesThenFails.execute(self, inputs, outputs)
+
+
+class CountsThenFails(SeesThenFails):
+    counts = True
+
+
+class CountsThenFailsAsync(SeesThenFailsAsync):
+    counts = True
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 100])
+@pytest.mark.parametrize("task", [SeesThenFails, SeesThenFailsAsync, CountsThenFails, CountsThenFailsAsync])
+def test_skip_takes_back_what_the_failed_call_emitted(task: type[SeesThenFails], batch_size: int) -> None:
+    """docs/model.md: a failed call is taken back whole, its emissions with its state: 'seen 2' never comes out."""
+    items = [("k", 1), ("k", 2), ("k", 3)]
+    result = sl.run(job(items, task, on_error="skip"), batch_size=batch_size)
+    seen = [r.value for r in result.sink("out") if r.key == "k"]
+    assert seen == ["seen 1", "seen 3"]
+    assert [(d.record.key, d.record.value) for d in result.dead_letters] == [("k", 2)]
+    if task.counts:
+        assert [r.value for r in result.sink("out") if r.key == "count"] == [2]
