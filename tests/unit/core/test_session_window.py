@@ -437,3 +437,23 @@ async def test_job_session_sums_close_by_the_manual_clock(manual_clock: sl.Manua
         result = await asyncio.wait_for(job.wait(), timeout=10)
     assert [(r.key, r.value, r.window) for r in seen[2:]] == [("a", 4, (15.0, 25.0))]
     assert result.statistics.late == 0
+
+
+@pytest.mark.parametrize(
+    ("times", "expected"),
+    [
+        ([0.0, 5.0, 10.0], [(3, (0.0, 15.0))]),  # exactly gap apart: the windows touch, one session
+        ([0.0, 5.001, 10.002], [(1, (0.0, 5.0)), (1, (5.001, 10.001)), (1, (10.002, 15.002))]),
+        ([0.0, 4.999, 9.998], [(3, (0.0, 14.998))]),
+    ],
+)
+def test_records_exactly_gap_apart_share_a_session_as_the_page_says(
+    times: list[float], expected: list[tuple[int, tuple[float, float]]]
+) -> None:
+    """docs/windows.md: a record's own window is [t, t + gap), touching windows merge (Flink's boundary)."""
+    topology = sl.Topology("boundary")
+    source = topology.add_source("in", [sl.Record("k", 1, ts) for ts in times])
+    window = sl.SessionWindow(5, time="event", time_unit=0.001)
+    sessions = topology.window_reduce("s", "count", window=window).set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(sessions)
+    assert [(r.value, r.window) for r in sl.run(topology).sink("out")] == expected
