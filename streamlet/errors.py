@@ -13,6 +13,7 @@ instance, the port and, where there is one, the record's key::
     ├── SinkError            a sink failed to open, write or commit (names sink, instance, record key)
     ├── EncodingError        a value cannot be encoded (names its type, and the edge, state or file)
     ├── JobError             a job could not start, was stopped, or is misused
+    │   ├── NotReplayable    resuming from a checkpoint that holds no position for a source (a generator)
     │   └── ReconfigurationError  a rescale or segment move that cannot be done (the job is left as it was)
     ├── CheckpointError      a checkpoint could not be saved (names the epoch, the path and why)
     │   └── UnusableCheckpoint  no live worker holds an intact copy of some instance's state
@@ -109,6 +110,29 @@ class SimulationStalled(StreamletError):
 
 class JobError(StreamletError):
     """A job was used wrongly (unknown source, sent to after it ended, ...)."""
+
+
+class NotReplayable(JobError):
+    """A job cannot resume from a checkpoint that holds no position for one of its sources (its reader's
+    ``position()`` is ``None``: a generator, a queue): reading it again from its start would count its records
+    twice. The message names the source, the checkpoint and what to do instead (see :meth:`of`)."""
+
+    def __init__(self, message: str, *, source: str, instance: int, epoch: int | None = None) -> None:
+        super().__init__(message)
+        self.source = source
+        self.instance = instance
+        self.epoch = epoch
+
+    @classmethod
+    def of(cls, source: str, instance: int, epoch: int | None = None, job: str | None = None) -> NotReplayable:
+        """The error for instance ``instance`` of ``source``, resuming from checkpoint ``epoch`` of ``job``."""
+        where = "" if epoch is None else f" checkpoint {epoch} of job '{job}' holds no position for it, so"
+        message = (
+            f"source '{source}' instance {instance} cannot be replayed:{where} resuming would read it again from "
+            f"its start and count its records twice; use a replayable source (a list, a file, Kafka, a reader "
+            f"with position() and seek()), or run without checkpoints, or start afresh without the checkpoint"
+        )
+        return cls(message, source=source, instance=instance, epoch=epoch)
 
 
 class ReconfigurationError(JobError):

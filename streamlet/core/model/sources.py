@@ -82,6 +82,11 @@ class SourceReader(ABC):
 class Source(ABC):
     """Base class of sources: configuration that opens one reader per instance."""
 
+    #: The program running the job feeds it (a :class:`QueueSource`): a job resumes it with nothing to
+    #: replay, and what the program sends after the restart is what it reads. Any other source whose
+    #: reader has no ``position()`` refuses to resume (:class:`~streamlet.errors.NotReplayable`).
+    fed_by_the_program: ClassVar[bool] = False
+
     @abstractmethod
     def open(self, context: SourceContext) -> SourceReader:
         """Start reading for instance ``context.index`` of ``context.parallelism``."""
@@ -227,6 +232,8 @@ class QueueSource(Source):
     waits while it is full (backpressure). The source ends after
     ``job.close_source(name)`` or ``job.stop()``.
     """
+
+    fed_by_the_program = True
 
     def __init__(self, maxsize: int = 10_000) -> None:
         self.maxsize = maxsize

@@ -49,7 +49,7 @@ from streamlet.core.runtime.shedding import REPLAY_PATIENCE, Shedder, split_snap
 from streamlet.core.runtime.statistics import InstanceCounters
 from streamlet.core.runtime.watermarks import InputWatermarks, WatermarkGenerator
 from streamlet.core.state.participant import Section
-from streamlet.errors import SinkError, SourceError, StreamletError
+from streamlet.errors import NotReplayable, SinkError, SourceError, StreamletError
 
 if TYPE_CHECKING:
     from streamlet.core.model.topology import Node
@@ -214,6 +214,10 @@ class SourceInstance(Instance):
         if self._read_scope is not None:
             self._read_scope.cancel()
 
+    @property
+    def _fed_by_the_program(self) -> bool:
+        return self.node.source is not None and self.node.source.fed_by_the_program
+
     def final_snapshot(self) -> Any:
         """The reader's position when the source ended."""
         return self._position
@@ -229,6 +233,8 @@ class SourceInstance(Instance):
         """Start reading at the position ``snapshot`` (seeked when the reader opens), and replay the records
         it held back (load shedding with ``recover``) first."""
         self.restore_position, held = split_snapshot(snapshot)
+        if self.restore_position is None and not self._fed_by_the_program:
+            raise NotReplayable.of(self.node.name, self.index)  # read again from its start, it would count twice
         if held:
             if self.shedder is None:
                 self.shedder = Shedder(recover=True, preserve_order=True)
@@ -254,6 +260,16 @@ class SourceInstance(Instance):
                 self._doing = "to seek"
                 await reader.seek(self.restore_position)
             self._position = reader.position()
+            if (
+                self._position is None
+                and self.env.checkpoints is not None
+                and self.index == 0
+                and not self._fed_by_the_program
+            ):
+                self.log.warning(
+                    "source cannot be replayed: this job will not be able to resume from its checkpoints",
+                    source=self.node.name,
+                )
             self._doing = "reading"
             if self.env.event_time:
                 self.watermarks = WatermarkGenerator(self.node.watermarks or Watermarks(), reader)

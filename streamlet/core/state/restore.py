@@ -9,7 +9,7 @@ from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sinks import RestorePoint
 from streamlet.core.state.participant import Participant
 from streamlet.core.state.regroup import regroup, unsplittable_window
-from streamlet.errors import JobError
+from streamlet.errors import JobError, NotReplayable
 
 
 def layout_of(document: dict[str, Any] | None, tables: Mapping[str, SegmentTable]) -> dict[str, SegmentTable]:
@@ -54,7 +54,10 @@ async def restore(
         if section is not None and document.get("savepoint") and name not in document[section]:
             continue  # a node added since the savepoint was taken starts afresh
         if section == "sources":
-            _restore_each(group, _entries(document, section, name, group))
+            try:
+                _restore_each(group, _entries(document, section, name, group))
+            except NotReplayable as exc:  # said again with the checkpoint it was resuming from
+                raise NotReplayable.of(exc.source, exc.instance, document["epoch"], document["job"]) from None
         elif section == "tasks":
             entries = _entries(document, section, name, group, exact=False)
             table = (tables or {}).get(name)

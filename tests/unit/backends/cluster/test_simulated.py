@@ -255,6 +255,39 @@ async def test_a_wait_that_times_out_names_where_the_job_is(gate: asyncio.Event)
     )
 
 
+async def generated_words() -> Any:
+    """WORDS from an ``async def`` generator: a source that cannot be replayed."""
+    for word in WORDS:
+        yield (word, 1)
+
+
+def generated_wordcount() -> sl.Topology:
+    """The word count of ``wordcount`` read from a generator."""
+    topology = sl.Topology("generated")
+    words = topology.add_source("words", generated_words())
+    passed = topology.map("pass", lambda record: (record.key, record.value), parallelism=2).set_input(words)
+    count = topology.reduce("count", lambda total, n: total + n, parallelism=2, emit="record")
+    count.set_input(passed, partitioning=sl.SAME_KEY)
+    topology.add_sink("totals", ExactlyOnceSink()).set_input(count)
+    return topology
+
+
+async def test_a_generator_source_fails_the_job_on_recovery_instead_of_counting_twice() -> None:
+    """worker-0 dies after checkpoint 1: attempt 2 would read the generator from its start, so the job ends
+    FAILED naming the source and the checkpoint, with nothing committed twice."""
+    async with SimulatedCluster(workers=2, capacity=3) as cluster:
+        outcome = await cluster.run(generated_wordcount, kill=KillAt("worker-0", after_checkpoint=1))
+    assert outcome.states[3] == ("RECOVERING", "attempt 2: lost worker-0")
+    assert (outcome.state, outcome.attempt) == ("FAILED", 2)  # its part reports it started, then fails restoring
+    assert outcome.reason.startswith(
+        "NotReplayable: source 'words' instance 0 cannot be replayed: checkpoint 1 of job 'generated' holds no "
+        "position for it, so resuming would read it again from its start and count its records twice"
+    )
+    counts = Counter(pairs(outcome.committed["totals"]))
+    assert len(counts) > 0  # what checkpoint 1 committed ...
+    assert max(counts.values()) == 1  # ... each running count once
+
+
 async def test_a_failed_job_ends_failed_and_a_wait_for_another_state_says_so() -> None:
     """A task error fails the job (as on a real cluster); waiting for STALLED then fails at once, naming it."""
     async with SimulatedCluster(workers=1, checkpoint_interval=None) as cluster:
