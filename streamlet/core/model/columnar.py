@@ -392,8 +392,11 @@ def _result_batch(keys: Any, values: list[Any], stamps: Any) -> ColumnBatch:
     return ColumnBatch(pa.record_batch(columns), "key", "value", None if stamps is None else "ts")
 
 
-def check_aggregate(name: str, how: Any, emit: Any, state_ttl: Any = None, window: Any = None) -> None:
+def check_aggregate(
+    name: str, how: Any, emit: Any, state_ttl: Any = None, window: Any = None, on_error: Any = "fail"
+) -> None:
     """``aggregate``'s arguments, checked when the topology is built."""
+    check_no_user_code(name, "aggregate", on_error)
     if window is not None:
         check_window(f"task '{name}'", window)
         if emit != "batch":
@@ -419,8 +422,19 @@ def check_window(where: str, spec: WindowSpec | None) -> None:
         )
 
 
-def check_expression(name: str, expression: Any) -> None:
+def check_no_user_code(name: str, kind: str, on_error: Any) -> None:
+    """A columnar node calls no code of the user's: an ``on_error`` other than ``"fail"`` would promise a
+    policy with nothing to apply to (a batch it cannot fold fails the job, naming the field)."""
+    if on_error != "fail":
+        raise TopologyError(
+            f"task '{name}': {kind} calls no code of yours, so on_error={on_error!r} has nothing to apply to "
+            f"(a batch it cannot compute fails the job): leave on_error='fail'"
+        )
+
+
+def check_expression(name: str, expression: Any, on_error: Any = "fail") -> None:
     """``where``'s expression is a ``pyarrow.compute.Expression``."""
+    check_no_user_code(name, "where", on_error)
     if not isinstance(expression, import_pyarrow().compute.Expression):
         raise TopologyError(
             f"task '{name}': where takes a pyarrow.compute expression (pc.field('n') > 1), got {expression!r:.80}"

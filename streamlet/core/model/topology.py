@@ -372,7 +372,9 @@ class Topology:
         Values are folded as records arrive (nothing is buffered), and each
         closed window emits one ``(key, result)`` record per key, stamped with
         the window's end for time windows. Route its input by ``SAME_KEY`` when
-        it runs in parallel. Errors in ``fn`` stop the job.
+        it runs in parallel. A fold that raises follows ``on_error``: ``"fail"`` (the default) stops the job,
+        ``"skip"`` dead-letters the record and leaves nothing of it in any window, ``"restart"`` folds the
+        batch again with a fresh task object (up to ``max_failures`` times).
 
         Example:
             >>> topology = Topology("clicks")
@@ -386,7 +388,7 @@ class Topology:
     def where(self, name: str, expression: Any, **options: Any) -> NodeHandle:
         """A columnar task keeping the rows for which ``expression`` (a ``pyarrow.compute`` expression over the
         batch's fields, e.g. ``pc.field("celsius") > 30``) is true; see :mod:`streamlet.core.model.columnar`."""
-        check_expression(name, expression)
+        check_expression(name, expression, options.get("on_error", "fail"))
         return self.add_task(name, lambda: WhereTask(expression), **options)
 
     def aggregate(
@@ -414,7 +416,9 @@ class Topology:
         ``value``, ``ts`` (the window's last tick), ``window_start`` and ``window_end``: to a columnar node
         or sink as it is, to any other node as the records ``window_reduce`` on that window emits. Late rows
         are counted and sent to the ``LATE`` port."""
-        check_aggregate(name, how, emit, options.get("state_ttl"), options.get("window"))
+        check_aggregate(
+            name, how, emit, options.get("state_ttl"), options.get("window"), options.get("on_error", "fail")
+        )
         return self.add_task(name, lambda: AggregateTask(how, key, field, emit), **options)
 
     def interval_join(

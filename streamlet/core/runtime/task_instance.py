@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from collections.abc import Callable
@@ -332,6 +333,44 @@ class TaskInstance(Receiver):
         return window.add_columns(batch, self.env.clock.now())
 
     def _add_to_windows(self, port: int, batch: Batch) -> tuple[list[ClosedWindow], Batch]:
+        window = self.window
+        assert window is not None
+        if window.fold is None or not self.policy.replays:
+            return self._add_or_fail(port, batch)
+        # window_reduce under skip or restart: a fold that raises is taken back whole (from a copy of the
+        # windows as they were: a fold may change its accumulator in place), then the policy applies
+        before = _windows_as_they_are(window)
+        try:
+            return window.add(port, batch, self.env.clock.now())
+        except Exception as exc:  # noqa: BLE001 - user code: any error follows the policy
+            _put_back(window, before)
+            if _first_bad_timestamp(batch, self.node.window) is not None:
+                return self._add_or_fail(port, batch)  # not the fold's failure: no policy applies
+            return self._fold_failed(port, batch, exc)
+
+    def _fold_failed(self, port: int, batch: Batch, error: BaseException) -> tuple[list[ClosedWindow], Batch]:
+        """A fold raised on ``batch`` (its windows are as they were before it): restart folds the whole batch
+        again with a fresh task object; skip folds it record by record and dead-letters each that fails."""
+        if self.policy.retries_batches:
+            self.policy.failed(self, batch[0], error, "record with key")  # past max_failures: the TaskError
+            return self._add_to_windows(port, batch)
+        window = self.window
+        assert window is not None
+        closed: list[ClosedWindow] = []
+        late: Batch = []
+        for element in batch:
+            before = _windows_as_they_are(window)
+            try:
+                closed_now, late_now = window.add(port, [element], self.env.clock.now())
+            except Exception as exc:  # noqa: BLE001 - user code: the policy says what becomes of the record
+                _put_back(window, before)
+                self.policy.failed(self, element, exc, "record with key")
+                continue
+            closed += closed_now
+            late += late_now
+        return closed, late
+
+    def _add_or_fail(self, port: int, batch: Batch) -> tuple[list[ClosedWindow], Batch]:
         assert self.window is not None
         try:
             return self.window.add(port, batch, self.env.clock.now())
@@ -748,3 +787,15 @@ def _first_bad_timestamp(batch: Batch, window: WindowSpec | None) -> Element | N
         elif type(ts) is bool or not isinstance(ts, int | float):
             return element
     return None
+
+
+def _windows_as_they_are(window: WindowLogic) -> tuple[Any, int]:
+    """A copy of ``window``'s open windows and its late count, for :func:`_put_back` (deep: a fold may change
+    its accumulator in place)."""
+    return copy.deepcopy(window.snapshot()), window.late
+
+
+def _put_back(window: WindowLogic, before: tuple[Any, int]) -> None:
+    """``window`` as :func:`_windows_as_they_are` found it."""
+    window.restore(before[0])
+    window.late = before[1]

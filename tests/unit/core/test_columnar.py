@@ -271,13 +271,12 @@ def test_an_aggregate_of_a_missing_field_names_the_task_and_port() -> None:
         sl.run(topology)
 
 
-@pytest.mark.parametrize("on_error", ["fail", "skip"])
-def test_a_columnar_task_fed_by_elements_names_the_task_and_port_of_a_missing_field(on_error: str) -> None:
-    """Fed by elements (fields key, value, ts), a missing field names the task and port as on Arrow batches,
-    whatever the error policy: it is the topology's mistake, not a record's."""
+def test_a_columnar_task_fed_by_elements_names_the_task_and_port_of_a_missing_field() -> None:
+    """Fed by elements (fields key, value, ts), a missing field names the task and port as on Arrow batches:
+    it is the topology's mistake, not a record's (and a columnar task takes no other policy than fail)."""
     topology = sl.Topology("bad")
     rows = topology.add_source("in", [("a", 1)])
-    kept = topology.where("keep", pc.field("nope") > 1, on_error=on_error).set_input(rows)
+    kept = topology.where("keep", pc.field("nope") > 1).set_input(rows)
     topology.add_sink("out", sl.CollectSink()).set_input(kept)
     with pytest.raises(
         sl.FieldError,

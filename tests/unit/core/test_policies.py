@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pyarrow.compute as pc
 import pytest
 
 import streamlet as sl
@@ -205,3 +206,78 @@ def test_skip_takes_back_what_the_failed_call_emitted(task: type[SeesThenFails],
     assert [(d.record.key, d.record.value) for d in result.dead_letters] == [("k", 2)]
     if task.counts:
         assert [r.value for r in result.sink("out") if r.key == "count"] == [2]
+
+
+class FailsOn100:
+    """Raises on the value 100: always (skip), or only the first time (restart: a transient failure)."""
+
+    def __init__(self, policy: str) -> None:
+        self.left = None if policy == "skip" else 1
+
+    def __call__(self, value: Any) -> None:
+        if value == 100 and (self.left is None or self.left > 0):
+            if self.left is not None:
+                self.left -= 1
+            raise ValueError("no 100, please")
+
+
+def builtin(kind: str, check: FailsOn100, topology: sl.Topology, policy: str) -> sl.NodeHandle:
+    """The built-in ``kind`` whose user function calls ``check`` on each value."""
+
+    async def doubled(record: sl.Record) -> tuple[Any, Any]:
+        check(record.value)
+        return record.key, record.value
+
+    async def rows(keys: list[Any]) -> dict[Any, Any]:
+        return dict.fromkeys(keys, "row")
+
+    made: dict[str, Any] = {
+        "map": lambda: topology.map("n", lambda r: (check(r.value), (r.key, r.value))[1], on_error=policy),
+        "flat_map": lambda: topology.flat_map("n", lambda r: (check(r.value), [(r.key, r.value)])[1], on_error=policy),
+        "filter": lambda: topology.filter("n", lambda r: (check(r.value), True)[1], on_error=policy),
+        "reduce": lambda: topology.reduce("n", lambda a, b: (check(b), a + b)[1], emit="record", on_error=policy),
+        "window_reduce": lambda: topology.window_reduce(
+            "n", lambda a, b: (check(b), a + b)[1], window=sl.CountWindow(4), on_error=policy
+        ),
+        "map_async": lambda: topology.map_async("n", doubled, on_error=policy),
+        "lookup_join": lambda: topology.lookup_join("n", rows, fn=lambda k, v, row: (check(v), v)[1], on_error=policy),
+    }
+    handle: sl.NodeHandle = made[kind]()
+    return handle
+
+
+EXPECTED = {
+    ("map", "skip"): [1, 2, 4], ("map", "restart"): [1, 2, 100, 4],
+    ("flat_map", "skip"): [1, 2, 4], ("flat_map", "restart"): [1, 2, 100, 4],
+    ("filter", "skip"): [1, 2, 4], ("filter", "restart"): [1, 2, 100, 4],
+    ("reduce", "skip"): [1, 3, 7], ("reduce", "restart"): [1, 3, 103, 107],
+    ("window_reduce", "skip"): [7], ("window_reduce", "restart"): [107],
+    ("map_async", "skip"): [1, 2, 4], ("map_async", "restart"): [1, 2, 100, 4],
+    ("lookup_join", "skip"): [1, 2, 4], ("lookup_join", "restart"): [1, 2, 100, 4],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "policy"), sorted(EXPECTED))
+def test_every_builtin_that_calls_user_code_honours_its_error_policy(kind: str, policy: str) -> None:
+    """[1, 2, 100, 4] with a function raising on 100: skip dead-letters it, restart calls again and keeps it."""
+    topology = sl.Topology("builtins")
+    source = topology.add_source("in", [sl.Record("k", v, float(i)) for i, v in enumerate([1, 2, 100, 4])])
+    node = builtin(kind, FailsOn100(policy), topology, policy).set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    result = sl.run(topology, batch_size=3)
+    assert values(result.sink("out")) == EXPECTED[kind, policy]
+    assert [d.record.value for d in result.dead_letters] == ([100] if policy == "skip" else [])
+
+
+@pytest.mark.parametrize("policy", ["skip", "restart"])
+@pytest.mark.parametrize("kind", ["aggregate", "where"])
+def test_a_columnar_node_refuses_an_error_policy_it_has_no_user_code_for(kind: str, policy: str) -> None:
+    """aggregate and where call no user code: a policy other than fail is refused, naming the node."""
+    topology = sl.Topology("columnar")
+    message = f"task 'n': {kind} calls no code of yours, so on_error='{policy}' has nothing to apply to"
+    add = {
+        "aggregate": lambda: topology.aggregate("n", "sum", on_error=policy),
+        "where": lambda: topology.where("n", pc.field("value") > 1, on_error=policy),
+    }[kind]
+    with pytest.raises(sl.TopologyError, match=f"^{re.escape(message)}"):
+        add()

@@ -126,3 +126,66 @@ async def test_checkpoint_interval_follows_the_injected_clock(manual_clock: sl.M
         await asyncio.wait_for(saved.wait(), timeout=10)
         assert store.epochs() == [1]
         assert job.statistics().checkpoints == 1
+
+
+class FoldFailing:
+    """A sum that raises on the value 100: always, or only the first ``times`` times (a transient failure)."""
+
+    def __init__(self, times: int | None = None) -> None:
+        self.left = times
+
+    def __call__(self, acc: int, value: int) -> int:
+        if value == 100 and (self.left is None or self.left > 0):
+            if self.left is not None:
+                self.left -= 1
+            raise ValueError("no 100, please")
+        return acc + value
+
+
+WINDOWS = {
+    "tumbling": sl.TimeWindow(10, time="event"),
+    "session": sl.SessionWindow(5, time="event"),
+    "sliding": sl.TimeWindow(10, slide=5, time="event"),
+}
+
+
+def fold_records(window: str, how: Any, batch_size: int, **options: Any) -> tuple[list[Any], list[Any]]:
+    """[1, 2, 100, 4] of one key at 0..3 folded by ``how``: the results and the dead letters' values."""
+    topology = sl.Topology("fold-policy")
+    source = topology.add_source("in", [sl.Record("k", value, float(ts)) for ts, value in enumerate([1, 2, 100, 4])])
+    folded = topology.window_reduce("fold", how, window=WINDOWS[window], **options)
+    folded.set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(folded)
+    result = sl.run(topology, batch_size=batch_size)
+    return [r.value for r in result.sink("out")], [d.record.value for d in result.dead_letters]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 100])
+@pytest.mark.parametrize("window", ["tumbling", "session"])
+def test_skip_dead_letters_the_record_whose_fold_failed_and_folds_the_rest(window: str, batch_size: int) -> None:
+    """on_error="skip": 1 + 2 + 4 = 7; the 100 is a dead letter and nothing of it is in the window."""
+    assert fold_records(window, FoldFailing(), batch_size, on_error="skip") == ([7], [100])
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 100])
+@pytest.mark.parametrize("window", ["tumbling", "session"])
+def test_restart_folds_again_after_a_transient_failure(window: str, batch_size: int) -> None:
+    """on_error="restart": the fold fails once on 100, the batch is folded again: 107, each value once."""
+    assert fold_records(window, FoldFailing(times=1), batch_size, on_error="restart") == ([107], [])
+
+
+def test_skip_in_sliding_windows_takes_the_record_out_of_every_window_it_belongs_to() -> None:
+    """A record of two sliding windows whose fold fails in the second is taken out of the first too."""
+    assert fold_records("sliding", FoldFailing(), 3, on_error="skip") == ([7, 7], [100])
+
+
+def test_restart_past_max_failures_fails_naming_the_record() -> None:
+    """A fold that always fails: after max_failures restarts the TaskError names the key."""
+    with pytest.raises(sl.TaskError, match=r"^task 'fold' instance 0 failed on record with key 'k' after 2 restarts"):
+        fold_records("tumbling", FoldFailing(), 3, on_error="restart", max_failures=2)
+
+
+def test_fail_stops_the_job_on_a_failing_fold() -> None:
+    """The default policy: the job fails, saying the fold failed."""
+    with pytest.raises(sl.TaskError, match=r"failed folding a window: ValueError: no 100, please$"):
+        fold_records("tumbling", FoldFailing(), 3)
