@@ -225,7 +225,7 @@ class AggregateTask(ColumnarTask):
         keys, merged, stamps = self._fold(batch, key, field)
         if self.emit == "batch":
             results = [mean_of(value) for value in merged] if self.how == "mean" else merged
-            outputs.emit_columns(_result_batch(keys, results, stamps))
+            _emit_results(outputs, keys, results, stamps)
 
     def _hold(self, batch: ColumnBatch, key: str, field: str | None) -> None:
         """Hold the batch's columns aside, or fold it at once when it is the first of its schema (or of a
@@ -286,7 +286,7 @@ class AggregateTask(ColumnarTask):
             return
         totals = self.state.values
         results = [mean_of(value) for value in totals.values()] if self.how == "mean" else list(totals.values())
-        outputs.emit_columns(_result_batch(import_pyarrow().array(list(totals)), results, None))
+        _emit_results(outputs, import_pyarrow().array(list(totals)), results, None)
 
 
 def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple[Any, list[Any], Any]:
@@ -307,6 +307,9 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
     if ts is not None:
         aggregations.append((ts, "last", pa.compute.ScalarAggregateOptions(skip_nulls=False)))
     table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+    if how != "count" and field != key:
+        assert field is not None
+        table = table.set_column(table.schema.get_field_index(field), field, decoded(table.column(field)))
     if how in ("sum", "mean") and field != key:
         assert field is not None
         column = table.column(field)
@@ -324,6 +327,15 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
     if how == "sum":
         return keys, exact_sums(grouped.column(f"{field}_sum")), stamps
     return keys, grouped.column(f"{field}_{how}").to_pylist(), stamps
+
+
+def decoded(column: Any) -> Any:
+    """``column``, or the values its dictionary stands for when it is dictionary-encoded: Arrow's grouped
+    sum, min and max take no dictionary (a count does not look at the values)."""
+    pa = import_pyarrow()
+    if not pa.types.is_dictionary(column.type):
+        return column
+    return pa.compute.cast(column, column.type.value_type)
 
 
 def summable(column: Any) -> Any:
@@ -383,10 +395,37 @@ def merge_partials(totals: dict[Any, Any], keys: list[Any], parts: list[Any], ho
     return merged
 
 
+def _emit_results(outputs: Outputs, keys: Any, values: list[Any], stamps: Any) -> None:
+    """Results as a columnar batch, or as records when a value fits no Arrow integer column (a sum past 64
+    bits): exact Python ints, as ``reduce`` gives them, never an overflow."""
+    try:
+        batch = _result_batch(keys, values, stamps)
+    except OverflowError:
+        stamped = [None] * len(values) if stamps is None else stamps.to_pylist()
+        outputs.emit_elements(list(zip(keys.to_pylist(), values, stamped, strict=True)))
+        return
+    outputs.emit_columns(batch)
+
+
+def result_values(values: list[Any]) -> Any:
+    """``values`` as an Arrow array: ints as int64, or uint64 when one is past int64 and none is negative (a
+    ``min`` or ``max`` of a uint64 column); an ``OverflowError`` when no integer column holds them."""
+    pa = import_pyarrow()
+    try:
+        return pa.array(values)
+    except (OverflowError, pa.ArrowInvalid):
+        if not all(value is None or (type(value) is int and value >= 0) for value in values):
+            raise OverflowError("a value past 64 bits") from None
+        try:
+            return pa.array(values, pa.uint64())
+        except (OverflowError, pa.ArrowInvalid):
+            raise OverflowError("a value past 64 bits") from None
+
+
 def _result_batch(keys: Any, values: list[Any], stamps: Any) -> ColumnBatch:
     """Results as a columnar batch: fields ``key``, ``value`` (and ``ts``)."""
     pa = import_pyarrow()
-    columns = {"key": keys, "value": pa.array(values)}
+    columns = {"key": keys, "value": result_values(values)}
     if stamps is not None:
         columns["ts"] = stamps
     return ColumnBatch(pa.record_batch(columns), "key", "value", None if stamps is None else "ts")

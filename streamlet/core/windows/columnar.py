@@ -22,7 +22,15 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from streamlet.core.model.columnar import FOLD_ROWS, AggregateTask, exact_sums, mean_of, merge_partials, summable
+from streamlet.core.model.columnar import (
+    FOLD_ROWS,
+    AggregateTask,
+    decoded,
+    exact_sums,
+    mean_of,
+    merge_partials,
+    summable,
+)
 from streamlet.core.model.columns import ColumnBatch, columns_of, import_pyarrow
 from streamlet.core.model.record import Batch
 from streamlet.core.model.windows import Ticks, TimeWindow, WindowSpec
@@ -159,6 +167,7 @@ class ColumnarWindowLogic(EventTimeLogic):
         table = pa.Table.from_batches(batches)
         if self.how == "count":
             return table.group_by("key", use_threads=False).aggregate([("key", "count", pc.CountOptions(mode="all"))])
+        table = table.set_column(1, "field", decoded(table.column("field")))
         if self.how in ("sum", "mean"):
             table = table.set_column(1, "field", summable(table.column("field")))
         if self.how == "mean":  # the count of valid values, as the sum
