@@ -8,6 +8,8 @@ order or as they complete, checkpoints that do not wait for calls.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,6 +41,11 @@ def check_map_async(name: str, fn: Any, concurrency: Any, ordered: Any, timeout:
     where = f"task '{name}'"
     if not callable(fn):
         raise TopologyError(f"{where}: fn must be an async function fn(record), got {fn!r:.80}")
+    if _plainly_synchronous(fn):
+        raise TopologyError(
+            f"{where}: fn must be an async def function (or a lambda returning an awaitable), "
+            f"got the plain function {getattr(fn, '__qualname__', fn)!r}: use map for a plain one"
+        )
     if type(concurrency) is not int or concurrency < 1:
         raise TopologyError(f"{where}: concurrency must be a whole number >= 1, got {concurrency!r}")
     if type(ordered) is not bool:
@@ -47,6 +54,19 @@ def check_map_async(name: str, fn: Any, concurrency: Any, ordered: Any, timeout:
     for refused in ("window", "state_ttl"):
         if options.get(refused) is not None:
             raise TopologyError(f"{where}: map_async keeps no windows or state; {refused} is refused")
+
+
+def _plainly_synchronous(fn: Any) -> bool:
+    """``fn`` is a plain ``def`` function (or method, or a partial of one), not ``async def``: what it returns
+    is not awaitable. A lambda may return a coroutine (``lambda r: client.get(r.key)``): checked at its first
+    call instead, as is any other callable."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    function = getattr(fn, "__func__", fn)  # a bound method's function
+    if not inspect.isfunction(function) or function.__name__ == "<lambda>":
+        return False
+    # a decorator's wrapper (functools.wraps) around an async def returns its coroutine
+    return not (inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(inspect.unwrap(function)))
 
 
 def check_timeout(where: str, what: str, seconds: Any) -> None:

@@ -9,7 +9,10 @@ output in input order.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Awaitable, Callable, Hashable, Mapping
+from datetime import date, time, timedelta
+from decimal import Decimal
 from typing import Any, Final
 
 from streamlet.core.model.async_calls import check_timeout
@@ -78,3 +81,32 @@ def check_lookup_join(name: str, lookup: Any, how: Any, fn: Any, options: dict[s
     for refused in ("window", "state_ttl"):
         if options.get(refused) is not None:
             raise TopologyError(f"{where}: lookup_join keeps no windows or state; {refused} is refused")
+
+
+_IMMUTABLE: tuple[type, ...] = (str, int, float, complex, bool, bytes, type(None), Decimal, date, time, timedelta)
+
+
+def row_copier(row: Any) -> Callable[[Any], Any]:
+    """How a cached row is handed out, decided once when it is cached: so that neither ``fn`` nor a task
+    downstream can change what later records of the key get. An immutable row is handed out as it is; a
+    dict or list of immutable values as a shallow copy (the common case: a table's row); anything else as a
+    deep copy."""
+    if _immutable(row):
+        return _as_it_is
+    if type(row) is dict and all(_immutable(value) for value in row.values()):
+        return dict.copy
+    if type(row) is list and all(_immutable(value) for value in row):
+        return list.copy
+    return copy.deepcopy
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, _IMMUTABLE):
+        return True
+    if type(value) is tuple or type(value) is frozenset:
+        return all(_immutable(item) for item in value)
+    return False
+
+
+def _as_it_is(row: Any) -> Any:
+    return row

@@ -21,6 +21,7 @@ splits the stored entries by key (``core.state.regroup``).
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.instances import Environment, Receiver, count_batch
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.runtime.task_instance import TaskInstance
+from streamlet.errors import TopologyError
 
 if TYPE_CHECKING:
     from streamlet.core.model.columns import ColumnBatch
@@ -186,10 +188,10 @@ class MapAsyncInstance(TaskInstance):
         try:
             record = record_of(call.element)
             if self.timeout is None:
-                call.result = await fn(record)
+                call.result = await self._awaitable(fn(record))
             else:  # real time (the event loop's clock): a call's budget, not the job clock windows use
                 with anyio.move_on_after(self.timeout) as scope:
-                    call.result = await fn(record)
+                    call.result = await self._awaitable(fn(record))
                 if scope.cancelled_caught:
                     call.error = TimeoutError(f"the call took longer than timeout={self.timeout!r} seconds")
         except Exception as exc:  # noqa: BLE001 - user code: the loop applies the policy
@@ -198,6 +200,15 @@ class MapAsyncInstance(TaskInstance):
         self.finished_calls.append(call)  # still CALLING: done once the loop has checked the answer
         self._start_calls()  # the next record's call starts now, not once the loop comes round
         self.inbox.wake()
+
+    def _awaitable(self, pending: Any) -> Any:
+        """What ``fn`` returned, when it can be awaited; else the wiring mistake, which no policy applies to."""
+        if not inspect.isawaitable(pending):
+            raise TopologyError(
+                f"task '{self.node.name}': map_async's fn must be an async def function (or return an awaitable); "
+                f"fn(record) returned {type(pending).__name__}"
+            )
+        return pending
 
     async def _step(self) -> None:
         """Handle the calls that completed, start the next ones, emit what is ready."""
@@ -212,6 +223,8 @@ class MapAsyncInstance(TaskInstance):
         """A completed call: its error to the policy (again: back to the front of the uncalled), or its
         answer checked and, unordered, emitted when no watermark waits before it."""
         error = call.error
+        if isinstance(error, TopologyError):
+            raise error  # a wiring mistake, not a record's: the job fails whatever the policy
         if error is None and not _valid(call.result):
             error = TypeError(f"the map_async function must return a (key, value) pair or None, got {call.result!r}")
         if error is not None:

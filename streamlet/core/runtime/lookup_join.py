@@ -19,13 +19,13 @@ not stored: it is only a cache.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from streamlet.core.model.encoding import unpackb
-from streamlet.core.model.lookups import Lookup, LookupJoinTask, pair
+from streamlet.core.model.lookups import Lookup, LookupJoinTask, pair, row_copier
 from streamlet.core.model.record import Batch, Element
 from streamlet.core.runtime.async_calls import CALLING, DONE, EMITTED, UNCALLED, MapAsyncInstance
 from streamlet.core.runtime.channel import Inbox
@@ -80,12 +80,13 @@ class LookupCache:
 
     def __init__(self, size: int, ttl: float | None) -> None:
         self.size, self.ttl = size, ttl
-        self.rows: OrderedDict[Hashable, tuple[Any, float]] = OrderedDict()  # key -> (row, expiry)
+        # key -> (row, expiry, how it is handed out: see ``row_copier``)
+        self.rows: OrderedDict[Hashable, tuple[Any, float, Callable[[Any], Any]]] = OrderedDict()
 
-    def put(self, key: Hashable, row: Any, now: float) -> None:
+    def put(self, key: Hashable, row: Any, now: float, copier: Callable[[Any], Any]) -> None:
         if not self.size:
             return
-        self.rows[key] = (row, float("inf") if self.ttl is None else now + self.ttl)
+        self.rows[key] = (row, float("inf") if self.ttl is None else now + self.ttl, copier)
         self.rows.move_to_end(key)
         if len(self.rows) > self.size:
             self.rows.popitem(last=False)
@@ -173,6 +174,7 @@ class LookupJoinInstance(MapAsyncInstance):
             if row is NO_ROW:
                 results.append(None if inner else self._joined(element, None))
                 continue
+            row = cached[2](row)  # a row of its own: what fn or a task downstream does to it stays there
             if paired:
                 results.append((key, (element[1], row), element[2]))
                 continue
@@ -233,16 +235,17 @@ class LookupJoinInstance(MapAsyncInstance):
         for key in lookup.keys:
             row = answer.get(key)
             row = NO_ROW if row is None else row
-            put(key, row, now)
+            copier = row_copier(row)
+            put(key, row, now, copier)
             del looking_up[key]
             for entry, position in lookup.waiting[key]:
                 element = entry.elements[position]
                 if row is NO_ROW:
                     result = None if inner else self._joined(element, None)
                 elif paired:  # the default fn, inlined
-                    result = (key, (element[1], row), element[2])
+                    result = (key, (element[1], copier(row)), element[2])
                 else:
-                    result = self._joined(element, row)
+                    result = self._joined(element, copier(row))
                 entry.results[position] = result
                 entry.pending -= 1
                 if not entry.pending:

@@ -483,3 +483,54 @@ async def test_a_watermark_waits_behind_the_records_still_looked_up() -> None:
     assert out(result.sink("out")) == [("ada", 1, 0.999), ("bob", 1, 5.999)]
     assert result.sink("late") == []
     assert result.statistics.late == 0
+
+
+ROWS: dict[str, Any] = {
+    "flat": {"count": 0, "name": "Ada"},  # handed out as a shallow copy
+    "nested": {"count": 0, "tags": ["a"]},  # as a deep copy
+    "listed": [0, "Ada"],
+}
+
+
+def counting(key: Any, value: Any, row: Any) -> Any:
+    """A fn that changes the row it is given, as careless code does."""
+    if isinstance(row, dict):
+        row["count"] += 1
+        row.get("tags", []).append("x")
+        return row["count"]
+    row[0] += 1
+    return row[0]
+
+
+@pytest.mark.parametrize("kind", sorted(ROWS))
+def test_a_fn_that_changes_its_row_cannot_change_what_later_records_get(kind: str) -> None:
+    """The cached row is not handed out: each record's fn sees the row as the lookup answered it."""
+
+    async def rows(keys: list[Any]) -> dict[Any, Any]:
+        return {key: ROWS[kind] for key in keys}
+
+    topology = sl.Topology("careless")
+    source = topology.add_source("in", [("k", n) for n in range(4)])
+    joined = topology.lookup_join("j", rows, fn=counting).set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(joined)
+    assert [r.value for r in sl.run(topology, batch_size=1).sink("out")] == [1, 1, 1, 1]
+    assert ROWS["flat"]["count"] == ROWS["nested"]["count"] == ROWS["listed"][0] == 0
+
+
+def test_a_task_downstream_that_changes_the_paired_row_cannot_change_the_cache() -> None:
+    """With the default fn the row travels in the output value: a downstream change stays there."""
+
+    async def rows(keys: list[Any]) -> dict[Any, Any]:
+        return {key: {"seen": 0} for key in keys}
+
+    def bump(record: sl.Record) -> tuple[Any, Any]:
+        row = record.value[1]
+        row["seen"] += 1
+        return record.key, row["seen"]
+
+    topology = sl.Topology("downstream")
+    source = topology.add_source("in", [("k", n) for n in range(4)])
+    joined = topology.lookup_join("j", rows).set_input(source, partitioning=sl.SAME_KEY)
+    bumped = topology.map("bump", bump).set_input(joined)
+    topology.add_sink("out", sl.CollectSink()).set_input(bumped)
+    assert [r.value for r in sl.run(topology, batch_size=1).sink("out")] == [1, 1, 1, 1]

@@ -8,6 +8,7 @@ wants and waits on events (a call started, a call returned), never on time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -408,3 +409,52 @@ async def test_on_a_two_worker_cluster_map_async_gives_the_in_process_result() -
         outcome = await cluster.run(parallel(), job="enrich")
     assert outcome.state == "FINISHED", outcome.reason
     assert by_key(outcome.collected["out"]) == expected
+
+
+def plain_double(record: sl.Record) -> tuple[Any, Any]:
+    return record.key, 2 * record.value
+
+
+async def async_double(record: sl.Record) -> tuple[Any, Any]:
+    return record.key, 2 * record.value
+
+
+def test_map_async_refuses_a_plain_function_when_the_topology_is_built() -> None:
+    """A plain def is refused naming the task and the function, pointing to map."""
+    topology = sl.Topology("bad")
+    message = (
+        "task 'enrich': fn must be an async def function (or a lambda returning an awaitable), "
+        "got the plain function 'plain_double': use map for a plain one"
+    )
+    with pytest.raises(sl.TopologyError, match=f"^{re.escape(message)}$"):
+        topology.map_async("enrich", plain_double)
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip", "restart"])
+def test_a_lambda_that_returns_no_awaitable_fails_the_job_whatever_the_policy(on_error: str) -> None:
+    """Told from a call's failure at the first record: a TopologyError naming the task, not a record's error."""
+    topology = sl.Topology("bad")
+    source = topology.add_source("in", [("a", 1), ("b", 2)])
+    enrich = topology.map_async("enrich", lambda record: (record.key, record.value), on_error=on_error)
+    topology.add_sink("out", sl.CollectSink()).set_input(enrich.set_input(source))
+    message = (
+        "task 'enrich': map_async's fn must be an async def function (or return an awaitable); "
+        "fn(record) returned tuple"
+    )
+    with pytest.raises(sl.TopologyError, match=f"^{re.escape(message)}$"):
+        sl.run(topology)
+
+
+def test_map_async_takes_what_returns_an_awaitable() -> None:
+    """async def, a lambda returning a coroutine, a wrapper (functools.wraps) and a partial all run."""
+
+    @functools.wraps(async_double)
+    def wrapped(record: sl.Record) -> Any:
+        return async_double(record)
+
+    for fn in (async_double, lambda record: async_double(record), wrapped, functools.partial(async_double)):
+        topology = sl.Topology("fine")
+        source = topology.add_source("in", [("a", 1), ("b", 2)])
+        doubled = topology.map_async("double", fn).set_input(source)
+        topology.add_sink("out", sl.CollectSink()).set_input(doubled)
+        assert [(r.key, r.value) for r in sl.run(topology).sink("out")] == [("a", 2), ("b", 4)]
