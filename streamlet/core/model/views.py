@@ -29,9 +29,27 @@ def never_free(_: object) -> int:
     return next(_counts)
 
 
-# Only a CPython with its GIL counts references exactly (PyPy has no getrefcount; a free-threaded
-# build's counts are approximate): elsewhere a record is made per element.
-EXACT_COUNTS = sys.implementation.name == "cpython" and getattr(sys, "_is_gil_enabled", lambda: True)()
+#: The CPython versions whose reference counting the rule above is known to hold for: the suite proves it on
+#: them (tests/unit/core/test_record_views.py keeps records every way it knows), and their interpreters
+#: take a strong reference for every value on the evaluation stack, so a view that anything but the runtime
+#: holds always counts more than a free one. CPython does not promise that (gh-132346: "reference counts are
+#: not considered to be stable or well-defined values ... may be different between versions"), and 3.14
+#: broke it: its interpreter borrows references for values it loads onto the stack ("stackrefs", What's New
+#: in Python 3.14, Porting: ``sys.getrefcount`` may return smaller values), so a record held only there
+#: could look free. Free-threaded builds count references per thread, approximately. Elsewhere (3.14 and
+#: newer until proven, a build without its GIL, PyPy and other interpreters) a record is made per element.
+VIEWS_PROVEN_ON = ((3, 11), (3, 13))
+
+
+def counts_exactly(implementation: str, version: tuple[int, ...], gil_enabled: bool) -> bool:
+    """Whether records may be reused on this interpreter (see :data:`VIEWS_PROVEN_ON`)."""
+    first, last = VIEWS_PROVEN_ON
+    return implementation == "cpython" and gil_enabled and first <= tuple(version[:2]) <= last
+
+
+EXACT_COUNTS = counts_exactly(
+    sys.implementation.name, (sys.version_info[0], sys.version_info[1]), getattr(sys, "_is_gil_enabled", lambda: True)()
+)
 getrefcount: Callable[[object], int] = sys.getrefcount if EXACT_COUNTS else never_free
 
 

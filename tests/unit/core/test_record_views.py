@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any
 
 import pytest
@@ -100,3 +102,57 @@ def test_records_a_task_keeps_across_wake_ups_stay_as_they_were_read() -> None:
     result = sl.run(topology, batch_size=10)
     expected = [(f"k{i}", i) for i in range(0, 1000, 3)] + [("seen", 1000)]
     assert [(r.key, r.value) for r in result.sink("out")] == expected
+
+
+@pytest.mark.parametrize(
+    ("implementation", "version", "gil", "reuses"),
+    [
+        ("cpython", (3, 11, 7), True, True),
+        ("cpython", (3, 12, 0), True, True),
+        ("cpython", (3, 13, 5), True, True),
+        ("cpython", (3, 13, 5), False, False),  # a free-threaded build: approximate counts
+        ("cpython", (3, 14, 0), True, False),  # borrowed stack references: a held record may look free
+        ("cpython", (3, 15, 0), True, False),  # not proven yet
+        ("cpython", (3, 10, 12), True, False),
+        ("pypy", (3, 11, 0), True, False),
+    ],
+)
+def test_records_are_reused_only_where_the_reference_count_rule_is_proven(
+    implementation: str, version: tuple[int, ...], gil: bool, reuses: bool
+) -> None:
+    """CPython 3.11 to 3.13 with its GIL; a record per element anywhere else."""
+    assert views.counts_exactly(implementation, version, gil) is reuses
+
+
+class FakedVersion(tuple):  # type: ignore[type-arg]
+    """``sys.version_info`` as another CPython would have it."""
+
+    major = property(lambda self: self[0])
+    minor = property(lambda self: self[1])
+
+
+def views_loaded_on(version: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh copy of the views module, loaded while ``sys.version_info`` says ``version``."""
+    monkeypatch.setattr(sys, "version_info", FakedVersion((*version, "final", 0)))
+    spec = importlib.util.spec_from_file_location("faked_views", views.__file__)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("version", "reuses"), [((3, 14, 0), False), ((3, 13, 1), True), ((3, 11, 7), True)])
+def test_the_switch_follows_the_version_the_interpreter_says(
+    version: tuple[int, ...], reuses: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loaded on a faked 3.14, records are never reused (every one is new); on 3.11 to 3.13 they are."""
+    faked = views_loaded_on(version, monkeypatch)
+    assert faked.EXACT_COUNTS is reuses
+    assert (faked.getrefcount is sys.getrefcount) is reuses
+    pool = faked.RecordViews()
+    first = pool.records_of([("a", 1, None)])
+    identity = id(first[0])
+    del first  # let go: a reusing pool refills the same view
+    second = pool.records_of([("b", 2, None)])
+    assert (id(second[0]) == identity) is reuses
