@@ -37,11 +37,18 @@ class JournaledValues(dict[Any, Any]):
     ``before`` is ``None`` between calls (nothing is kept); :class:`CallUndo` sets it for a call.
     """
 
-    __slots__ = ("before",)
+    __slots__ = ("before", "order_before")
 
     def __init__(self, values: Iterable[tuple[Any, Any]] | dict[Any, Any] = ()) -> None:
         super().__init__(values)
         self.before: dict[Any, Any] | None = None
+        #: The keys in their order before the call's first removal: a key put back goes to the end of a
+        #: dict, and the order is what ``items()`` (a task's ``finish``) walks. ``None``: nothing removed.
+        self.order_before: list[Any] | None = None
+
+    def _note_order(self) -> None:
+        if self.before is not None and self.order_before is None:
+            self.order_before = list(dict.keys(self))
 
     def _note(self, key: Any) -> None:
         before = self.before
@@ -68,15 +75,18 @@ class JournaledValues(dict[Any, Any]):
 
     def __delitem__(self, key: Any) -> None:
         self._note(key)
+        self._note_order()
         dict.__delitem__(self, key)
 
     def pop(self, key: Any, *default: Any) -> Any:
         self._note(key)
+        self._note_order()
         return dict.pop(self, key, *default)
 
     def popitem(self) -> tuple[Any, Any]:
         if dict.__len__(self):
             self._note(next(reversed(self)))
+            self._note_order()
         return dict.popitem(self)
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
@@ -96,6 +106,7 @@ class JournaledValues(dict[Any, Any]):
 
     def clear(self) -> None:
         self._note_all()
+        self._note_order()
         dict.clear(self)
 
     def items(self) -> Any:
@@ -116,6 +127,15 @@ class JournaledValues(dict[Any, Any]):
                 dict.__setitem__(self, key, put_back(kept))
         keys = list(before)
         before.clear()
+        order, self.order_before = self.order_before, None
+        if order is not None and list(dict.keys(self)) != order:  # keys removed and put back: the old order
+            values = dict(self)
+            known = set(order)
+            # keys the call added before its first removal are gone again; keys no method of this dict
+            # removed (a TTL sweep) come back last
+            keys = [key for key in order if key in values] + [key for key in values if key not in known]
+            dict.clear(self)
+            dict.update(self, ((key, values[key]) for key in keys))
         return keys
 
 
@@ -249,7 +269,7 @@ class CallUndo:
         """The call succeeded: its changes stand."""
         values = self.state.values
         assert isinstance(values, JournaledValues)
-        values.before = None
+        values.before = values.order_before = None
         if isinstance(self.state, UndoableExpiringState):
             self.state.stamps_before = None
         self.timers.stop_undo_log()

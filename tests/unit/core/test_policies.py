@@ -281,3 +281,25 @@ def test_a_columnar_node_refuses_an_error_policy_it_has_no_user_code_for(kind: s
     }[kind]
     with pytest.raises(sl.TopologyError, match=f"^{re.escape(message)}"):
         add()
+
+
+class DropsThenFails(sl.Task):
+    """Counts each key; the record 'boom' first drops key 'a', then fails. finish() walks the state in order."""
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        for record in inputs.get():
+            if record.value == "boom":
+                self.state.values.pop("a")
+                raise ValueError("boom")
+            self.state.put(record.key, self.state.get(record.key, 0) + 1)
+
+    def finish(self, outputs: sl.Outputs) -> None:
+        outputs.emit_all(self.state.items())
+
+
+@pytest.mark.parametrize("batch_size", [1, 100])
+def test_a_failed_call_that_removed_keys_leaves_the_state_in_its_order(batch_size: int) -> None:
+    """The key the failed call popped comes back where it was: finish() sees a, b, c as without the failure."""
+    items = [("a", 1), ("b", 1), ("x", "boom"), ("c", 1)]
+    result = sl.run(job(items, DropsThenFails, on_error="skip"), batch_size=batch_size)
+    assert pairs(result.sink("out")) == [("a", 1), ("b", 1), ("c", 1)]

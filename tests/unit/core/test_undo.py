@@ -135,3 +135,34 @@ def test_timers_set_and_cancelled_by_a_failed_call_are_taken_back() -> None:
     undo.take_back()
     assert timers.pending() == [("a", 5.0, "event"), ("b", 5.0, "event")]
     assert list(timers.due("event", 10.0)) == [("a", 5.0), ("b", 5.0)]
+
+
+OPERATIONS: dict[str, Any] = {
+    "set": lambda values: values.__setitem__("a", 2),
+    "del": lambda values: values.__delitem__("d"),
+    "pop": lambda values: values.pop("a"),
+    "pop a missing key": lambda values: values.pop("zz", None),
+    "popitem": lambda values: values.popitem(),
+    "setdefault": lambda values: values.setdefault("e", []).append(1),
+    "update from a dict": lambda values: values.update({"a": 5, "n": 1}),
+    "update from keywords": lambda values: values.update(a=5, n=1),
+    "update from both": lambda values: values.update([("a", 5)], n=1),
+    "|=": lambda values: values.__ior__({"g": 2}),
+    "clear": lambda values: values.clear(),
+    "values() changed in place": lambda values: [value.append(9) for value in values.values() if type(value) is list],
+    "items() changed in place": lambda values: [value.append(9) for _, value in values.items() if type(value) is list],
+}
+
+
+def test_each_dict_operation_alone_does_what_a_dict_does_and_is_taken_back() -> None:
+    """One operation per call: the journal sees each by itself (no later clear() noting every key for it)."""
+    for name, operation in OPERATIONS.items():
+        plain = {"a": 1, "b": [1, 2], "d": "keep"}
+        state = UndoableState({"a": 1, "b": [1, 2], "d": "keep"})
+        undo, _ = undo_of(state)
+        undo.begin()
+        assert operation(state.values) == operation(plain), name
+        assert dict(state.values) == plain, name
+        undo.take_back()
+        assert dict(state.values) == {"a": 1, "b": [1, 2], "d": "keep"}, name
+        assert list(state.values) == ["a", "b", "d"], name  # the order of the keys too
