@@ -12,7 +12,7 @@ export JAVA_HOME := $(JAVA_17)
 endif
 endif
 
-.PHONY: run test lint typecheck docs unit chaos nemesis bench clean zookeeper java browser nettools postgresql
+.PHONY: run test lint typecheck docs unit spec mutation chaos nemesis bench clean zookeeper java browser nettools postgresql
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "streamlet needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
@@ -78,6 +78,20 @@ unit: $(STAMP) zookeeper java browser nettools postgresql
 	$(BIN)/pytest -q
 
 test: lint typecheck docs unit
+
+# The differential tests of tests/spec (models written from the docs) with thousands of examples each
+# (make test runs a few hundred).
+spec: $(STAMP)
+	STREAMLET_SPEC_EXAMPLES=3000 $(BIN)/pytest -q tests/spec
+
+# Mutation testing of the modules that decide answers (joins, windows, undo, restore, the error policy, the
+# columnar fold): mutmut 3 runs each mutant against the tests that reach what it changed, then the score per
+# module (tests/mutation: a survivor is killed by a new test or written down as equivalent, with a reason).
+mutation: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[mutation]'
+	rm -rf mutants
+	STREAMLET_SPEC_EXAMPLES=100 $(BIN)/mutmut run --max-children 2
+	$(BIN)/python -m tests.mutation --at-least 0.9
 
 # 5 000 seeded runs of the whole cluster under random faults, every answer checked (make test runs 200).
 chaos: $(STAMP)
