@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
+from streamlet.core.model.encoding import hashable
 from streamlet.core.model.record import Batch
 from streamlet.core.model.windows import Ticks
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic, joined, window_data, window_from
@@ -60,7 +62,8 @@ class TimeLogic(WindowLogic):
     All arithmetic is on whole ticks (``Ticks``): one code path for tumbling and sliding windows, and
     bounds that hold every record assigned to them. Windows start at ``offset + k * slide``.
     With ``early`` (seconds), open windows that took records since their last firing fire early every
-    ``early`` seconds of the clock (Flink's continuous trigger), marked ``"early"``.
+    ``early`` seconds of the clock, marked ``"early"``; a fold (``window_reduce``) fires only the keys that
+    took records since their last early firing.
     """
 
     def __init__(
@@ -74,6 +77,10 @@ class TimeLogic(WindowLogic):
         self.early = early
         self.next_early: float | None = None  # clock time of the next early firing, while a window is dirty
         self.dirty: set[int] = set()  # starts of open windows that took records since they last fired
+        # window_reduce (a fold): the keys of each dirty window that took records since its last early firing,
+        # so an early firing is per key, as Flink's keyed windows are (the results then do not depend on which
+        # keys share an instance)
+        self.dirty_keys: dict[int, set[Any]] = {}
         self.whole_seconds = False  # the records' timestamps are ints: whole-second bounds stay ints
 
     def starts(self, tick: int) -> list[int]:
@@ -105,6 +112,7 @@ class TimeLogic(WindowLogic):
         due = sorted(start for start in self.windows if start + size <= tick)
         for start in due:
             self.dirty.discard(start)
+            self.dirty_keys.pop(start, None)
         return [_firing(self.windows.pop(start), "on_time") for start in due]
 
     def close_all(self) -> list[ClosedWindow]:
@@ -125,6 +133,10 @@ class TimeLogic(WindowLogic):
             self.collect(self.window(start), port, run)
         if self.early is not None and run:
             self.dirty.update(starts)
+            if self.fold is not None:
+                keys = {element[0] for element in run}
+                for start in starts:
+                    self.dirty_keys.setdefault(start, set()).update(keys)
             if self.next_early is None:
                 self.next_early = now + self.early
 
@@ -133,18 +145,30 @@ class TimeLogic(WindowLogic):
         if self.next_early is None or now < self.next_early:
             return []
         assert self.early is not None
-        fired = [_firing(self.windows[start], "early") for start in sorted(self.dirty) if start in self.windows]
+        starts = [start for start in sorted(self.dirty) if start in self.windows]
+        if self.fold is None:
+            fired = [_firing(self.windows[start], "early") for start in starts]
+        else:  # each key that took records since its last early firing, alone
+            fired = [_keys_of(self.windows[start], self.dirty_keys.get(start, ()), "early") for start in starts]
         self.dirty.clear()
+        self.dirty_keys.clear()
         self.next_early = None
         return fired
 
     def snapshot(self) -> Any:
         windows = [window_data(w) for w in self.windows.values()]
-        return {"windows": windows, "dirty": sorted(self.dirty), "next_early": self.next_early}
+        dirty_keys = [[start, list(keys)] for start, keys in sorted(self.dirty_keys.items())]
+        return {
+            "windows": windows,
+            "dirty": sorted(self.dirty),
+            "dirty_keys": dirty_keys,
+            "next_early": self.next_early,
+        }
 
     def restore(self, snapshot: Any) -> None:
         self.windows = {self.ticks.of(w.start): w for w in map(window_from, snapshot["windows"])}
         self.dirty = set(snapshot.get("dirty", ()))
+        self.dirty_keys = {start: set(map(hashable, keys)) for start, keys in snapshot.get("dirty_keys", ())}
         # without it (a snapshot from before it was kept) the dirty windows wait for their next record
         self.next_early = snapshot.get("next_early")
 
@@ -171,9 +195,9 @@ class EventTimeLogic(TimeLogic):
 
     The watermark comes from the sources (``advance``), never from the records seen here, so which
     records are late does not depend on the parallelism. A window fires (``"on_time"``) when the
-    watermark reaches its end. With ``allowed_lateness`` it is kept that much longer: a record for it
-    fires it again (``"late"``, with everything it holds). Records for windows past that are late: they
-    go to the late port.
+    watermark reaches its end. With ``allowed_lateness`` it is kept that much longer: each record for it
+    fires it again at once (``"late"``, with everything it holds; a fold: that record's key's result
+    alone). Records for windows past that are late: they go to the late port.
     """
 
     def __init__(
@@ -208,7 +232,7 @@ class EventTimeLogic(TimeLogic):
         self._check_timestamps(batch)
         caught = self._catch_up() if self.overdue else []
         late: Batch = []
-        refired: dict[int, ClosedWindow] = {}
+        refired: list[ClosedWindow] = []
         self.last_arrival = now
         per_second, size, slide = self.ticks.per_second, self.size_ticks, self.slide_ticks
         watermark, kept = self.watermark, self.watermark - self.lateness_ticks
@@ -242,8 +266,7 @@ class EventTimeLogic(TimeLogic):
         if index > start:
             self._place_run(port, batch[start:index], run_starts, run_late, run_mixed, late, refired, now)
         self.late += len(late)
-        refires = [_firing(refired[start], "late") for start in sorted(refired)]
-        return caught + refires + self.fire_early(now), late
+        return caught + refired + self.fire_early(now), late
 
     def _place_run(
         self,
@@ -253,7 +276,7 @@ class EventTimeLogic(TimeLogic):
         is_late: bool,
         mixed: bool,
         late: Batch,
-        refired: dict[int, ClosedWindow],
+        refired: list[ClosedWindow],
         now: float,
     ) -> None:
         if is_late:
@@ -262,20 +285,28 @@ class EventTimeLogic(TimeLogic):
             self._place(port, run, starts, mixed, refired, now)
 
     def _place(
-        self, port: int, run: Batch, starts: list[int], mixed: bool, refired: dict[int, ClosedWindow], now: float
+        self, port: int, run: Batch, starts: list[int], mixed: bool, refired: list[ClosedWindow], now: float
     ) -> None:
         if not mixed:
             self.collect_run(port, run, starts, now)
             return
         size, watermark, kept = self.size_ticks, self.watermark, self.watermark - self.lateness_ticks
         self.collect_run(port, run, [s for s in starts if s + size > watermark], now)
-        for start in starts:
-            if kept < start + size <= watermark:  # fired, still within allowed lateness: fire it again
+        again = sorted(start for start in starts if kept < start + size <= watermark)  # fired, within lateness
+        if not again:
+            return
+        # Each late record fires its fired windows again at once, as in Flink: once per record whatever the
+        # batches, and with a fold only its own key's result (the others' have not changed)
+        for element in run:
+            for start in again:
                 window = self.fired.get(start)
                 if window is None:
                     window = self.fired[start] = self._new_window(start)
-                self.collect(window, port, run)
-                refired[start] = window
+                self.collect(window, port, [element])
+                if self.fold is None:
+                    refired.append(_firing(_copied(window), "late"))
+                else:
+                    refired.append(_keys_of(window, (element[0],), "late"))
 
     def advance(self, watermark: float) -> list[ClosedWindow]:
         tick = self.ticks.of(watermark)
@@ -348,6 +379,17 @@ def _copied(window: ClosedWindow) -> ClosedWindow:
     copy = ClosedWindow(window.start, window.end, records, folded, window.last_ts, window.firing)
     copy.columns = window.columns  # an Arrow batch: read-only, shared
     return copy
+
+
+def _keys_of(window: ClosedWindow, keys: Collection[Any], firing: str) -> ClosedWindow:
+    """A firing of ``window``'s folded results for ``keys`` alone (a fold window's per-key firing), in the
+    order the window's keys came."""
+    folded = window.folded or {}
+    if len(keys) == 1:
+        chosen = {key: folded[key] for key in keys if key in folded}
+    else:
+        chosen = {key: value for key, value in folded.items() if key in keys}
+    return ClosedWindow(window.start, window.end, {}, chosen, window.last_ts, firing)
 
 
 def _firing(window: ClosedWindow, firing: str) -> ClosedWindow:

@@ -229,6 +229,11 @@ def _split_time(spec: TimeWindow, snapshot: Any, part_of: _PartOf, parts: int) -
     dirty = set(snapshot.get("dirty", ()))
     for piece in pieces:  # the next early firing ("next_early") is a clock: every part keeps it
         piece["dirty"] = sorted(dirty & {ticks.of(data[0]) for data in piece["windows"]})
+    for index, piece in enumerate(pieces):  # a fold's dirty keys go where the keys go
+        piece["dirty_keys"] = [
+            [start, [key for key in keys if part_of(hashable(key)) == index]]
+            for start, keys in snapshot.get("dirty_keys", ())
+        ]
     if spec.time == "event":
         for piece, fired in zip(pieces, _split_windows(snapshot["fired"], part_of, parts), strict=True):
             piece["fired"] = fired
@@ -258,6 +263,11 @@ def _split_windows(windows: list[Any], part_of: _PartOf, parts: int) -> list[lis
 def _merge_time(spec: TimeWindow, snapshots: list[Any]) -> dict[str, Any]:
     merged = {**snapshots[0], "windows": _joined_windows([s["windows"] for s in snapshots])}
     merged["dirty"] = sorted({start for snapshot in snapshots for start in snapshot.get("dirty", ())})
+    dirty_keys: dict[int, list[Any]] = {}
+    for snapshot in snapshots:
+        for start, keys in snapshot.get("dirty_keys", ()):
+            dirty_keys.setdefault(start, []).extend(keys)
+    merged["dirty_keys"] = [[start, keys] for start, keys in sorted(dirty_keys.items())]
     pending = [s["next_early"] for s in snapshots if s.get("next_early") is not None]
     merged["next_early"] = min(pending, default=None)
     if spec.time == "event":
