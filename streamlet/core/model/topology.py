@@ -371,7 +371,9 @@ class Topology:
 
         Values are folded as records arrive (nothing is buffered), and each
         closed window emits one ``(key, result)`` record per key, stamped with
-        the window's end for time windows. Route its input by ``SAME_KEY`` when
+        the window's last tick for time windows (the window's last record's ``ts`` for count windows). A late
+        record (within ``allowed_lateness``) fires its own key's result again, once per record; an early
+        firing fires each key that took records since its last early firing. Route its input by ``SAME_KEY`` when
         it runs in parallel. A fold that raises follows ``on_error``: ``"fail"`` (the default) stops the job,
         ``"skip"`` dead-letters the record and leaves nothing of it in any window, ``"restart"`` folds the
         batch again with a fresh task object (up to ``max_failures`` times).

@@ -640,7 +640,9 @@ class TaskInstance(Receiver):
                 return
             except TopologyError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - user code
+            except Exception as exc:  # user code (or a join that applied its own policy)
+                if self._handles_failures and isinstance(exc, TaskError):
+                    raise  # a join's own policy failed the job already, naming the record: not wrapped again
                 self.outputs.rollback(marks)
                 error = exc.__cause__ if isinstance(exc, RecordFailure) and exc.__cause__ else exc
                 if not self.policy.failed_unit(self, records, error, what):

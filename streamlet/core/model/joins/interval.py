@@ -50,26 +50,25 @@ class IntervalJoin(EventTimeJoin):
 
     def on_left(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Pair each left record with the right ones held in its interval, then hold it until it closes."""
-        self._arrive(batch, LEFT, self.lower, self.upper, self._left_open, inputs, outputs)
+        self._arrive(batch, LEFT, self._left_open, inputs, outputs)
 
     def on_right(self, batch: list[Element], inputs: Inputs, outputs: Outputs) -> None:
         """Pair each right record with the left ones whose interval holds it, then hold it until none can."""
-        # b pairs with a when b.ts - upper <= a.ts <= b.ts - lower
-        self._arrive(batch, RIGHT, -self.upper, -self.lower, self._right_open, inputs, outputs)
+        self._arrive(batch, RIGHT, self._right_open, inputs, outputs)
 
     def _arrive(
         self,
         batch: list[Element],
         side: int,
-        low: float,
-        high: float,
         open_for: float,
         inputs: Inputs,
         outputs: Outputs,
     ) -> None:
-        """Records of ``side``: a record at ``ts`` pairs with the other side's held records in
-        ``[ts + low, ts + high]``; it is late when the watermark is past ``ts``, else it is held until the
-        watermark passes ``ts + open_for``."""
+        """Records of ``side``: a record at ``ts`` pairs with the other side's held records ``r`` for which
+        ``a.ts + lower <= b.ts <= a.ts + upper`` (computed as written, whichever side comes second: in floats
+        ``b.ts - upper <= a.ts`` is not the same test); it is late when the watermark is past ``ts``, else it
+        is held until the watermark passes ``ts + open_for``."""
+        lower, upper = self.lower, self.upper
         values, scheduled = self.state.values, self._next
         due, order = self._due, self._order
         watermark, other, plain = self.timers.watermark, 1 - side, self.fn is None
@@ -93,13 +92,18 @@ class IntervalJoin(EventTimeJoin):
                 heapq.heappush(due, (closes, next(order), key))
                 continue
             others = entry[other]
-            if len(others) == 1:  # the common case with few records per key: no comprehension to run
-                matches = others if ts + low <= others[0][0] <= ts + high else _NONE
-            elif others:
-                low_ts, high_ts = ts + low, ts + high
-                matches = [record for record in others if low_ts <= record[0] <= high_ts]
-            else:
+            if not others:
                 matches = others
+            elif side == LEFT:
+                low_ts, high_ts = ts + lower, ts + upper
+                if len(others) == 1:  # the common case with few records per key: no comprehension to run
+                    matches = others if low_ts <= others[0][0] <= high_ts else _NONE
+                else:
+                    matches = [record for record in others if low_ts <= record[0] <= high_ts]
+            elif len(others) == 1:
+                matches = others if others[0][0] + lower <= ts <= others[0][0] + upper else _NONE
+            else:
+                matches = [record for record in others if record[0] + lower <= ts <= record[0] + upper]
             if matches:
                 if plain and side == LEFT:  # the default pair cannot fail
                     out += [(key, (value, record[1]), ts if ts > record[0] else record[0]) for record in matches]
