@@ -15,9 +15,12 @@ result ts and the offset's range (the page was made to say what streamlet does).
 from __future__ import annotations
 
 import asyncio
+import json
+import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -690,3 +693,93 @@ def test_a_window_first_fired_after_the_watermark_passed_it_fires_late() -> None
     assert want_late == []
     got, got_late, _, _ = run_streamlet(scenario, "time")
     assert (got, got_late) == (want, want_late)
+
+
+# ------------------------------------------------------------------------------- a resume and a rescale mid-stream
+
+
+def _queue_topology(scenario: Scenario, sink: sl.Sink) -> sl.Topology:
+    """The scenario's window_reduce fed by a QueueSource (one record per batch: each is sent and settled alone)."""
+    topology = sl.Topology("spec-windows-fed")
+    source = topology.add_source("src", sl.QueueSource(), watermarks=scenario.watermarks())
+    node = topology.window_reduce(
+        "win",
+        _fold_of(scenario.how, False),
+        window=_window_of(scenario, "time", None),
+        parallelism=scenario.parallelism,
+    ).set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sink).set_input(node)
+    return topology
+
+
+async def _feed(job: sl.Job, records: list[tuple[Any, int, float]]) -> None:
+    for key, value, ts in records:
+        await job.send("src", key, value, ts)
+        await job.settle()
+
+
+def _plain(items: list[Any]) -> list[Any]:
+    """As JSON gives them back (a FileSink's records: tuples as lists), then each as a tuple of reprs."""
+    return [tuple(map(repr, json.loads(json.dumps(item)))) for item in items]
+
+
+class Crash(Exception):
+    """The job's program dies (after its checkpoint), leaving the ``async with`` like a crash."""
+
+
+@pytest.mark.timeout(240)
+@examples(0.25)
+@given(time_scenarios(), st.data())
+def test_time_windows_resume_from_a_checkpoint_taken_at_a_random_point(scenario: Scenario, data: Any) -> None:
+    """A checkpoint after a random record, the program crashing a few records later, a new run from that
+    checkpoint fed the records after it: what the exactly-once FileSink holds is the model's answer."""
+    scenario.batch_size = 1
+    want = [(key, value, ts) for key, value, _window, _firing, ts in run_model(scenario, "time")[0]]
+    records = scenario.records
+    taken = data.draw(st.integers(0, len(records)), label="checkpoint after")
+    crash = data.draw(st.integers(taken, len(records)), label="crash after")
+    with tempfile.TemporaryDirectory() as directory:
+        store, out = Path(directory) / "checkpoints", Path(directory) / "out"
+
+        async def first_run() -> None:
+            async with sl.start(_queue_topology(scenario, sl.FileSink(out)), checkpoint_dir=store) as job:
+                await _feed(job, records[:taken])
+                await job.checkpoint()
+                await _feed(job, records[taken:crash])
+                raise Crash
+
+        async def resumed() -> None:
+            async with sl.start(_queue_topology(scenario, sl.FileSink(out)), checkpoint_dir=store) as job:
+                await _feed(job, records[taken:])
+                await job.close_source("src")
+                await job.wait()
+
+        with pytest.raises(Crash):
+            asyncio.run(first_run())
+        asyncio.run(resumed())
+        got = [(r.key, r.value, r.ts) for r in sl.read_file_sink(out)]
+    assert by_key(_plain(got)) == by_key(_plain(want))
+
+
+@pytest.mark.timeout(240)
+@examples(0.25)
+@given(time_scenarios(), st.data())
+def test_time_windows_through_a_live_rescale_at_a_random_point(scenario: Scenario, data: Any) -> None:
+    """The window task rescaled (1 <-> 3 instances) after a random record while the records flow: the results of
+    each key and the late records are the model's, as without the rescale."""
+    scenario.batch_size = 1
+    want = run_model(scenario, "time")[0]
+    at = data.draw(st.integers(0, len(scenario.records)), label="rescale after")
+    to = 1 if scenario.parallelism == 3 else 3
+
+    async def run() -> sl.JobResult:
+        async with sl.start(_queue_topology(scenario, sl.CollectSink())) as job:
+            await _feed(job, scenario.records[:at])
+            await job.rescale("win", to)
+            await _feed(job, scenario.records[at:])
+            await job.close_source("src")
+            return await job.wait()
+
+    result = asyncio.run(run())
+    got = [(r.key, r.value, r.window, r.firing, r.ts) for r in result.sink("out")]
+    assert by_key(got) == by_key(want)
