@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import tempfile
 import zlib
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -790,6 +793,99 @@ def test_joins_ordered_run_in_process(case, parallelism, batch_size):
 def test_joins_ordered_run_processes(case, parallelism, batch_size):
     (d, left, right), join, policy = case
     run_ordered(d, left, right, join, policy, parallelism, batch_size, processes=2)
+
+
+# ------------------------------------------------------------------------------- a resume and a rescale mid-stream
+
+
+class Crash(Exception):
+    """The job's program dies after its checkpoint, leaving the ``async with`` like a crash."""
+
+
+def _fed_join(join: JoinSpec, d: int, parallelism: int, sink: sl.Sink) -> sl.Topology:
+    """The join fed by two QueueSources, ``left`` and ``right``."""
+    topology = sl.Topology("spec-joins-fed")
+    node = join.add(topology, make_policy("default"), parallelism)
+    for port, name in ((sl.LEFT, "left"), (sl.RIGHT, "right")):
+        source = topology.add_source(name, sl.QueueSource(), watermarks=sl.Watermarks(out_of_orderness=d))
+        node.set_input(source, in_port=port, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sink).set_input(node)
+    return topology
+
+
+async def _feed_sides(job: sl.Job, records: list[Rec]) -> None:
+    for record in records:
+        await job.send(SOURCES[record.side], record.key, record.value, record.ts)
+        await job.settle()
+
+
+async def _close_sides(job: sl.Job) -> None:
+    for name in SOURCES.values():
+        await job.close_source(name)
+
+
+def _as_json(rows: Any) -> Counter[Any]:
+    """Rows as an exactly-once FileSink gives them back (JSON: tuples as lists), each part as its repr."""
+    return Counter(tuple(repr(json.loads(json.dumps(part))) for part in row[:3]) for row in rows)
+
+
+@pytest.mark.timeout(240)
+@examples(0.25)
+@given(case=ordered_cases(processes=1), parallelism=st.sampled_from([1, 3]), data=st.data())
+def test_joins_resume_from_a_checkpoint_taken_at_a_random_point(case, parallelism, data):
+    """Left records, then right ones (none can be late), a checkpoint after a random record, a crash a few
+    records later, a run resumed from the checkpoint fed what came after it: the exactly-once FileSink holds
+    the model's pairs."""
+    (d, left, right), join, _ = case
+    records = [*left, *right]
+    expected = join.expect(records, make_policy("default"))
+    taken = data.draw(st.integers(0, len(records)), label="checkpoint after")
+    crash = data.draw(st.integers(taken, len(records)), label="crash after")
+    with tempfile.TemporaryDirectory() as directory:
+        store, out = Path(directory) / "checkpoints", Path(directory) / "out"
+
+        async def first_run() -> None:
+            async with sl.start(_fed_join(join, d, parallelism, sl.FileSink(out)), checkpoint_dir=store) as job:
+                await _feed_sides(job, records[:taken])
+                await job.checkpoint()
+                await _feed_sides(job, records[taken:crash])
+                raise Crash
+
+        async def resumed() -> None:
+            async with sl.start(_fed_join(join, d, parallelism, sl.FileSink(out)), checkpoint_dir=store) as job:
+                await _feed_sides(job, records[taken:])
+                await _close_sides(job)
+                await job.wait()
+
+        with pytest.raises(Crash):
+            asyncio.run(first_run())
+        asyncio.run(resumed())
+        got = _as_json(plain_row(r) for r in sl.read_file_sink(out))
+    assert got == _as_json(model_out(expected.outputs).elements())
+
+
+@pytest.mark.timeout(240)
+@examples(0.25)
+@given(case=ordered_cases(processes=1), parallelism=st.sampled_from([1, 3]), data=st.data())
+def test_joins_through_a_live_rescale_at_a_random_point(case, parallelism, data):
+    """The join rescaled (1 <-> 3 instances) after a random record: the model's pairs, as without it."""
+    (d, left, right), join, _ = case
+    records = [*left, *right]
+    expected = join.expect(records, make_policy("default"))
+    at = data.draw(st.integers(0, len(records)), label="rescale after")
+
+    async def run() -> sl.JobResult:
+        async with sl.start(_fed_join(join, d, parallelism, sl.CollectSink())) as job:
+            await _feed_sides(job, records[:at])
+            await job.rescale(JOIN, 1 if parallelism == 3 else 3)
+            await _feed_sides(job, records[at:])
+            await _close_sides(job)
+            return await job.wait()
+
+    result = asyncio.run(run())
+    got = Counter(out_row(r) for r in result.sink("out"))
+    want = model_out(expected.outputs)
+    assert got == want, f"outputs: {diff(want, got)}"
 
 
 # ------------------------------------------------------------------------------- the model vs the page
