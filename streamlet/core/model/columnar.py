@@ -414,12 +414,10 @@ def result_values(values: list[Any]) -> Any:
     try:
         return pa.array(values)
     except (OverflowError, pa.ArrowInvalid):
-        if not all(value is None or (type(value) is int and value >= 0) for value in values):
-            raise OverflowError("a value past 64 bits") from None
         try:
             return pa.array(values, pa.uint64())
-        except (OverflowError, pa.ArrowInvalid):
-            raise OverflowError("a value past 64 bits") from None
+        except (OverflowError, pa.ArrowInvalid) as exc:  # a negative value beside one past int64, or past 2^64
+            raise OverflowError from exc
 
 
 def _result_batch(keys: Any, values: list[Any], stamps: Any) -> ColumnBatch:

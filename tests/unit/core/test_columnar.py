@@ -588,3 +588,45 @@ def test_a_sum_past_int64_comes_out_exact_as_records_under_either_emit() -> None
     more = pa.table({"k": ["a", "a"], "v": pa.array([2**62, 2**62], pa.int64()), "ts": [3, 4]})
     assert aggregated([near, more], "sum", "batch") == [("a", 2**63 + 5), ("a", 2**64 + 5)]
     assert aggregated([near, more], "sum", "end") == [("a", 2**64 + 5)]
+
+
+class ColumnTypes(sl.Sink):
+    """Takes the columnar batches as they are: the type of each one's value column (``records`` when records)."""
+
+    takes_columns = True
+
+    def __init__(self) -> None:
+        self.types: list[str] = []
+
+    def open(self, context: sl.SinkContext) -> Any:
+        types = self.types
+
+        class Writer(sl.ElementWriter):
+            def write(self, batch: Any) -> None:
+                types.append("records")
+
+            def write_columns(self, batch: Any) -> None:
+                types.append(str(batch.data.schema.field("value").type))
+
+        return Writer()
+
+
+@pytest.mark.parametrize(
+    ("values", "how", "expected"),
+    [
+        ([2**63, 5], "max", ["uint64"]),  # past int64, none negative: a uint64 column
+        ([2**62] * 3, "sum", ["uint64"]),  # a sum past int64 that uint64 holds
+        ([2**62] * 5, "sum", ["records"]),  # past 2^64: exact ints, as records
+        ([1, 2], "max", ["int64"]),
+    ],
+)
+def test_results_are_the_narrowest_integer_column_that_holds_them(values: list[int], how: str, expected: Any) -> None:
+    """int64 when it holds them, uint64 for a min/max past int64, records for what no 64-bit column holds."""
+    kind = pa.uint64() if values[0] >= 2**63 else pa.int64()
+    table = pa.table({"k": ["a"] * len(values), "v": pa.array(values, kind), "ts": list(range(len(values)))})
+    topology = sl.Topology("types")
+    rows = topology.add_source("in", sl.ColumnarSource([table], key="k", ts="ts"))
+    sink = ColumnTypes()
+    topology.add_sink("out", sink).set_input(topology.aggregate("agg", how, field="v").set_input(rows))
+    sl.run(topology)
+    assert sink.types == expected
