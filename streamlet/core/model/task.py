@@ -186,9 +186,11 @@ class FlatMapTask(Task):
         view = _view()
         free = _getrefcount(view)
         index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
+        kept = 0  # the outputs of the elements before it: a generator that yields, then raises, leaves nothing
         try:
             for index, element in enumerate(batch):  # noqa: B007 - index names the element that fails
                 ts = element[2]
+                kept = len(out)
                 try:
                     view.key, view.value, view.ts = element
                 except ValueError:  # a loop or window element (six wide): a record of its own
@@ -201,6 +203,7 @@ class FlatMapTask(Task):
                     if _getrefcount(view) != free:
                         view = _view()
         except Exception as exc:
+            del out[kept:]
             outputs.emit_elements(out)
             if _raised_in(exc, FlatMapTask.execute):
                 exc = _shape_error(f"the flat_map function must return an iterable of (key, value) pairs ({exc})", exc)
