@@ -90,7 +90,7 @@ spec: $(STAMP)
 mutation: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[mutation]'
 	rm -rf mutants
-	STREAMLET_SPEC_EXAMPLES=100 $(BIN)/mutmut run --max-children 2
+	STREAMLET_SPEC_EXAMPLES=50 STREAMLET_EXAMPLE_CAP=25 $(BIN)/mutmut run --max-children 2
 	$(BIN)/python -m tests.mutation --at-least 0.9
 
 # 5 000 seeded runs of the whole cluster under random faults, every answer checked (make test runs 200).

@@ -19,3 +19,10 @@ def examples(share: float = 1.0) -> settings:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         derandomize=os.environ.get("STREAMLET_SPEC_EXAMPLES") is None,  # make test: the same examples each run
     )
+
+
+def capped(examples: int) -> int:
+    """``examples``, or fewer under ``STREAMLET_EXAMPLE_CAP`` (make mutation: every surviving mutant runs each
+    property test that reaches it, so their budgets are cut there)."""
+    cap = os.environ.get("STREAMLET_EXAMPLE_CAP")
+    return examples if cap is None else min(examples, int(cap))

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import streamlet as sl
+from tests.spec.budget import capped
 
 INF = math.inf
 KEYS = ("c", "d", "f")  # at 2 instances c -> 0, d, f -> 1; at 3 each its own
@@ -552,8 +553,8 @@ def options(policy: str, bad: frozenset[Any]) -> dict[str, Any]:
     return {"fn": failing(bad, policy), "on_error": policy, "max_failures": 10_000}
 
 
-MANY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SOME = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MANY = settings(max_examples=capped(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SOME = settings(max_examples=capped(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 hows = st.sampled_from(("inner", "left", "right", "outer"))
 bounds = st.tuples(st.integers(-3, 3), st.integers(-3, 3)).map(sorted)

@@ -16,6 +16,7 @@ import streamlet as sl
 from streamlet.core.model.encoding import packb, unpackb
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
+from tests.spec.budget import capped
 from tests.support.elements import el
 
 GAP = 3
@@ -118,7 +119,7 @@ def finish(logic: WindowLogic) -> list[str]:
 # -- against the reference ------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=capped(200), deadline=None)
 @given(records=WHOLE_RECORDS, cuts=CUTS)
 def test_out_of_order_records_merge_into_the_reference_sessions(records: list[Any], cuts: list[int]) -> None:
     """Records in any order, in any batches, closed at end of stream: the reference's sessions, sums and order."""
@@ -128,7 +129,7 @@ def test_out_of_order_records_merge_into_the_reference_sessions(records: list[An
     assert summed(logic.close_all()) == reference(records, GAP)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=capped(200), deadline=None)
 @given(records=WHOLE_RECORDS, cuts=CUTS)
 def test_kept_records_of_merged_sessions_are_the_reference_sessions_records(
     records: list[Any], cuts: list[int]
@@ -148,7 +149,7 @@ def test_kept_records_of_merged_sessions_are_the_reference_sessions_records(
     assert got == [(*session, len(session[3])) for session in by_session]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=capped(200), deadline=None)
 @given(records=WHOLE_RECORDS, cuts=CUTS)
 def test_watermarks_behind_every_later_record_fire_the_reference_sessions(records: list[Any], cuts: list[int]) -> None:
     """A watermark after each batch just below every record still to come: nothing is late, each session fires
@@ -170,7 +171,7 @@ def test_watermarks_behind_every_later_record_fire_the_reference_sessions(record
 # -- the bulk path against one window at a time ------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=capped(300), deadline=None)
 @given(ops=OPS, spec=st.sampled_from(SPECS), how=st.sampled_from(FOLDS))
 def test_bulk_results_are_what_window_reduce_makes_of_each_window(ops: list[Any], spec: Any, how: Any) -> None:
     """With emits_results, every call hands over exactly the elements (types of bounds included) the task
@@ -195,7 +196,7 @@ def test_one_watermark_hands_every_session_it_passed_over_as_one_window() -> Non
 # -- checkpoints -------------------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=capped(200), deadline=None)
 @given(ops=OPS, cut=st.integers(0, 14), spec=st.sampled_from(SPECS), how=st.sampled_from(FOLDS))
 def test_a_logic_restored_mid_session_continues_exactly(ops: list[Any], cut: int, spec: Any, how: Any) -> None:
     """Snapshot (exactly encoded) at any point, restored into a new logic: the rest is what the original gives."""

@@ -20,6 +20,7 @@ from streamlet.core.model.segments import SegmentTable
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.core.windows.split import merge_window_snapshots, split_window_snapshot, unsplittable
+from tests.spec.budget import capped
 from tests.support.elements import el
 
 KEYS: tuple[Any, ...] = ("a", "b", ("t", 1), 7, "e")
@@ -196,7 +197,7 @@ def owners(draw: st.DrawFn, parts: int) -> Callable[[Any], int]:
 
 
 @pytest.mark.parametrize("spec", SPLITTABLE, ids=repr)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=capped(40), deadline=None)
 @given(data=st.data())
 def test_parts_continued_on_their_keys_give_each_key_what_one_instance_gives(
     spec: sl.WindowSpec, data: st.DataObject
@@ -223,7 +224,7 @@ def test_parts_continued_on_their_keys_give_each_key_what_one_instance_gives(
 
 
 @pytest.mark.parametrize("spec", SPLITTABLE, ids=repr)
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=capped(30), deadline=None)
 @given(data=st.data())
 def test_merging_the_parts_of_a_split_continues_as_the_snapshot_does(spec: sl.WindowSpec, data: st.DataObject) -> None:
     """merge(split(s)) restored gives every key exactly the results (early ones too) s restored gives."""
@@ -255,7 +256,7 @@ def exact(out: list[Emission]) -> dict[tuple[Any, float, float], list[tuple[str,
 
 
 @pytest.mark.parametrize("spec", EVENT_SPECS, ids=repr)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=capped(40), deadline=None)
 @given(data=st.data())
 def test_merging_parts_that_saw_different_watermarks_neither_drops_nor_doubles(
     spec: sl.WindowSpec, data: st.DataObject

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import streamlet as sl
 from streamlet.core.model.windows import Ticks
+from tests.spec.budget import capped
 
 
 class Contents(sl.Task):
@@ -110,7 +111,7 @@ def test_ticks_round_trip_the_bounds_users_write() -> None:
     assert [ticks.seconds(ticks.of(x)) for x in (0.1, 0.3, 0.35, 1e6 + 0.001)] == [0.1, 0.3, 0.35, 1e6 + 0.001]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=capped(200), deadline=None)
 @given(
     size_ms=st.integers(min_value=1, max_value=500),
     slide_divisor=st.sampled_from([1, 2, 3, 5]),
