@@ -39,6 +39,8 @@ def scores(mutants: Path, reasons: dict[str, str]) -> dict[str, dict[str, object
                 counts["equivalent"] += 1
             elif code in KILLED:
                 counts["killed"] += 1
+            elif code is None:
+                counts["not checked"] += 1  # the run was cut short
             else:
                 counts["survived" if code == 0 else "no tests" if code in (5, 33) else f"exit {code}"] += 1
                 survivors.append(name)

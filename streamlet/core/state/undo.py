@@ -117,15 +117,14 @@ class JournaledValues(dict[Any, Any]):
         self._note_all()
         return dict.values(self)
 
-    def take_back(self) -> list[Any]:
-        """Put back every key the call touched; the keys, for the TTL bookkeeping."""
+    def take_back(self) -> None:
+        """Put back every key the call touched, in the order the keys had."""
         before = self.before or {}
         for key, kept in before.items():
             if kept is _MISSING:
                 dict.pop(self, key, None)
             else:
                 dict.__setitem__(self, key, put_back(kept))
-        keys = list(before)
         before.clear()
         order, self.order_before = self.order_before, None
         if order is not None and list(dict.keys(self)) != order:  # keys removed and put back: the old order
@@ -136,7 +135,6 @@ class JournaledValues(dict[Any, Any]):
             keys = [key for key in order if key in values] + [key for key in values if key not in known]
             dict.clear(self)
             dict.update(self, ((key, values[key]) for key in keys))
-        return keys
 
 
 class UndoableState(KeyedState):
@@ -181,6 +179,8 @@ class UndoableExpiringState(ExpiringState):
         self.note_stamp(key)
         super().delete(key)
 
+    # (the full sweep needs no override: it removes each entry through ``delete``, which keeps its write time)
+
     def _sweep_front(self, now: float) -> None:
         if self.stamps_before is not None:  # the expired prefix is about to go: keep its write times
             for key, stamp in self.written.items():
@@ -188,13 +188,6 @@ class UndoableExpiringState(ExpiringState):
                     break
                 self.note_stamp(key)
         super()._sweep_front(now)
-
-    def _sweep_all(self, now: float) -> None:
-        if self.stamps_before is not None:
-            for key, stamp in self.written.items():
-                if now - stamp >= self.ttl:
-                    self.note_stamp(key)
-        super()._sweep_all(now)
 
     def note_stamp(self, key: Any) -> None:
         """Keep ``key``'s write time before the call's first change to it."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from streamlet.core.model.timers import Timers
 from streamlet.core.state.undo import CallUndo, JournaledValues, UndoableExpiringState, UndoableState
 
@@ -166,3 +168,58 @@ def test_each_dict_operation_alone_does_what_a_dict_does_and_is_taken_back() -> 
         undo.take_back()
         assert dict(state.values) == {"a": 1, "b": [1, 2], "d": "keep"}, name
         assert list(state.values) == ["a", "b", "d"], name  # the order of the keys too
+
+
+def test_update_between_calls_is_a_plain_dict_update() -> None:
+    """No call running (a rescale hands keys over): update takes a mapping and keywords, as a dict's does."""
+    values = JournaledValues({"a": 0})
+    values.update({"a": 1}, b=2)
+    values.update([("c", 3)])
+    assert dict(values) == {"a": 1, "b": 2, "c": 3}
+    assert values.before is None
+
+
+def expiring(written: dict[str, float], ttl: float = 10.0) -> tuple[UndoableExpiringState, list[float], CallUndo]:
+    """An expiring state with ``written`` (key -> write time, in that order) and its clock."""
+    now = [0.0]
+    state = UndoableExpiringState(ttl, lambda: now[0])
+    for key, stamp in written.items():
+        now[0] = stamp
+        state.put(key, stamp)
+    undo, _ = undo_of(state)
+    return state, now, undo
+
+
+def test_an_entry_a_failed_call_swept_at_exactly_its_ttl_comes_back_with_its_write_time() -> None:
+    """At now - written == ttl an entry has expired (the front sweep takes it): a failed call's sweep is
+    taken back with the write time, so it stays expired by its own time."""
+    state, now, undo = expiring({"old": 0.0, "young": 4.0})
+    now[0] = 10.0
+    undo.begin()
+    state.put("x", 1)  # sweeps 'old', written exactly ttl ago
+    assert "old" not in state.values
+    undo.take_back()
+    assert dict(state.written) == {"old": 0.0, "young": 4.0}
+
+
+def test_a_call_under_undo_sweeps_the_expired_front_before_a_live_entry() -> None:
+    """The journal keeps the swept entries aside, but the sweep still happens: the call sees no expired entry."""
+    state, now, undo = expiring({"old": 0.0, "young": 4.0})
+    now[0] = 11.0
+    undo.begin()
+    state.put("x", 1)
+    assert sorted(state.values) == ["x", "young"]
+    undo.forget()
+    assert dict(state.written) == {"young": 4.0, "x": 11.0}
+
+
+@pytest.mark.parametrize("at", [10.0, 12.0])
+def test_entries_a_failed_listing_swept_come_back_with_their_write_times(at: float) -> None:
+    """items() sweeps every expired entry (at exactly the ttl too); a failed call's sweep is taken back."""
+    state, now, undo = expiring({"old": 0.0, "young": 4.0})
+    now[0] = at
+    undo.begin()
+    assert [key for key, _ in state.items()] == ["young"]
+    undo.take_back()
+    assert dict(state.written) == {"old": 0.0, "young": 4.0}
+    assert dict(state.values) == {"old": 0.0, "young": 4.0}
