@@ -303,3 +303,63 @@ def test_a_failed_call_that_removed_keys_leaves_the_state_in_its_order(batch_siz
     items = [("a", 1), ("b", 1), ("x", "boom"), ("c", 1)]
     result = sl.run(job(items, DropsThenFails, on_error="skip"), batch_size=batch_size)
     assert pairs(result.sink("out")) == [("a", 1), ("b", 1), ("c", 1)]
+
+
+class WindowFails(sl.Task):
+    """Sums each count window; fails on a window holding 100, always or (``transient``) the first time."""
+
+    transient = False
+    failures = 0
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        values = [record.value for record in inputs.get()]
+        if 100 in values and (not self.transient or type(self).failures == 0):
+            type(self).failures += 1
+            raise ValueError("no 100, please")
+        outputs.emit("sum", sum(values))
+
+
+class WindowFailsOnce(WindowFails):
+    transient = True
+
+
+def windowed(task: type[WindowFails], **options: Any) -> sl.JobResult:
+    """Count windows of 2 over [1, 2, 100, 4, 5, 6] (ts 0..5) through ``task``."""
+    task.failures = 0
+    topology = sl.Topology("windowed")
+    source = topology.add_source("in", [sl.Record(f"k{v}", v, float(i)) for i, v in enumerate([1, 2, 100, 4, 5, 6])])
+    node = topology.add_task("w", task, window=sl.CountWindow(2), **options).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    return sl.run(topology)
+
+
+def test_fail_on_a_window_names_the_window_and_its_first_key() -> None:
+    """A window executed as one unit: the TaskError says so, with the first record's key and the error."""
+    message = "task 'w' instance 0 failed on a window starting with key 'k100': ValueError: no 100, please"
+    with pytest.raises(sl.TaskError, match=f"^{re.escape(message)}$") as failed:
+        windowed(WindowFails)
+    assert (failed.value.task, failed.value.key) == ("w", "k100")
+
+
+def test_skip_dead_letters_every_record_of_a_failed_window_with_the_error() -> None:
+    """Both records of the failing window are dead letters carrying the error; the other windows come out."""
+    result = windowed(WindowFails, on_error="skip")
+    assert values(result.sink("out")) == [3, 11]
+    assert [(d.record.key, d.error) for d in result.dead_letters] == [
+        ("k100", "ValueError: no 100, please"), ("k4", "ValueError: no 100, please"),
+    ]  # fmt: skip
+
+
+def test_restart_executes_a_failed_window_again() -> None:
+    """A transient failure: the window is executed again by a fresh task object, and comes out once."""
+    result = windowed(WindowFailsOnce, on_error="restart")
+    assert values(result.sink("out")) == [3, 104, 11]
+    assert result.dead_letters == []
+
+
+def test_restart_gives_up_on_a_window_naming_it_after_max_failures() -> None:
+    message = (
+        "task 'w' instance 0 failed on a window starting with key 'k100' after 2 restarts: ValueError: no 100, please"
+    )
+    with pytest.raises(sl.TaskError, match=f"^{re.escape(message)}$"):
+        windowed(WindowFails, on_error="restart", max_failures=2)
