@@ -82,7 +82,7 @@ class ColumnarWindowLogic(EventTimeLogic):
     def add_columns(self, batch: ColumnBatch, now: float) -> tuple[list[ClosedWindow], Any]:
         """Hold ``batch``'s rows in their windows; the windows overdue after a restore, and the mask of its late
         rows (``None`` when none is late)."""
-        caught = self._catch_up() if self.overdue else []
+        caught = self._catch_up()  # the overdue windows, if any (none unless restored: see _catch_up)
         self.last_arrival = now
         if not len(batch):
             return caught, None

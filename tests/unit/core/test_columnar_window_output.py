@@ -258,3 +258,28 @@ async def test_live_rescales_move_held_rows_with_their_keys() -> None:
     expected = await rescaled_counts({}, columnar=False)
     assert len(expected) == 13 * 6
     assert await rescaled_counts({700: 4, 1500: 1, 2200: 3}, columnar=True) == expected
+
+
+@pytest.mark.parametrize(
+    ("how", "values", "value_type"),
+    [("count", [2, 1], pa.int64()), ("sum", [12, 6], pa.int64()), ("min", [5, 6], pa.int32()),
+     ("max", [7, 6], pa.int32())],
+)  # fmt: skip
+def test_a_fired_window_keeps_the_arrow_types_of_its_keys_and_values(
+    how: str, values: list[int], value_type: pa.DataType
+) -> None:
+    """Aggregated in Arrow from end to end: int32 keys stay int32, a min or max keeps the field's int32 (a
+    count and a sum are int64, as Arrow gives them)."""
+    table = pa.table({"k": pa.array([1, 2, 1], pa.int32()), "n": pa.array([5, 6, 7], pa.int32()), "ts": [1, 2, 3]})
+    topology = sl.Topology("types")
+    rows = topology.add_source("in", sl.ColumnarSource(table, key="k", value="n", ts="ts"))
+    folded = topology.aggregate("fold", how, window=sl.TimeWindow(10, time="event")).set_input(rows)  # type: ignore[arg-type]
+    sink = ColumnsSink()
+    topology.add_sink("out", sink).set_input(folded)
+    sl.run(topology)
+    [batch] = sink.batches
+    assert batch.data.schema.field("key").type == pa.int32()
+    assert batch.data.schema.field("value").type == value_type
+    assert batch.data.to_pydict() == {
+        "key": [1, 2], "value": values, "ts": [9.999] * 2, "window_start": [0] * 2, "window_end": [10] * 2
+    }  # fmt: skip

@@ -215,3 +215,39 @@ def test_a_windowed_aggregate_skips_null_values(how: str, expected: list[tuple[s
     table = pa.table({"key": ["a", "a", "b", "a", "b"], "n": [1, None, None, 3, None], "ts": [0.0] * 5}, schema=schema)
     result = windowed(how, sl.TimeWindow(10, time="event"), table, columnar=True, parallelism=1)
     assert sorted((r.key, r.value) for r in result.sink("out")) == expected
+
+
+def test_a_window_in_whole_seconds_rounds_to_them_and_stamps_its_last_second() -> None:
+    """time_unit=1: a timestamp is its nearest second (9.6 is in [10, 20)), results carry the window's last
+    second, as window_reduce gives them."""
+    table = pa.table({"key": ["a", "a", "b"], "n": [1, 2, 4], "ts": [4.4, 9.6, 12.0]})
+    window = sl.TimeWindow(10, time="event", time_unit=1)
+    columnar = windowed("sum", window, table, columnar=True, parallelism=1)
+    assert results(columnar) == results(windowed("sum", window, table, columnar=False, parallelism=1))
+    assert results(columnar) == [
+        ("a", 1, 9.0, 0.0, 10.0, "float"), ("a", 2, 19.0, 10.0, 20.0, "float"), ("b", 4, 19.0, 10.0, 20.0, "float")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("how", "expected"), [("mean", [1.0, 2.0, 4.0]), ("sum", [1, 2, 8])])
+def test_a_window_of_int_and_string_keys_emits_its_results_as_records(how: str, expected: list[Any]) -> None:
+    """Keys of two types in one window fit no Arrow column: its results leave as window_reduce's records
+    (a mean as a mean, not its sum and count), keys in the order they first came."""
+    batches = [
+        pa.record_batch({"k": [1, 2], "n": [1, 2], "ts": [1, 2]}),
+        pa.record_batch({"k": ["a", "a"], "n": [3, 5], "ts": [3, 4]}),
+    ]
+    topology = sl.Topology("mixed")
+    rows = topology.add_source("in", sl.ColumnarSource(batches, key="k", value="n", ts="ts"))
+    folded = topology.aggregate("fold", how, window=sl.TimeWindow(10, time="event")).set_input(rows)  # type: ignore[arg-type]
+    topology.add_sink("out", sl.CollectSink()).set_input(folded)
+    found = [(r.key, r.value, r.ts, r.window) for r in sl.run(topology).sink("out")]
+    assert found == [(key, value, 9.999, (0, 10)) for key, value in zip([1, 2, "a"], expected, strict=True)]
+
+
+def test_a_windowed_sum_past_64_bits_is_an_exact_python_int() -> None:
+    """A window's sum past 2^64 comes out as a Python int (no Decimal), exact, beside a small one."""
+    table = pa.table({"key": ["a", "a", "b"], "n": pa.array([2**63, 2**64 - 1, 5], pa.uint64()), "ts": [1, 2, 3]})
+    result = windowed("sum", sl.TimeWindow(10, time="event"), table, columnar=True, parallelism=1)
+    found = [(r.key, r.value, type(r.value)) for r in result.sink("out")]
+    assert found == [("a", 2**63 + 2**64 - 1, int), ("b", 5, int)]

@@ -186,3 +186,10 @@ def test_job_window_reduce_sums_every_two_records_of_each_key() -> None:
         ("a", 12, (2, 4)),
         ("b", 8, (2, 3)),
     ]
+
+
+def test_records_go_to_their_own_key_whatever_their_values() -> None:
+    """A record whose value is the next record's key does not take that record into its key's window."""
+    logic = logic_for(PAIRS)
+    assert add(logic, [el("a", "b"), el("b", "x")]) == []
+    assert shown(logic.close_all()) == [(0, 1, ["b"]), (0, 1, ["x"])]
