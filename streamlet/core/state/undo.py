@@ -129,12 +129,10 @@ class JournaledValues(dict[Any, Any]):
         order, self.order_before = self.order_before, None
         if order is not None and list(dict.keys(self)) != order:  # keys removed and put back: the old order
             values = dict(self)
-            known = set(order)
-            # keys the call added before its first removal are gone again; keys no method of this dict
-            # removed (a TTL sweep) come back last
-            keys = [key for key in order if key in values] + [key for key in values if key not in known]
             dict.clear(self)
-            dict.update(self, ((key, values[key]) for key in keys))
+            # every key removed went through a method that noted the order first; keys the call added before
+            # its first removal are gone again
+            dict.update(self, ((key, values[key]) for key in order if key in values))
 
 
 class UndoableState(KeyedState):

@@ -223,3 +223,71 @@ def test_entries_a_failed_listing_swept_come_back_with_their_write_times(at: flo
     undo.take_back()
     assert dict(state.written) == {"old": 0.0, "young": 4.0}
     assert dict(state.values) == {"old": 0.0, "young": 4.0}
+
+
+def test_a_removal_between_calls_does_not_fix_the_order_a_later_call_goes_back_to() -> None:
+    """Only a call's first removal notes the keys' order: one between calls (a rescale) leaves no stale order."""
+    state = UndoableState({"a": 1, "b": 2})
+    undo, _ = undo_of(state)
+    values: Any = state.values
+    values.pop("a")
+    values["a"] = 1  # between calls: now b, a
+    undo.begin()
+    values["b"] = 3
+    undo.take_back()
+    assert list(state.values.items()) == [("b", 2), ("a", 1)]
+
+
+def test_a_restored_expiring_state_is_still_journaled() -> None:
+    """After a restore from a checkpoint, a failed call's changes are taken back as before."""
+    state, _now, undo = expiring({"a": 0.0})
+    snapshot = state.checkpoint()
+    state.restore(snapshot)
+    undo, _ = undo_of(state)
+    undo.begin()
+    state.values["a"] = 99
+    undo.take_back()
+    assert dict(state.values) == {"a": 0.0}
+
+
+def test_a_failed_delete_keeps_the_write_time() -> None:
+    """The entry comes back with its old write time, so it still expires when it would have."""
+    state, now, undo = expiring({"a": 0.0, "b": 1.0})
+    now[0] = 5.0
+    undo.begin()
+    state.delete("a")
+    undo.take_back()
+    assert list(state.written.items()) == [("a", 0.0), ("b", 1.0)]
+
+
+def test_a_key_a_failed_call_wrote_then_deleted_leaves_no_write_time() -> None:
+    state, now, undo = expiring({"a": 0.0})
+    now[0] = 1.0
+    undo.begin()
+    state.put("new", 1)
+    state.delete("new")
+    undo.take_back()
+    assert list(state.written.items()) == [("a", 0.0)]
+
+
+def test_write_times_taken_back_are_in_time_order_not_key_order() -> None:
+    """b written before a: a failed call's rewrite of b is taken back and b is the oldest again."""
+    state, now, undo = expiring({"b": 0.0, "a": 1.0})
+    now[0] = 2.0
+    undo.begin()
+    state.put("b", 5)
+    undo.take_back()
+    assert list(state.written.items()) == [("b", 0.0), ("a", 1.0)]
+
+
+def test_writes_between_calls_after_a_successful_call_keep_no_journal() -> None:
+    """After forget() nothing is kept: a write between calls (a restore, a rescale) is plain."""
+    state, _now, undo = expiring({"a": 0.0})
+    undo.begin()
+    state.put("b", 1)
+    undo.forget()
+    state.put("c", 2)
+    state.delete("a")
+    assert state.stamps_before is None
+    assert state.values.before is None
+    assert dict(state.values) == {"b": 1, "c": 2}
