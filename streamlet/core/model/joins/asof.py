@@ -159,11 +159,9 @@ class AsofJoin(EventTimeJoin):
         how many went."""
         if len(versions) < 2 or versions[1][0] > cut:
             return 0  # the common case: the oldest is the newest at or before the cut, nothing to drop
-        newest = bisect.bisect_right(versions, cut, key=_ts_of) - 1
-        if newest > 0:
-            del versions[:newest]
-            return newest
-        return 0
+        newest = bisect.bisect_right(versions, cut, key=_ts_of) - 1  # >= 1: versions[1] is at or before the cut
+        del versions[:newest]
+        return newest
 
 
 def _just_below(seconds: float) -> float:

@@ -106,9 +106,9 @@ class IntervalJoin(EventTimeJoin):
                 matches = [record for record in others if record[0] + lower <= ts <= record[0] + upper]
             if matches:
                 if plain and side == LEFT:  # the default pair cannot fail
-                    out += [(key, (value, record[1]), ts if ts > record[0] else record[0]) for record in matches]
+                    out += [(key, (value, record[1]), ts if ts >= record[0] else record[0]) for record in matches]
                 elif plain:
-                    out += [(key, (record[1], value), ts if ts > record[0] else record[0]) for record in matches]
+                    out += [(key, (record[1], value), ts if ts >= record[0] else record[0]) for record in matches]
                 else:
                     results = self.outputs_of(element, partial(self._pairs, key, value, ts, side, matches))
                     if results is None:
