@@ -35,6 +35,7 @@ from streamlet.testing import ExactlyOnceSink
 from tests.spec.budget import examples
 from tests.spec.models import enrichment as model
 from tests.spec.models.enrichment import Rec
+from tests.support.held_calls import until_true
 
 KEYS = ["a", "b", 7, ("u", 1), "kiwi"]
 NAMES = itertools.count()
@@ -290,14 +291,6 @@ class Crash(Exception):
     """Raised inside ``sl.start``'s block: the job is cancelled where it stands."""
 
 
-async def _wait_for(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
-
-
 def crash_then_resume(
     build: Callable[[], sl.Topology],
     resume_build: Callable[[], sl.Topology],
@@ -330,8 +323,8 @@ def crash_then_resume(
             async with sl.start(topology, batch_size=batch_size, checkpoint_store=store) as job:
                 for r in records[:before]:
                     await send(job, r)
-                await _wait_for(lambda: job.statistics().nodes[node].records_in >= before, "the records taken")
-                await _wait_for(stalled, "a call in flight")
+                await until_true(lambda: job.statistics().nodes[node].records_in >= before)
+                await until_true(stalled)
                 await asyncio.wait_for(job.checkpoint(), 10.0)
                 for r in records[before : before + after]:
                     with contextlib.suppress(asyncio.TimeoutError):
@@ -421,15 +414,18 @@ def test_map_async_resumes_from_a_checkpoint_taken_with_calls_in_flight(
         assert per_key(got, lambda x: source_key[x[1] // 100]) == per_key(want, lambda x: source_key[x[1] // 100])
 
 
-def _checkpoint_completes(topology: sl.Topology, feed: Callable[[sl.Job], Any], stalled: Callable[[], bool]) -> bool:
-    """Whether ``job.checkpoint()`` completes (within 3 s) once ``feed`` has run and ``stalled()`` holds."""
+def _checkpoint_completes(
+    topology: sl.Topology, feed: Callable[[sl.Job], Any], stalled: Callable[[], bool], sent: int
+) -> bool:
+    """Whether ``job.checkpoint()`` completes (within 3 s) once ``feed`` has run, ``stalled()`` holds and the
+    source has read the ``sent`` records."""
 
     async def main() -> bool:
         with contextlib.suppress(Crash):
             async with sl.start(topology, batch_size=1, checkpoint_store=sl.InMemoryCheckpointStore()) as job:
                 await feed(job)
-                await _wait_for(stalled, "a call in flight")
-                await asyncio.sleep(0.05)
+                await until_true(stalled)
+                await until_true(lambda: job.statistics().nodes["src"].records_out >= sent)
                 try:
                     await asyncio.wait_for(job.checkpoint(), 3.0)
                 except TimeoutError:
@@ -468,7 +464,7 @@ async def _send(job: sl.Job, n: int) -> None:
 def test_map_async_checkpoint_at_full_concurrency_with_one_record_held():
     """Two calls hanging at concurrency=2 and one record taken behind them: the checkpoint completes."""
     topology, blocked = _hanging_map_async(sl.QueueSource(), 2, hold=False)
-    assert _checkpoint_completes(topology, lambda job: _send(job, 3), lambda: len(blocked) >= 2)
+    assert _checkpoint_completes(topology, lambda job: _send(job, 3), lambda: len(blocked) >= 2, 3)
 
 
 @pytest.mark.timeout(60)
@@ -482,7 +478,7 @@ def test_map_async_checkpoint_at_full_concurrency_with_one_record_held():
 )
 def test_map_async_checkpoint_at_full_concurrency_with_records_queued():
     topology, blocked = _hanging_map_async(sl.QueueSource(), 2, hold=False)
-    assert _checkpoint_completes(topology, lambda job: _send(job, 4), lambda: len(blocked) >= 2)
+    assert _checkpoint_completes(topology, lambda job: _send(job, 4), lambda: len(blocked) >= 2, 4)
 
 
 @pytest.mark.timeout(60)
@@ -499,7 +495,7 @@ def test_map_async_checkpoint_after_the_input_ended_with_a_call_in_flight():
     async def nothing(job: sl.Job) -> None:
         return None
 
-    assert _checkpoint_completes(topology, nothing, lambda: len(blocked) >= 1)
+    assert _checkpoint_completes(topology, nothing, lambda: len(blocked) >= 1, 1)
 
 
 # ---------------------------------------------------------------------------------- map_async corners
@@ -1189,7 +1185,7 @@ async def _send_keys(job: sl.Job, n: int) -> None:
 def test_lookup_join_checkpoint_with_lookups_in_flight():
     """Two lookups hanging at concurrency=2, two more waiting: the checkpoint completes."""
     topology, blocked = _hanging_lookup_join(sl.QueueSource(), 2, hold=False)
-    assert _checkpoint_completes(topology, lambda job: _send_keys(job, 4), lambda: len(blocked) >= 2)
+    assert _checkpoint_completes(topology, lambda job: _send_keys(job, 4), lambda: len(blocked) >= 2, 4)
 
 
 @pytest.mark.timeout(60)
@@ -1203,7 +1199,7 @@ def test_lookup_join_checkpoint_with_lookups_in_flight():
 )
 def test_lookup_join_checkpoint_with_the_instance_full():
     topology, blocked = _hanging_lookup_join(sl.QueueSource(), 2, hold=False)
-    assert _checkpoint_completes(topology, lambda job: _send_keys(job, 6), lambda: len(blocked) >= 2)
+    assert _checkpoint_completes(topology, lambda job: _send_keys(job, 6), lambda: len(blocked) >= 2, 6)
 
 
 @pytest.mark.timeout(60)
@@ -1220,7 +1216,7 @@ def test_lookup_join_checkpoint_after_the_input_ended_with_a_lookup_in_flight():
     async def nothing(job: sl.Job) -> None:
         return None
 
-    assert _checkpoint_completes(topology, nothing, lambda: len(blocked) >= 1)
+    assert _checkpoint_completes(topology, nothing, lambda: len(blocked) >= 1, 1)
 
 
 @pytest.mark.timeout(60)

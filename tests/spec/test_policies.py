@@ -32,6 +32,7 @@ from streamlet.testing import ExactlyOnceSink
 from tests.spec.budget import examples
 from tests.spec.models import policies as model
 from tests.spec.models.policies import Rec
+from tests.support.held_calls import until_true
 
 KEYS = ["a", "b", 7, ("u", 1)]
 NAMES = itertools.count()
@@ -319,14 +320,6 @@ class Crash(Exception):
     pass
 
 
-async def _wait_for(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
-
-
 class SlowProgram(AsyncProgram):
     """Takes a little real time per batch, so a checkpoint can fall anywhere in the input."""
 
@@ -379,9 +372,7 @@ def test_a_failed_record_leaves_nothing_behind_across_a_crash(
     async def first_run() -> None:
         with contextlib.suppress(Crash):
             async with sl.start(build(parallelism), batch_size=batch_size, checkpoint_store=store) as job:
-                await _wait_for(
-                    lambda: job.statistics().nodes["task"].records_in >= taken_at_checkpoint, "records taken"
-                )
+                await until_true(lambda: job.statistics().nodes["task"].records_in >= taken_at_checkpoint)
                 await asyncio.wait_for(job.checkpoint(), 10.0)
                 for _ in range(linger):
                     await asyncio.sleep(0.001)
@@ -899,7 +890,7 @@ def test_builtins_leave_nothing_of_a_failed_record_across_a_crash(
     async def first_run() -> None:
         with contextlib.suppress(Crash):
             async with sl.start(build(parallelism), batch_size=batch_size, checkpoint_store=store) as job:
-                await _wait_for(lambda: job.statistics().nodes["node"].records_in >= taken_at_checkpoint, "records")
+                await until_true(lambda: job.statistics().nodes["node"].records_in >= taken_at_checkpoint)
                 await asyncio.wait_for(job.checkpoint(), 10.0)
                 for _ in range(linger):
                     await asyncio.sleep(0.001)

@@ -47,6 +47,7 @@ import streamlet as sl
 from tests.spec import test_columnar as columnar
 from tests.spec.budget import examples
 from tests.spec.models import resume as model
+from tests.support.held_calls import until_true
 
 KEYS = ["k0", "k1", "k2", "k3", "k4"]
 TICK = 0.001
@@ -481,8 +482,9 @@ def test_an_async_generator_refuses_to_resume_in_start(tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
 
     async def crash() -> int:
-        async with sl.start(generator_job(records, tmp_path, 2, [], []), checkpoint_dir=checkpoints) as job:
-            await asyncio.sleep(0.01)
+        reading: list[bool] = []
+        async with sl.start(generator_job(records, tmp_path, 2, [], reading), checkpoint_dir=checkpoints) as job:
+            await until_true(lambda: len(reading) > 0)  # the generator is being read
             epoch = await job.checkpoint()
             raise Crash(epoch)
 
