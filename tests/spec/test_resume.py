@@ -631,7 +631,6 @@ def test_a_checkpoint_keeps_a_sum_past_64_bits_in_a_window(tmp_path: Path) -> No
     assert _big_sum(tmp_path, None) == [("a", 2**64)]
 
 
-@pytest.mark.xfail(strict=True, reason="a checkpoint of the aggregate's state fails on a sum past 64 bits")
 @pytest.mark.parametrize("emit", ["batch", "end"])
 def test_a_checkpoint_keeps_a_sum_past_64_bits(tmp_path: Path, emit: str) -> None:
     """uint64 rows 2^64 - 1 and 1 (two batches) summed with a checkpoint directory: the results are those of a run

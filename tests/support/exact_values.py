@@ -14,12 +14,16 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-INTS = st.integers(-(2**63), 2**64 - 1)
+# msgpack's own integers, and past them (extension type 2)
+INTS_64 = st.integers(-(2**63), 2**64 - 1)
+INTS = INTS_64 | st.integers(min_value=2**64) | st.integers(max_value=-(2**63) - 1)
 SCALARS = st.none() | st.booleans() | INTS | st.floats() | st.text(max_size=8) | st.binary(max_size=8)
+PLAIN_SCALARS = st.none() | st.booleans() | INTS_64 | st.floats() | st.text(max_size=8) | st.binary(max_size=8)
 # dict keys and record keys: hashable, and no NaN (a NaN key never finds itself again, in any dict)
-KEY_SCALARS = (
-    st.none() | st.booleans() | INTS | st.floats(allow_nan=False) | st.text(max_size=8) | st.binary(max_size=8)
+PLAIN_KEY_SCALARS = (
+    st.none() | st.booleans() | INTS_64 | st.floats(allow_nan=False) | st.text(max_size=8) | st.binary(max_size=8)
 )
+KEY_SCALARS = PLAIN_KEY_SCALARS | INTS
 KEYS = st.recursive(KEY_SCALARS, lambda inner: st.lists(inner, max_size=3).map(tuple), max_leaves=6)
 VALUES = st.recursive(
     SCALARS,
@@ -28,10 +32,10 @@ VALUES = st.recursive(
     ),
     max_leaves=20,
 )
-# values with no tuple anywhere, keys included: what plain msgpack already kept
+# values with no tuple and no int past 64 bits anywhere, keys included: what plain msgpack already kept
 PLAIN_VALUES = st.recursive(
-    SCALARS,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEY_SCALARS, inner, max_size=4),
+    PLAIN_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(PLAIN_KEY_SCALARS, inner, max_size=4),
     max_leaves=20,
 )
 

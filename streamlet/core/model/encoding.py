@@ -4,8 +4,12 @@ Keyed state, checkpoints and batches between processes are msgpack, through
 :func:`packb` and :func:`unpackb`, under which a value comes back with the
 types it had (never pickle):
 
-* ``None``, ``bool``, ``int`` (64-bit), ``float``, ``str``, ``bytes``,
-  ``list`` and ``dict`` are msgpack's own types;
+* ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, ``list`` and
+  ``dict`` are msgpack's own types, but for an ``int`` past 64 bits (past
+  what msgpack's integers hold: below -2^63 or from 2^64): that is extension
+  type :data:`BIG_INT_EXT`, its payload the int's two's-complement bytes,
+  big-endian, as few as hold it. A sum or a product of Python ints passes
+  64 bits without a word, so state, checkpoints and frames keep it exactly;
 * a ``tuple`` is an array whose first item is the *tuple marker*, extension
   type :data:`TUPLE_EXT` with an empty payload, followed by the tuple's
   items: ``(1, "a")`` is ``[ExtType(1, b""), 1, "a"]``. So tuples stay
@@ -16,8 +20,10 @@ types it had (never pickle):
   a ``namedtuple`` as a tuple, a ``defaultdict`` as a dict), ``bytearray``
   and ``memoryview`` as ``bytes``, as msgpack always did.
 
-Decoding refuses, with :class:`ExtensionError`, every other extension type
-and a tuple marker anywhere but first in an array.
+Decoding refuses, with :class:`ExtensionError`, every other extension type,
+a tuple marker anywhere but first in an array, and a big int's payload that
+is empty or holds an int msgpack's own integers hold (so every int has one
+encoding, and partitioning hashes equal keys alike).
 
 Why a marker and not an extension whose payload is the packed items: that
 payload would be packed and unpacked by a nested msgpack call per tuple,
@@ -49,17 +55,15 @@ import msgpack
 
 from streamlet.errors import EncodingError
 
-ENCODABLE = "None, bool, int (64-bit), float, str, bytes, list, tuple and dict"
+ENCODABLE = "None, bool, int, float, str, bytes, list, tuple and dict"
 
-_SCALARS = (type(None), bool, float, str, bytes, bytearray)
+_SCALARS = (type(None), bool, int, float, str, bytes, bytearray)
 
 
 def first_unencodable(value: Any, path: str = "") -> tuple[str, Any] | None:
     """``(path, value)`` of the first part of ``value`` msgpack cannot encode, or ``None`` when it all can."""
     if isinstance(value, _SCALARS):
         return None
-    if isinstance(value, int):
-        return None if -(2**63) <= value < 2**64 else (path, value)
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
             found = first_unencodable(item, f"{path}[{index}]")
@@ -81,8 +85,9 @@ def encoding_error(value: Any, where: str, what: str = "value") -> EncodingError
     path, bad = found if found is not None else ("", value)
     at = f" at {path.strip()}" if path else ""
     kind = type(bad).__name__
-    detail = f"the int {bad} does not fit in 64 bits" if isinstance(bad, int) else f"{kind} is not encodable"
-    return EncodingError(f"{where}: the {what}{at} cannot be encoded: {detail} (use {ENCODABLE})", value_type=kind)
+    return EncodingError(
+        f"{where}: the {what}{at} cannot be encoded: {kind} is not encodable (use {ENCODABLE})", value_type=kind
+    )
 
 
 def pack(value: Any, where: str, what: str = "value") -> bytes:
@@ -92,7 +97,7 @@ def pack(value: Any, where: str, what: str = "value") -> bytes:
     hashes these bytes, where a tuple and a list must hash the same.
     """
     try:
-        packed: bytes = msgpack.packb(value, use_bin_type=True)
+        packed: bytes = msgpack.packb(value, use_bin_type=True, default=_big_int)
     except (TypeError, ValueError, OverflowError) as exc:
         raise encoding_error(value, where, what) from exc
     return packed
@@ -103,7 +108,26 @@ def pack(value: Any, where: str, what: str = "value") -> bytes:
 TUPLE_EXT = 1
 """The msgpack extension type code of the tuple marker (its payload is empty)."""
 
+BIG_INT_EXT = 2
+"""The msgpack extension type code of an int past 64 bits (its payload: two's complement, big-endian)."""
+
 _MARKER = msgpack.ExtType(TUPLE_EXT, b"")
+_INT_RANGE = range(-(2**63), 2**64)  # what msgpack's own integers hold
+
+
+def _big_int(value: Any) -> Any:
+    """``default`` for an int msgpack's integers do not hold (msgpack hands it over on overflow)."""
+    if isinstance(value, int) and value not in _INT_RANGE:
+        return msgpack.ExtType(BIG_INT_EXT, value.to_bytes(value.bit_length() // 8 + 1, "big", signed=True))
+    raise TypeError(f"can not serialize {type(value).__name__!r} object")
+
+
+def _read_big_int(data: bytes) -> int:
+    """A big int's payload back to the int; an :class:`ExtensionError` for one no encoder writes."""
+    value = int.from_bytes(data, "big", signed=True)
+    if not data or value in _INT_RANGE or len(data) != value.bit_length() // 8 + 1:
+        raise ExtensionError(f"malformed big int (extension type {BIG_INT_EXT} with {len(data)} bytes)")
+    return value
 
 
 class ExtensionError(ValueError):
@@ -118,7 +142,8 @@ def _base_type(value: Any) -> Any:
     """A subclass instance as its base type (msgpack's ``strict_types`` hands them to ``default``)."""
     # The base type's own method copies the data, as msgpack packs it; int(value) would call an override.
     if isinstance(value, int):  # bool cannot be subclassed: msgpack packs every bool itself
-        return int.__int__(value)
+        number = int.__int__(value)
+        return number if number in _INT_RANGE else _big_int(number)
     if isinstance(value, float):
         return float.__float__(value)
     if isinstance(value, str):
@@ -148,8 +173,8 @@ def _marked(value: Any) -> Any:
 def packb(value: Any) -> bytes:
     """``value`` as msgpack bytes that :func:`unpackb` turns back into an equal value of the same types.
 
-    Raises what msgpack raises (``TypeError``, ``ValueError``,
-    ``OverflowError``) for a value it cannot encode; :func:`pack_exact`
+    Raises what msgpack raises (``TypeError``, ``ValueError``) for a value
+    it cannot encode; :func:`pack_exact`
     names the part instead.
     """
     try:
@@ -179,6 +204,8 @@ def _unknown(code: int, data: bytes) -> ExtensionError:
 def _first_pass_ext(code: int, data: bytes) -> Any:
     if code == TUPLE_EXT and not data:
         raise _TupleFound
+    if code == BIG_INT_EXT:
+        return _read_big_int(data)
     raise _unknown(code, data)
 
 
@@ -201,6 +228,8 @@ class _TupleReader:
         if code == TUPLE_EXT and not data:
             self.markers += 1
             return self._SENTINEL
+        if code == BIG_INT_EXT:
+            return _read_big_int(data)
         raise _unknown(code, data)
 
     def array(self, items: list[Any]) -> Any:
@@ -217,7 +246,8 @@ def unpackb(data: bytes) -> Any:
     is no tuple as a key is refused: it is a list, which is not hashable).
     Sizes and nesting are bounded as msgpack bounds them by default (by the
     data's length, 1024 levels). Raises :class:`ExtensionError` for an
-    extension type other than the tuple marker or a marker out of place, and
+    extension type other than the tuple marker and a big int, a marker out of
+    place or a malformed big int, and
     msgpack's errors (``ValueError`` and its subclasses, ``TypeError``) for
     malformed data; nothing is ever unpickled.
     """

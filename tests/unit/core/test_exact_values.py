@@ -153,13 +153,40 @@ def test_unknown_extension_types_are_refused(data: bytes, message: str) -> None:
     assert str(caught.value) == message
 
 
+def test_an_int_past_64_bits_is_its_own_extension_type() -> None:
+    """Past msgpack's integers (below -2^63, from 2^64) an int is extension type 2, its two's complement
+    big-endian in as few bytes as hold it; inside that range it stays msgpack's own integer."""
+    assert packb(2**64) == msgpack.packb(msgpack.ExtType(2, b"\x01" + bytes(8)))
+    assert packb(-(2**63) - 1) == msgpack.packb(msgpack.ExtType(2, b"\xff\x7f" + b"\xff" * 7))
+    assert packb([2**64 - 1, -(2**63)]) == msgpack.packb([2**64 - 1, -(2**63)])
+    for number in (2**64, -(2**63) - 1, 2**200, -(2**200), 2**72 - 1):
+        assert same_shape(unpackb(packb({(number,): [number]})), {(number,): [number]})
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b"", "malformed big int (extension type 2 with 0 bytes)"),
+        (b"\x05", "malformed big int (extension type 2 with 1 bytes)"),  # fits msgpack's own integers
+        (b"\x00\x01" + bytes(8), "malformed big int (extension type 2 with 10 bytes)"),  # a byte too many
+    ],
+    ids=["empty", "in-range", "padded"],
+)
+def test_a_big_int_no_encoder_writes_is_refused(payload: bytes, message: str) -> None:
+    """Every int has one encoding (partitioning hashes the bytes): any other payload of type 2 is refused."""
+    for data in (msgpack.packb(msgpack.ExtType(2, payload)), msgpack.packb([(1,), msgpack.ExtType(2, payload)])):
+        with pytest.raises(ExtensionError) as caught:
+            unpackb(data)
+        assert str(caught.value) == message
+
+
 def test_an_unencodable_part_is_named() -> None:
     """pack_exact names the bad part, inside a tuple too."""
     with pytest.raises(sl.EncodingError) as caught:
         pack_exact({"k": (1, {2: object()})}, "keyed state")
     assert str(caught.value) == (
         "keyed state: the value at ['k'][1][2] cannot be encoded: object is not encodable "
-        "(use None, bool, int (64-bit), float, str, bytes, list, tuple and dict)"
+        "(use None, bool, int, float, str, bytes, list, tuple and dict)"
     )
 
 
