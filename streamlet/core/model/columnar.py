@@ -304,8 +304,6 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
         aggregations.append((field, "sum" if how == "mean" else how))
     if how == "mean":
         aggregations.append((field, "count"))  # only the valid values, as the sum
-    if ts is not None:
-        aggregations.append((ts, "last", pa.compute.ScalarAggregateOptions(skip_nulls=False)))
     table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
     if how != "count" and field != key:
         assert field is not None
@@ -316,7 +314,10 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
         summed = summable(column)
         if summed is not column:
             table = table.set_column(table.schema.get_field_index(field), field, summed)
-    grouped = table.group_by(key, use_threads=False).aggregate(aggregations)
+    table = _with_typed_ts(table, ts)
+    if ts is not None:
+        aggregations.append((ts, "last", pa.compute.ScalarAggregateOptions(skip_nulls=False)))
+    grouped = grouped_in_order(table, key, aggregations)
     keys = grouped.column(key).combine_chunks()
     stamps = None if ts is None else grouped.column(f"{ts}_last").combine_chunks()
     if how == "count":
@@ -327,6 +328,31 @@ def _per_key(batch: ColumnBatch, key: str, field: str | None, how: str) -> tuple
     if how == "sum":
         return keys, exact_sums(grouped.column(f"{field}_sum")), stamps
     return keys, grouped.column(f"{field}_{how}").to_pylist(), stamps
+
+
+#: The column :func:`grouped_in_order` numbers the rows in (1, 2, ...).
+FIRST_ROW = "__streamlet_row"
+
+
+def grouped_in_order(table: Any, key: str, aggregations: list[Any]) -> Any:
+    """``table.group_by(key).aggregate(aggregations)`` with the keys in the order they first appear in ``table``.
+
+    Arrow's ``group_by`` promises no order (a null key among dictionary-encoded or large int keys comes out
+    elsewhere), and docs/columnar.md promises first-seen order: each group takes the smallest row number."""
+    pa = import_pyarrow()
+    rows = pa.compute.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), len(table)))
+    numbered = table.append_column(FIRST_ROW, rows)
+    grouped = numbered.group_by(key, use_threads=False).aggregate([*aggregations, (FIRST_ROW, "min")])
+    return grouped.take(pa.compute.sort_indices(grouped.column(f"{FIRST_ROW}_min")))
+
+
+def _with_typed_ts(table: Any, ts: str | None) -> Any:
+    """``table`` with a ts column of Arrow's null type (records that all had ``ts=None``) as float64 nulls:
+    Arrow's ``last`` has no kernel for the null type."""
+    pa = import_pyarrow()
+    if ts is None or not pa.types.is_null(table.schema.field(ts).type):
+        return table
+    return table.set_column(table.schema.get_field_index(ts), ts, pa.nulls(len(table), pa.float64()))
 
 
 def decoded(column: Any) -> Any:

@@ -27,6 +27,7 @@ from streamlet.core.model.columnar import (
     AggregateTask,
     decoded,
     exact_sums,
+    grouped_in_order,
     mean_of,
     merge_partials,
     summable,
@@ -166,13 +167,13 @@ class ColumnarWindowLogic(EventTimeLogic):
         pc = pa.compute
         table = pa.Table.from_batches(batches)
         if self.how == "count":
-            return table.group_by("key", use_threads=False).aggregate([("key", "count", pc.CountOptions(mode="all"))])
+            return grouped_in_order(table, "key", [("key", "count", pc.CountOptions(mode="all"))])
         table = table.set_column(1, "field", decoded(table.column("field")))
         if self.how in ("sum", "mean"):
             table = table.set_column(1, "field", summable(table.column("field")))
         if self.how == "mean":  # the count of valid values, as the sum
-            return table.group_by("key", use_threads=False).aggregate([("field", "sum"), ("field", "count")])
-        return table.group_by("key", use_threads=False).aggregate([("field", self.how)])
+            return grouped_in_order(table, "key", [("field", "sum"), ("field", "count")])
+        return grouped_in_order(table, "key", [("field", self.how)])
 
     def _parts(self, grouped: Any) -> list[Any]:
         """The grouped aggregates as Python values (``mean``: ``[sum, count]`` pairs), as ``folded`` keeps them."""

@@ -544,14 +544,16 @@ def test_an_integer_sum_within_one_batch_past_2_to_the_63_is_exact(emit: str, wi
     assert {r.key: r.value for r in sl.run(topology).sink("out")} == {"big": float(2**61), "small": 6.0}
 
 
-def aggregated(batches: list[pa.Table], how: str, emit: str = "batch", window: bool = False) -> list[Any]:
+def aggregated(
+    batches: list[pa.Table], how: str, emit: str = "batch", window: bool = False, processes: int = 1
+) -> list[Any]:
     """``aggregate(how)`` of field v per key k over ``batches`` (each with ts): every result's (key, value)."""
     topology = sl.Topology("edges")
     rows = topology.add_source("in", sl.ColumnarSource(batches, key="k", ts="ts"))
     options: dict[str, Any] = {"window": sl.TimeWindow(10, time="event")} if window else {"emit": emit}
     folded = topology.aggregate("agg", how, field="v", **options).set_input(rows, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sl.CollectSink()).set_input(folded)
-    return [(r.key, r.value) for r in sl.run(topology).sink("out")]
+    return [(r.key, r.value) for r in sl.run(topology, processes=processes).sink("out")]
 
 
 UINT64 = pa.table({"k": ["a", "a", "b"], "v": pa.array([2**63, 2**64 - 1, 5], pa.uint64()), "ts": [1, 2, 3]})
@@ -588,6 +590,12 @@ def test_a_sum_past_int64_comes_out_exact_as_records_under_either_emit() -> None
     more = pa.table({"k": ["a", "a"], "v": pa.array([2**62, 2**62], pa.int64()), "ts": [3, 4]})
     assert aggregated([near, more], "sum", "batch") == [("a", 2**63 + 5), ("a", 2**64 + 5)]
     assert aggregated([near, more], "sum", "end") == [("a", 2**64 + 5)]
+
+
+def test_a_sum_past_64_bits_crosses_between_processes() -> None:
+    """processes=2: the aggregate and the sink in different processes, the exact int goes over the frame."""
+    past = pa.table({"k": ["a", "a"], "v": pa.array([2**64 - 1, 2], pa.uint64()), "ts": [1, 2]})
+    assert aggregated([past], "sum", "end", processes=2) == [("a", 2**64 + 1)]
 
 
 class ColumnTypes(sl.Sink):
