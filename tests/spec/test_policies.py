@@ -634,16 +634,11 @@ def test_builtins_leave_nothing_of_a_failed_record_in_two_processes(case, parall
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "docs/model.md: 'What a failed record leaves behind: nothing' ... 'reduce ... keeps a copy of an "
-        "accumulator that is not immutable so a function that changed it in place and then failed leaves it as "
-        "it was'; in one process the record reduce emitted before the failing call holds the accumulator "
-        "object itself, so the failed call's in-place change shows in that emitted record"
-    ),
-)
-def test_a_failed_fold_does_not_change_a_record_emitted_before():
+@pytest.mark.parametrize("emit", ["record", "batch"])
+def test_a_failed_fold_does_not_change_a_record_emitted_before(emit):
+    """A fold that changes its accumulator in place and then raises leaves nothing, also in the record emitted
+    before, which in one process holds that very object (found by the differential run)."""
+
     def fold(acc: list[Any], value: list[Any]) -> list[Any]:
         if value == [2]:
             acc.append("junk")
@@ -652,7 +647,7 @@ def test_a_failed_fold_does_not_change_a_record_emitted_before():
 
     topology = sl.Topology(unique("spec-policies-reduce-alias"))
     source = topology.add_source("src", [("a", [1]), ("a", [2]), ("a", [3])])
-    node = topology.reduce("sum", fold, emit="record", on_error="skip").set_input(source)
+    node = topology.reduce("sum", fold, emit=emit, on_error="skip").set_input(source)
     topology.add_sink("out", sl.CollectSink()).set_input(node)
     result = sl.run(topology, batch_size=1)
     assert [d.record.value for d in result.dead_letters] == [[2]]
@@ -660,15 +655,25 @@ def test_a_failed_fold_does_not_change_a_record_emitted_before():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "docs/model.md: reduce 'after each batch ... emits one record per key the batch touched'; under skip 'the "
-        "failing record has no effect', under restart a transient failure changes nothing ('what it emitted' is "
-        "taken back); a batch a0, a1, a2 with a1 failing emits a twice (the value after a0, then the value at the "
-        "end of the batch) instead of once"
-    ),
-)
+def test_a_failed_fold_does_not_change_a_nested_list_emitted_before():
+    """The same through a tuple accumulator holding a list (the tuple cannot change, the list inside can)."""
+
+    def fold(acc: tuple[str, list[int]], value: tuple[str, list[int]]) -> tuple[str, list[int]]:
+        acc[1].extend(value[1])
+        if value[1] == [2]:
+            raise ValueError("poisoned")
+        return acc
+
+    topology = sl.Topology(unique("spec-policies-reduce-alias-nested"))
+    source = topology.add_source("src", [("a", ("n", [1])), ("a", ("n", [2]))])
+    node = topology.reduce("sum", fold, emit="record", on_error="skip").set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    result = sl.run(topology, batch_size=1)
+    assert [r.value for r in result.sink("out")] == [("n", [1])]
+    assert result.dead_letters[0].record.value == ("n", [2])
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("on_error", ["skip", "restart"])
 def test_reduce_emits_one_record_per_key_and_batch_despite_a_failure(on_error):
     failed: list[int] = []
@@ -689,6 +694,27 @@ def test_reduce_emits_one_record_per_key_and_batch_despite_a_failure(on_error):
         assert [(r.key, r.value) for r in result.sink("out")] == [("a", 101)]
     else:
         assert [(r.key, r.value) for r in result.sink("out")] == [("a", 111)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("state_ttl", [None, 1000.0])
+def test_reduce_emits_the_keys_before_a_failure_on_the_last_record(state_ttl):
+    """The batch's last record fails under skip: the keys the records before it touched still leave, once each,
+    in the order they first came, with their last record's time (with a state_ttl too: the store path)."""
+
+    def fold(acc: int, value: int) -> int:
+        if value < 0:
+            raise ValueError("poisoned")
+        return acc + value
+
+    topology = sl.Topology(unique("spec-policies-reduce-last"))
+    rows = [sl.Record("a", 1, 1.0), sl.Record("b", 2, 2.0), sl.Record("a", 3, 3.0), sl.Record("b", -1, 4.0)]
+    source = topology.add_source("src", rows)
+    node = topology.reduce("sum", fold, on_error="skip", state_ttl=state_ttl).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    result = sl.run(topology, batch_size=4)
+    assert [(r.key, r.value, r.ts) for r in result.sink("out")] == [("a", 4, 3.0), ("b", 2, 2.0)]
+    assert [d.record.value for d in result.dead_letters] == [-1]
 
 
 @pytest.mark.timeout(60)
@@ -783,18 +809,7 @@ class TimerRaiser(Raiser):
     ("cls", "on_error"),
     [
         (Raiser, "fail"),
-        pytest.param(
-            Raiser,
-            "restart",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "docs/model.md: a TaskError names 'task, instance and the record's key', and the runtime replays "
-                    "a failing batch 'one record at a time to find the failing record'; when restart gives up after "
-                    "max_failures, the TaskError names the batch's first record ('a'), not the one that raised ('k9')"
-                ),
-            ),
-        ),
+        (Raiser, "restart"),
         (TimerRaiser, "fail"),
     ],
 )

@@ -50,3 +50,25 @@ def keep(value: Any) -> Any:
 def put_back(kept: Any) -> Any:
     """The value :func:`keep` kept, as it was then."""
     return kept.value() if type(kept) is _Packed else kept
+
+
+def put_back_into(current: Any, kept: Any) -> Any:
+    """The value :func:`keep` kept from ``current``, written back into ``current`` itself where it can be
+    (a list's items, a dict's entries, through a tuple's items): a record emitted before the failed call may
+    hold that very object, and must not show what the call changed in place. Returns the value to hold."""
+    value = put_back(kept)
+    _write_back(current, value)
+    return current if type(current) in (list, dict, tuple) and type(value) is type(current) else value
+
+
+def _write_back(current: Any, value: Any) -> None:
+    if type(current) is not type(value):
+        return
+    if type(current) is list:
+        current[:] = value
+    elif type(current) is dict:
+        current.clear()
+        current.update(value)
+    elif type(current) is tuple and len(current) == len(value):
+        for inner, was in zip(current, value, strict=True):
+            _write_back(inner, was)

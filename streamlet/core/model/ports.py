@@ -63,7 +63,7 @@ class Inputs:
     later element instead of a new one being made.
     """
 
-    __slots__ = ("_batches", "_records", "_views", "firing", "port", "where", "window")
+    __slots__ = ("_batches", "_records", "_views", "firing", "held", "port", "where", "window")
 
     def __init__(self, ports: int, where: str = "this task") -> None:
         self._batches: list[Batch] = [[] for _ in range(ports)]
@@ -74,6 +74,8 @@ class Inputs:
         #: While a window is handled: ``"early"``, ``"on_time"`` or ``"late"`` (see ``TimeWindow``).
         self.firing: str | None = None
         self.where = where  # "task 'join' instance 0", for messages
+        #: Runtime: what a built-in owes from the part of the batch before a failed record (``RecordFailure``).
+        self.held: Any = None
 
     def no_port(self, port: Any) -> PortError:
         """The error for reading ``port``, which this task did not declare."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeAlias
 
 from streamlet.core.model import views
-from streamlet.core.model.kept import IMMUTABLE, keep, put_back
+from streamlet.core.model.kept import IMMUTABLE, keep, put_back_into
 from streamlet.core.model.ports import Inputs, Outputs, PortDeclarer
 from streamlet.core.model.record import Batch, Record, record_of
 from streamlet.core.model.state import StateStore
@@ -75,11 +75,16 @@ class Task(ABC):
 
 
 class RecordFailure(Exception):
-    """Raised by a shortcut task: record ``index`` of the batch failed with ``__cause__``."""
+    """Raised by a shortcut task: record ``index`` of the batch failed with ``__cause__``.
 
-    def __init__(self, index: int) -> None:
+    ``held``: what the task still owes for the records before ``index`` (``reduce``: the keys they touched),
+    handed back to it as ``inputs.held`` when the runtime goes on with the rest of the batch, so a batch with a
+    failure emits what one without it would (``reduce``: one record per key), not once per piece."""
+
+    def __init__(self, index: int, held: Any = None) -> None:
         super().__init__(index)
         self.index = index
+        self.held = held
 
 
 def _raised_in(exc: BaseException, method: Callable[..., Any]) -> bool:
@@ -273,7 +278,7 @@ class ReduceTask(Task):
             self._execute_keeping(inputs, outputs)
             return
         fn, totals, batch = self.fn, self.state.values, inputs.elements()
-        touched: dict[Any, Any] = {}  # key -> event time of its last record in the batch
+        touched = _touched_before(inputs)  # key -> event time of its last record in the batch
         index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         missing = _MISSING
         try:
@@ -283,14 +288,13 @@ class ReduceTask(Task):
                 totals[key] = element[1] if current is missing else fn(current, element[1])
                 touched[key] = element[2]
         except Exception as exc:
-            _emit_touched(touched, totals, outputs)
-            raise RecordFailure(index) from exc
+            raise RecordFailure(index, touched) from exc  # emitted with the rest of the batch
         _emit_touched(touched, totals, outputs)
 
     def _execute_keeping(self, inputs: Inputs, outputs: Outputs) -> None:
         """:meth:`execute`'s fast path, putting back an accumulator that a failing ``fn`` changed in place."""
         fn, totals, batch = self.fn, self.state.values, inputs.elements()
-        touched: dict[Any, Any] = {}
+        touched = _touched_before(inputs)
         index = 0
         missing, immutable = _MISSING, IMMUTABLE
         try:
@@ -305,16 +309,15 @@ class ReduceTask(Task):
                     totals[key] = _fold_kept(fn, current, element[1], totals, key)
                 touched[key] = element[2]
         except Exception as exc:
-            _emit_touched(touched, totals, outputs)
-            raise RecordFailure(index) from exc
+            raise RecordFailure(index, touched) from exc
         _emit_touched(touched, totals, outputs)
 
     def _execute_through_store(self, inputs: Inputs, outputs: Outputs) -> None:
         """:meth:`execute` through ``get``/``put`` (with ``state_ttl`` the store times each write, which
         the fast path, writing the dict directly, would hide from it), and with ``emit="record"``."""
         fn, state, batch = self.fn, self.state, inputs.elements()
-        touched: dict[Any, Any] = {}
-        values: dict[Any, Any] = {}
+        touched = _touched_before(inputs)
+        values = {key: state.get(key) for key in touched}
         every: Batch = []
         index = 0  # the failing element's position: by count, as a batch may hold one tuple twice
         try:
@@ -335,8 +338,7 @@ class ReduceTask(Task):
                     touched[key] = element[2]
         except Exception as exc:
             outputs.emit_elements(every)
-            _emit_touched(touched, values, outputs)
-            raise RecordFailure(index) from exc
+            raise RecordFailure(index, touched) from exc
         outputs.emit_elements(every)
         _emit_touched(touched, values, outputs)
 
@@ -347,8 +349,16 @@ def _fold_kept(fn: Callable[[Any, Any], Any], current: Any, value: Any, totals: 
     try:
         return fn(current, value)
     except Exception:
-        totals[key] = put_back(kept)  # the dict, not put(): the key's write time under a TTL stays as it was
+        # into the object itself (a record emitted before may hold it); the dict, not put(): the key's write
+        # time under a TTL stays as it was
+        totals[key] = put_back_into(current, kept)
         raise
+
+
+def _touched_before(inputs: Inputs) -> dict[Any, Any]:
+    """The keys the records before a failed one touched (see :class:`RecordFailure`), taken, or none."""
+    held, inputs.held = inputs.held, None
+    return dict(held) if held else {}
 
 
 def _emit_touched(touched: dict[Any, Any], values: Any, outputs: Outputs) -> None:

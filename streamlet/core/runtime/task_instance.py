@@ -583,14 +583,17 @@ class TaskInstance(Receiver):
             except Exception as exc:  # not its fn (that goes through the policy): a key it cannot hold
                 raise self.task_error(batch[0], exc, what="a batch starting with key") from exc
             return
-        while batch:
+        held = None  # what a built-in owes from the records before a failed one, emitted with the rest
+        while batch or held:
             marks = self.outputs.marks() if self.policy.replays else None
             self.inputs.set_one(port, batch)
+            self.inputs.held, held = held, None
             try:
                 await self._call()
                 return
             except RecordFailure as failure:
                 if self.undo is None:
+                    held = failure.held
                     batch = self._record_failed(batch, failure.index, failure.__cause__ or failure)
                     continue
                 # the records before the failing one were taken back with the rest: replay as any failure
@@ -612,10 +615,19 @@ class TaskInstance(Receiver):
         return batch[index:] if again else batch[index + 1 :]
 
     async def _batch_failed(self, port: int, batch: Batch, error: BaseException) -> Batch:
-        """``execute`` raised on a whole batch: retry after a restart, or isolate the record."""
-        if self.policy.retries_batches:
+        """``execute`` raised on a whole batch: retry after a restart, or isolate the record.
+
+        Past ``max_failures`` a restart gives up, and the job fails as under ``fail``: the batch is replayed one
+        record at a time (on a fresh task object) first, so the ``TaskError`` names the record that fails."""
+        giving_up = self.policy.retries_batches and self.failures >= self.node.max_failures and len(batch) > 1
+        if self.policy.retries_batches and not giving_up:
             self.policy.failed(self, batch[0], error, "record with key")
             return batch
+        after = f" after {self.node.max_failures} restarts" if giving_up else ""
+        if giving_up:
+            self.failures += 1
+            self.task = self._new_task()
+            self._prepare()
         for record in batch:  # replay one record at a time so the policy lands on the exact record
             marks = self.outputs.marks()
             self.inputs.set_one(port, [record])
@@ -623,11 +635,15 @@ class TaskInstance(Receiver):
                 await self._call()
             except TopologyError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - user code: the policy says what becomes of the record
+            except Exception as exc:
                 self.outputs.rollback(marks)  # the failed call is taken back whole: what it emitted too
+                if giving_up:
+                    raise self.task_error(record, exc, after=after) from exc
                 self.policy.failed(self, record, exc, "record with key")
-        if not self.policy.replays:  # fail, and the replay did not fail again: report the batch
-            raise self.task_error(batch[0], error, what=f"a batch of {len(batch)} records starting with key")
+        if giving_up or not self.policy.replays:  # the replay did not fail again: report the batch
+            raise self.task_error(
+                batch[0], error, what=f"a batch of {len(batch)} records starting with key", after=after
+            )
         return []
 
     async def _execute_unit(self, records: Batch, set_inputs: Callable[[], None], what: str) -> None:
