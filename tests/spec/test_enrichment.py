@@ -468,27 +468,12 @@ def test_map_async_checkpoint_at_full_concurrency_with_one_record_held():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "docs/enrichment.md: 'A barrier is taken as soon as it reaches the instance, even at full concurrency "
-        "(the records ahead of it are taken and held uncalled)'; with concurrency=2, both calls hanging and two "
-        "more records sent (batch_size=1), job.checkpoint() never completes"
-    ),
-)
 def test_map_async_checkpoint_at_full_concurrency_with_records_queued():
     topology, blocked = _hanging_map_async(sl.QueueSource(), 2, hold=False)
     assert _checkpoint_completes(topology, lambda job: _send(job, 4), lambda: len(blocked) >= 2, 4)
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "docs/enrichment.md: 'Checkpoints do not wait for calls'; once a list source has ended (the job kept "
-        "running by another source), a checkpoint waits for the map_async call still in flight"
-    ),
-)
 def test_map_async_checkpoint_after_the_input_ended_with_a_call_in_flight():
     topology, blocked = _hanging_map_async([sl.Record("k", 0, 0.0)], 8, hold=True)
 
@@ -1189,27 +1174,37 @@ def test_lookup_join_checkpoint_with_lookups_in_flight():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "docs/enrichment.md: 'Checkpoints do not wait for lookups' (and map_async's 'even at full concurrency'); "
-        "with concurrency=2, two lookups hanging and four more records sent one per batch, job.checkpoint() "
-        "never completes"
-    ),
-)
-def test_lookup_join_checkpoint_with_the_instance_full():
-    topology, blocked = _hanging_lookup_join(sl.QueueSource(), 2, hold=False)
-    assert _checkpoint_completes(topology, lambda job: _send_keys(job, 6), lambda: len(blocked) >= 2, 6)
+def test_lookup_join_checkpoint_behind_backpressure_completes_once_a_lookup_answers():
+    """docs/enrichment.md: a barrier behind an upstream held up by backpressure waits for room, and goes in once a
+    lookup completes. Two lookups hanging at concurrency=2, six records one per batch (the source is held up on the
+    last): released, the checkpoint completes and every record is joined once."""
+    release: list[asyncio.Event] = []
+
+    async def lookup(keys: list[Any]) -> dict[Any, Any]:
+        if not release:
+            release.append(asyncio.Event())
+        await release[0].wait()
+        return {key: key.upper() for key in keys}
+
+    async def main() -> list[Any]:
+        topology = sl.Topology(unique("spec-lookup-backpressure"))
+        src = topology.add_source("src", sl.QueueSource())
+        node = topology.lookup_join("join", lookup, concurrency=2).set_input(src, partitioning=sl.SAME_KEY)
+        topology.add_sink("out", sl.CollectSink()).set_input(node)
+        async with sl.start(topology, batch_size=1, checkpoint_store=sl.InMemoryCheckpointStore()) as job:
+            await _send_keys(job, 6)
+            await until_true(lambda: job.statistics().nodes["src"].records_out >= 6 and bool(release))
+            checkpoint = asyncio.ensure_future(job.checkpoint())
+            release[0].set()
+            await asyncio.wait_for(checkpoint, 30.0)
+            await job.close_source("src")
+            result = await job.wait()
+        return sorted((r.key, r.value) for r in result.sink("out"))
+
+    assert asyncio.run(main()) == [(f"k{i}", (i, f"K{i}")) for i in range(6)]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "docs/enrichment.md: 'Checkpoints do not wait for lookups'; once a list source has ended (the job kept "
-        "running by another source), a checkpoint waits for the lookup still in flight"
-    ),
-)
 def test_lookup_join_checkpoint_after_the_input_ended_with_a_lookup_in_flight():
     topology, blocked = _hanging_lookup_join([sl.Record("k", 0, 0.0)], 4, hold=True)
 

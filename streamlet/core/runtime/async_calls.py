@@ -85,6 +85,10 @@ class MapAsyncInstance(TaskInstance):
         self.segment = self.tail_segment = 0
         self.start = 0  # the channel to look at first
         self.group: anyio.abc.TaskGroup | None = None
+        #: Every input ended, the calls in flight still finishing: no barrier comes from upstream any more,
+        #: so a checkpoint asks this instance itself (``requested``), answered between two answers.
+        self.finishing = False
+        self.requested: deque[int] = deque()
 
     # -- the loop -------------------------------------------------------------------
 
@@ -97,7 +101,9 @@ class MapAsyncInstance(TaskInstance):
             self.group = group
             try:
                 await self._loop()
+                self._finishing()
                 await self.finish_calls()
+                self.requested.clear()  # completed: a checkpoint still asking has the final snapshot
             except Exception as exc:  # noqa: BLE001 - raised as it is, not in an exception group
                 failure = exc
                 group.cancel_scope.cancel()  # the calls still in flight are abandoned
@@ -277,10 +283,27 @@ class MapAsyncInstance(TaskInstance):
             await self._step()
             if not self.queue:
                 break
+            while self.requested:
+                await self.on_aligned(self.requested.popleft())
             await self.outputs.flush()
-            if not self.finished_calls:
+            if not self.finished_calls and not self.requested:
                 await self.inbox.wait()
         await self.outputs.flush()
+
+    def _finishing(self) -> None:
+        """Every input ended: from now on this instance answers checkpoints itself, those under way too
+        (begun before its input ended, their barrier never came)."""
+        self.finishing = True
+        if self.env.checkpoints is not None:
+            self.requested.extend(self.env.checkpoints.unanswered(self.node.name, self.index))
+
+    def request_barrier(self, epoch: int) -> None:
+        """A checkpoint begins: once every input has ended (no barrier will come), this instance takes it as
+        if aligned, with the calls still in flight stored as uncalled, and passes the barrier on; otherwise
+        the barrier comes from upstream as usual."""
+        if self.finishing:
+            self.requested.append(epoch)
+            self.inbox.wake()
 
     # -- markers ------------------------------------------------------------------
 

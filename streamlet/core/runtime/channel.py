@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from streamlet.core.model.items import Item
+from streamlet.core.model.record import Barrier
 from streamlet.core.model.world import monotonic
 
 UNBOUNDED = 1 << 62
@@ -42,7 +43,10 @@ class Inbox:
 
     Capacity is counted in items (batches or markers) per channel. A sender
     finding its channel full waits until the reader takes an item from it:
-    the backpressure that reaches back to the sources. Each item's arrival
+    the backpressure that reaches back to the sources. A checkpoint barrier
+    never waits: it goes in behind the items ahead of it however full the
+    channel is, so an instance that takes no more data (``map_async`` at full
+    concurrency) still sees it and can take the records ahead of it. Each item's arrival
     time is kept beside it: ``last_arrival`` is the one of the item popped
     last (the instance's latency counts from there).
     """
@@ -111,9 +115,9 @@ class Inbox:
         return len(self._queues)
 
     async def put(self, channel: int, item: Item) -> None:
-        """Append ``item`` to ``channel``, waiting while it is full."""
+        """Append ``item`` to ``channel``, waiting while it is full (a barrier never waits)."""
         queue = self._queues[channel]
-        while len(queue) >= self._capacities[channel]:
+        while len(queue) >= self._capacities[channel] and type(item) is not Barrier:
             waiter = asyncio.get_running_loop().create_future()
             self._space_waiters[channel].append(waiter)
             try:

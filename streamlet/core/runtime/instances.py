@@ -68,6 +68,10 @@ class CheckpointAcks(Protocol):
         """``instance`` has completed; it answers pending and later checkpoints with its final snapshot."""
         ...
 
+    def unanswered(self, node: str, index: int) -> list[int]:
+        """The checkpoints under way that instance ``(node, index)`` has not answered, oldest first."""
+        ...
+
 
 @dataclass
 class Environment:

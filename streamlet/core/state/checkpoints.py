@@ -215,6 +215,10 @@ class Coordinator:
                 await instance.prepare_commit(pending_epoch)  # a completed sink stages what it still holds
                 self.ack(pending_epoch, instance.node.name, instance.index, instance.final_snapshot())
 
+    def unanswered(self, node: str, index: int) -> list[int]:
+        """The epochs under way that participant ``(node, index)`` has not answered, oldest first."""
+        return sorted(epoch for epoch, pending in self._pending.items() if (node, index) not in pending.snapshots)
+
     def ack(self, epoch: int, node: str, index: int, snapshot: Any) -> None:
         """Participant ``(node, index)`` has its snapshot for ``epoch``."""
         pending = self._pending_for(epoch)
