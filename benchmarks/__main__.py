@@ -14,6 +14,7 @@ from benchmarks import (
     joins,
     latency,
     monitor,
+    offload,
     parallel,
     peers,
     placement,
@@ -49,6 +50,7 @@ def main() -> None:
         "placement",
         "monitor",
         "parallel",
+        "offload",
         "peers",
         "joins",
         "enrich",
@@ -88,6 +90,8 @@ def main() -> None:
         line = monitor.main(args.records or 1_000_000, args.repeats)
     elif args.name == "peers":
         line = peers.main(args.records or 1_000_000, args.repeats)
+    elif args.name == "offload":
+        line = offload.main(args.records or 100_000, args.repeats)
     elif args.name == "parallel":
         line = parallel.main(args.records or 200_000, args.repeats)
     elif args.name == "placement":

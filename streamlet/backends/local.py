@@ -17,6 +17,7 @@ from streamlet.core.model.clock import Clock
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.channel import ChannelFactory, LocalChannel
 from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE, DEFAULT_CHANNEL_CAPACITY, Job, JobResult, open_job
+from streamlet.core.runtime.loop_watch import DEFAULT_LOOP_WARNING
 from streamlet.core.state.store import CheckpointStore, DirectoryCheckpointStore
 from streamlet.errors import JobError
 
@@ -35,6 +36,7 @@ def run(
     cpu_scheduling: str | None = None,
     adapt: AdaptSettings | None = None,
     processes: int = 1,
+    loop_warning: float = DEFAULT_LOOP_WARNING,
 ) -> JobResult:
     """Run ``topology`` to completion in a new event loop and return its result.
 
@@ -50,7 +52,10 @@ def run(
     ``streamlet.backends.local_adaptation``).
     With ``processes=N`` (N > 1) the instances run in N forked worker
     processes over TCP on 127.0.0.1 (see ``streamlet.backends.processes``):
-    the same result, computed on N cores.
+    the same result, computed on N cores. ``loop_warning``: a call of a task's
+    plain ``def execute`` that holds the event loop longer than this many
+    seconds is counted (``loop_held``) and warned of once per task (see
+    ``run_in`` in ``Topology.add_task``).
     Call it from synchronous code; inside a running loop use :func:`start`.
 
     Example:
@@ -65,6 +70,7 @@ def run(
     options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
     options["from_savepoint"] = from_savepoint
     options["cpu_turns"] = cpu_turns(cpu_scheduling)
+    options["loop_warning"] = loop_warning
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -172,6 +178,7 @@ async def start(
     cpu_scheduling: str | None = None,
     adapt: AdaptSettings | None = None,
     monitor_port: int | None = None,
+    loop_warning: float = DEFAULT_LOOP_WARNING,
 ) -> AsyncIterator[Job]:
     """Run ``topology`` inside the caller's event loop.
 
@@ -181,6 +188,9 @@ async def start(
     ``monitor_port`` (0: any free port) the job's dashboard view, its JSON and
     Prometheus ``/metrics`` are served on 127.0.0.1 while it runs; its URL is
     ``job.endpoints["monitor"]`` (needs ``pip install 'streamlet[monitor]'``).
+    ``loop_warning`` is as for :func:`run`: a task whose plain ``def execute``
+    holds the loop keeps the caller's own coroutines waiting too (give it
+    ``run_in="thread"`` or ``"process"``).
 
     Example:
         >>> async def service(topology):
@@ -192,6 +202,7 @@ async def start(
     options = job_options(clock, batch_size, channel_capacity, checkpoint_dir, checkpoint_interval, checkpoint_store)
     options["from_savepoint"] = from_savepoint
     options["cpu_turns"] = cpu_turns(cpu_scheduling)
+    options["loop_warning"] = loop_warning
     check_adapt(adapt, topology)
     factory = channel_factory or LocalChannel
     async with (

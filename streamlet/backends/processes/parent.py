@@ -62,7 +62,13 @@ from streamlet.errors import JobError, StreamletError, TopologyError
 
 log = structlog.get_logger("streamlet")
 STOP_TIMEOUT = 10.0  # seconds a stopped process has to end before it is killed
-_JOB_OPTIONS = ("clock", "batch_size", "channel_capacity", "cpu_turns")  # what each process's Job is given
+_JOB_OPTIONS = (
+    "clock",
+    "batch_size",
+    "channel_capacity",
+    "cpu_turns",
+    "loop_warning",
+)  # what each process's Job is given
 
 
 def run_in_processes(

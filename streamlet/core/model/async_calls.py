@@ -25,6 +25,8 @@ AsyncFunction = Callable[[Record], Awaitable[tuple[Any, Any] | None]]
 class MapAsyncTask(Task):
     """``await fn(record)`` for every record, ``concurrency`` calls at a time (run by the runtime, not here)."""
 
+    runs_calls_itself = True  # the runtime runs its calls (concurrently): run_in stays 'loop'
+
     def __init__(self, fn: AsyncFunction, concurrency: int, ordered: bool, timeout: float | None) -> None:
         self.fn = fn
         self.concurrency = concurrency

@@ -36,6 +36,8 @@ def pair(key: Any, value: Any, row: Any) -> tuple[Any, Any]:
 class LookupJoinTask(Task):
     """Each record joined with its key's row from ``lookup`` (run by the runtime, not here)."""
 
+    runs_calls_itself = True  # the runtime runs its calls (concurrently): run_in stays 'loop'
+
     keyed_inputs: Final = True  # the cache is per instance: a key's records reach one instance
     ordered: Final = True  # the output keeps the input's order
 

@@ -118,6 +118,11 @@ class Inputs:
             return self._batches[self.port]
         return [element for batch in self._batches for element in batch]
 
+    @property
+    def port_count(self) -> int:
+        """Number of input ports."""
+        return len(self._batches)
+
     def set_one(self, port: int, batch: Batch) -> None:
         """Runtime: async mode, ``port`` woke the task with ``batch``."""
         batches = self._batches

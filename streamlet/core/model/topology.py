@@ -29,6 +29,7 @@ from streamlet.core.model.partition import ROUND_ROBIN, Partitioning, PartitionS
 from streamlet.core.model.ports import PortDeclarer
 from streamlet.core.model.qos import QoS
 from streamlet.core.model.record import Record
+from streamlet.core.model.run_in import RunIn, check_run_in
 from streamlet.core.model.segments import DEFAULT_SEGMENTS
 from streamlet.core.model.sinks import CallbackSink, Sink
 from streamlet.core.model.sources import IterableSource, Source
@@ -90,6 +91,7 @@ class Node:
     columnar: bool = False  # a columnar source, task or sink: Arrow batches reach it / leave it as they are
     async_calls: str = ""  # "map" (map_async) or "lookup" (lookup_join): its instance has calls in flight
     keyed_inputs: bool = False  # a join: every input must be partitioned by SAME_KEY
+    run_in: RunIn = "loop"  # where a task's plain ``def execute`` runs: the event loop, a thread, a process
 
     def describe(self) -> str:
         """``task 'count'`` style label used in messages."""
@@ -209,6 +211,7 @@ class Topology:
         labels: list[str] | None = None,
         state_ttl: float | None = None,
         max_parallelism: int = DEFAULT_SEGMENTS,
+        run_in: RunIn = "loop",
     ) -> NodeHandle:
         """Add a task: a ``Task`` subclass or zero-argument factory (one object per instance).
 
@@ -220,7 +223,11 @@ class Topology:
         seconds of the job clock after it was last written. ``max_parallelism``
         is the number of key segments its keyed state and ``SAME_KEY`` input are
         split into: the most instances a rescale can give it (fixed for the life
-        of the job and its checkpoints).
+        of the job and its checkpoints). ``run_in`` says where a plain ``def
+        execute`` runs: on the event loop (``"loop"``, the default), in a thread
+        (``"thread"``: blocking I/O leaves the loop free) or in a process of a
+        pool (``"process"``: CPU-bound code uses other cores; stateless tasks
+        only, see docs/model.md).
         """
         make_task = _task_factory(name, task)
         ports = PortDeclarer()
@@ -241,6 +248,7 @@ class Topology:
             raise TopologyError(f"task '{name}': on_error must be one of {_POLICIES}, got {on_error!r}")
         _check_window(f"task '{name}'", window)
         _check_state_ttl(name, state_ttl)
+        check_run_in(name, run_in, probe, window=window, state_ttl=state_ttl)
         node = Node(
             name, "task", _parallelism(name, "task", parallelism, max_parallelism), ports.inputs, ports.outputs,
             ports.sync,
@@ -248,6 +256,7 @@ class Topology:
             window=window, workers=None if workers is None else tuple(workers), labels=tuple(labels or ()),
             on_timer=_tracks_event_time(probe), state_ttl=state_ttl, max_parallelism=max_parallelism,
             columnar=getattr(probe, "columnar", False), keyed_inputs=getattr(probe, "keyed_inputs", False),
+            run_in=run_in,
         )  # fmt: skip
         return self._add(node)
 

@@ -44,6 +44,7 @@ from streamlet.core.model.sources import SourceContext, SourceReader, read_eleme
 from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.model.world import monotonic
 from streamlet.core.runtime.channel import Inbox
+from streamlet.core.runtime.loop_watch import DEFAULT_LOOP_WARNING
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.runtime.shedding import REPLAY_PATIENCE, Shedder, split_snapshot
 from streamlet.core.runtime.statistics import InstanceCounters
@@ -54,6 +55,7 @@ from streamlet.errors import NotReplayable, SinkError, SourceError, StreamletErr
 if TYPE_CHECKING:
     from streamlet.core.model.topology import Node
     from streamlet.core.runtime.cycles import CycleTracker
+    from streamlet.core.runtime.offload import ProcessPool
     from streamlet.core.runtime.reconfiguration import ActiveReconfiguration
 
 
@@ -90,6 +92,8 @@ class Environment:
     # (``None``: it runs until it waits for input or for room downstream)
     turns: Callable[[float], int] | None = None
     job: str = ""  # the job's name, on every line its instances log
+    loop_warning: float = DEFAULT_LOOP_WARNING  # seconds one call of user code may hold the loop unreported
+    process_pool: ProcessPool | None = None  # where run_in="process" tasks run (a job with one makes it)
 
 
 class Instance(ABC):

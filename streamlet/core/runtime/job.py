@@ -32,6 +32,8 @@ from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
 from streamlet.core.runtime.lookup_join import LookupJoinInstance
+from streamlet.core.runtime.loop_watch import DEFAULT_LOOP_WARNING
+from streamlet.core.runtime.offload import process_pool_for
 from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan, StateHandoff
 from streamlet.core.runtime.rescale import Reconfigurer
@@ -117,6 +119,7 @@ class Job:
         from_savepoint: str | os.PathLike[str] | None = None,
         cpu_turns: Callable[[float], int] | None = None,
         name: str | None = None,
+        loop_warning: float = DEFAULT_LOOP_WARNING,
     ) -> None:
         if not isinstance(topology, Topology):
             raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
@@ -142,6 +145,8 @@ class Job:
             batch_size, self.clock, job_id=self.job_id, attempt=self.attempt, turns=cpu_turns, job=self.name
         )
         self._env.event_time = topology.uses_event_time()
+        self._env.loop_warning = _loop_warning(loop_warning)
+        self._env.process_pool = process_pool_for(topology, self.job_id)
         self._coordinator: Coordinator | None = None
         start_from = None  # read and checked before anything that must be closed is made
         if from_savepoint is not None:
@@ -201,6 +206,8 @@ class Job:
                 outer.cancel_scope.cancel()  # the coordinator's loop runs until the job is over
         finally:
             self._ended = world.monotonic()
+            if self._env.process_pool is not None:
+                self._env.process_pool.shutdown()
             if self._coordinator is not None:
                 self._coordinator.close()
             if self._error is not None or not self._started.is_set() or self._unfinished():
@@ -508,7 +515,7 @@ class Job:
                 instance.records_out(), counters.batches, counters.busy, counters.blocked,
                 0 if inbox is None else inbox.depth(), fill, queue_state(fill).value, list(counters.latency.counts),
                 segment_loads(instance.outputs.routes), counters.shed,
-                [] if inbox is None else inbox.queued_by_port(instance.node.inputs),
+                [] if inbox is None else inbox.queued_by_port(instance.node.inputs), counters.loop_held,
             )  # fmt: skip
             snapshots.append(snapshot)
         return snapshots
@@ -639,3 +646,10 @@ async def _run_quietly(job: Job) -> None:
 def _check_whole(name: str, value: Any) -> None:
     if type(value) is not int or value < 1:
         raise JobError(f"{name} must be a whole number >= 1, got {value!r}")
+
+
+def _loop_warning(seconds: Any) -> float:
+    """``loop_warning``: how long one call of user code may hold the event loop before it is reported."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise JobError(f"loop_warning must be a number of seconds above 0, got {seconds!r}")
+    return float(seconds)

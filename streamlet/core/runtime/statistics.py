@@ -84,7 +84,7 @@ class InstanceCounters:
     the input queue to the end of its processing. All are per batch, never per record.
     """
 
-    __slots__ = ("batches", "blocked", "busy", "latency", "observer", "records_in", "shed")
+    __slots__ = ("batches", "blocked", "busy", "latency", "loop_held", "observer", "records_in", "shed")
 
     def __init__(self) -> None:
         self.records_in = 0
@@ -95,6 +95,7 @@ class InstanceCounters:
         self.batches = 0
         self.busy = 0.0
         self.blocked = 0.0
+        self.loop_held = 0.0  # seconds calls of user code held the event loop, each past loop_warning
         self.latency = LatencyHistogram()
 
     def count_in(self, records: int) -> None:
@@ -129,6 +130,7 @@ class InstanceSnapshot:
     segments: dict[str, list[int]] = field(default_factory=dict)
     shed: int = 0
     ports: list[int] = field(default_factory=list)  # items queued per input port
+    loop_held: float = 0.0  # seconds its calls held the event loop, each past the job's loop_warning
 
     def to_data(self) -> dict[str, Any]:
         """Plain data (JSON, msgpack)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +25,8 @@ from streamlet.core.model.world import monotonic
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.error_policy import POLICIES
 from streamlet.core.runtime.instances import Environment, Receiver, count_batch
+from streamlet.core.runtime.loop_watch import HOLDER, first_warning
+from streamlet.core.runtime.offload import in_thread
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.state.expiring import ExpiringState
 from streamlet.core.state.keyed import KeyedState
@@ -111,11 +114,21 @@ class TaskInstance(Receiver):
         self._advances = isinstance(task, EventTimeJoin)  # a join with work due as the watermark rises
         if isinstance(task, JoinTask):
             task.hooks = JoinHooks(self._join_failed, self.join_counters)
-        self._execute: Callable[[Inputs, RoutedOutputs], Any] = task.execute
-        self._async = inspect.iscoroutinefunction(task.execute)
+        self._execute: Callable[[Inputs, RoutedOutputs], Any] = self._where_it_runs(task)
+        self._async = inspect.iscoroutinefunction(task.execute) or self.node.run_in != "loop"
         # the built-in window_reduce task (not a subclass: that may override execute) only passes results on
         self._passes_folds_on = type(task) is WindowReduceTask or isinstance(task, AggregateTask)
         return task
+
+    def _where_it_runs(self, task: Task) -> Callable[[Inputs, RoutedOutputs], Any]:
+        """``task.execute``, or an awaitable call of it in a thread or a process of the job's pool (``run_in``)."""
+        if self.node.run_in == "thread":
+            return in_thread(task.execute)
+        if self.node.run_in == "process":
+            pool = self.env.process_pool
+            assert pool is not None, "a job with a run_in='process' task makes its pool"
+            return pool.caller(f"{self.env.job_id}/{self.node.name}")
+        return task.execute
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -549,12 +562,39 @@ class TaskInstance(Receiver):
             ) from exc  # fmt: skip
 
     async def _call(self) -> None:
-        if self.undo is not None:
-            await self._undoable(lambda: self._execute(self.inputs, self.outputs))
-        elif self._async:  # on_error="fail" (or a shortcut): nothing to take back, nothing paid
-            await self._execute(self.inputs, self.outputs)
-        else:
-            self._execute(self.inputs, self.outputs)
+        if self._async:  # an async execute, or one run in a thread or a process: the loop is free meanwhile
+            if self.undo is not None:
+                await self._undoable(lambda: self._execute(self.inputs, self.outputs))
+            else:  # on_error="fail" (or a shortcut): nothing to take back, nothing paid
+                await self._execute(self.inputs, self.outputs)
+            return
+        began = time.perf_counter()  # a plain def holds the loop: timed, and who holds it said (loop_watch)
+        HOLDER.enter(self.node.name, self.index, began)
+        try:
+            if self.undo is not None:
+                await self._undoable(lambda: self._execute(self.inputs, self.outputs))
+            else:
+                self._execute(self.inputs, self.outputs)
+        finally:
+            HOLDER.leave()
+            held = time.perf_counter() - began
+            if held > self.env.loop_warning:
+                self._held_the_loop(held)
+
+    def _held_the_loop(self, seconds: float) -> None:
+        """A call held the event loop ``seconds`` (past ``loop_warning``): counted, and the task's first warned."""
+        self.counters.loop_held += seconds
+        if first_warning(self.env.job, self.node.name):
+            self.log.warning(
+                "task held the event loop",
+                seconds=round(seconds, 3),
+                threshold=self.env.loop_warning,
+                advice=(
+                    "nothing else of this process ran meanwhile (other tasks, timers, the cluster's heartbeat "
+                    "answers): give the task run_in='thread' (blocking I/O) or run_in='process' (CPU-bound, "
+                    "stateless), or make execute async"
+                ),
+            )
 
     async def _undoable(self, call: Callable[[], Any]) -> None:
         """One user call (plain or async); under skip or restart, a failure first takes back what it did to
