@@ -470,14 +470,16 @@ def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: b
 @cluster_group.command("down")
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
 def cluster_down(state_dir: Path) -> None:
-    """Stop every process 'cluster up' started, by PID."""
+    """Stop every process 'cluster up' started, by PID: the workers drain (30 s at most), the masters and
+    ZooKeeper quit (5 s each); whatever has not exited by then is killed (SIGKILL), so it returns within 40 s."""
     from streamlet.backends.cluster.local import local_cluster
 
     try:
         stopped = local_cluster.down(state_dir)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
-    click.echo(f"stopped {len(stopped)} processes: " + ", ".join(f"{p['id']} ({p['pid']})" for p in stopped))
+    names = [f"{p['id']} ({p['pid']}{', killed' if p['how'] == 'killed' else ''})" for p in stopped]
+    click.echo(f"stopped {len(stopped)} processes: " + ", ".join(names))
 
 
 def _cluster_options(command: Any) -> Any:

@@ -17,7 +17,6 @@ from streamlet.core.model.clock import Clock
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.channel import ChannelFactory, LocalChannel
 from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE, DEFAULT_CHANNEL_CAPACITY, Job, JobResult, open_job
-from streamlet.core.runtime.loop_watch import DEFAULT_LOOP_WARNING
 from streamlet.core.state.store import CheckpointStore, DirectoryCheckpointStore
 from streamlet.errors import JobError
 
@@ -36,7 +35,7 @@ def run(
     cpu_scheduling: str | None = None,
     adapt: AdaptSettings | None = None,
     processes: int = 1,
-    loop_warning: float = DEFAULT_LOOP_WARNING,
+    loop_warning: float | None = None,
 ) -> JobResult:
     """Run ``topology`` to completion in a new event loop and return its result.
 
@@ -54,8 +53,9 @@ def run(
     processes over TCP on 127.0.0.1 (see ``streamlet.backends.processes``):
     the same result, computed on N cores. ``loop_warning``: a call of a task's
     plain ``def execute`` that holds the event loop longer than this many
-    seconds is counted (``loop_held``) and warned of once per task (see
-    ``run_in`` in ``Topology.add_task``).
+    seconds (default 0.1, or ``STREAMLET_LOOP_WARNING``) is counted
+    (``loop_held``) and warned of once per task (see ``run_in`` in
+    ``Topology.add_task``).
     Call it from synchronous code; inside a running loop use :func:`start`.
 
     Example:
@@ -178,7 +178,7 @@ async def start(
     cpu_scheduling: str | None = None,
     adapt: AdaptSettings | None = None,
     monitor_port: int | None = None,
-    loop_warning: float = DEFAULT_LOOP_WARNING,
+    loop_warning: float | None = None,
 ) -> AsyncIterator[Job]:
     """Run ``topology`` inside the caller's event loop.
 

@@ -64,6 +64,11 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
     records_out = CounterMetricFamily("streamlet_records_out", "Records out of an instance", labels=INSTANCE_LABELS)
     batches = CounterMetricFamily("streamlet_batches", "Batches an instance processed", labels=INSTANCE_LABELS)
     shed = CounterMetricFamily("streamlet_instance_shed_records", "Records a source shed", labels=INSTANCE_LABELS)
+    held = CounterMetricFamily(
+        "streamlet_loop_blocked_seconds",
+        "Seconds calls of a task's user code held the event loop, each past the job's loop_warning",
+        labels=INSTANCE_LABELS,
+    )
     fill = GaugeMetricFamily("streamlet_queue_fill", "The fullest input channel's share of its capacity",
                              labels=INSTANCE_LABELS)  # fmt: skip
     lag = GaugeMetricFamily(
@@ -98,6 +103,7 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
             records_out.add_metric(labels, snapshot["records_out"])
             batches.add_metric(labels, snapshot["batches"])
             shed.add_metric(labels, snapshot.get("shed", 0))
+            held.add_metric(labels, float(snapshot.get("loop_held", 0.0)))
             fill.add_metric(labels, snapshot["fill"])
             for port, queued in enumerate(snapshot.get("ports") or []):
                 lag.add_metric([job, task, index, str(port), worker], queued)
@@ -110,7 +116,7 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
             _histogram(checkpoint, [job, worker], durations)
         for key, family in tcp.items():
             family.add_metric([worker], (sample.get("tcp") or {}).get(key, 0))
-    return [records_in, records_out, batches, shed, fill, lag, latency, *job_counters.values(), checkpoint,
+    return [records_in, records_out, batches, shed, held, fill, lag, latency, *job_counters.values(), checkpoint,
             *tcp.values(), cpu, rss]  # fmt: skip
 
 

@@ -179,6 +179,7 @@ def job_view(
                 "records_in": 0 if snapshot is None else snapshot["records_in"],
                 "records_out": 0 if snapshot is None else snapshot["records_out"],
                 "shed": 0 if snapshot is None else snapshot.get("shed", 0),
+                "loop_held": 0.0 if snapshot is None else round(float(snapshot.get("loop_held", 0.0)), 3),
             })  # fmt: skip
         totals = {
             "in_per_s": round(sum(i["in_per_s"] for i in instances), 1),

@@ -32,7 +32,7 @@ from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
 from streamlet.core.runtime.lookup_join import LookupJoinInstance
-from streamlet.core.runtime.loop_watch import DEFAULT_LOOP_WARNING
+from streamlet.core.runtime.loop_watch import default_loop_warning
 from streamlet.core.runtime.offload import process_pool_for
 from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan, StateHandoff
@@ -119,7 +119,7 @@ class Job:
         from_savepoint: str | os.PathLike[str] | None = None,
         cpu_turns: Callable[[float], int] | None = None,
         name: str | None = None,
-        loop_warning: float = DEFAULT_LOOP_WARNING,
+        loop_warning: float | None = None,
     ) -> None:
         if not isinstance(topology, Topology):
             raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
@@ -145,7 +145,7 @@ class Job:
             batch_size, self.clock, job_id=self.job_id, attempt=self.attempt, turns=cpu_turns, job=self.name
         )
         self._env.event_time = topology.uses_event_time()
-        self._env.loop_warning = _loop_warning(loop_warning)
+        self._env.loop_warning = _loop_warning(default_loop_warning() if loop_warning is None else loop_warning)
         self._env.process_pool = process_pool_for(topology, self.job_id)
         self._coordinator: Coordinator | None = None
         start_from = None  # read and checked before anything that must be closed is made

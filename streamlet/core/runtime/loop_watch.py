@@ -16,12 +16,22 @@ is the point, since the loop itself cannot answer while it is held.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from dataclasses import dataclass
 
 #: Seconds a single call of user code may hold the event loop before it is reported.
 DEFAULT_LOOP_WARNING = 0.1
+#: The environment variable that sets this process's default instead (an operator's knob: a worker's jobs, a
+#: test run that starts many programs at once on few cores, where every call takes longer in wall time).
+LOOP_WARNING_ENV = "STREAMLET_LOOP_WARNING"
+
+
+def default_loop_warning() -> float:
+    """``STREAMLET_LOOP_WARNING`` (seconds) when set, else :data:`DEFAULT_LOOP_WARNING`."""
+    value = os.environ.get(LOOP_WARNING_ENV)
+    return DEFAULT_LOOP_WARNING if not value else float(value)
 
 
 @dataclass(frozen=True, slots=True)

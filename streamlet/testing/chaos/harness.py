@@ -171,7 +171,9 @@ class ChaosCluster:
                 "host": server.host, "data_port": server.port, "capacity": self.shape.capacity, "labels": [],
                 "pid": pid,
             }  # fmt: skip
-            seams = WorkerSeams(load_sample=lambda: {"cpu_seconds": 0.0, "rss_bytes": 50_000_000, "pid": pid})
+            seams = WorkerSeams(  # virtual time: the heartbeat beats from the loop, as the rest of the party
+                load_sample=lambda: {"cpu_seconds": 0.0, "rss_bytes": 50_000_000, "pid": pid}, heart_thread=False
+            )
             worker = assemble_worker(
                 process.session, process.name, info, server, client, self.secret, self.folder / process.name,
                 self.shape.heartbeat, seams,

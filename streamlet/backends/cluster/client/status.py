@@ -67,7 +67,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"{'rss MB':>7}  heartbeat",
     ]
     for worker in status["workers"]:
-        beat = "stale" if worker["stale"] else "ok"
+        beat = worker.get("heartbeat") or ("stale" if worker["stale"] else "ok")
         lines.append(
             f"  {worker['id']:<12} {worker['address']:<22} {worker['state']:<18} {worker['load']:<11} "
             f"{worker['cpu']:>4} {worker['queued']:>6} {worker['rss_mb']:>7}  {beat}"

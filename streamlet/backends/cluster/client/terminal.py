@@ -33,7 +33,9 @@ def render_frame(frame: TopFrame) -> RenderableType:
     lead = status["leader"]
     leader = f"leader {lead['name']} (epoch {lead['epoch']})" if lead else "no leader"
     title = Text(f"cluster '{status['cluster']}' · {leader} · {time.strftime('%H:%M:%S')}", style="bold")
-    return Group(title, Text(), _workers_table(frame), Text(), _jobs_table(frame))
+    held = [Text(f"held the event loop: {key} on {worker}, {seconds:.1f} s", style="yellow")
+            for key, worker, seconds in frame.held]  # fmt: skip
+    return Group(title, Text(), _workers_table(frame), Text(), _jobs_table(frame), *held)
 
 
 def _workers_table(frame: TopFrame) -> Table:
@@ -42,7 +44,7 @@ def _workers_table(frame: TopFrame) -> Table:
                             ("rss MB", "right"), ("instances", "right"), ("heartbeat", "left")):  # fmt: skip
         table.add_column(header, justify=justify)  # type: ignore[arg-type]
     for worker in frame.status["workers"]:
-        beat = "stale" if worker["stale"] else "ok"
+        beat = worker.get("heartbeat") or ("stale" if worker["stale"] else "ok")
         table.add_row(
             worker["id"], worker["state"], worker["load"], str(worker["cpu"]), f"{worker['rss_mb']:.1f}",
             str(frame.instances.get(worker["id"], 0)), beat,

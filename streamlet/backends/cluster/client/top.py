@@ -123,6 +123,7 @@ class TopFrame:
     instances: dict[str, int]
     totals: dict[str, Flow]
     rates: dict[str, Flow] | None
+    held: list[tuple[str, str, float]] = field(default_factory=list)  # (instance, worker, seconds it held a loop)
 
 
 async def read_loads(zk: ClusterStore) -> dict[str, Load]:
@@ -137,4 +138,15 @@ async def read_frame(zk: ClusterStore, rates: HeartbeatRates) -> TopFrame:
     rates.update(loads)
     instances = {worker: len(load.get("instances") or {}) for worker, load in loads.items()}
     known = rates.rates() if rates.complete() else None
-    return TopFrame(status, instances, rates.totals(), known)
+    return TopFrame(status, instances, rates.totals(), known, loop_held(loads))
+
+
+def loop_held(loads: dict[str, Load]) -> list[tuple[str, str, float]]:
+    """Every instance whose calls held its worker's event loop (``loop_held`` seconds, most first)."""
+    found = [
+        (key, worker, float(snapshot.get("loop_held", 0.0)))
+        for worker, load in loads.items()
+        for key, snapshot in (load.get("instances") or {}).items()
+        if snapshot.get("loop_held")
+    ]
+    return sorted(found, key=lambda row: -row[2])

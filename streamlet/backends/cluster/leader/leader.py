@@ -43,7 +43,7 @@ from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import LeaderFence
 from streamlet.backends.cluster.tree.hints import cpu_bound_tasks
 from streamlet.backends.cluster.tree.lifecycle import JobState, moved, state_of
-from streamlet.backends.cluster.tree.loads import fitting_workers, live, live_loads
+from streamlet.backends.cluster.tree.loads import busy, fitting_workers, live, live_loads
 from streamlet.backends.cluster.tree.outline import Outlines
 from streamlet.backends.cluster.tree.paths import (
     Assignment,
@@ -53,7 +53,7 @@ from streamlet.backends.cluster.tree.paths import (
     Reconfiguration,
     ReconfigureRequest,
 )
-from streamlet.backends.cluster.tree.registry import workers
+from streamlet.backends.cluster.tree.registry import WorkerView, workers
 from streamlet.backends.cluster.tree.signing import verify
 from streamlet.backends.cluster.tree.store import ClusterStore, Create, Delete, Found, Op, SetData, read_all
 from streamlet.core.model import world
@@ -153,6 +153,7 @@ class Leader:
         self.backups = BackupController(store, self.fence, clock)
         self._backups_placed_at = -BACKUP_ROUND
         self._boots: dict[str, str] = {}  # live worker -> its boot, as of this round
+        self._busy: dict[str, dict[str, Any]] = {}  # worker -> what holds its loop, while it is BUSY
         # when this leader last began to see the store (its term began, or its connection came back): a
         # heartbeat missed before then (the store down, out of quorum, or out of this leader's reach) is not
         # held against a worker, which gets STALE_AFTER from then on to beat
@@ -182,6 +183,7 @@ class Leader:
         views = live(await workers(self.store), self.clock(), self.seeing_since)
         live_ids = {view.worker_id for view in views}
         self._boots = {view.worker_id: str(view.info.get("boot", "")) for view in views}
+        self._note_busy(views)
         decisions = []
         for job in await self.store.children(paths.JOBS):
             state = await self.store.get(paths.state(job))
@@ -196,6 +198,20 @@ class Leader:
                 decisions.append(f"{job}: {decision}")
         await self._place_backups()
         return decisions
+
+    def _note_busy(self, views: list[WorkerView]) -> None:
+        """Log each worker that turns BUSY (fresh heartbeats, its event loop held by user code) and each that
+        stops being so. A busy worker is alive: nothing is restarted for it."""
+        now_busy = {}
+        for view in views:
+            held = busy(view.load)
+            if held is not None:
+                now_busy[view.worker_id] = held
+                if view.worker_id not in self._busy:
+                    log.warning("worker BUSY", worker=view.worker_id, epoch=self.epoch, **held)
+        for worker in self._busy.keys() - now_busy.keys():
+            log.info("worker no longer BUSY", worker=worker, epoch=self.epoch)
+        self._busy = now_busy
 
     async def _place_backups(self) -> None:
         """The backup location controller over the RUNNING jobs, at most every ``BACKUP_ROUND``."""

@@ -304,22 +304,55 @@ def find_secret(state_dir: Path) -> bytes | None:
     return None
 
 
-def down(state_dir: Path) -> list[dict[str, Any]]:
-    """Stop every process ``up`` started by PID, and forget the cluster: all workers at once (each drains:
-    a checkpoint its job's other workers take part in), then the masters, then ZooKeeper."""
+DRAIN_SECONDS = 30.0  # how long 'down' lets the workers drain before SIGKILL
+QUIT_SECONDS = 5.0  # how long 'down' gives the masters, then ZooKeeper, to exit before SIGKILL
+DOWN_SECONDS = DRAIN_SECONDS + 2 * QUIT_SECONDS  # the most 'down' takes, whatever the processes do
+TURNS = (
+    ("worker", DRAIN_SECONDS, 2 * QUIT_SECONDS),
+    ("master", QUIT_SECONDS, QUIT_SECONDS),
+    ("zookeeper", QUIT_SECONDS, 0.0),
+)
+
+
+def down(state_dir: Path, timeout: float = DOWN_SECONDS) -> list[dict[str, Any]]:
+    """Stop every process ``up`` started, by PID, within ``timeout`` seconds whatever they do, and forget the
+    cluster: all workers at once (each drains: a checkpoint its job's other workers take part in, for at most
+    :data:`DRAIN_SECONDS`), then the masters, then ZooKeeper (:data:`QUIT_SECONDS` each); whatever has not
+    exited by its turn's end is SIGKILLed. A worker that cannot drain (ZooKeeper gone, a job restarting in a
+    loop) is killed at the end of its turn, never waited for longer, and nothing of the cluster is left
+    running. Each stopped process's record says how: ``"stopped"`` (it exited) or ``"killed"``."""
     state = ClusterState.load(state_dir)
-    stopped = []
-    for role in ("worker", "master", "zookeeper"):
-        group = [process for process in state.processes if process["role"] == role]
-        running = [process for process in group if signal_pid(int(process["pid"]), signal.SIGTERM)]
-        for process in running:  # signalled together above: one SIGTERM each (a second one stops at once)
-            wait_or_kill(int(process["pid"]), DRAIN_SECONDS)
-        stopped.extend(running)
-    (state_dir / STATE_FILE).unlink()
+    deadline = time.monotonic() + timeout
+    stopped: list[dict[str, Any]] = []
+    try:
+        for role, share, after in TURNS:
+            group = [process for process in state.processes if process["role"] == role]
+            turn = max(0.5, min(share, deadline - time.monotonic() - after))  # the turns after keep their time
+            stopped.extend(stop_together(group, turn))
+    finally:
+        for process in state.processes:  # interrupted, or anything a turn left: nothing of the cluster stays
+            if alive(int(process["pid"])):
+                wait_or_kill(int(process["pid"]), 0.0)
+        (state_dir / STATE_FILE).unlink(missing_ok=True)
     return stopped
 
 
-DRAIN_SECONDS = 30.0  # how long 'down' lets a worker drain before SIGKILL
+def stop_together(processes: list[dict[str, Any]], seconds: float) -> list[dict[str, Any]]:
+    """SIGTERM every one of ``processes`` at once, give them ``seconds`` together to exit, SIGKILL the rest;
+    returns the records of those that were running, each with ``how`` (``"stopped"`` or ``"killed"``)."""
+    running = [process for process in processes if signal_pid(int(process["pid"]), signal.SIGTERM)]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(int(process["pid"])) for process in running):
+        time.sleep(0.05)
+    result = []
+    for process in running:
+        pid = int(process["pid"])
+        if alive(pid):
+            wait_or_kill(pid, 0.0)
+            result.append({**process, "how": "killed"})
+        else:
+            result.append({**process, "how": "stopped"})
+    return result
 
 
 def signal_pid(pid: int, signum: int) -> bool:

@@ -595,7 +595,7 @@ class SimulatedCluster:
                 assert self.checkpoint_dir is not None
                 seams = WorkerSeams(  # CPU as set_cpu says (every worker shares this process); look on changes
                     load_sample=worker.load_sample, on_part_built=partial(self._part_built, worker),
-                    next_look=worker.next_change,
+                    next_look=worker.next_change, heart_thread=False,
                 )  # fmt: skip
                 served = assemble_worker(
                     worker.session, worker.worker_id, info, server, client, self.secret,

@@ -4,6 +4,8 @@ heartbeat, how many instances each holds, which may run a node.
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamlet.adaptation.dispatch import WorkerLoad
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.jobs import held_instances
@@ -13,6 +15,35 @@ from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.core.model.topology import Node
 
 STALE_AFTER = 5.0  # seconds without a heartbeat before the leader counts a worker as lost
+#: Seconds of event-loop lag from which a worker whose heartbeats are fresh counts as BUSY: alive, its loop
+#: held by user code (``worker.heart``). Reported, never a reason to restart anything.
+BUSY_AFTER = 1.0
+
+
+def busy(load: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What holds a BUSY worker's loop (``lag`` seconds, and the ``holding`` call if one is known), or
+    ``None`` when the heartbeat ``load`` says the loop keeps up."""
+    lag = float((load or {}).get("loop_lag", 0.0))
+    if lag < BUSY_AFTER:
+        return None
+    holding = (load or {}).get("holding") or {}
+    return {
+        "lag": lag,
+        "task": holding.get("task"),
+        "instance": holding.get("instance"),
+        "seconds": holding.get("seconds"),
+    }
+
+
+def heartbeat_word(stale: bool, load: dict[str, Any] | None) -> str:
+    """A worker's heartbeat in a word or a few: ``stale`` (lost), ``BUSY 3.2s in 'task' #0``, or ``ok``."""
+    if stale:
+        return "stale"
+    held = busy(load)
+    if held is None:
+        return "ok"
+    where = "" if held["task"] is None else f" in '{held['task']}' #{held['instance']}"
+    return f"BUSY {held['lag']:.1f}s{where}"
 
 
 def fitting_workers(node: Node, loads: list[WorkerLoad]) -> set[str]:

@@ -55,6 +55,8 @@ class WorkerRegistration:
     boot: str = field(default_factory=lambda: world.token_hex(6), init=False)  # this process of the worker
     last_load: dict[str, Any] = field(default_factory=dict, init=False)  # the last heartbeat's load report
     _lost: bool = field(default=False, init=False)  # the session was lost: register again once connected
+    #: A heart thread writes the beats (``worker.heart``): the loop only refreshes ``last_load`` for it.
+    beats_from_thread: bool = field(default=False, init=False)
     _listening: bool = field(default=False, init=False)  # told of the session's states
 
     @property
@@ -111,7 +113,10 @@ class WorkerRegistration:
                 if self._lost and self.zk.state == "connected":
                     self._lost = False
                     await self.register()
-                await self.beat()
+                if self.beats_from_thread:
+                    self.last_load = self.load()  # what the heart thread sends with its next beats
+                else:
+                    await self.beat()
                 if await self.zk.get(self.node) is None:  # gone with a session that was not ours (see register)
                     await self.register()
             except CoordinationError:

@@ -10,7 +10,7 @@ from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import candidates, leader
 from streamlet.backends.cluster.tree.jobs import all_jobs, public
 from streamlet.backends.cluster.tree.lifecycle import JobState
-from streamlet.backends.cluster.tree.loads import STALE_AFTER
+from streamlet.backends.cluster.tree.loads import STALE_AFTER, busy, heartbeat_word
 from streamlet.backends.cluster.tree.registry import WorkerView, workers
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.core.model import world
@@ -55,4 +55,6 @@ def _worker_row(view: WorkerView, now: float, instances: list[str]) -> dict[str,
         "tls": bool(view.info.get("tls", False)),
         "instances": sorted(instances),
         "stale": view.stale(now, STALE_AFTER),
+        "busy": busy(load),
+        "heartbeat": heartbeat_word(view.stale(now, STALE_AFTER), load),
     }

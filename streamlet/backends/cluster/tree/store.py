@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, overload
@@ -181,6 +182,11 @@ class ClusterStore(Protocol):
     async def watch_children(self, path: str) -> asyncio.Event:
         """An event set every time the children of ``path`` change; the caller clears it."""
 
+    def write_from_thread(self, path: str, data: Any) -> None:
+        """From a thread other than the loop's, without the loop: write ``data`` to ``path``, creating it as
+        an ephemeral node of this session when missing (a worker's heartbeat, which must not wait for a
+        loop that user code holds). Raises :class:`CoordinationError` when the store cannot be reached."""
+
 
 async def write_fenced(store: ClusterStore, path: str, data: Any, version: int | None, fence: tuple[str, int]) -> bool:
     """Write ``data`` (create it when ``version`` is ``None``) only while ``fence`` (path, version) holds."""
@@ -235,13 +241,17 @@ class MemoryTree:
     _watchers: dict[str, list[asyncio.Event]] = field(default_factory=dict)  # one-shot, like ZooKeeper's
     _child_watchers: dict[str, list[asyncio.Event]] = field(default_factory=dict)  # kept, like ChildrenWatch
     _transaction: int | None = None  # the zxid every step of the transaction under way shares
+    #: Held while a write ids itself: a heartbeat thread writes too (``write_from_thread``).
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    loop: asyncio.AbstractEventLoop | None = None  # the loop its sessions run on (seen at their first call)
 
     def next_zxid(self) -> int:
         """The id of a new write (the transaction's, while one is applied)."""
         if self._transaction is not None:
             return self._transaction
-        self.zxid += 1
-        return self.zxid
+        with self.lock:
+            self.zxid += 1
+            return self.zxid
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -323,7 +333,29 @@ class MemoryClusterStore:
     def _usable(self) -> dict[str, _Node]:
         if self.state != "connected":
             raise CoordinationError(f"the store session is {self.state}")
+        if self.tree.loop is None:
+            self.tree.loop = asyncio.get_running_loop()
         return self.tree.nodes
+
+    def write_from_thread(self, path: str, data: Any) -> None:
+        """See :meth:`ClusterStore.write_from_thread`: the node's data and version changed under the tree's
+        lock, the watchers woken on the loop (``call_soon_threadsafe``), a missing node made there too."""
+        tree = self.tree
+        if self.state != "connected" or tree.loop is None:
+            raise CoordinationError(f"the store session is {self.state}")
+        with tree.lock:
+            node = tree.nodes.get(path)
+            if node is not None:
+                node.raw, node.version, node.mzxid = _dump(data), node.version + 1, tree.next_zxid()
+        if node is None:
+            tree.loop.call_soon_threadsafe(self._create_now, path, data)
+        else:
+            tree.loop.call_soon_threadsafe(tree.touched, path)
+
+    def _create_now(self, path: str, data: Any) -> None:
+        if self.state == "connected" and path not in self.tree.nodes and _parent(path) in self.tree.nodes:
+            self.tree.nodes[path] = _Node(_dump(data), self.tree.next_zxid(), owner=self)
+            self.tree.touched(path)
 
     # -- nodes ----------------------------------------------------------------------
 

@@ -290,6 +290,21 @@ class ZkStore:
         stat = await self._call(lambda: self._client.set(self.path(relative), value, version=version))
         return Version(stat.version, stat.mzxid)
 
+    def write_from_thread(self, relative: str, data: Any) -> None:
+        """See :meth:`ClusterStore.write_from_thread`: kazoo's client is safe to call from any thread, and its
+        own thread keeps the session, so this goes through however long the loop is held."""
+        client, kazoo = self._client, _kazoo()
+        if client is None:
+            raise CoordinationError("the coordinator is not connected")
+        value, path = json.dumps(data).encode(), self.path(relative)
+        try:
+            try:
+                client.set(path, value)
+            except kazoo.exceptions.NoNodeError:
+                client.create(path, value, acl=self.acl(relative), ephemeral=True, makepath=True)
+        except kazoo.exceptions.KazooException as exc:
+            raise CoordinationError(f"{type(exc).__name__}: {exc}") from exc
+
     async def children(self, relative: str) -> list[str]:
         """Names of a node's children (empty when the node does not exist)."""
         kazoo = _kazoo()

@@ -15,6 +15,7 @@ import anyio.abc
 from streamlet.backends.cluster.tree.paths import WorkerInfo
 from streamlet.backends.cluster.tree.registry import WorkerRegistration, process_load
 from streamlet.backends.cluster.tree.store import ClusterStore
+from streamlet.backends.cluster.worker.heart import HeartThread
 from streamlet.backends.cluster.worker.job_parts import WorkerJobs
 from streamlet.backends.cluster.worker.load_meter import LoadMeter
 from streamlet.core.runtime.job import Job
@@ -28,12 +29,15 @@ class WorkerSeams:
 
     ``load_sample``: this process's CPU seconds and memory, for the heartbeat's load report;
     ``on_part_built``: told of each job part as soon as it is built; ``next_look``: returns when the jobs
-    are worth looking at again (``None``: every ``POLL`` seconds).
+    are worth looking at again (``None``: every ``POLL`` seconds); ``heart_thread``: the heartbeat is
+    written from a thread of its own (``worker.heart``), so user code holding the loop cannot stop it (a
+    simulated cluster, whose time is the loop's, beats from the loop).
     """
 
     load_sample: Callable[[], dict[str, Any]] = process_load
     on_part_built: Callable[[tuple[str, int], Job], None] | None = None
     next_look: Callable[[], Awaitable[None]] | None = None
+    heart_thread: bool = True
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Worker:
     jobs: WorkerJobs
     meter: LoadMeter
     next_look: Callable[[], Awaitable[None]] | None
+    heart: HeartThread | None = None
 
 
 def assemble_worker(
@@ -66,14 +71,23 @@ def assemble_worker(
 
     meter = LoadMeter(jobs.queue_depths, jobs.instance_statistics, jobs.job_statistics, sample=sample)
     registration.load = meter
-    return Worker(registration, jobs, meter, seams.next_look)
+    heart = HeartThread(registration, heartbeat) if seams.heart_thread else None
+    return Worker(registration, jobs, meter, seams.next_look, heart)
 
 
 async def serve_worker(worker: Worker, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Register (live at the leader's next round), then heartbeat and run job parts until cancelled."""
     await worker.registration.register()
-    await worker.registration.beat()
-    async with anyio.create_task_group() as group:
-        group.start_soon(worker.registration.run)  # the heartbeat, every ``heartbeat`` seconds
-        group.start_soon(worker.jobs.run, worker.next_look)
-        task_status.started()
+    await worker.registration.beat()  # the first from the loop: the load node exists before the heart writes
+    heart = worker.heart
+    if heart is not None:
+        worker.registration.beats_from_thread = True
+        heart.start()
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker.registration.run)  # the heartbeat (or, with a heart, its load) every period
+            group.start_soon(worker.jobs.run, worker.next_look)
+            task_status.started()
+    finally:
+        if heart is not None:
+            heart.stop()

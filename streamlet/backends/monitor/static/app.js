@@ -42,7 +42,7 @@ function drawCluster(view) {
   problem.textContent = view.problem ? `not fresh: ${view.problem}` : "";
   fill(document.querySelector("#workers tbody"), view.workers.map((w) => row([
     cell(w.id), cell(w.address), cell(w.state), cell(w.load, w.load), num(w.cpu), num(w.rss_mb),
-    num(w.in_per_s), num(w.out_per_s), num(w.instances.length), cell(w.stale ? "stale" : "ok"),
+    num(w.in_per_s), num(w.out_per_s), num(w.instances.length), cell(w.heartbeat || (w.stale ? "stale" : "ok")),
   ])));
   const head = document.querySelector("#matrix thead");
   const headRow = row([cell("instance"), ...view.matrix.workers.map((w) => cell(w))]);
@@ -130,7 +130,7 @@ function drawJob(job) {
     for (const i of task.instances) {
       rows.push(row([
         cell(task.name), num(i.index), cell(i.worker), num(i.in_per_s), num(i.out_per_s), num(i.p50_ms),
-        num(i.p99_ms), cell(i.queue, i.queue), num(i.fill), num(i.shed),
+        num(i.p99_ms), cell(i.queue, i.queue), num(i.fill), num(i.shed), num(i.loop_held),
       ]));
     }
   }

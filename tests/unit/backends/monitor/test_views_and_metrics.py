@@ -20,6 +20,7 @@ def snapshot(records_in: int, records_out: int, latencies: list[float], kind: st
         "node": "count", "index": 0, "kind": kind, "records_in": records_in, "records_out": records_out,
         "batches": records_in // 10, "busy": 0.0, "blocked": 0.0, "queued": 2, "fill": 0.5, "state": "YELLOW",
         "latency": histogram.counts, "segments": {}, "shed": 0, "ports": [2, 0],
+        "loop_held": 0.0 if kind == "source" else 2.5,
     }  # fmt: skip
 
 
@@ -91,7 +92,7 @@ def test_the_views_show_workers_the_allocation_matrix_the_graph_with_edge_rates_
     [count] = [task for task in job["tasks"] if task["name"] == "count"]
     assert count["instances"][0] == {
         "index": 0, "worker": "w1", "in_per_s": 750.0, "out_per_s": 750.0, "p50_ms": 0.512, "p99_ms": 0.512,
-        "queue": "YELLOW", "fill": 0.5, "records_in": 750, "records_out": 750, "shed": 0,
+        "queue": "YELLOW", "fill": 0.5, "records_in": 750, "records_out": 750, "shed": 0, "loop_held": 2.5,
     }  # fmt: skip
     assert (job["late"], job["dead_lettered"], job["checkpoints"]) == (3, 1, 4)
     assert [event["text"] for event in job["timeline"]] == [
@@ -124,7 +125,10 @@ def test_the_metrics_carry_every_family_with_its_labels_and_counters_grow_betwee
         "streamlet_lag_items", "streamlet_latency_seconds", "streamlet_late_records", "streamlet_dead_letters",
         "streamlet_shed_records", "streamlet_restarts", "streamlet_checkpoints",
         "streamlet_checkpoint_duration_seconds", "streamlet_tcp_bytes_received", "streamlet_worker_rss_bytes",
+        "streamlet_loop_blocked_seconds",
     } <= set(first)  # fmt: skip
+    [held] = [s for s in first["streamlet_loop_blocked_seconds"].samples if s.labels["task"] == "count"]
+    assert (held.name, held.value) == ("streamlet_loop_blocked_seconds_total", 2.5)
     assert first["streamlet_records_in"].type == "counter"
     assert first["streamlet_latency_seconds"].type == "histogram"
     [lag] = [s for s in first["streamlet_lag_items"].samples if s.labels["task"] == "count" and s.labels["port"] == "0"]

@@ -1,0 +1,158 @@
+"""A keyed job whose plain ``def execute`` spends 1.6 ms (or 5 ms) of CPU per record, holding its worker's event
+loop 1.6 s (5 s) per batch of 1 000, on a real 3-worker cluster: its workers are BUSY, never lost. With no fault
+it finishes in attempt 1 with exact counts, also through a live rescale 2 -> 3 -> 1 and with one of three
+ZooKeeper members killed; with a worker killed and its disk removed, in attempt 2 at most, exact. Before the
+heartbeat had a thread of its own, the 1.6 ms job lost a worker every 6-17 s and never finished.
+The job code reads nothing from the environment: the cluster's processes build the topology from the file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamlet.backends.cluster.client.api import collected
+from streamlet.backends.cluster.tree import paths
+from tests.faults.test_zookeeper_ensemble import kill_member, members
+from tests.support.cluster import wait_for_exit
+from tests.support.faults import LocalCluster, totals, watching
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration]
+
+JOB = "busy"
+WORDS = [f"w{(i * 7919) % 97}" for i in range(6_000)]
+
+# The keyed count itself is the slow task: each record costs PER_RECORD seconds of CPU on the event loop (a busy
+# loop, not a sleep: the GIL and the loop are held, as by any CPU-bound function).
+BLOCKING_COUNT = """
+import time
+import streamlet as sl
+
+WORDS = [f"w{{(i * 7919) % 97}}" for i in range(6_000)]
+PER_RECORD = {per_record}
+
+
+class BlockingCount(sl.Task):
+    def execute(self, inputs, outputs):
+        for r in inputs.get():
+            until = time.perf_counter() + PER_RECORD
+            while time.perf_counter() < until:
+                pass
+            self.state.put(r.key, self.state.get(r.key, 0) + 1)
+
+    def finish(self, outputs):
+        outputs.emit_all(self.state.items())
+
+
+def build_topology():
+    topology = sl.Topology("busy-count")
+    words = topology.add_source("words", [sl.Record(word, 1, 0.0) for word in WORDS])
+    count = topology.add_task("count", BlockingCount, parallelism=2).set_input(words, partitioning=sl.SAME_KEY)
+    topology.add_sink("totals", sl.CollectSink()).set_input(count)
+    return topology
+"""
+
+
+def submitted(cluster: LocalCluster, directory: Path, per_record: float) -> Any:
+    """Submit the blocking count (checkpoints every 0.5 s) without waiting; return once it runs and a checkpoint
+    of attempt 1 completed."""
+    job_file = directory / "busy_count.py"
+    job_file.write_text(BLOCKING_COUNT.format(per_record=per_record), encoding="utf-8")
+    submit = cluster.submit(job_file, JOB, "--checkpoint-interval", "0.5", "--no-wait").finish()
+    assert submit.code == 0, submit.err
+    with watching(cluster) as zk:
+        zk.wait_for(paths.state(JOB), lambda s: s["state"] == "RUNNING", seconds=120)
+        return zk.wait_for(f"{paths.checkpoints(JOB)}/completed", lambda c: c["attempt"] == 1, seconds=120)
+
+
+def ended(cluster: LocalCluster) -> tuple[dict[str, Any], dict[str, int]]:
+    """The job's final state node and its totals, once it has ended."""
+    with watching(cluster) as zk:
+        state = zk.wait_for(paths.state(JOB), lambda s: s["state"] in ("FINISHED", "FAILED", "KILLED"), seconds=300)
+        return state, totals(collected(zk.status(JOB))["totals"])
+
+
+def leader_log(cluster: LocalCluster) -> str:
+    return "".join(path.read_text(errors="replace") for path in cluster.state_dir.glob("master-*.log"))
+
+
+def assert_busy_never_lost(cluster: LocalCluster) -> None:
+    """The leader's log shows a worker BUSY, naming the task that held its loop, and no worker lost."""
+    log = leader_log(cluster)
+    assert "worker BUSY" in log, log[-2000:]
+    assert "task=count" in log, log[-2000:]
+    assert "lost worker" not in log, log[-2000:]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("per_record", [0.0016, 0.005], ids=["1.6ms", "5ms"])
+def test_a_job_that_holds_the_loop_finishes_in_attempt_1_exact(
+    new_cluster: Callable[..., LocalCluster], tmp_path: Path, per_record: float
+) -> None:
+    cluster = new_cluster(workers=3)
+    submitted(cluster, tmp_path, per_record)
+    state, counts = ended(cluster)
+    assert (state["state"], state["attempt"]) == ("FINISHED", 1), state
+    assert counts == dict(Counter(WORDS))
+    assert_busy_never_lost(cluster)
+
+
+@pytest.mark.timeout(420)
+def test_a_live_rescale_2_3_1_of_the_blocking_task_in_attempt_1(
+    new_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """``streamlet rescale busy count 3``, then ``1``, while each of its instances holds its loop 1.6 s a batch:
+    both changes are done in attempt 1 and the counts come out exact."""
+    cluster = new_cluster(workers=3)
+    submitted(cluster, tmp_path, 0.0016)
+    for parallelism in ("3", "1"):
+        change = cluster.run("rescale", JOB, "count", parallelism, timeout=180)
+        assert change.returncode == 0, change.stderr
+        assert f"count runs {parallelism} instance" in change.stdout, change.stdout
+        assert "(attempt 1," in change.stdout, change.stdout
+    state, counts = ended(cluster)
+    assert (state["state"], state["attempt"]) == ("FINISHED", 1), state
+    assert counts == dict(Counter(WORDS))
+    assert_busy_never_lost(cluster)
+
+
+@pytest.mark.timeout(420)
+def test_a_zookeeper_member_lost_under_a_blocking_job_costs_no_attempt(
+    new_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    cluster = new_cluster(workers=3, own_zookeeper=True, zookeepers=3)
+    submitted(cluster, tmp_path, 0.0016)
+    kill_member(cluster, sorted(members(cluster))[0])
+    state, counts = ended(cluster)
+    assert (state["state"], state["attempt"]) == ("FINISHED", 1), state
+    assert counts == dict(Counter(WORDS))
+    assert_busy_never_lost(cluster)
+
+
+@pytest.mark.timeout(420)
+def test_a_worker_killed_with_its_disk_under_a_blocking_job_costs_one_attempt(
+    new_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """SIGKILL the worker running count.1 after a checkpoint and delete its folder: the job ends in attempt 2 (the
+    one the kill costs, no more), exact."""
+    cluster = new_cluster(workers=3)
+    submitted(cluster, tmp_path, 0.0016)
+    with watching(cluster) as zk:
+        victim = zk.data(paths.assignment(JOB))["instances"]["count.1"]
+    pid = cluster.pids[victim]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for_exit(pid), f"{victim} did not die"
+    shutil.rmtree(cluster.state_dir / victim)
+    state, counts = ended(cluster)
+    assert state["state"] == "FINISHED", state
+    assert state["attempt"] <= 2, state
+    assert counts == dict(Counter(WORDS))
+    log = leader_log(cluster)
+    assert f"lost {victim}" in log
+    assert log.count("lost worker") == 1, log[-3000:]  # the killed one, never a busy one
