@@ -51,7 +51,7 @@ from streamlet.transport.codec import (
 from streamlet.transport.tls import TLS_HANDSHAKE_TIMEOUT, TlsSettings
 
 log = structlog.get_logger("streamlet")
-HANDSHAKE_TIMEOUT = 5.0
+HANDSHAKE_TIMEOUT = 15.0  # as TLS_HANDSHAKE_TIMEOUT: the two sides' loops may each be held by user code a while
 _GONE = (asyncio.IncompleteReadError, ConnectionError, TimeoutError)
 MAX_WAITING_OPENS = 10_000  # channels opened before their receiver registered them, at most, per server
 

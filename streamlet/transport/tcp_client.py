@@ -262,7 +262,9 @@ class _Link:
         self.up = False
         self.failure: TransportError | None = None
         self.refused: ConnectionRefusedError | None = None  # the last connect was refused (until one succeeds)
-        self.heard = world.monotonic()  # when the peer last said anything (or the link began)
+        # when the peer last said anything (or the link began), on the loop's clock: time this process spent in
+        # a long call of user code, the peer's answers waiting unread, is not the peer's silence
+        self.heard = world.loop_time()
         self.silent: PeerUnreachable | None = None  # the peer has been silent too long (until it answers again)
         self._writer: asyncio.StreamWriter | None = None
 
@@ -315,7 +317,7 @@ class _Link:
 
     def _give_up_if_silent(self) -> None:
         """Past the bound without a word from the peer: every channel on the link raises, naming it."""
-        quiet = world.monotonic() - self.heard
+        quiet = world.loop_time() - self.heard
         if self.silent is None and quiet >= self.client.peer_timeout:
             self.silent = PeerUnreachable(
                 f"link {self.name}: no answer for {quiet:.1f} s (peer_timeout {self.client.peer_timeout:g} s); "
@@ -329,7 +331,7 @@ class _Link:
         quarter = self.client.peer_timeout / 4
         while True:
             await asyncio.sleep(quarter)
-            quiet = world.monotonic() - self.heard
+            quiet = world.loop_time() - self.heard
             if quiet >= self.client.peer_timeout:
                 self._give_up_if_silent()
                 writer.transport.abort()
@@ -344,7 +346,7 @@ class _Link:
             async with asyncio.timeout(self.client.connect_timeout):
                 await self._handshake(reader, writer)
             self._writer, self.up, self.refused = writer, True, None
-            self.heard, self.silent = world.monotonic(), None
+            self.heard, self.silent = world.loop_time(), None
             self.client.connects += 1
             if self.channels:
                 writer.write(frame(FrameType.OPEN, list(self.channels)))
@@ -386,7 +388,7 @@ class _Link:
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         while True:
             kind, body = await read_frame(reader, self.client.max_frame)
-            self.heard = world.monotonic()
+            self.heard = world.loop_time()
             try:
                 self._on_reply(kind, body)
             except (KeyError, TypeError, ValueError) as exc:
@@ -435,7 +437,7 @@ class TcpClient:
         *,
         reconnect_delay: float = 0.02,
         max_reconnect_delay: float = 1.0,
-        connect_timeout: float = 5.0,
+        connect_timeout: float = 15.0,
         max_frame: int = DEFAULT_MAX_FRAME,
         tls: TlsSettings | None = None,
         peer_timeout: float = PEER_TIMEOUT,

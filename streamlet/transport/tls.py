@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TLS_HANDSHAKE_TIMEOUT = 5.0  # seconds a peer has to complete the TLS handshake
+# seconds a peer has to complete the TLS handshake: each step waits for a turn of both loops, which a long call of
+# user code (a plain def execute computing for seconds) may delay by that long
+TLS_HANDSHAKE_TIMEOUT = 15.0
 
 
 @dataclass(frozen=True)

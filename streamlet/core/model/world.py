@@ -56,6 +56,25 @@ class RealWorld:
         """``call(*args)`` in a worker thread, so the event loop goes on meanwhile."""
         return await anyio.to_thread.run_sync(call, *args)
 
+    def loop_time(self) -> float:
+        """:meth:`monotonic` less the seconds calls of user code held this process's event loop: the time the
+        loop was there to answer. A peer's silence is judged on it, so a long call here (a task's plain ``def
+        execute`` computing for seconds, when the peer's answers wait unread) does not count as the peer's."""
+        return time.perf_counter() - _HELD[0]
+
+
+_HELD = [0.0]  # seconds calls of user code held this process's loop so far (the runtime adds each one's)
+
+
+def held_seconds() -> float:
+    """Seconds calls of user code held this process's event loop so far (each counted once it returned)."""
+    return _HELD[0]
+
+
+def note_held(seconds: float) -> None:
+    """A call of user code held this process's event loop ``seconds`` (see :meth:`RealWorld.loop_time`)."""
+    _HELD[0] += seconds
+
 
 _REAL = RealWorld()
 _WORLD: contextvars.ContextVar[RealWorld] = contextvars.ContextVar("streamlet_world", default=_REAL)
@@ -84,6 +103,11 @@ def wall_time() -> float:
 def monotonic() -> float:
     """Seconds on a clock for durations, in the world in force."""
     return _WORLD.get().monotonic()
+
+
+def loop_time() -> float:
+    """Seconds on a clock that stops while user code holds this process's loop, in the world in force."""
+    return _WORLD.get().loop_time()
 
 
 def token_bytes(count: int) -> bytes:

@@ -94,6 +94,7 @@ class Environment:
     job: str = ""  # the job's name, on every line its instances log
     loop_warning: float = DEFAULT_LOOP_WARNING  # seconds one call of user code may hold the loop unreported
     process_pool: ProcessPool | None = None  # where run_in="process" tasks run (a job with one makes it)
+    yielded: float = 0.0  # perf_counter() when an instance last let the loop run others after long calls
 
 
 class Instance(ABC):

@@ -23,6 +23,11 @@ from dataclasses import dataclass
 
 #: Seconds a single call of user code may hold the event loop before it is reported.
 DEFAULT_LOOP_WARNING = 0.1
+#: Seconds of user calls back to back after which an instance lets the loop run what waits (``sleep(0)``); a
+#: plain execute whose calls compute longer than this gets its batches in pieces of about this long.
+YIELD_AFTER = 0.05
+#: Seconds a call may block (sleep, wait on I/O) before its batches go in pieces too (see ``YIELD_AFTER``).
+BLOCKED_AFTER = 1.0
 #: The environment variable that sets this process's default instead (an operator's knob: a worker's jobs, a
 #: test run that starts many programs at once on few cores, where every call takes longer in wall time).
 LOOP_WARNING_ENV = "STREAMLET_LOOP_WARNING"
@@ -46,14 +51,16 @@ class Holding:
 class LoopHolder:
     """Which call of user code runs on this process's loop now (one loop runs user code at a time)."""
 
-    __slots__ = ("_call",)
+    __slots__ = ("_call", "last")
 
     def __init__(self) -> None:
         self._call: tuple[str, int, float] | None = None  # (task, instance, perf_counter at entry)
+        self.last: tuple[str, int] | None = None  # the task and instance of the latest call
 
     def enter(self, task: str, instance: int, began: float) -> None:
         """A call of ``task``'s code begins (``began``: ``time.perf_counter()``)."""
         self._call = (task, instance, began)
+        self.last = (task, instance)
 
     def leave(self) -> None:
         """The call returned (or raised)."""

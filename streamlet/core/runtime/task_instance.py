@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import inspect
 import math
@@ -21,11 +22,11 @@ from streamlet.core.model.record import Barrier, Batch, DeadLetter, Element, Rec
 from streamlet.core.model.task import RecordFailure, ReduceTask, Task, WindowReduceTask, leaves_nothing_on_failure
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import WindowSpec
-from streamlet.core.model.world import monotonic
+from streamlet.core.model.world import monotonic, note_held
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.error_policy import POLICIES
 from streamlet.core.runtime.instances import Environment, Receiver, count_batch
-from streamlet.core.runtime.loop_watch import HOLDER, first_warning
+from streamlet.core.runtime.loop_watch import BLOCKED_AFTER, HOLDER, YIELD_AFTER, first_warning
 from streamlet.core.runtime.offload import in_thread
 from streamlet.core.runtime.outputs import RoutedOutputs
 from streamlet.core.state.expiring import ExpiringState
@@ -72,6 +73,8 @@ class TaskInstance(Receiver):
         self.task = self._adopt(task)
         self.window: WindowLogic | None = None
         self.windowed_ports: frozenset[int] = frozenset()
+        #: Records per call when a plain execute's calls run past ``YIELD_AFTER`` (see ``_execute_in_turns``).
+        self._turn_records: int | None = None
         if node.window is not None:
             task = self.task  # a columnar aggregate folds its windows in Arrow
             if isinstance(task, AggregateTask):
@@ -321,6 +324,8 @@ class TaskInstance(Receiver):
         if port not in self.windowed_ports:
             if isinstance(batch, ColumnBatch):
                 self._execute_columns(port, batch)
+            elif self._turn_records is not None and len(batch) > self._turn_records:
+                await self._execute_in_turns(port, batch, self._turn_records)
             else:
                 await self._execute_batch(port, batch)
             return
@@ -339,6 +344,28 @@ class TaskInstance(Receiver):
             await self._run_window(window)
         if closed:  # a window's results are a batch of their own: send them while they are young
             await self.outputs.flush()
+
+    async def _execute_in_turns(self, port: int, batch: Batch, size: int) -> None:
+        """A plain ``def execute`` whose calls hold the loop longer than ``YIELD_AFTER`` gets its batch in pieces
+        of about that long (``size`` records), the loop turning between them: the worker's control plane (its
+        answers to ZooKeeper, checkpoints, live changes), the network and timers wait one piece, not a batch.
+        Records are taken in the same order, each once; only where batches are cut changes, as batch_size
+        would change it."""
+        for start in range(0, len(batch), size):
+            await self._execute_batch(port, batch[start : start + size])
+
+    def _learn_turn(self, seconds: float, cpu: float) -> None:
+        """After a plain call of ``seconds`` (``cpu`` of them computing): the records a piece may hold so a call
+        stays near ``YIELD_AFTER`` (``None``: whole batches, calls are short). A call counts as long when it
+        computed that long, or blocked for ``BLOCKED_AFTER`` (a wall time stretched only by a busy machine is
+        neither). Not for joins, whose batches go whole to their policy."""
+        if self._handles_failures:
+            return
+        records = self.inputs.count()
+        if (cpu > YIELD_AFTER or seconds > BLOCKED_AFTER) and records > 1:
+            self._turn_records = max(1, int(records * YIELD_AFTER / seconds))
+        elif self._turn_records is not None and seconds < YIELD_AFTER / 4:
+            self._turn_records = None if records * 4 >= self.env.batch_size else records * 4
 
     def _add_columns_to_windows(self, batch: ColumnBatch) -> tuple[list[ClosedWindow], Any]:
         window = self.window
@@ -568,7 +595,7 @@ class TaskInstance(Receiver):
             else:  # on_error="fail" (or a shortcut): nothing to take back, nothing paid
                 await self._execute(self.inputs, self.outputs)
             return
-        began = time.perf_counter()  # a plain def holds the loop: timed, and who holds it said (loop_watch)
+        began, cpu = time.perf_counter(), time.thread_time()  # a plain def holds the loop: timed (loop_watch)
         HOLDER.enter(self.node.name, self.index, began)
         try:
             if self.undo is not None:
@@ -577,9 +604,16 @@ class TaskInstance(Receiver):
                 self._execute(self.inputs, self.outputs)
         finally:
             HOLDER.leave()
-            held = time.perf_counter() - began
-            if held > self.env.loop_warning:
-                self._held_the_loop(held)
+            ended = time.perf_counter()
+            note_held(ended - began)
+            if ended - began > self.env.loop_warning:
+                self._held_the_loop(ended - began)
+        self._learn_turn(ended - began, time.thread_time() - cpu)
+        if ended - self.env.yielded > YIELD_AFTER:
+            # calls back to back without a pause: let the loop run what waits (answers to the network, timers,
+            # other instances) before the next, or a queue of long batches would hold it for their whole sum
+            await asyncio.sleep(0)
+            self.env.yielded = time.perf_counter()
 
     def _held_the_loop(self, seconds: float) -> None:
         """A call held the event loop ``seconds`` (past ``loop_warning``): counted, and the task's first warned."""

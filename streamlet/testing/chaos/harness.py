@@ -66,6 +66,9 @@ class SimWorld(RealWorld):
     def monotonic(self) -> float:
         return self.loop.time()
 
+    def loop_time(self) -> float:
+        return self.loop.time()  # virtual time: no call holds it
+
     def token_bytes(self, count: int) -> bytes:
         return self.rng.randbytes(count)
 

@@ -253,3 +253,32 @@ def test_an_embedding_service_runs_while_a_task_blocks_in_a_thread() -> None:
         return [(r.key, r.value) for r in result.sink("out")]
 
     assert asyncio.run(main()) == [("a", 1)]
+
+
+class Computes(sl.Task):
+    """2 ms of CPU a record (a busy loop: the GIL and the loop held); notes how many records each call got."""
+
+    calls: list[int] = []
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        self.calls.append(inputs.count())
+        for r in inputs.get():
+            until = time.thread_time() + 0.002
+            while time.thread_time() < until:
+                pass
+            outputs.emit(r.key, r.value, ts=r.ts)
+
+
+def test_calls_that_compute_long_get_their_batches_in_pieces() -> None:
+    """A batch of 50 records at 2 ms each holds the loop 0.1 s: after the first such call, the next batches go in
+    pieces of about 50 ms (25 records), so the loop turns between them; every record is processed once, in order."""
+    Computes.calls = []
+    topology = sl.Topology("run-in-turns")
+    src = topology.add_source("src", [sl.Record("k", i, float(i)) for i in range(150)])
+    node = topology.add_task("computes", Computes).set_input(src)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    result = sl.run(topology, batch_size=50)
+    assert [r.value for r in result.sink("out")] == list(range(150))
+    assert Computes.calls[0] == 50
+    assert sum(Computes.calls) == 150
+    assert max(Computes.calls[1:]) <= 25  # a piece: 50 ms of 2 ms records, or fewer

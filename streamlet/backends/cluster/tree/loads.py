@@ -15,35 +15,38 @@ from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.core.model.topology import Node
 
 STALE_AFTER = 5.0  # seconds without a heartbeat before the leader counts a worker as lost
-#: Seconds of event-loop lag from which a worker whose heartbeats are fresh counts as BUSY: alive, its loop
-#: held by user code (``worker.heart``). Reported, never a reason to restart anything.
+#: A worker whose heartbeats are fresh counts as BUSY (alive, its loop held by user code: ``worker.heart``) when
+#: its loop lags this many seconds, or its calls of user code held the loop this share of the time since its
+#: last beat. Reported, never a reason to restart anything.
 BUSY_AFTER = 1.0
+BUSY_SHARE = 0.8
 
 
 def busy(load: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What holds a BUSY worker's loop (``lag`` seconds, and the ``holding`` call if one is known), or
-    ``None`` when the heartbeat ``load`` says the loop keeps up."""
+    """What holds a BUSY worker's loop (``lag`` seconds, ``share`` of the time, and the call holding it or
+    that held it last, when known), or ``None`` when the heartbeat ``load`` says the loop keeps up."""
     lag = float((load or {}).get("loop_lag", 0.0))
-    if lag < BUSY_AFTER:
+    share = float((load or {}).get("loop_held_share", 0.0))
+    if lag < BUSY_AFTER and share < BUSY_SHARE:
         return None
     holding = (load or {}).get("holding") or {}
     return {
-        "lag": lag,
-        "task": holding.get("task"),
-        "instance": holding.get("instance"),
+        "lag": lag, "share": share, "task": holding.get("task"), "instance": holding.get("instance"),
         "seconds": holding.get("seconds"),
-    }
+    }  # fmt: skip
 
 
 def heartbeat_word(stale: bool, load: dict[str, Any] | None) -> str:
-    """A worker's heartbeat in a word or a few: ``stale`` (lost), ``BUSY 3.2s in 'task' #0``, or ``ok``."""
+    """A worker's heartbeat in a word or a few: ``stale`` (lost), ``BUSY 3.2s in 'task' #0`` (its loop lags 3.2 s)
+    or ``BUSY 95% in 'task' #0`` (its calls held the loop 95 % of the time), or ``ok``."""
     if stale:
         return "stale"
     held = busy(load)
     if held is None:
         return "ok"
     where = "" if held["task"] is None else f" in '{held['task']}' #{held['instance']}"
-    return f"BUSY {held['lag']:.1f}s{where}"
+    how = f"{held['lag']:.1f}s" if held["lag"] >= BUSY_AFTER else f"{held['share']:.0%}"
+    return f"BUSY {how}{where}"
 
 
 def fitting_workers(node: Node, loads: list[WorkerLoad]) -> set[str]:

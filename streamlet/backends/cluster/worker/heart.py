@@ -14,6 +14,7 @@ beats: its process or its session is gone).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import structlog
@@ -35,6 +36,7 @@ class HeartThread:
         self.period = period
         self.lag = LoopLag()
         self.beats = 0
+        self._at, self._held = time.perf_counter(), world.held_seconds()  # at the last beat: the time, the loop held
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -50,16 +52,27 @@ class HeartThread:
         self.lag.stop()
 
     def report(self) -> dict[str, Any]:
-        """The heartbeat now: the loop's last load report, the time, the loop's lag and who holds it."""
+        """The heartbeat now: the loop's last load report, the time, the loop's lag, the share of the time since
+        the last beat its calls of user code held the loop, and who holds it (or held it last)."""
         holding = HOLDER.now()
+        now, held = time.perf_counter(), world.held_seconds() + (0.0 if holding is None else holding.seconds)
+        share = (held - self._held) / (now - self._at) if now > self._at else 0.0
+        self._at, self._held = now, held
+        if holding is not None:
+            who: dict[str, Any] | None = {
+                "task": holding.task,
+                "instance": holding.instance,
+                "seconds": round(holding.seconds, 3),
+            }
+        else:
+            who = None if HOLDER.last is None else {"task": HOLDER.last[0], "instance": HOLDER.last[1], "seconds": None}
         return {
             **self.registration.last_load,
             "ts": world.wall_time(),
             "beat": self.beats,
             "loop_lag": round(self.lag.seconds(), 3),
-            "holding": None
-            if holding is None
-            else {"task": holding.task, "instance": holding.instance, "seconds": round(holding.seconds, 3)},
+            "loop_held_share": round(min(1.0, max(0.0, share)), 3),
+            "holding": who,
         }
 
     def beat(self) -> None:

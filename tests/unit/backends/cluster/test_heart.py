@@ -77,17 +77,28 @@ async def test_heartbeats_keep_coming_while_a_task_holds_the_loop_for_ten_second
     stamps = [began, *(beat["ts"] for beat in during), ended]
     assert max(later - earlier for earlier, later in itertools.pairwise(stamps)) < STALE_AFTER
     assert len(during) >= 5
-    held = [beat for beat in during if beat["holding"] is not None]
+    held = [beat for beat in during if beat["holding"] is not None and beat["holding"]["seconds"] is not None]
     assert held, "no beat named the call holding the loop"
     assert {beat["holding"]["task"] for beat in held} == {"slow"}
     assert max(beat["loop_lag"] for beat in during) >= HELD / 2
     assert max(beat["holding"]["seconds"] for beat in held) >= HELD / 2
+    assert max(beat["loop_held_share"] for beat in during) >= 0.9
     assert tree.nodes[paths.load("w1")].version >= len(during)  # each beat went into the tree itself
 
 
 def test_busy_is_a_lagging_loop_with_fresh_beats() -> None:
     fresh = {"ts": 100.0, "loop_lag": 3.25, "holding": {"task": "slow", "instance": 0, "seconds": 3.2}}
-    assert busy(fresh) == {"lag": 3.25, "task": "slow", "instance": 0, "seconds": 3.2}
+    assert busy(fresh) == {"lag": 3.25, "share": 0.0, "task": "slow", "instance": 0, "seconds": 3.2}
+    # calls held the loop 95 % of the time, each short enough that the loop never lags a second
+    shared = {
+        "ts": 100.0,
+        "loop_lag": 0.06,
+        "loop_held_share": 0.95,
+        "holding": {"task": "slow", "instance": 1, "seconds": None},
+    }
+    assert busy(shared) == {"lag": 0.06, "share": 0.95, "task": "slow", "instance": 1, "seconds": None}
+    assert heartbeat_word(False, shared) == "BUSY 95% in 'slow' #1"
+    assert busy({"ts": 100.0, "loop_lag": 0.06, "loop_held_share": 0.5}) is None
     assert busy({"ts": 100.0, "loop_lag": 0.02}) is None
     assert busy({"ts": 100.0}) is None  # a heartbeat from before the heart thread (no lag reported)
     assert heartbeat_word(False, fresh) == "BUSY 3.2s in 'slow' #0"
@@ -110,7 +121,7 @@ async def test_the_leader_reports_a_busy_worker_and_keeps_it_live() -> None:
     assert [view.worker_id for view in live(await workers(leader_session), now + 1.0)] == ["w1"]
     status = await read_status(leader_session)
     row = status["workers"][0]
-    assert row["busy"] == {"lag": 3.0, "task": "slow", "instance": 2, "seconds": 3.0}
+    assert row["busy"] == {"lag": 3.0, "share": 0.0, "task": "slow", "instance": 2, "seconds": 3.0}
     assert row["heartbeat"] == "BUSY 3.0s in 'slow' #2"
     assert "BUSY 3.0s in 'slow' #2" in format_status(status)
     leader = Leader(leader_session, 1, secret=b"s" * 32)
