@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from structlog.testing import capture_logs
@@ -258,7 +258,7 @@ def test_an_embedding_service_runs_while_a_task_blocks_in_a_thread() -> None:
 class Computes(sl.Task):
     """2 ms of CPU a record (a busy loop: the GIL and the loop held); notes how many records each call got."""
 
-    calls: list[int] = []
+    calls: ClassVar[list[int]] = []
 
     def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
         self.calls.append(inputs.count())
