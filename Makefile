@@ -75,7 +75,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 unit: $(STAMP) zookeeper java browser nettools postgresql
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 test: lint typecheck docs unit
 

@@ -9,6 +9,7 @@ instance, the port and, where there is one, the record's key::
     │   ├── PortError        a task used a port it did not declare (names task, instance, port)
     │   └── FieldError       a columnar node named a field its Arrow batches lack (names node, port, fields)
     ├── TaskError            user code in a task failed under the ``fail`` policy
+    ├── RemoteError          what a task's code raised in a pool process (run_in="process"), named as raised
     ├── SourceError          a source failed to open or read (names source, instance, position)
     ├── SinkError            a sink failed to open, write or commit (names sink, instance, record key)
     ├── EncodingError        a value cannot be encoded (names its type, and the edge, state or file)
@@ -73,6 +74,15 @@ class TaskError(StreamletError):
         self.task = task
         self.instance = instance
         self.key = key
+
+
+class RemoteError(StreamletError):
+    """What a task's code raised in a process of the job's pool (``run_in="process"``): each one arrives as a
+    subclass named as the original's type (a ``ZeroDivisionError`` there is a ``RemoteError`` named
+    ``ZeroDivisionError`` here), its message the original's, ``remote_traceback`` its traceback there. The
+    task's ``on_error`` applies to it as to any error of its code."""
+
+    remote_traceback = ""
 
 
 class SourceError(StreamletError):

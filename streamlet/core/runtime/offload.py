@@ -28,15 +28,9 @@ from streamlet.core.model.encoding import packb, unpackb
 from streamlet.core.model.ports import Inputs
 from streamlet.core.model.task import RecordFailure, Task
 from streamlet.core.runtime.outputs import RoutedOutputs
-from streamlet.errors import TopologyError
+from streamlet.errors import RemoteError, TopologyError
 
 Factory = tuple[Callable[[], Task], dict[str, Any], int, int, bool]  # make_task, config, inputs, outputs, late
-
-
-class RemoteError(Exception):
-    """An error ``execute`` raised in a process of the pool; its subclasses carry the original type's name."""
-
-    remote_traceback = ""
 
 
 _ERRORS: dict[str, type[RemoteError]] = {}
