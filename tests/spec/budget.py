@@ -7,7 +7,7 @@ import os
 from hypothesis import HealthCheck, settings
 
 #: Examples per differential test; ``make spec`` sets ``STREAMLET_SPEC_EXAMPLES`` (thousands).
-EXAMPLES = int(os.environ.get("STREAMLET_SPEC_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("STREAMLET_SPEC_EXAMPLES", "120"))
 
 
 def examples(share: float = 1.0) -> settings:
