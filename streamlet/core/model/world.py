@@ -56,6 +56,10 @@ class RealWorld:
         """``call(*args)`` in a worker thread, so the event loop goes on meanwhile."""
         return await anyio.to_thread.run_sync(call, *args)
 
+    def cpu_time(self) -> float:
+        """Seconds of CPU the calling thread has used (``time.thread_time``)."""
+        return time.thread_time()
+
     def loop_time(self) -> float:
         """:meth:`monotonic` less the seconds calls of user code held this process's event loop: the time the
         loop was there to answer. A peer's silence is judged on it, so a long call here (a task's plain ``def
@@ -103,6 +107,11 @@ def wall_time() -> float:
 def monotonic() -> float:
     """Seconds on a clock for durations, in the world in force."""
     return _WORLD.get().monotonic()
+
+
+def cpu_time() -> float:
+    """Seconds of CPU the calling thread has used, in the world in force."""
+    return _WORLD.get().cpu_time()
 
 
 def loop_time() -> float:

@@ -6,7 +6,6 @@ import asyncio
 import copy
 import inspect
 import math
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,7 +21,7 @@ from streamlet.core.model.record import Barrier, Batch, DeadLetter, Element, Rec
 from streamlet.core.model.task import RecordFailure, ReduceTask, Task, WindowReduceTask, leaves_nothing_on_failure
 from streamlet.core.model.timers import TimeDomain, Timers
 from streamlet.core.model.windows import WindowSpec
-from streamlet.core.model.world import monotonic, note_held
+from streamlet.core.model.world import cpu_time, monotonic, note_held
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.error_policy import POLICIES
 from streamlet.core.runtime.instances import Environment, Receiver, count_batch
@@ -595,7 +594,9 @@ class TaskInstance(Receiver):
             else:  # on_error="fail" (or a shortcut): nothing to take back, nothing paid
                 await self._execute(self.inputs, self.outputs)
             return
-        began, cpu = time.perf_counter(), time.thread_time()  # a plain def holds the loop: timed (loop_watch)
+        # a plain def holds the loop: timed on the world's clocks (a simulation's virtual time stands still in a
+        # call, so nothing there depends on how fast this machine runs it)
+        began, cpu = monotonic(), cpu_time()
         HOLDER.enter(self.node.name, self.index, began)
         try:
             if self.undo is not None:
@@ -604,16 +605,16 @@ class TaskInstance(Receiver):
                 self._execute(self.inputs, self.outputs)
         finally:
             HOLDER.leave()
-            ended = time.perf_counter()
+            ended = monotonic()
             note_held(ended - began)
             if ended - began > self.env.loop_warning:
                 self._held_the_loop(ended - began)
-        self._learn_turn(ended - began, time.thread_time() - cpu)
+        self._learn_turn(ended - began, cpu_time() - cpu)
         if ended - self.env.yielded > YIELD_AFTER:
             # calls back to back without a pause: let the loop run what waits (answers to the network, timers,
             # other instances) before the next, or a queue of long batches would hold it for their whole sum
             await asyncio.sleep(0)
-            self.env.yielded = time.perf_counter()
+            self.env.yielded = monotonic()
 
     def _held_the_loop(self, seconds: float) -> None:
         """A call held the event loop ``seconds`` (past ``loop_warning``): counted, and the task's first warned."""
