@@ -94,7 +94,7 @@ class Environment:
     job: str = ""  # the job's name, on every line its instances log
     loop_warning: float = DEFAULT_LOOP_WARNING  # seconds one call of user code may hold the loop unreported
     process_pool: ProcessPool | None = None  # where run_in="process" tasks run (a job with one makes it)
-    held: float = 0.0  # seconds of user calls since an instance last let the loop run others (YIELD_AFTER)
+    yielded: float = 0.0  # perf_counter() when an instance last let the loop run others after long calls
 
 
 class Instance(ABC):

@@ -610,12 +610,11 @@ class TaskInstance(Receiver):
             if ended - began > self.env.loop_warning:
                 self._held_the_loop(ended - began)
         self._learn_turn(ended - began, cpu_time() - cpu)
-        self.env.held += ended - began
-        if self.env.held > YIELD_AFTER:
-            # calls without a pause between them: let the loop run what waits (answers to the network, timers,
+        if ended - self.env.yielded > YIELD_AFTER:
+            # calls back to back without a pause: let the loop run what waits (answers to the network, timers,
             # other instances) before the next, or a queue of long batches would hold it for their whole sum
             await asyncio.sleep(0)
-            self.env.held = 0.0
+            self.env.yielded = monotonic()
 
     def _held_the_loop(self, seconds: float) -> None:
         """A call held the event loop ``seconds`` (past ``loop_warning``): counted, and the task's first warned."""
