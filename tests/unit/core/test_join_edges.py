@@ -55,6 +55,19 @@ class Crash(Exception):
     """Ends the first part of a checkpointed run."""
 
 
+async def checkpointed_then_crashed(topology: sl.Topology, directory: str, sent: Sent, holding: int) -> None:
+    """Run ``topology``, send ``sent`` (the join then holds ``holding`` records), take a checkpoint in
+    ``directory``, and crash: the next run resumes from that checkpoint."""
+    try:
+        async with sl.start(topology, checkpoint_dir=directory) as job:
+            await send_all(job, sent)
+            assert held(job) == holding
+            await job.checkpoint()
+            raise Crash
+    except Crash:
+        pass
+
+
 # -- a ts that is no number of seconds ------------------------------------------------------------------------------
 
 
@@ -171,14 +184,7 @@ async def test_asof_after_a_restore_held_and_the_versions_retired_are_as_before(
     sent: Sent = [("right", "q", "q0", 1.0), ("right", "q", "q1", 5.0), ("right", "k", "k0", 1.0),
                   ("right", "k", "k1", 5.0), ("left", "k", "l", 4.5)]  # fmt: skip
     with tempfile.TemporaryDirectory() as directory:
-        try:
-            async with sl.start(joined(asof()), checkpoint_dir=directory) as job:
-                await send_all(job, sent)
-                assert held(job) == 5
-                await job.checkpoint()
-                raise Crash
-        except Crash:
-            pass
+        await checkpointed_then_crashed(joined(asof()), directory, sent, 5)
         async with sl.start(joined(asof()), checkpoint_dir=directory) as job:
             await job.settle()
             assert held(job) == 5
@@ -272,14 +278,7 @@ async def test_interval_after_a_restore_held_and_the_order_of_keys_closing_toget
     sent: Sent = [("right", "B1", "b1", 6.0), ("left", "A1", "a1", 5.0), ("left", "P", "p", 6.0),
                   ("right", "P", "q", 6.0), ("left", "A2", "a2", 7.0), ("right", "B2", "b2", 8.0)]  # fmt: skip
     with tempfile.TemporaryDirectory() as directory:
-        try:
-            async with sl.start(joined(interval(-2.0, 3.0, "outer")), checkpoint_dir=directory) as job:
-                await send_all(job, sent)
-                assert held(job) == 6
-                await job.checkpoint()
-                raise Crash
-        except Crash:
-            pass
+        await checkpointed_then_crashed(joined(interval(-2.0, 3.0, "outer")), directory, sent, 6)
         async with sl.start(joined(interval(-2.0, 3.0, "outer")), checkpoint_dir=directory) as job:
             await job.settle()
             assert held(job) == 6
