@@ -28,7 +28,15 @@ from aiohttp import web
 
 from streamlet.backends.monitor.access import COOKIE, bearer_matches, same_token
 from streamlet.backends.monitor.metrics import exposition
-from streamlet.backends.monitor.views import Rates, Reading, Timeline, cluster_view, instance_snapshots, job_view
+from streamlet.backends.monitor.views import (
+    Rates,
+    Reading,
+    Timeline,
+    cluster_view,
+    instance_snapshots,
+    job_view,
+    sample_times,
+)
 
 log = structlog.get_logger("streamlet")
 STATIC = {"app.js": "application/javascript", "style.css": "text/css", "index.html": "text/html"}
@@ -66,7 +74,7 @@ class Dashboard:
         """Read once; the new views."""
         reading = await self.source.read()
         snapshots = {key: snapshot for key, (_, snapshot) in instance_snapshots(reading).items()}
-        rates = self.rates.update(reading.at, snapshots)
+        rates = self.rates.update(reading.at, snapshots, sample_times(reading))
         jobs = {
             job["name"]: job_view(reading, job, rates, self.timeline.observe(reading.at, job)) for job in reading.jobs
         }

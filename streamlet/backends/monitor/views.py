@@ -51,17 +51,30 @@ def graph_of(topology: Topology) -> dict[str, Any]:
 
 @dataclass
 class Rates:
-    """Per-instance rates between the last two readings (the first reading of an instance has none)."""
+    """Per-instance rates between its last two distinct samples (the first sample of an instance has none).
 
-    _previous: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    A worker's heartbeat carries the counters its loop last read and when (``sampled``); a reading that finds
+    the same sample again shows the rate it showed for it, not 0 over the seconds since (the dashboard reads
+    on its own clock, the workers sample on theirs)."""
 
-    def update(self, at: float, snapshots: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """``job/task.index`` -> records in and out per second, p50 and p99 latency (ms) over the window."""
+    _previous: dict[str, tuple[float, dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
+
+    def update(
+        self, at: float, snapshots: dict[str, dict[str, Any]], sampled: dict[str, float] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """``job/task.index`` -> records in and out per second, p50 and p99 latency (ms) over the window;
+        ``sampled`` says when each snapshot was read (missing: ``at``, the reading's time)."""
         found = {}
+        previous = {}
         for key, snapshot in snapshots.items():
+            when = (sampled or {}).get(key, at)
             before = self._previous.get(key)
-            found[key] = _rates(at, snapshot, before)
-        self._previous = {key: (at, snapshot) for key, snapshot in snapshots.items()}
+            if before is not None and when == before[0]:
+                found[key], previous[key] = before[2], before
+                continue
+            found[key] = _rates(when, snapshot, None if before is None else before[:2])
+            previous[key] = (when, snapshot, found[key])
+        self._previous = previous
         return found
 
 
@@ -110,6 +123,17 @@ class Timeline:
             for d in job.get("decisions", [])
         ]  # fmt: skip
         return sorted([*events, *decisions], key=lambda event: event["at"])[-TIMELINE_LENGTH:]
+
+
+def sample_times(reading: Reading) -> dict[str, float]:
+    """``job/task.index`` -> when its worker read its counters (``sampled`` in the heartbeat; else the reading's
+    time), by the same rule as :func:`instance_snapshots`."""
+    found: dict[str, float] = {}
+    for sample in reading.samples:
+        load = sample.get("load") or {}
+        for key in load.get("instances") or {}:
+            found[key] = float(load.get("sampled", reading.at))
+    return found
 
 
 def instance_snapshots(reading: Reading) -> dict[str, tuple[str, dict[str, Any]]]:

@@ -4,8 +4,11 @@ Each heartbeat (``/loads/<worker>``) carries every local instance's cumulative
 counters under ``instances`` (``"job/node.index"`` -> ``InstanceSnapshot.to_data()``).
 A job's records *in* are what its sources emitted, its records *out* what its
 sinks received. Rates are differences between a worker's last two distinct
-heartbeats, divided by the seconds between them, summed over the workers; a
-counter that went back (a new attempt started counting afresh) counts from 0.
+samples of those counters, divided by the seconds between the samples, summed
+over the workers; a counter that went back (a new attempt started counting
+afresh) counts from 0. A sample is told by its ``sampled`` time, not the beat's
+``ts``: the heart thread beats on its own clock and may send the loop's last
+sample twice, and two beats of one sample are no evidence that nothing flowed.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ def job_flows(load: Load) -> dict[str, Flow]:
 
 
 def flow_rates(before: Load, after: Load) -> dict[str, Flow]:
-    """Per job, records per second in and out between two heartbeats of one worker (none if no time passed)."""
-    seconds = float(after.get("ts", 0.0)) - float(before.get("ts", 0.0))
+    """Per job, records per second in and out between two samples of one worker (none if no time passed)."""
+    seconds = sampled_at(after) - sampled_at(before)
     if seconds <= 0:
         return {}
     earlier = before.get("instances") or {}
@@ -61,6 +64,11 @@ def flow_rates(before: Load, after: Load) -> dict[str, Flow]:
         job = name.partition("/")[0]
         rates[job] = rates.get(job, Flow()) + grown
     return rates
+
+
+def sampled_at(load: Load) -> float:
+    """When the worker read the counters a heartbeat carries (an older worker's beat: when it beat)."""
+    return float(load.get("sampled") or load.get("ts") or 0.0)
 
 
 def _instance_flow(counters: dict[str, Any]) -> Flow:
@@ -78,7 +86,7 @@ def _grown(before: float, after: float) -> float:
 
 @dataclass
 class HeartbeatRates:
-    """Each worker's last two distinct heartbeats, and the jobs' rates between them."""
+    """Each worker's last two distinct samples of its counters, and the jobs' rates between them."""
 
     pairs: dict[str, tuple[Load | None, Load]] = field(default_factory=dict)
 
@@ -90,11 +98,11 @@ class HeartbeatRates:
             last = self.pairs.get(worker)
             if last is None:
                 self.pairs[worker] = (None, load)
-            elif load.get("ts") != last[1].get("ts"):
+            elif sampled_at(load) != sampled_at(last[1]):
                 self.pairs[worker] = (last[1], load)
 
     def complete(self) -> bool:
-        """Every worker has beaten twice since the first update: every rate is known."""
+        """Every worker has sampled twice since the first update: every rate is known."""
         return all(before is not None for before, _ in self.pairs.values())
 
     def rates(self) -> dict[str, Flow]:

@@ -114,7 +114,8 @@ class WorkerRegistration:
                     self._lost = False
                     await self.register()
                 if self.beats_from_thread:
-                    self.last_load = self.load()  # what the heart thread sends with its next beats
+                    # what the heart thread sends with its next beats, stamped with when its counters were read
+                    self.last_load = {**self.load(), "sampled": world.wall_time()}
                 else:
                     await self.beat()
                 if await self.zk.get(self.node) is None:  # gone with a session that was not ours (see register)
@@ -125,7 +126,8 @@ class WorkerRegistration:
 
     async def beat(self) -> None:
         """Publish the load now."""
-        load = {**self.load(), "ts": world.wall_time(), "beat": self.beats}
+        now = world.wall_time()
+        load = {**self.load(), "ts": now, "sampled": now, "beat": self.beats}
         self.last_load = load
         try:
             await self.zk.set(paths.load(self.worker_id), load)

@@ -54,6 +54,18 @@ def test_rates_are_known_once_every_worker_beat_twice() -> None:
     assert (sorted(rates.pairs), rates.totals()) == (["w0"], {"wc": Flow(100.0, 0.0)})
 
 
+def test_beats_of_one_sample_are_one_sample_and_rates_span_the_samples() -> None:
+    """A heart thread beats on its own clock and may send the loop's last sample twice: a beat with a new
+    ``ts`` but the same ``sampled`` is no second sample (no rate of 0 from it), and the rate divides by the
+    seconds between the samples (2.5 s), not between the beats."""
+    rates = HeartbeatRates()
+    rates.update({"w0": {**beat(1.0, wc__in_0=("source", 0, 100)), "sampled": 0.5}})
+    rates.update({"w0": {**beat(2.0, wc__in_0=("source", 0, 100)), "sampled": 0.5}})
+    assert (rates.complete(), rates.rates()) == (False, {})
+    rates.update({"w0": {**beat(3.0, wc__in_0=("source", 0, 600)), "sampled": 3.0}})
+    assert (rates.complete(), rates.rates()) == (True, {"wc": Flow(200.0, 0.0)})
+
+
 async def test_a_frame_shows_workers_and_jobs_with_rates(cluster: MemoryCluster) -> None:
     """top's frame: the leader, each worker's state, load, CPU, RSS and instance count, and each job's state,
     attempt, rates and totals from the last two heartbeats."""

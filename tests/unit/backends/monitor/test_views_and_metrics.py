@@ -71,6 +71,18 @@ def test_rates_are_differences_over_the_window_and_latency_quantiles_come_from_i
     assert second["wc/count.0"] == {"in_per_s": 500.0, "out_per_s": 500.0, "p50_ms": 4.096, "p99_ms": 4.096}
 
 
+def test_a_sample_read_again_keeps_its_rate_and_the_next_spans_the_samples() -> None:
+    """Readings at 10, 11 and 12 s of samples taken at 9.5, 9.5 (the same, read again) and 11.5 s: the second
+    reading shows the rate the first pair gave (no 0 for a sample the worker has not refreshed yet), the third
+    divides 1000 records by the 2 s between the samples."""
+    rates = Rates()
+    rates.update(9.0, {"wc/count.0": snapshot(0, 0, [])}, {"wc/count.0": 8.5})
+    first = rates.update(10.0, {"wc/count.0": snapshot(1000, 1000, [0.001] * 50)}, {"wc/count.0": 9.5})
+    again = rates.update(11.0, {"wc/count.0": snapshot(1000, 1000, [0.001] * 50)}, {"wc/count.0": 9.5})
+    later = rates.update(12.0, {"wc/count.0": snapshot(2000, 2000, [0.001] * 90)}, {"wc/count.0": 11.5})
+    assert [r["wc/count.0"]["in_per_s"] for r in (first, again, later)] == [1000.0, 1000.0, 500.0]
+
+
 def test_the_views_show_workers_the_allocation_matrix_the_graph_with_edge_rates_and_the_job_counters() -> None:
     """Two readings 1 s apart: the view has both workers with their rates, each instance's cell, the edge's
     rate (count's input), the queue state, and the job's late and dead-lettered counts."""
