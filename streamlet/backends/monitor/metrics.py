@@ -92,10 +92,14 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
     tcp = {key: CounterMetricFamily(name, text, labels=["worker"]) for key, (name, text) in TCP_COUNTERS.items()}
     cpu = GaugeMetricFamily("streamlet_worker_cpu_share", "Share of a core the worker used", labels=["worker"])
     rss = GaugeMetricFamily("streamlet_worker_rss_bytes", "Resident memory of the worker", labels=["worker"])
+    loop_lag = GaugeMetricFamily(
+        "streamlet_loop_lag_seconds", "How late the worker's event loop runs a 100 ms tick", labels=["worker"]
+    )
     for sample in samples:
         worker, load = str(sample["worker"]), sample.get("load") or {}
         cpu.add_metric([worker], float(load.get("cpu_share", 0.0)))
         rss.add_metric([worker], float(load.get("rss_bytes", 0)))
+        loop_lag.add_metric([worker], float(load.get("loop_lag", 0.0)))
         for key, snapshot in (load.get("instances") or {}).items():
             job, task, index = _split(key)
             labels = [job, task, index, worker]
@@ -117,7 +121,7 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
         for key, family in tcp.items():
             family.add_metric([worker], (sample.get("tcp") or {}).get(key, 0))
     return [records_in, records_out, batches, shed, held, fill, lag, latency, *job_counters.values(), checkpoint,
-            *tcp.values(), cpu, rss]  # fmt: skip
+            *tcp.values(), cpu, rss, loop_lag]  # fmt: skip
 
 
 class StreamletCollector(Collector):

@@ -26,7 +26,7 @@ class JobSource:
             "restarts": stats.restarts, "checkpoints": stats.checkpoints,
             "checkpoint_durations": stats.checkpoint_durations,
         }  # fmt: skip
-        load = {"instances": instances, "jobs": {name: counters}}
+        load = {"instances": instances, "jobs": {name: counters}, "loop_lag": round(stats.loop_lag, 3)}
         last = stats.last_checkpoint
         state = "RUNNING" if stats.running else ("ENDED" if stats.wall_time else "STARTING")
         entry = {

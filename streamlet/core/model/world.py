@@ -60,6 +60,11 @@ class RealWorld:
         """Seconds of CPU the calling thread has used (``time.thread_time``)."""
         return time.thread_time()
 
+    def watches_loop(self) -> bool:
+        """Whether a job here measures its event loop's lag (a ticking timer): a real loop, yes; a simulation's
+        virtual one has no lag to measure, and a timer of ours would be events in its schedule."""
+        return True
+
     def loop_time(self) -> float:
         """:meth:`monotonic` less the seconds calls of user code held this process's event loop: the time the
         loop was there to answer. A peer's silence is judged on it, so a long call here (a task's plain ``def

@@ -32,7 +32,7 @@ from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
 from streamlet.core.runtime.instances import Environment, Instance, Receiver, SinkInstance, SourceInstance
 from streamlet.core.runtime.lookup_join import LookupJoinInstance
-from streamlet.core.runtime.loop_watch import default_loop_warning
+from streamlet.core.runtime.loop_watch import LoopLag, default_loop_warning
 from streamlet.core.runtime.offload import process_pool_for
 from streamlet.core.runtime.plan import PhysicalPlan, Placement, build_plan, default_tables
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan, StateHandoff
@@ -175,6 +175,7 @@ class Job:
         self._closed_feeds: set[str] = set()
         self._went_idle: anyio.Event | None = None  # while settle() waits: set when an instance goes idle or ends
         self._began = self._ended = 0.0
+        self._loop_lag: LoopLag | None = None  # how late this job's event loop runs (a real loop only)
         self.log = structlog.get_logger("streamlet").bind(job=self.name)
         if placement is None:  # on a cluster the submitting client warns, not every worker
             self._warn_unconsumed_ports()
@@ -195,6 +196,9 @@ class Job:
 
     async def _run_plan(self) -> None:
         self._began = world.monotonic()
+        if world.current().watches_loop():
+            self._loop_lag = LoopLag()
+            self._loop_lag.start()
         try:
             async with anyio.create_task_group() as outer:
                 async with anyio.create_task_group() as instances:
@@ -206,6 +210,8 @@ class Job:
                 outer.cancel_scope.cancel()  # the coordinator's loop runs until the job is over
         finally:
             self._ended = world.monotonic()
+            if self._loop_lag is not None:
+                self._loop_lag.stop()
             if self._env.process_pool is not None:
                 self._env.process_pool.shutdown()
             if self._coordinator is not None:
@@ -584,6 +590,8 @@ class Job:
             checkpoint_durations=list(coordinator.durations.counts) if coordinator else [],
             wall_time=end - self._began if self._began else 0.0,
             running=self._started.is_set() and not self._finished.is_set(),
+            loop_lag=self._loop_lag.seconds() if self._loop_lag is not None and not self._finished.is_set() else 0.0,
+            loop_lag_max=0.0 if self._loop_lag is None else self._loop_lag.worst,
         )
 
     def _result(self) -> JobResult:

@@ -93,11 +93,13 @@ class LoopLag:
     """How late the event loop runs a callback asked for every ``period`` seconds, read from any thread.
 
     The loop stamps the time at each tick; a reader compares it with the clock. A loop that is free
-    lags by ~0; one held by a call for 3 s lags by ~3 s while it is held.
+    lags by ~0; one held by a call for 3 s lags by ~3 s while it is held. ``worst`` is the most a tick came
+    late since :meth:`start` (what an in-process job reports once the loop can answer again).
     """
 
     def __init__(self, period: float = 0.1) -> None:
         self.period = period
+        self.worst = 0.0
         self._last = time.monotonic()
         self._handle: asyncio.TimerHandle | None = None
         self._lock = threading.Lock()
@@ -114,8 +116,10 @@ class LoopLag:
             self._handle = None
 
     def _tick(self) -> None:
+        now = time.monotonic()
         with self._lock:
-            self._last = time.monotonic()
+            self.worst = max(self.worst, now - self._last - self.period)
+            self._last = now
         self._handle = asyncio.get_running_loop().call_later(self.period, self._tick)
 
     def seconds(self) -> float:

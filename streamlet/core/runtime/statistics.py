@@ -39,7 +39,10 @@ class JobStatistics:
     that reached an event-time window after it closed (they went to the late
     output). ``checkpoints`` counts completed checkpoints and
     ``last_checkpoint`` describes the newest (epoch, size, seconds); ``shed``
-    counts records the sources shed under the job's QoS.
+    counts records the sources shed under the job's QoS. ``loop_lag`` is how late
+    the job's event loop runs now and ``loop_lag_max`` the most it ran late while
+    the job ran (seconds behind a 100 ms tick: code that held the loop, the job's
+    or the embedding program's).
     """
 
     job: str
@@ -55,6 +58,8 @@ class JobStatistics:
     running: bool
     shed: int = 0  # records the sources shed to keep the job's QoS (held ones included)
     checkpoint_durations: list[int] = field(default_factory=list)  # a LatencyHistogram's counts, in seconds
+    loop_lag: float = 0.0
+    loop_lag_max: float = 0.0
 
 
 class QueueState(StrEnum):

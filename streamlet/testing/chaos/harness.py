@@ -69,6 +69,9 @@ class SimWorld(RealWorld):
     def loop_time(self) -> float:
         return self.loop.time()  # virtual time: no call holds it
 
+    def watches_loop(self) -> bool:
+        return False  # virtual time does not lag
+
     def cpu_time(self) -> float:
         return self.loop.time()  # virtual: a call takes none, however long this machine takes to run it
 

@@ -48,6 +48,23 @@ def test_exception_mid_stream_then_restart_is_exactly_once(tmp_path: Path, armed
     assert result.statistics.nodes["in"].records_out < exactly_once.RECORDS  # it resumed, not restarted
 
 
+@pytest.mark.parametrize(
+    "run_in",
+    [{"bomb": "thread", "count": "thread"}, {"relay": "process"}, {"relay": "thread", "count": "thread"}],
+    ids=["bomb-and-count-in-threads", "relay-in-a-process", "relay-and-count-in-threads"],
+)
+def test_tasks_off_the_loop_resume_exactly_once(tmp_path: Path, armed_bomb: Path, run_in: dict[str, str]) -> None:
+    """The same crash and rerun with the failing task, the keyed count (its state read and written in a thread)
+    or a stateless stage before them in a thread or a process of the job's pool: barriers pass through them,
+    the count's state is checkpointed and restored, and the output has no duplicate and no gap."""
+    with pytest.raises(sl.TaskError, match=r"^task 'bomb' instance 0 failed on a batch of 10 records"):
+        exactly_once.run(armed_bomb, tmp_path / "out", run_in=run_in)
+    assert 0 < len(sl.read_file_sink(tmp_path / "out")) < len(expected_output())
+    result = exactly_once.run(armed_bomb, tmp_path / "out", run_in=run_in)
+    assert written(tmp_path / "out") == expected_output()
+    assert result.statistics.nodes["in"].records_out < exactly_once.RECORDS  # it resumed, not restarted
+
+
 def test_sigkill_mid_stream_then_restart_is_exactly_once(tmp_path: Path) -> None:
     """A child process running the job is killed with SIGKILL after two checkpoints; the rerun is exactly-once."""
     checkpoints, output = tmp_path / "checkpoints", tmp_path / "out"

@@ -174,31 +174,38 @@ def test_a_task_that_reads_state_in_a_process_fails_as_a_wiring_mistake() -> Non
 class Sleepy(sl.Task):
     """Sleeps 0.15 s per batch: blocks whatever runs it."""
 
+    @staticmethod
+    def block(seconds: float) -> None:
+        """Hold the calling thread (on a loop: the loop) for ``seconds``."""
+        time.sleep(seconds)
+
     def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
         time.sleep(0.15)
         for r in inputs.get():
             outputs.emit(r.key, r.value)
 
 
-def _held(run_in: str) -> tuple[float, list[dict[str, Any]]]:
+def _held(run_in: str) -> tuple[float, list[dict[str, Any]], sl.JobStatistics]:
     topology = sl.Topology("run-in-held")
     src = topology.add_source("src", [("a", 1), ("b", 2), ("c", 3)])
     node = topology.add_task("sleepy", Sleepy, run_in=run_in).set_input(src)
     topology.add_sink("out", sl.CollectSink()).set_input(node)
 
-    async def main() -> float:
+    async def main() -> tuple[float, sl.JobStatistics]:
         async with sl.start(topology, batch_size=1, loop_warning=0.1) as job:
             await job.wait()
-            return sum(s.loop_held for s in job.instance_statistics() if s.node == "sleepy")
+            return sum(s.loop_held for s in job.instance_statistics() if s.node == "sleepy"), job.statistics()
 
     with capture_logs() as logs:
-        held = asyncio.run(main())
-    return held, [line for line in logs if line["event"] == "task held the event loop"]
+        held, statistics = asyncio.run(main())
+    return held, [line for line in logs if line["event"] == "task held the event loop"], statistics
 
 
 def test_a_call_that_holds_the_loop_is_counted_and_warned_of_once() -> None:
-    """Three batches of 0.15 s each on the loop: 0.45 s or more held, one warning naming the task."""
-    held, warnings = _held("loop")
+    """Three batches of 0.15 s each on the loop: 0.45 s or more held, one warning naming the task; the job's
+    loop ran its 100 ms tick at least one call's length late (its lag now, the job over, is 0)."""
+    held, warnings, statistics = _held("loop")
+    assert (statistics.loop_lag_max >= 0.15 - 0.1, statistics.loop_lag) == (True, 0.0)
     assert held >= 0.45
     assert len(warnings) == 1
     assert warnings[0]["task"] == "sleepy"
@@ -208,9 +215,26 @@ def test_a_call_that_holds_the_loop_is_counted_and_warned_of_once() -> None:
 
 
 def test_a_call_in_a_thread_holds_nothing() -> None:
-    held, warnings = _held("thread")
+    held, warnings, _ = _held("thread")
     assert held == 0.0
     assert warnings == []
+
+
+def test_the_loop_lag_of_an_embedding_job_counts_what_the_program_holds_too() -> None:
+    """sl.start in a program that itself blocks its loop 0.6 s while the job runs: the job's statistics say the
+    loop ran at least 0.5 s late (its tick came 0.6 s - 0.1 s late, at least), though no task held it."""
+
+    async def main() -> sl.JobStatistics:
+        topology = sl.Topology("run-in-lag")
+        topology.add_sink("out", sl.CollectSink()).set_input(topology.add_source("src", sl.QueueSource()))
+        async with sl.start(topology) as job:
+            await job.built()
+            Sleepy.block(0.6)  # the program's own blocking call, on the loop the job shares
+            await asyncio.sleep(0.25)  # the tick that comes late runs now
+            return job.statistics()
+
+    statistics = asyncio.run(main())
+    assert (statistics.loop_lag_max >= 0.5, statistics.nodes["src"].records_out) == (True, 0)
 
 
 def test_loop_warning_must_be_positive() -> None:

@@ -36,7 +36,7 @@ GRAPH = {
 def reading(at: float, counted: int, latencies: list[float]) -> Reading:
     """One job 'wc' on two workers: the source on w0, count on w1 (``counted`` records in and out so far)."""
     samples = [
-        {"worker": "w0", "load": {"cpu_share": 0.25, "rss_bytes": 30 << 20,
+        {"worker": "w0", "load": {"cpu_share": 0.25, "rss_bytes": 30 << 20, "loop_lag": 1.25,
                                   "instances": {"wc/words.0": snapshot(0, counted, [], kind="source")}}},
         {"worker": "w1", "load": {"cpu_share": 0.5, "rss_bytes": 31 << 20,
                                   "instances": {"wc/count.0": snapshot(counted, counted, latencies)},
@@ -137,8 +137,10 @@ def test_the_metrics_carry_every_family_with_its_labels_and_counters_grow_betwee
         "streamlet_lag_items", "streamlet_latency_seconds", "streamlet_late_records", "streamlet_dead_letters",
         "streamlet_shed_records", "streamlet_restarts", "streamlet_checkpoints",
         "streamlet_checkpoint_duration_seconds", "streamlet_tcp_bytes_received", "streamlet_worker_rss_bytes",
-        "streamlet_loop_blocked_seconds",
+        "streamlet_loop_blocked_seconds", "streamlet_loop_lag_seconds",
     } <= set(first)  # fmt: skip
+    lags = {s.labels["worker"]: s.value for s in first["streamlet_loop_lag_seconds"].samples}
+    assert lags == {"w0": 1.25, "w1": 0.0}
     [held] = [s for s in first["streamlet_loop_blocked_seconds"].samples if s.labels["task"] == "count"]
     assert (held.name, held.value) == ("streamlet_loop_blocked_seconds_total", 2.5)
     assert first["streamlet_records_in"].type == "counter"
