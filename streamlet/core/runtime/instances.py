@@ -94,7 +94,7 @@ class Environment:
     job: str = ""  # the job's name, on every line its instances log
     loop_warning: float = DEFAULT_LOOP_WARNING  # seconds one call of user code may hold the loop unreported
     process_pool: ProcessPool | None = None  # where run_in="process" tasks run (a job with one makes it)
-    yielded: float = 0.0  # perf_counter() when an instance last let the loop run others after long calls
+    yielded: float = 0.0  # monotonic() when an instance last let the loop run others (it waited, or it yielded)
 
 
 class Instance(ABC):
@@ -534,6 +534,7 @@ class Receiver(Instance):
                     if taken >= budget:
                         taken = 0
                         await asyncio.sleep(0)  # the turn is over: every other ready instance runs first
+                        self.env.yielded = monotonic()
             else:
                 await self.on_marker(channel, item)  # type: ignore[arg-type]
         await self.complete()
@@ -552,6 +553,7 @@ class Receiver(Instance):
             finally:
                 if timer is not None:
                     timer.cancel()
+            self.env.yielded = monotonic()  # it waited: the loop ran the others meanwhile
         await self.on_time()
 
     def quiet(self) -> bool:
@@ -687,6 +689,7 @@ class SinkInstance(Receiver):
             self.writer: Writer = node.sink.open(context)
         self._async = inspect.iscoroutinefunction(self.writer.write)
         self._elements = isinstance(self.writer, ElementWriter)
+        self.section: Section | None = "sinks" if self.writer.keeps_output else None
 
     async def process(self, port: int, batch: Batch | ColumnBatch) -> None:
         """Write the batch."""
@@ -721,9 +724,23 @@ class SinkInstance(Receiver):
         """A sink has nobody to pass watermarks to."""
 
     async def on_aligned(self, epoch: int) -> None:
-        """Stage what was written since the last barrier under ``epoch``."""
+        """Stage what was written since the last barrier under ``epoch`` (a writer that keeps its output: that
+        output is this instance's part of the checkpoint)."""
         await self.prepare_commit(epoch)
-        self._ack(epoch, None)
+        self._ack(epoch, self.final_snapshot())
+
+    def final_snapshot(self) -> Any:
+        """What a writer that keeps its output holds now (``None`` for the others: theirs is staged outside)."""
+        if self.section is None:
+            return None
+        with self._failing("to snapshot its output"):
+            return self.writer.snapshot()
+
+    def restore(self, snapshot: Any) -> None:
+        """A writer that keeps its output takes back what it held at the checkpoint."""
+        if snapshot is not None:
+            with self._failing("to restore its output"):
+                self.writer.restore_snapshot(snapshot)
 
     async def prepare_commit(self, epoch: int) -> None:
         """Let a transactional writer stage ``epoch``."""

@@ -611,8 +611,9 @@ class TaskInstance(Receiver):
                 self._held_the_loop(ended - began)
         self._learn_turn(ended - began, cpu_time() - cpu)
         if ended - self.env.yielded > YIELD_AFTER:
-            # calls back to back without a pause: let the loop run what waits (answers to the network, timers,
-            # other instances) before the next, or a queue of long batches would hold it for their whole sum
+            # 50 ms since any instance last waited or yielded (in a simulation, virtual time: only what its loop
+            # slept moves it): let the loop run what waits (answers to the network, timers, other instances)
+            # before the next call, or a queue of long batches would hold it for their whole sum
             await asyncio.sleep(0)
             self.env.yielded = monotonic()
 
