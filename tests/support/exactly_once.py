@@ -76,9 +76,10 @@ def relay(record: sl.Record) -> tuple[Any, Any]:
     return record.key, record.value
 
 
-def build(output: Path, source: sl.Source | None = None, run_in: dict[str, str] | None = None) -> sl.Topology:
-    """source -> throttle -> bomb -> count (x2, SAME_KEY) -> FileSink; ``run_in`` places bomb and count
-    (default: on the loop) and, when it names ``relay``, puts a plain pass-through map there after throttle."""
+def build(output: Path | None, source: sl.Source | None = None, run_in: dict[str, str] | None = None) -> sl.Topology:
+    """source -> throttle -> bomb -> count (x2, SAME_KEY) -> FileSink (``output`` None: a CollectSink, x2);
+    ``run_in`` places bomb and count (default: on the loop) and, when it names ``relay``, puts a plain
+    pass-through map there after throttle."""
     places = run_in or {}
     topology = sl.Topology("exactly-once")
     lines = topology.add_source("in", source if source is not None else items())
@@ -88,12 +89,15 @@ def build(output: Path, source: sl.Source | None = None, run_in: dict[str, str] 
     bomb = topology.add_task("bomb", Bomb, run_in=places.get("bomb", "loop")).set_input(throttle)
     count = topology.add_task("count", RunningCount, parallelism=2, run_in=places.get("count", "loop"))
     count.set_input(bomb, partitioning=sl.SAME_KEY)
-    topology.add_sink("out", sl.FileSink(output)).set_input(count)
+    if output is None:
+        topology.add_sink("out", sl.CollectSink(), parallelism=2).set_input(count)
+    else:
+        topology.add_sink("out", sl.FileSink(output)).set_input(count)
     return topology
 
 
 def run(
-    checkpoints: Path, output: Path, interval: float | None = 0.02, run_in: dict[str, str] | None = None
+    checkpoints: Path, output: Path | None, interval: float | None = 0.02, run_in: dict[str, str] | None = None
 ) -> sl.JobResult:
     topology = build(output, run_in=run_in)
     return sl.run(topology, checkpoint_dir=checkpoints, checkpoint_interval=interval, batch_size=BATCH)

@@ -44,8 +44,7 @@ class Count(sl.Task):
 # poll: the task opens the FIFO WAKE for reading *before* it looks for the file RELEASE, then waits until
 # WAKE is readable; release() creates RELEASE, then writes to WAKE when a reader is there. So a release
 # either comes before the look (RELEASE is seen) or after the reader opened (WAKE wakes it).
-GATED_COUNT = (
-    """
+GATE_TASK = """
 import asyncio
 import os
 import pathlib
@@ -82,8 +81,10 @@ class Gate(sl.Task):
         self.passed += len(batch)
         outputs.emit_batch([sl.Record(r.value, 1, r.ts) for r in batch])
 
-
 """
+
+GATED_COUNT = (
+    GATE_TASK
     + COUNT_TASK
     + """
 
@@ -97,7 +98,26 @@ def build_topology():
 """
 )
 
+# The same gate feeding a CollectSink of two instances: the words w0 to w23 (a quarter of them, so one worker's
+# report fits in a ZooKeeper node) reach the sink as (word, 1) while the job runs, so what a sink instance
+# collected before a failover is most of what the job gives.
+GATED_STREAM = (
+    GATE_TASK
+    + """
+
+def build_topology():
+    topology = sl.Topology("gated-stream")
+    gate = topology.add_task("gate", Gate).set_input(topology.add_source("words", WORDS))
+    some = topology.filter("some", lambda r: int(r.key[1:]) < 24).set_input(gate)
+    topology.add_sink("seen", sl.CollectSink(), parallelism=2).set_input(some, partitioning=sl.SAME_KEY)
+    return topology
+"""
+)
+
 WORDS = [f"w{(i * 7919) % 97}" for i in range(40_000)]
+
+
+STREAMED = [word for word in WORDS if int(word[1:]) < 24]  # what GATED_STREAM's sink collects
 
 
 def expected_totals() -> dict[str, int]:
@@ -123,10 +143,11 @@ class GatedJob:
     def wake(self) -> Path:
         return self.directory / "wake"
 
-    def write(self) -> GatedJob:
+    def write(self, source: str = GATED_COUNT) -> GatedJob:
+        """Write the job (``source``: the gated count, or ``GATED_STREAM``) with its gate's paths."""
         os.mkfifo(self.wake)
         constants = f"RELEASE = __import__('pathlib').Path({str(self.gate)!r})\nWAKE = {str(self.wake)!r}\n"
-        self.file.write_text(constants + GATED_COUNT)
+        self.file.write_text(constants + source)
         return self
 
     def release(self) -> None:

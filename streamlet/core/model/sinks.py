@@ -110,6 +110,21 @@ class BaseWriter(ABC):
         """What ``JobResult.sink(name)`` returns for this instance, if anything."""
         return None
 
+    #: The writer keeps what it was given itself (in memory, as a ``CollectSink``'s does), with nothing outside
+    #: to stage it in: what it holds at a checkpoint is part of the checkpoint (:meth:`snapshot`), and a job
+    #: resuming from it gives it back (:meth:`restore_snapshot`), so a failover loses none of it.
+    keeps_output: ClassVar[bool] = False
+
+    def snapshot(self) -> Any:
+        """With ``keeps_output``: what the writer holds at a checkpoint's barrier (everything written before
+        it), as a list of plain data the state codec packs (lists, dicts, numbers, strings, bytes). Restored
+        with another parallelism, the instances' lists go to instance 0, one after another in instance order."""
+        return None
+
+    def restore_snapshot(self, snapshot: Any) -> None:
+        """With ``keeps_output``: continue from what :meth:`snapshot` gave at the checkpoint the job resumes
+        from (called after :meth:`restore`, before anything is written)."""
+
 
 class SinkWriter(BaseWriter):
     """One instance's writer of :class:`Record` objects; ``write`` may be plain or ``async def``."""
@@ -170,11 +185,19 @@ class CollectSink(Sink):
 
 
 class _CollectWriter(ElementWriter):  # kept as elements while the job runs; records are made once, for the result
+    keeps_output = True  # what it collected up to a checkpoint is in the checkpoint: a failover loses none of it
+
     def __init__(self) -> None:
         self.elements: Batch = []
 
     def write(self, batch: Batch) -> None:
         self.elements.extend(batch)
+
+    def snapshot(self) -> list[Any]:
+        return list(self.elements)  # a copy: the checkpoint is packed later, while more is written
+
+    def restore_snapshot(self, snapshot: Any) -> None:
+        self.elements = [tuple(element) for element in snapshot]  # packed, a tuple came back a list
 
     def result(self) -> list[Record]:
         return records_of(self.elements)

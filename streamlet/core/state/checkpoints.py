@@ -43,7 +43,7 @@ from streamlet.core.model.clock import Clock
 from streamlet.core.model.encoding import encoding_error, first_unencodable
 from streamlet.core.model.histogram import LatencyHistogram
 from streamlet.core.model.hooks import maybe_await
-from streamlet.core.state.participant import Participant
+from streamlet.core.state.participant import SECTIONS, Participant
 from streamlet.core.state.store import CheckpointStore, encode
 from streamlet.errors import EncodingError, JobError
 
@@ -321,7 +321,7 @@ class Coordinator:
         pending.done.set()
 
     def _document(self, epoch: int, pending: _Pending, finished: bool) -> dict[str, Any]:
-        sections: dict[str, dict[str, list[Any]]] = {"sources": {}, "tasks": {}}
+        sections: dict[str, dict[str, list[Any]]] = {section: {} for section in SECTIONS}
         for instance in self.instances:
             if instance.section is None:
                 continue

@@ -8,8 +8,11 @@ from typing import Any, Literal, Protocol
 from streamlet.core.model.sinks import RestorePoint
 from streamlet.core.model.topology import Node
 
-#: Where an instance's snapshot goes in a checkpoint document (sinks keep none: their output is staged).
-Section = Literal["sources", "tasks"]
+#: Where an instance's snapshot goes in a checkpoint document. Most sinks keep none (their output is staged
+#: outside); a sink whose writer keeps its output (``keeps_output``, a ``CollectSink``'s) keeps it under "sinks".
+Section = Literal["sources", "tasks", "sinks"]
+#: Every section, in the order a document holds them.
+SECTIONS: tuple[Section, ...] = ("sources", "tasks", "sinks")
 
 
 class Participant(Protocol):
@@ -18,7 +21,7 @@ class Participant(Protocol):
     node: Node
     index: int
     completed: bool
-    #: ``"sources"`` or ``"tasks"``: where its snapshot goes in a checkpoint document; ``None``: nowhere.
+    #: ``"sources"``, ``"tasks"`` or ``"sinks"``: where its snapshot goes in a checkpoint document; ``None``: nowhere.
     section: Section | None
 
     def final_snapshot(self) -> Any:

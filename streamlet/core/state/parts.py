@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from streamlet.core.state.participant import SECTIONS
 from streamlet.errors import JobError
 
 
@@ -23,10 +24,10 @@ def merge_parts(parts: list[dict[str, Any]], completed: dict[str, Any] | None = 
         "layout": parts[0].get("layout", {}) if parts else record.get("layout", {}),
     }
     counts = instances_per_task(record.get("holders", {}))
-    for section in ("sources", "tasks"):
+    for section in SECTIONS:
         by_node: dict[str, dict[int, Any]] = {}
         for part in parts:
-            for name, entries in part[section].items():
+            for name, entries in part.get(section, {}).items():
                 by_node.setdefault(name, {}).update({int(index): snapshot for index, snapshot in entries})
         merged[section] = {}
         for name, snapshots in by_node.items():

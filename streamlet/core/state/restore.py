@@ -51,7 +51,7 @@ async def restore(
         return
     for name, group in instances.items():
         section = group[0].section
-        if section is not None and document.get("savepoint") and name not in document[section]:
+        if section is not None and document.get("savepoint") and name not in document.get(section, {}):
             continue  # a node added since the savepoint was taken starts afresh
         if section == "sources":
             try:
@@ -62,6 +62,8 @@ async def restore(
             entries = _entries(document, section, name, group, exact=False)
             table = (tables or {}).get(name)
             _restore_each(group, _resplit(name, group, entries, document, table))
+        elif section == "sinks" and name in document.get("sinks", {}):  # (a checkpoint from before sinks kept any)
+            _restore_each(group, _sink_entries(document["sinks"][name], group[0].node.parallelism))
 
 
 def _entries(
@@ -77,6 +79,15 @@ def _entries(
             f"it cannot resume with {parallelism}"
         )
     return list(entries)
+
+
+def _sink_entries(entries: list[Any], parallelism: int) -> list[Any]:
+    """What each instance of a sink that keeps its output gets back: its own entry; with another parallelism
+    than at the checkpoint, every entry's output (a list), in instance order, to instance 0 and none to the
+    others (which instance holds a record changes nothing of what the job gave)."""
+    if len(entries) == parallelism:
+        return list(entries)
+    return [[item for entry in entries if entry for item in entry], *([[]] * (parallelism - 1))]
 
 
 def _restore_each(group: Sequence[Participant], entries: list[Any]) -> None:

@@ -27,7 +27,9 @@ def write_savepoint(path: str | os.PathLike[str], document: dict[str, Any]) -> P
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_file(target, encode({**document, "savepoint": True}))
+        # a job started from it is another job: what a CollectSink collected stays with the job that did
+        kept = {key: value for key, value in document.items() if key != "sinks"}
+        write_file(target, encode({**kept, "savepoint": True}))
     except OSError as exc:
         raise CheckpointError(f"cannot write the savepoint {target}: {reason(exc)}") from exc
     return target

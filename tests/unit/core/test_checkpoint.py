@@ -48,6 +48,16 @@ def test_exception_mid_stream_then_restart_is_exactly_once(tmp_path: Path, armed
     assert result.statistics.nodes["in"].records_out < exactly_once.RECORDS  # it resumed, not restarted
 
 
+def test_a_collect_sink_keeps_what_it_collected_before_the_checkpoint_it_resumes_from(armed_bomb: Path) -> None:
+    """A CollectSink's records up to a checkpoint are part of it: after the crash the rerun's result holds every
+    (key, running count) exactly once, not only what came after the restore."""
+    with pytest.raises(sl.TaskError, match=r"^task 'bomb' instance 0 failed"):
+        exactly_once.run(armed_bomb, None)
+    result = exactly_once.run(armed_bomb, None)
+    assert result.statistics.nodes["in"].records_out < exactly_once.RECORDS  # it resumed, not restarted
+    assert sorted((record.key, record.value) for record in result.sink("out")) == expected_output()
+
+
 @pytest.mark.parametrize(
     "run_in",
     [{"bomb": "thread", "count": "thread"}, {"relay": "process"}, {"relay": "thread", "count": "thread"}],

@@ -274,7 +274,8 @@ async def test_interval_a_left_and_a_right_closing_together_come_out_in_arrival_
 
 async def test_interval_after_a_restore_held_and_the_order_of_keys_closing_together_are_kept() -> None:
     """lower=-2, upper=3. Restored holding, per key, one record closing at 8 or 10 (B1 and A1 at 8, A2 and B2 at
-    10, in that order) and a pair for key P: ``held`` counts them all, and they close in their order."""
+    10, in that order) and a pair for key P: ``held`` counts them all, and they close in their order, after the
+    pair (P, (p, q)), which the join emitted before the checkpoint and the CollectSink's part of it gives back."""
     sent: Sent = [("right", "B1", "b1", 6.0), ("left", "A1", "a1", 5.0), ("left", "P", "p", 6.0),
                   ("right", "P", "q", 6.0), ("left", "A2", "a2", 7.0), ("right", "B2", "b2", 8.0)]  # fmt: skip
     with tempfile.TemporaryDirectory() as directory:
@@ -283,8 +284,8 @@ async def test_interval_after_a_restore_held_and_the_order_of_keys_closing_toget
             await job.settle()
             assert held(job) == 6
             result = await finish(job)
-    assert out(result) == [("B1", (None, "b1"), 6.0), ("A1", ("a1", None), 5.0), ("A2", ("a2", None), 7.0),
-                           ("B2", (None, "b2"), 8.0)]  # fmt: skip
+    assert out(result) == [("P", ("p", "q"), 6.0), ("B1", (None, "b1"), 6.0), ("A1", ("a1", None), 5.0),
+                           ("A2", ("a2", None), 7.0), ("B2", (None, "b2"), 8.0)]  # fmt: skip
 
 
 @pytest.mark.parametrize("fn", [None, lambda key, left, right: (left, right)])

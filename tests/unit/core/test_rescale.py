@@ -158,7 +158,7 @@ async def test_event_time_windows_give_the_same_results_across_rescales() -> Non
 
 
 async def rescale_checkpoint_and_crash(checkpoints: Path, facts: dict[str, Any]) -> None:
-    """Rescale 2 -> 3, move a segment, checkpoint, then crash; ``facts`` gets the table and the counts."""
+    """Rescale 2 -> 3, move a segment, checkpoint, then crash; ``facts`` gets the table."""
     async with sl.start(keyed_count(2), checkpoint_dir=checkpoints) as job:
         await send_range(job, 0, 3000)
         await job.rescale("count", 3)
@@ -167,16 +167,16 @@ async def rescale_checkpoint_and_crash(checkpoints: Path, facts: dict[str, Any])
         await job.settle()
         await job.checkpoint()
         facts["table"] = job.segment_table("count")
-        facts["counts"] = {key: values[-1] for key, values in counts_by_key(job._result().sink("out")).items()}
         raise Crash
 
 
 async def test_a_checkpoint_after_a_rescale_restores_with_any_parallelism(tmp_path: Path) -> None:
-    """The checkpoint holds the new layout: the next run resumes with it (same count) or regroups (other count)."""
+    """The checkpoint holds the new layout: the next run resumes with it (same count) or regroups (other count);
+    the CollectSink gives back the 4 000 counts it had at the checkpoint, so every key counts 1, 2, 3, ... once."""
     checkpoints, facts = tmp_path / "checkpoints", {}
     with pytest.raises(Crash):  # the job stops without a final checkpoint: the next run resumes from ours
         await rescale_checkpoint_and_crash(checkpoints, facts)
-    table, expected = facts["table"], facts["counts"]
+    table = facts["table"]
     for parallelism in (3, 2):
         copy = tmp_path / f"resume-{parallelism}"  # each run finishes with a final checkpoint of its own
         shutil.copytree(checkpoints, copy)
@@ -184,7 +184,7 @@ async def test_a_checkpoint_after_a_rescale_restores_with_any_parallelism(tmp_pa
             if parallelism == 3:
                 assert job.segment_table("count") == table  # the moved segment stayed moved
             await send_range(job, 4000, 5000)
-        assert_exact_counts((await job.wait()).sink("out"), 1000, start=expected)
+        assert_exact_counts((await job.wait()).sink("out"), 5000)
 
 
 class Crash(Exception):

@@ -37,7 +37,8 @@ async def take_savepoint(tmp_path: Path) -> tuple[Path, dict[Any, int]]:
 
 
 async def test_a_job_starts_from_a_savepoint_with_other_parallelism(tmp_path: Path) -> None:
-    """The savepoint holds what was counted when it was taken; a job with 1 instance goes on from there."""
+    """The savepoint holds what was counted when it was taken; a job with 1 instance goes on from there (its
+    CollectSink starts empty: a savepoint carries no sink's output, so the counts after it alone come out)."""
     path, counts = await take_savepoint(tmp_path)
     assert path.is_file()
     async with sl.start(keyed_count(1), checkpoint_dir=tmp_path / "second", from_savepoint=path) as job:

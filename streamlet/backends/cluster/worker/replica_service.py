@@ -42,6 +42,7 @@ from streamlet.backends.cluster.tree.paths import instance_id
 from streamlet.core.model import world
 from streamlet.core.model.encoding import packb, unpackb
 from streamlet.core.runtime.channel import Inbox
+from streamlet.core.state.participant import SECTIONS
 from streamlet.core.state.store import DirectoryCheckpointStore, decode, encode
 from streamlet.errors import CheckpointError
 from streamlet.transport.blobs import DEFAULT_MAX_BLOB, receive_blob, send_blob
@@ -88,7 +89,7 @@ def instances_of(document: dict[str, Any]) -> list[str]:
     """The instances a part (or piece) holds state of, as ``node.index``."""
     return [
         instance_id(name, int(index))
-        for section in ("sources", "tasks")
+        for section in SECTIONS
         for name, entries in document.get(section, {}).items()
         for index, _ in entries
     ]
@@ -97,8 +98,8 @@ def instances_of(document: dict[str, Any]) -> list[str]:
 def piece(document: dict[str, Any], instances: Iterable[str]) -> dict[str, Any]:
     """The part ``document`` cut down to ``instances`` (the header fields stay)."""
     wanted = set(instances)
-    cut = {key: value for key, value in document.items() if key not in ("sources", "tasks")}
-    for section in ("sources", "tasks"):
+    cut = {key: value for key, value in document.items() if key not in SECTIONS}
+    for section in SECTIONS:
         cut[section] = {}
         for name, entries in document.get(section, {}).items():
             kept = [entry for entry in entries if instance_id(name, int(entry[0])) in wanted]

@@ -17,7 +17,7 @@ from streamlet.backends.cluster.worker.checkpoint_agreement import (
     merge_parts,
 )
 from streamlet.backends.cluster.worker.part_replicator import PartReplicator
-from streamlet.backends.cluster.worker.replica_service import ReplicaService
+from streamlet.backends.cluster.worker.replica_service import ReplicaService, instances_of, piece
 from streamlet.core.model import world
 from streamlet.core.state.store import encode
 from streamlet.errors import JobError
@@ -52,8 +52,19 @@ def test_parts_merge_into_instance_order_whichever_worker_held_which_instance() 
         "attempt": "wc.u1.2",
         "sources": {"lines": [100, 250]},
         "tasks": {"count": [{"state": "s0"}, {"state": "s1"}, {"state": "s2"}]},
+        "sinks": {},
         "layout": {"count": {"owners": [0, 1, 2], "instances": 3, "version": 2}},
     }
+
+
+def test_the_output_a_collect_sink_kept_merges_and_is_cut_by_instance_like_state() -> None:
+    """out.1's collected records in worker a's part, out.0's in b's: the document lists them by index, and a
+    replica piece for out.0 holds out.0's alone."""
+    a = {**part([[0, 1]], [[0, {}]]), "sinks": {"out": [[1, [["k", 2, 0.0]]]]}}
+    b = {**part([[1, 2]], [[1, {}], [2, {}]]), "sinks": {"out": [[0, [["k", 1, 0.0]]]]}}
+    assert merge_parts([a, b])["sinks"] == {"out": [[["k", 1, 0.0]], [["k", 2, 0.0]]]}
+    assert piece(b, ["out.0"])["sinks"] == {"out": [[0, [["k", 1, 0.0]]]]}
+    assert instances_of(b) == ["lines.1", "count.1", "count.2", "out.0"]
 
 
 def test_a_document_is_finished_only_when_every_part_is() -> None:
@@ -69,12 +80,14 @@ def test_a_missing_instance_is_an_error_naming_the_node() -> None:
 
 
 def test_a_worker_restoring_only_a_sink_still_learns_which_run_staged_the_checkpoints_output() -> None:
-    """A sink keeps no state, so its worker reads no piece; the completed record names the run (and job id),
-    so the sink publishes what that run staged for the checkpoint: its output is part of the checkpoint."""
+    """A sink that stages its output outside keeps no state, so its worker reads no piece; the completed record
+    names the run (and job id), so the sink publishes what that run staged for the checkpoint: its output is
+    part of the checkpoint."""
     completed = {"attempt": 2, "epoch": 4, "workers": ["w0"], "finished": False, "holders": {"lines.0": ["w0"]},
                  "layout": {}, "run": "wc.u1.2", "job_id": "c.wc"}  # fmt: skip
     assert merge_parts([], completed) == {
         "epoch": 4, "job": "c.wc", "finished": False, "attempt": "wc.u1.2", "layout": {}, "sources": {}, "tasks": {},
+        "sinks": {},
     }  # fmt: skip
 
 
