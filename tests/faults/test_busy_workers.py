@@ -33,11 +33,18 @@ WORDS = 6_000  # 1.6 ms each: about 5 s of CPU per instance at parallelism 2
 # The keyed count itself is the slow task: each record costs PER_RECORD seconds of CPU on the event loop (a busy
 # loop, not a sleep: the GIL and the loop are held, as by any CPU-bound function).
 BLOCKING_COUNT = """
+import os
 import time
 import streamlet as sl
 
-WORDS = [f"w{{(i * 7919) % 97}}" for i in range({words})]
 PER_RECORD = {per_record}
+RELEASE = {release!r}  # None: the source is the list of {words} words; else blocks of 1 000 until this file exists
+BLOCK = 1000
+PIECE = {piece}  # records a read of the blocks gives at most (what a batch holds)
+
+
+def word(i):
+    return f"w{{(i * 7919) % 97}}"
 
 
 class BlockingCount(sl.Task):
@@ -52,9 +59,37 @@ class BlockingCount(sl.Task):
         outputs.emit_all(self.state.items())
 
 
+class UntilReleased(sl.Source):
+    \"\"\"word(0), word(1), ... in blocks of 1 000 until the file RELEASE exists (at most 200 blocks), then the end:
+    so the input cannot end while the test is still changing the job, however slow the machine.\"\"\"
+
+    def open(self, context):
+        return Blocks()
+
+
+class Blocks(sl.SourceReader):
+    def __init__(self):
+        self.count = 0
+
+    async def read(self, max_records):
+        if self.count % BLOCK == 0 and (self.count >= 200 * BLOCK or os.path.exists(RELEASE)):
+            return None
+        n = min(max_records, PIECE, BLOCK - self.count % BLOCK)
+        records = [sl.Record(word(i), 1, 0.0) for i in range(self.count, self.count + n)]
+        self.count += n
+        return records
+
+    def position(self):
+        return self.count
+
+    async def seek(self, position):
+        self.count = position
+
+
 def build_topology():
     topology = sl.Topology("busy-count")
-    words = topology.add_source("words", [sl.Record(word, 1, 0.0) for word in WORDS])
+    source = [sl.Record(word(i), 1, 0.0) for i in range({words})] if RELEASE is None else UntilReleased()
+    words = topology.add_source("words", source)
     count = topology.add_task("count", BlockingCount, parallelism=2).set_input(words, partitioning=sl.SAME_KEY)
     topology.add_sink("totals", sl.CollectSink()).set_input(count)
     return topology
@@ -67,12 +102,22 @@ def expected(words: int = WORDS) -> dict[str, int]:
 
 @contextlib.contextmanager
 def running(
-    cluster: LocalCluster, directory: Path, per_record: float, words: int = WORDS, checkpointed: bool = True
+    cluster: LocalCluster,
+    directory: Path,
+    per_record: float,
+    words: int = WORDS,
+    checkpointed: bool = True,
+    release: Path | None = None,
+    piece: int = 1000,
 ) -> Iterator[Run]:
     """Submit the blocking count (checkpoints every 0.5 s, no adaptation) without waiting, follow its state node,
-    and hand over once it runs (and, ``checkpointed``, a checkpoint of attempt 1 completed)."""
+    and hand over once it runs (and, ``checkpointed``, a checkpoint of attempt 1 completed). With ``release``
+    its source sends blocks of 1 000 words (in batches of ``piece``) until that file exists, instead of ``words``
+    words."""
     job_file = directory / "busy_count.py"
-    job_file.write_text(BLOCKING_COUNT.format(per_record=per_record, words=words), encoding="utf-8")
+    place = None if release is None else str(release)
+    source = BLOCKING_COUNT.format(per_record=per_record, words=words, release=place, piece=piece)
+    job_file.write_text(source, encoding="utf-8")
     with watching(cluster) as zk:
         # no adaptation: its spread policy would migrate the CPU-bound count, a live change that can race the
         # input's end and cost an attempt (a race of its own, apart from the loop being held)
@@ -122,22 +167,31 @@ def test_a_job_that_holds_the_loop_finishes_in_attempt_1_exact(
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.parametrize("per_record", [0.0016, 0.005], ids=["1.6ms", "5ms"])
 def test_a_live_rescale_2_3_1_of_the_blocking_task_in_attempt_1(
-    new_cluster: Callable[..., LocalCluster], tmp_path: Path
+    new_cluster: Callable[..., LocalCluster], tmp_path: Path, per_record: float
 ) -> None:
-    """``streamlet rescale busy count 3``, then ``1``, while count's instances hold their loops 1.6 ms a record:
-    both changes are done in attempt 1 (the calls go in pieces of about 50 ms, so the control plane gets its
-    turns) and the counts come out exact."""
+    """``streamlet rescale busy count 3``, then ``1``, while count's instances hold their loops 1.6 ms (5 ms) a
+    record: both changes are done in attempt 1 (the calls go in pieces of about 50 ms, so the control plane gets
+    its turns). The source sends blocks of 1 000 words until the test releases it after the changes, so the
+    input cannot end mid-change on a slow machine; the counts are exactly those of the words sent (a whole number
+    of blocks: a record lost or counted twice breaks the sum or the split over the words). At 5 ms the batches
+    hold 250 records (1.25 s of loop each), so what is queued when the source is released drains in seconds."""
     cluster = new_cluster(workers=3)
-    with running(cluster, tmp_path, 0.0016, 8 * WORDS, checkpointed=False) as run:  # long enough for two changes
+    release = tmp_path / "release"
+    piece = 1000 if per_record < 0.002 else 250
+    with running(cluster, tmp_path, per_record, checkpointed=False, release=release, piece=piece) as run:
         for parallelism in ("3", "1"):
             change = cluster.run("rescale", JOB, "count", parallelism, timeout=180)
             assert change.returncode == 0, change.stderr
             assert f"count runs {parallelism} instance" in change.stdout, change.stdout
             assert "(attempt 1," in change.stdout, change.stdout
+        release.touch()
         state, counts, reasons = run.ended()
     assert (state["state"], state["attempt"]) == ("FINISHED", 1), state
-    assert counts == expected(8 * WORDS)
+    sent = sum(counts.values())
+    assert (sent % 1000, sent >= 1000) == (0, True), counts
+    assert counts == expected(sent)
     assert_busy_never_lost(cluster, reasons)
 
 
