@@ -47,6 +47,7 @@ The errors are defined here and re-exported where they are raised, so both
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 
@@ -255,3 +256,35 @@ class BuildFailed(ClusterError):
 
 class ZooKeeperError(ClusterError):
     """A local ZooKeeper server could not be found or started."""
+
+
+def underlying(exc: BaseException) -> BaseException:
+    """What to report for ``exc``: itself, or for an exception group (a task group's "unhandled errors in a
+    TaskGroup") the first error in it, depth first, that is no cancellation; a group of cancellations only is
+    itself. A reason that says ``ExceptionGroup`` tells the reader nothing of what failed."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    for inner in exc.exceptions:
+        found = underlying(inner)
+        if not isinstance(found, BaseExceptionGroup) and not _cancellation(found):
+            return found
+    return exc
+
+
+def described(exc: BaseException) -> str:
+    """``"SinkError: ..."``: the type and message of :func:`underlying` (``exc`` itself when it is no group),
+    with ``(and N more)`` when a group held several errors."""
+    found = underlying(exc)
+    text = f"{type(found).__name__}: {found}"
+    others = len(_leaves(exc)) - 1 if found is not exc else 0
+    return f"{text} (and {others} more)" if others > 0 else text
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if not isinstance(exc, BaseExceptionGroup):
+        return [] if _cancellation(exc) else [exc]
+    return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+
+
+def _cancellation(exc: BaseException) -> bool:
+    return isinstance(exc, asyncio.CancelledError)

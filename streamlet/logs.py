@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import structlog
 from structlog.typing import Processor
+
+from streamlet.redaction import scrub
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("console", "json")
@@ -76,6 +79,12 @@ def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
     return structlog.PrintLogger(sys.stderr)
 
 
+def scrub_secrets(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> dict[str, Any]:
+    """A processor: every text in the line with the passwords of the DSNs it quotes masked (an error's text
+    may quote one; a log file is read by more people than the database's owner)."""
+    return {key: scrub(value) if isinstance(value, str) else value for key, value in event.items()}
+
+
 def configure_logging(settings: LogSettings) -> None:
     """Send structlog's and the standard library's lines at ``settings.level`` or above to stderr, rendered
     as ``settings.format`` says. For the command's entry points only; calling it again replaces the setup."""
@@ -84,6 +93,7 @@ def configure_logging(settings: LogSettings) -> None:
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        scrub_secrets,
     ]
     renderer: Processor
     if settings.format == "json":

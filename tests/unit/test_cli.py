@@ -743,3 +743,16 @@ def test_the_docs_show_what_streamlet_run_prints(monkeypatch: pytest.MonkeyPatch
     assert shown_timing is not None
     assert printed_timing is not None
     assert shown_timing[1] == printed_timing[1]
+
+
+def test_a_secret_that_is_no_hex_is_a_clear_error_that_does_not_show_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """STREAMLET_SECRET=zzzz: a ClusterError saying what the variable must hold (not a bare ValueError from
+    fromhex, and not the value, which was meant to be secret)."""
+    monkeypatch.setenv("STREAMLET_SECRET", "zzzz")
+    result = invoke("kill", "wc", "--zk", "127.0.0.1:1")
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith(
+        "error: ClusterError: STREAMLET_SECRET must be the cluster secret as hex digits (as 'cluster up' writes it"
+    ), result.stderr
+    assert result.stderr.strip().endswith("not 4 characters of something else")
+    assert "zzzz" not in result.stderr

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import pkgutil
 
 import streamlet
+import streamlet as sl
 from streamlet import errors
+from streamlet.errors import described, underlying
 
 # Never raised to a user: control flow inside the runtime (a shortcut task or a callback sink marks the record
 # that failed; the encoder stops at the first tuple), or a decoding refusal that the boundary meeting it turns
@@ -60,3 +63,17 @@ def test_the_docstring_tree_lists_every_error() -> None:
     defined = {n for n, c in vars(errors).items() if inspect.isclass(c) and issubclass(c, errors.StreamletError)}
     listed = {word for word in (errors.__doc__ or "").split() if word in defined}
     assert listed == defined
+
+
+def test_a_task_groups_errors_are_reported_by_what_failed_inside() -> None:
+    """``ExceptionGroup: unhandled errors in a TaskGroup`` says nothing: a reason names the first error inside
+    (depth first, cancellations skipped) and how many more there were; a plain error is itself."""
+    sink = sl.SinkError("sink 'out' instance 0: column 'n' refused its value", sink="out", instance=0, key="k")
+    nested = ExceptionGroup("unhandled errors in a TaskGroup", [ExceptionGroup("inner", [sink])])
+    assert underlying(nested) is sink
+    assert described(nested) == f"SinkError: {sink}"
+    several = BaseExceptionGroup("outer", [asyncio.CancelledError(), nested, ValueError("bad")])
+    assert (underlying(several), described(several)) == (sink, f"SinkError: {sink} (and 1 more)")
+    only_cancelled = BaseExceptionGroup("outer", [asyncio.CancelledError()])
+    assert underlying(only_cancelled) is only_cancelled
+    assert described(KeyError("k")) == "KeyError: 'k'"

@@ -8,7 +8,6 @@ asyncpg is imported only when a connector is opened, so ``import streamlet`` wor
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any, TypeVar
@@ -37,11 +36,6 @@ def require_asyncpg() -> ModuleType:
         raise ConnectorError(INSTALL_HINT) from exc
     module: ModuleType = asyncpg
     return module
-
-
-def redacted(dsn: str) -> str:
-    """``dsn`` with its password replaced by ``***`` (for messages and logs)."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
 
 
 def connection_lost(exc: BaseException) -> bool:

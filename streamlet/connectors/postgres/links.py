@@ -15,7 +15,6 @@ from streamlet.connectors.postgres.connection import (
     close_quietly,
     connect,
     connection_lost,
-    redacted,
     require_asyncpg,
     retrying,
 )
@@ -23,6 +22,7 @@ from streamlet.connectors.postgres.rows import SinkSettings
 from streamlet.connectors.postgres.schema import Target
 from streamlet.core.model.sinks import SinkContext
 from streamlet.errors import SinkError
+from streamlet.redaction import redacted
 
 
 async def durable_connection(dsn: str, name: str) -> Any:

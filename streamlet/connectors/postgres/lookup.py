@@ -20,11 +20,11 @@ from streamlet.connectors.postgres.connection import (
     close_quietly,
     connect,
     quote_identifier,
-    redacted,
     require_asyncpg,
     retrying,
 )
 from streamlet.errors import ConnectorError
+from streamlet.redaction import redacted
 
 Rows = dict[Hashable, dict[str, Any]]
 

@@ -40,7 +40,6 @@ from streamlet.connectors.postgres.connection import (
     connect,
     connection_lost,
     quote_identifier,
-    redacted,
     require_asyncpg,
     retrying,
 )
@@ -48,6 +47,7 @@ from streamlet.core.model.columns import ColumnBatch, import_pyarrow
 from streamlet.core.model.record import Batch
 from streamlet.core.model.sources import Source, SourceContext, SourceReader
 from streamlet.errors import ConnectorError, SourceError
+from streamlet.redaction import redacted
 
 TABLE_NAME = re.compile(
     r'^(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")(?:\.(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+"))?$'

@@ -276,6 +276,20 @@ def read_secret_file(path: Path) -> bytes:
     return data
 
 
+def secret_from_hex(value: str) -> bytes:
+    """``STREAMLET_SECRET``'s value: the secret as hex digits, or a :class:`~streamlet.errors.ClusterError`
+    that says what is wrong with it (never the value itself: it is meant to be a secret)."""
+    try:
+        secret = bytes.fromhex(value)
+    except ValueError:
+        raise ClusterError(
+            f"{SECRET_ENV} must be the cluster secret as hex digits (as 'cluster up' writes it, e.g. "
+            f"'python -c \"import secrets; print(secrets.token_hex(32))\"'), not {len(value)} characters of "
+            "something else"
+        ) from None
+    return secret
+
+
 def process_secret(secret_file: Path | None) -> bytes:
     """The secret a master or worker runs with: from ``secret_file``, else ``STREAMLET_SECRET`` (hex).
 
@@ -288,7 +302,7 @@ def process_secret(secret_file: Path | None) -> bytes:
     if secret_file is not None:
         return read_secret_file(secret_file)
     if value:
-        return bytes.fromhex(value)
+        return secret_from_hex(value)
     raise ClusterError(
         f"give the cluster secret: --secret-file FILE (mode 0600) as 'streamlet cluster up' does, or {SECRET_ENV}"
     )
@@ -298,7 +312,7 @@ def find_secret(state_dir: Path) -> bytes | None:
     """The cluster secret: ``STREAMLET_SECRET`` (hex), else the one ``cluster up`` wrote in ``state_dir``."""
     value = os.environ.get(SECRET_ENV)
     if value:
-        return bytes.fromhex(value)
+        return secret_from_hex(value)
     if (state_dir / STATE_FILE).exists():
         return ClusterState.load(state_dir).secret()
     return None

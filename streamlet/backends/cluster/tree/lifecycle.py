@@ -25,6 +25,7 @@ from typing import Any
 from streamlet.backends.cluster.tree.paths import JobStateNode
 from streamlet.core.model import world
 from streamlet.errors import LifecycleError
+from streamlet.redaction import scrub
 
 
 class JobState(StrEnum):
@@ -86,7 +87,7 @@ def moved(node: JobStateNode, target: JobState, reason: str, attempt: int, now: 
     return {
         **node,
         "state": target.value,
-        "reason": reason,
+        "reason": scrub(reason),  # a failure's reason may quote a DSN: shown to anyone who lists jobs
         "at": at,
         "attempt": attempt,
         "started": node["started"] if node["started"] is not None or target != JobState.RUNNING else at,

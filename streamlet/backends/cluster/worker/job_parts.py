@@ -68,6 +68,8 @@ from streamlet.errors import (
     SpecError,
     TaskError,
     UnusableCheckpoint,
+    described,
+    underlying,
 )
 from streamlet.transport.tcp import DataServer
 from streamlet.transport.tcp_client import TcpChannel, TcpClient
@@ -285,8 +287,8 @@ class WorkerJobs:
             try:
                 await self._carry_out_change(job, attempt, change, running, name)
             except Exception as exc:  # noqa: BLE001 - reported: the leader falls back to the next attempt
-                log.warning("live change failed", job=job, change=change["id"], error=f"{type(exc).__name__}: {exc}")
-                report = {"error": f"{type(exc).__name__}: {exc}"}
+                log.warning("live change failed", job=job, change=change["id"], error=described(exc))
+                report = {"error": described(exc)}
             group.cancel_scope.cancel()
         if (job, attempt) in self.parts:  # a part that ended or was replaced has nothing to report
             with contextlib.suppress(NodeExists):
@@ -437,16 +439,8 @@ class WorkerJobs:
                 dead_letters = dead_letters_report(result.dead_letters)
                 if dead_letters is not None:  # the count and the first few: the report is one ZooKeeper node
                     payload["dead_letters"] = dead_letters
-        except (PartLost, PeerUnreachable) as exc:  # the leader starts another attempt, from the last checkpoint
-            payload = {"error": f"{type(exc).__name__}: {exc}", "lost": True}
-        except UnusableCheckpoint as exc:  # the leader holds the job until a worker holding the state is back
-            payload = {"error": f"CheckpointError: {exc}", "unusable": exc.epoch}
-        except TaskError as exc:  # an instance crashed: the leader may restart it elsewhere
-            payload = {"error": f"TaskError: {exc}", "instance": instance_id(exc.task, exc.instance)}
-            payload["retry"] = part.restartable(exc.task)
-            part_log.error("task failed", task=exc.task, instance=exc.instance, error=str(exc))
-        except Exception as exc:  # noqa: BLE001 - whatever stopped the job is reported to the submitter
-            payload = {"error": f"{type(exc).__name__}: {exc}"}
+        except Exception as caught:  # noqa: BLE001 - whatever stopped the job is reported to the submitter
+            payload = _failure(underlying(caught), caught, part, part_log)
         finally:
             del self.parts[job, attempt]  # and with it everything kept for it
             if not any(running == job for running, _ in self.parts):  # its code goes with its last part
@@ -659,3 +653,19 @@ def _refuse_unregistered_peers(
     missing = sorted({worker for worker in instances.values() if worker not in addresses})
     if missing:
         raise PartLost(f"{', '.join(missing)}, which runs part of attempt {attempt} of job '{job}', is not registered")
+
+
+def _failure(exc: BaseException, caught: BaseException, part: JobPart, part_log: Any) -> dict[str, Any]:
+    """The report of a part that ``exc`` stopped (``caught``: what was raised, an exception group perhaps, which
+    is described by the error in it: a reason that says ``ExceptionGroup`` tells nobody what failed)."""
+    if isinstance(exc, PartLost | PeerUnreachable):  # the leader starts another attempt, from the last checkpoint
+        return {"error": described(caught), "lost": True}
+    if isinstance(exc, UnusableCheckpoint):  # the leader holds the job until a worker holding the state is back
+        return {"error": f"CheckpointError: {exc}", "unusable": exc.epoch}
+    if isinstance(exc, TaskError):  # an instance crashed: the leader may restart it elsewhere
+        part_log.error("task failed", task=exc.task, instance=exc.instance, error=str(exc))
+        return {
+            "error": f"TaskError: {exc}", "instance": instance_id(exc.task, exc.instance),
+            "retry": part.restartable(exc.task),
+        }  # fmt: skip
+    return {"error": described(caught)}
