@@ -11,8 +11,11 @@ the cluster (item 7).
 from __future__ import annotations
 
 import os
+import pwd
 import select
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import IO, Any
@@ -105,3 +108,55 @@ def test_a_waiting_submit_rides_out_a_zookeeper_pause(new_cluster: Callable[...,
     submit.err = "".join(before) + submit.err
     assert submit.code == 0, submit.err
     assert totals(submit.collected()["totals"]) == expected_totals()
+
+
+FLOOD = """
+import encodings.idna, os, socket, sys  # idna now: after setuid this user cannot read the interpreter's files
+host, port, count, user = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+if user >= 0:
+    os.setuid(user)  # another local user from here on (this interpreter is started by the test's, then drops it)
+held = []
+for _ in range(count):  # idle: they never say a word (one the server turns away is simply not held)
+    try:
+        held.append(socket.create_connection((host, port), timeout=10))
+    except OSError:
+        pass
+print("ready", flush=True)
+sys.stdin.read()  # until the test closes it (or kills this process by its PID)
+"""
+
+
+def test_idle_connections_from_another_local_user_lock_no_one_out(
+    new_cluster: Callable[..., LocalCluster], tmp_path: Any
+) -> None:
+    """User nobody opens 100 idle connections to the cluster's ZooKeeper, all from 127.0.0.1 like every process
+    of the cluster (ZooKeeper's default is 60 per address: then `streamlet jobs` timed out). The masters and
+    workers keep their sessions (the same leader epoch, the same worker processes registered), `jobs` answers and
+    a job submitted meanwhile finishes exact."""
+    cluster = new_cluster(own_zookeeper=True)
+    host, port = cluster.zk.rsplit(":", 1)
+    with watching(cluster) as zk:
+        leader_before = zk.data(paths.LEADER)
+        boots = {worker: zk.data(paths.worker(worker))["boot"] for worker in ("worker-0", "worker-1")}
+    nobody = pwd.getpwnam("nobody").pw_uid if os.geteuid() == 0 else -1  # not root: as this user, still 127.0.0.1
+    flood = cluster.adopt(subprocess.Popen(
+        [sys.executable, "-c", FLOOD, host, port, "100", str(nobody)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    ))  # fmt: skip
+    assert flood.stdout is not None
+    assert flood.stdout.readline() == "ready\n"
+    try:
+        listed = cluster.run("jobs", timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        job = GatedJob(tmp_path).write()
+        job.release()  # no need to hold it: it runs through
+        submit = cluster.submit(job.file, JOB).finish(120)
+        assert submit.code == 0, submit.err
+        assert totals(submit.collected()["totals"]) == expected_totals()
+        with watching(cluster) as zk:
+            assert {worker: zk.data(paths.worker(worker))["boot"] for worker in boots} == boots
+            assert zk.data(paths.LEADER) == leader_before
+    finally:
+        assert flood.stdin is not None
+        flood.stdin.close()
+        flood.wait(timeout=30)

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamlet.backends.cluster.local.zookeeper_server import find_classpath, find_java, free_port
+from streamlet.backends.cluster.local.zookeeper_server import CONNECTION_LIMIT, find_classpath, find_java, free_port
 from streamlet.backends.cluster.tree.quorum import member_mode
 from streamlet.errors import ZooKeeperError
 
@@ -146,6 +146,7 @@ def member_config(member: EnsembleMember, members: list[EnsembleMember], tick_ms
         f"clientPortAddress={plain_host}",
         "admin.enableServer=false",
         "4lw.commands.whitelist=ruok,srvr,stat,mntr",
+        CONNECTION_LIMIT,
         f"minSessionTimeout={2 * tick_ms}",
         "maxSessionTimeout=60000",
         "reconfigEnabled=false",

@@ -25,6 +25,13 @@ from streamlet.backends.cluster.local.child_process import stop_child
 from streamlet.backends.cluster.tree.quorum import four_letter_word
 from streamlet.errors import ZooKeeperError
 
+#: ZooKeeper limits the connections of one client *address* (``maxClientCnxns``, 60 by default). Every process of
+#: a local cluster, and every other user of this machine, connects from 127.0.0.1: sixty idle sockets opened by
+#: anyone would lock the cluster's own masters, workers and commands out. So no per-address limit (0); what
+#: bounds the connections is the server's file descriptors (``ulimit -n`` of its JVM), and what keeps a stranger
+#: from reading or writing anything is the cluster's ACLs (docs/cluster/security.md).
+CONNECTION_LIMIT = "maxClientCnxns=0"
+
 log = structlog.get_logger("streamlet")
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -140,6 +147,7 @@ class ZooKeeperServer:
                 "clientPortAddress=127.0.0.1",
                 "admin.enableServer=false",
                 "4lw.commands.whitelist=ruok,srvr,stat,mntr",
+                CONNECTION_LIMIT,
                 f"minSessionTimeout={2 * self.tick_ms}",
                 "maxSessionTimeout=60000",
                 "",
