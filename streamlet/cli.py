@@ -198,12 +198,12 @@ def _reader_secret(state_dir: Path) -> bytes | None:
     return find_secret(state_dir)
 
 
-def _monitor_token(state_dir: Path, host: str) -> str | None:
-    """The bearer token of a dashboard or ``/metrics`` bound to ``host``: none on loopback, else the state dir's
-    (made on first use, 0600)."""
-    from streamlet.backends.monitor.access import TOKEN_FILE, load_or_make_token, needs_token
+def _monitor_token(state_dir: Path) -> str:
+    """The bearer token of a dashboard or a worker's ``/metrics``, on any address (loopback too: any local user
+    reaches it): the state dir's (made on first use, 0600)."""
+    from streamlet.backends.monitor.access import TOKEN_FILE, load_or_make_token
 
-    return load_or_make_token(state_dir / TOKEN_FILE) if needs_token(host) else None
+    return load_or_make_token(state_dir / TOKEN_FILE)
 
 
 def _certificates(folder: Path, process_id: str) -> TlsSettings:
@@ -247,7 +247,7 @@ def master_command(
 
     master_id = master_id or f"master-{os.getpid()}"
     (state_dir / master_id).mkdir(parents=True, exist_ok=True)
-    token = _monitor_token(state_dir, dashboard_host)
+    token = _monitor_token(state_dir)
     dashboard = None if no_dashboard else DashboardSettings(dashboard_host, dashboard_port, token)
     certificates = _certificates(tls_dir or state_dir / "tls", master_id) if zk_tls else None
     run = partial(run_master, dashboard=dashboard, zk_tls=certificates)
@@ -313,7 +313,7 @@ def worker_command(
         run_worker, heartbeat=heartbeat, state_dir=state_dir / worker_id, bandwidth=bandwidth,
         metrics_port=metrics_port, tls=None if no_tls else certificates, advertise=advertise,
         zk_tls=certificates if zk_tls else None,
-        metrics_token=None if metrics_port is None else _monitor_token(state_dir, host),
+        metrics_token=None if metrics_port is None else _monitor_token(state_dir),
     )  # fmt: skip
     tune_gc()
     secret = _secret(secret_file)
@@ -344,6 +344,10 @@ def cluster_group() -> None:
     "--no-tls", is_flag=True,
     help="the data plane in cleartext (a loopback-only cluster, e.g. for benchmarks); default: mutual TLS",
 )  # fmt: skip
+@click.option(
+    "--dashboard-port", default=8780, show_default=True, type=click.IntRange(min=0, max=65535),
+    help="where the leading master serves the dashboard (0: any free port; another when this one is taken)",
+)  # fmt: skip
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
 @click.pass_context
 def cluster_up(
@@ -357,11 +361,14 @@ def cluster_up(
     labels: tuple[str, ...],
     loopback_hosts: bool,
     no_tls: bool,
+    dashboard_port: int,
     state_dir: Path,
 ) -> None:
-    """Start ZooKeeper (unless --zk), the masters and the workers in the background."""
+    """Start ZooKeeper (unless --zk), the masters and the workers in the background; print the status once
+    the leader serves the dashboard (its URL carries the token every request needs)."""
     from streamlet.backends.cluster.client.status import format_status, wait_until_ready
     from streamlet.backends.cluster.local import local_cluster
+    from streamlet.backends.monitor.access import with_token
 
     try:
         by_worker = _labels_by_worker(labels, workers)
@@ -371,9 +378,10 @@ def cluster_up(
     try:
         state = local_cluster.up(
             state_dir, name, workers, masters, zk, capacity, by_worker, loopback_hosts=loopback_hosts,
-            logs=_log_settings(context), zookeepers=int(zookeepers), tls=not no_tls,
+            logs=_log_settings(context), zookeepers=int(zookeepers), tls=not no_tls, dashboard_port=dashboard_port,
         )  # fmt: skip
-        status = anyio.run(wait_until_ready, state.settings(), workers)
+        status = anyio.run(partial(wait_until_ready, state.settings(), workers, dashboard=True))
+        status["dashboard"] = with_token(status["dashboard"], state_dir)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         if (state_dir / local_cluster.STATE_FILE).exists():
             local_cluster.down(state_dir)  # what this command started, and nothing else: it refused above
@@ -452,6 +460,7 @@ def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: b
     from streamlet.backends.cluster.tree.quorum import refuse_without_quorum
     from streamlet.backends.cluster.tree.status import read_status
     from streamlet.backends.cluster.tree.zk import four_letter_tls
+    from streamlet.backends.monitor.access import with_token
 
     async def show(settings: StoreSettings) -> str:
         tls = four_letter_tls(settings.tls)
@@ -459,6 +468,7 @@ def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: b
         async with settings.open() as store:
             status = await read_status(store)
         status["zookeeper"] = [{"address": address, "mode": mode} for address, mode in modes]
+        status["dashboard"] = with_token(status["dashboard"], state_dir)
         return json.dumps(status, indent=2) if as_json else format_status(status)
 
     try:

@@ -225,7 +225,8 @@ def test_sigterm_to_the_leader_hands_over_at_once(cluster: tuple[Path, list[dict
     assert wait_for_exit(int(str(leader["pid"])), seconds=10)
     # the dashboard moves with leadership: the new leader serves it and says where
     dashboard = wait_for_node(directory, "/dashboard", lambda data: data["master"] == new_leader["name"])
-    with urllib.request.urlopen(f"{dashboard['url']}api/cluster", timeout=10) as response:
+    token = (directory / ".streamlet" / "monitor-token").read_text().strip()  # every master serves with it
+    with urllib.request.urlopen(f"{dashboard['url']}api/cluster?token={token}", timeout=10) as response:
         view = json.loads(response.read())
     assert view["leader"]["name"] == new_leader["name"]
     assert view["leader"]["epoch"] == new_leader["epoch"]

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,7 +76,9 @@ def running_job(cluster: dict[str, Any]) -> Iterator[str]:
                 directory, f"/loads/{worker}", lambda load: any(k.startswith("paced/") for k in load["instances"])
             )
         status = json.loads(streamlet("cluster", "status", "--json", cwd=directory).stdout)
+        token = (directory / ".streamlet" / "monitor-token").read_text().strip()
         assert status["dashboard"].startswith("http://127.0.0.1:")
+        assert status["dashboard"].endswith(f"/?token={token}")  # the URL to open as it is
         yield status["dashboard"]
     finally:
         streamlet("kill", "paced", cwd=directory)
@@ -143,15 +146,21 @@ def test_the_dashboard_shows_both_workers_the_job_its_tasks_and_live_rates_in_ch
     assert screenshot.stat().st_size > 10_000
 
 
+def at(url: str, path: str) -> str:
+    """``path`` on the dashboard whose URL (with its ``?token=``) is ``url``, carrying the token."""
+    base, _, query = url.partition("?")
+    return f"{base}{path}?{query}"
+
+
 def scrape(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}metrics", timeout=10) as response:
+    with urllib.request.urlopen(at(url, "metrics"), timeout=10) as response:
         return {family.name: family for family in text_string_to_metric_families(response.read().decode())}
 
 
 def wait_for_a_reading_begun_after_now(url: str) -> None:
     """Follow /events: the views now (reading N), then N+1 (which may have begun before this call), then N+2,
     which began after N+1 was published, so after this call."""
-    with urllib.request.urlopen(f"{url}events", timeout=30) as events:
+    with urllib.request.urlopen(at(url, "events"), timeout=30) as events:
         seen = 0
         while seen < 3:
             line = events.readline()
@@ -186,3 +195,14 @@ def test_the_cluster_metrics_cover_every_worker_and_counters_grow_between_scrape
     after = records_in(scrape(running_job))
     assert after[paced] > before[paced]
     assert all(after[key] >= value for key, value in before.items())
+
+
+@pytest.mark.parametrize("path", ["", "api/cluster", "api/jobs/paced", "events", "metrics"])
+def test_without_its_token_the_dashboard_on_loopback_shows_nothing(running_job: str, path: str) -> None:
+    """Any local user reaches 127.0.0.1: the page, the API, the live view and /metrics answer 401 without the
+    token (or with another), as the security model says job data is for secret holders only."""
+    base = running_job.partition("?")[0]
+    for url in (f"{base}{path}", f"{base}{path}?token=not-the-token"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert refused.value.code == 401, url

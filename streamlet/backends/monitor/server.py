@@ -184,7 +184,8 @@ class Dashboard:
 
 
 def dashboard_guard(token: str) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """aiohttp middleware: the bearer header or the cookie, else 401; ``/?token=`` sets the cookie."""
+    """aiohttp middleware: the bearer header, ``?token=`` or the cookie, else 401; ``/?token=`` sets the cookie
+    (the page's own requests, its API and ``/events``, then carry it)."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Callable[..., Awaitable[web.StreamResponse]]) -> web.StreamResponse:
@@ -194,7 +195,11 @@ def dashboard_guard(token: str) -> Callable[..., Awaitable[web.StreamResponse]]:
             response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
             raise response
         cookie = request.cookies.get(COOKIE, "")
-        if bearer_matches(request.headers.get("Authorization"), token) or same_token(cookie, token):
+        if (
+            bearer_matches(request.headers.get("Authorization"), token)
+            or same_token(cookie, token)
+            or (offered is not None and same_token(offered, token))
+        ):
             return await handler(request)
         raise web.HTTPUnauthorized(
             text="this dashboard needs its token: 'Authorization: Bearer <token>', or open /?token=<token>",

@@ -11,15 +11,18 @@ from streamlet.backends.cluster.tree.status import read_status
 from streamlet.backends.cluster.tree.zk import StoreSettings
 
 
-async def wait_until_ready(settings: StoreSettings, workers_expected: int, seconds: float = 60.0) -> dict[str, Any]:
+async def wait_until_ready(
+    settings: StoreSettings, workers_expected: int, seconds: float = 60.0, dashboard: bool = False
+) -> dict[str, Any]:
     """Poll until a leader is elected and ``workers_expected`` workers are registered (the status reads the
-    jobs and heartbeats: ``secret``)."""
+    jobs and heartbeats: ``secret``), and with ``dashboard`` until the leader serves its dashboard."""
     async with settings.open() as zk:
         with anyio.fail_after(seconds):
             while True:
                 status = await read_status(zk)
                 ready = [worker for worker in status["workers"] if not worker["stale"]]  # heartbeating
-                if status["leader"] is not None and len(ready) >= workers_expected:
+                served = status["dashboard"] is not None or not dashboard
+                if status["leader"] is not None and len(ready) >= workers_expected and served:
                     return status
                 await anyio.sleep(0.1)
 

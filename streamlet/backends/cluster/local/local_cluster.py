@@ -30,6 +30,7 @@ from streamlet.backends.cluster.local import certificates
 from streamlet.backends.cluster.local.zookeeper_ensemble import ZooKeeperEnsemble
 from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
 from streamlet.backends.cluster.tree.zk import StoreSettings
+from streamlet.backends.monitor.access import TOKEN_FILE, load_or_make_token
 from streamlet.errors import ClusterError
 from streamlet.logs import LogSettings
 
@@ -121,6 +122,7 @@ def up(
     logs: LogSettings | None = None,
     zookeepers: int = 1,
     tls: bool = True,
+    dashboard_port: int = 8780,
 ) -> ClusterState:
     """Start ZooKeeper (unless ``zk``), masters and workers (``labels`` by worker id); record them in ``state_dir``.
 
@@ -132,6 +134,8 @@ def up(
     With ``loopback_hosts`` each worker serves its data plane on a loopback address of its own
     (``127.0.0.2``, ``127.0.0.3``, …), as separate machines would: nothing may assume one address.
     ``logs``: the masters' and workers' log level and format (recorded: ``add_worker`` uses them too).
+    ``dashboard_port``: where the leading master serves the dashboard (another free port when it is taken; the
+    token every request needs is made here, in ``state_dir/monitor-token``).
     """
     refuse_if_recorded(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -141,6 +145,7 @@ def up(
         descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # 0600 from the start
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(secrets.token_bytes(32))
+    load_or_make_token(state_dir / TOKEN_FILE)  # the dashboard's, before any master starts
     state = ClusterState(name=name, zk=zk or "", secret_file=str(secret_file.resolve()))
     state.logs = None if logs is None else {"level": logs.level, "format": logs.format}
     state.tls = tls
@@ -169,6 +174,8 @@ def up(
                 f"master-{index}",
                 "--state-dir",
                 str(state_dir.resolve()),
+                "--dashboard-port",
+                str(dashboard_port),
             ]
             process = start_process("master", args, state.secret_file, state_dir / f"master-{index}.log", logs)
             state.processes.append({"role": "master", "id": f"master-{index}", "pid": process.pid})

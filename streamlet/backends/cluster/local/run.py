@@ -38,8 +38,8 @@ CAMPAIGN_RETRY = 0.2  # seconds between campaigns while the store does not answe
 
 
 class DashboardSettings(NamedTuple):
-    """Where the leader serves its dashboard; ``token``: the bearer token every request must carry (one bound
-    beyond loopback, see :mod:`~streamlet.backends.monitor.access`)."""
+    """Where the leader serves its dashboard; ``token``: the token every request must carry (see
+    :mod:`~streamlet.backends.monitor.access`; ``None``: none, for tests and embedding only)."""
 
     host: str = "127.0.0.1"
     port: int = DASHBOARD_PORT
@@ -94,14 +94,14 @@ async def campaign_and_lead(
             # the jobs' adaptation policies, fenced; each job's topology built once for all three
             group.start_soon(AdaptationLoop(zk, secret, leader.fence, outlines=leader.outlines).run)
             if dashboard is not None:  # it moves with leadership
-                group.start_soon(_serve_dashboard, zk, secret, name, dashboard, leader.outlines)
+                group.start_soon(serve_dashboard, zk, secret, name, dashboard, leader.outlines)
             await _lead_until_lost(zk)
             group.cancel_scope.cancel()
         log.warning("lost leadership", cluster=cluster, master=name, epoch=epoch)
         election.candidate = None  # the lost session took our candidate node too
 
 
-async def _serve_dashboard(
+async def serve_dashboard(
     zk: ClusterStore, secret: bytes, name: str, settings: DashboardSettings, outlines: Outlines | None = None
 ) -> None:
     """The dashboard, while this master leads; its URL in ``/dashboard`` (another port when ``port`` is
@@ -110,14 +110,17 @@ async def _serve_dashboard(
     from streamlet.backends.monitor.server import Dashboard, serving
 
     zookeepers, tls = (zk.hosts, four_letter_tls(zk.tls)) if isinstance(zk, ZkStore) else (None, None)
-    dashboard = Dashboard(ClusterSource(zk, secret, outlines, zookeepers, tls), token=settings.token)
+
+    def dashboard() -> Dashboard:  # one per attempt to bind: a failed bind's clean-up closes the one it had
+        return Dashboard(ClusterSource(zk, secret, outlines, zookeepers, tls), token=settings.token)
+
     host, port = settings.host, settings.port
     try:
-        async with serving(dashboard, host, port) as url:
+        async with serving(dashboard(), host, port) as url:
             await _publish_dashboard(zk, url, name)
     except OSError as exc:
         log.warning("dashboard port taken, serving on another", port=port, reason=str(exc))
-        async with serving(dashboard, host, 0) as url:
+        async with serving(dashboard(), host, 0) as url:
             await _publish_dashboard(zk, url, name)
 
 

@@ -1,4 +1,5 @@
-"""The dashboard and a worker's /metrics beyond loopback answer only requests that carry the state dir's token."""
+"""A cluster's dashboard and a worker's /metrics, on any address (loopback too), answer only requests that carry
+the state dir's token; the URL that cluster up and cluster status print carries it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from typing import Any
 
 import aiohttp
 import anyio
-import pytest
 
-from streamlet.backends.monitor.access import load_or_make_token, needs_token
+from streamlet.backends.monitor.access import TOKEN_FILE, load_or_make_token, with_token
 from streamlet.backends.monitor.server import Dashboard, serving
 from streamlet.backends.monitor.worker_metrics import WorkerMetrics, worker_sample
 from tests.unit.backends.monitor.test_dashboard_limits import CountingSource
@@ -20,13 +20,13 @@ from tests.unit.backends.monitor.test_dashboard_limits import CountingSource
 TOKEN = "t0ken-of-the-state-dir"
 
 
-@pytest.mark.parametrize(
-    ("host", "needed"),
-    [("127.0.0.1", False), ("127.0.0.5", False), ("::1", False), ("localhost", False),
-     ("0.0.0.0", True), ("198.18.0.7", True), ("::", True), ("dash.example.com", True)],
-)  # fmt: skip
-def test_only_loopback_goes_without_a_token(host: str, needed: bool) -> None:
-    assert needs_token(host) is needed
+def test_the_url_shown_carries_the_state_dirs_token(tmp_path: Path) -> None:
+    """cluster up / cluster status: the URL from ZooKeeper (which anyone may read, so it holds no token) with
+    ``?token=`` of the state dir; a state dir without one (a cluster started elsewhere) leaves it as it is."""
+    token = load_or_make_token(tmp_path / TOKEN_FILE)
+    assert with_token("http://127.0.0.1:8780/", tmp_path) == f"http://127.0.0.1:8780/?token={token}"
+    assert with_token("http://127.0.0.1:8780/", tmp_path / "elsewhere") == "http://127.0.0.1:8780/"
+    assert with_token(None, tmp_path) is None
 
 
 def test_the_token_is_made_once_readable_by_its_owner_only(tmp_path: Path) -> None:
@@ -57,6 +57,12 @@ async def test_the_dashboard_wants_the_bearer_token_or_the_cookie_its_link_sets(
                 assert str(response.url) == url
             async with http.get(f"{url}api/cluster") as response:  # the cookie is enough from now on
                 assert response.status == 200
+    # no cookie: ?token= on any path is served, a wrong one is not
+    async with aiohttp.ClientSession() as http, serving(Dashboard(CountingSource(), 3600.0, token=TOKEN)) as url:
+        async with http.get(f"{url}api/cluster?token={TOKEN}") as response:
+            assert response.status == 200
+        async with http.get(f"{url}metrics?token=wrong") as response:
+            assert response.status == 401
 
 
 async def test_a_dashboard_without_a_token_serves_anyone_on_loopback() -> None:
