@@ -477,6 +477,26 @@ def cluster_status(zk: str | None, name: str | None, state_dir: Path, as_json: b
         _fail(exc)
 
 
+@cluster_group.command("forget-worker")
+@click.argument("worker")
+@click.option("--zk", default=None, help="ZooKeeper HOST:PORT (default: the cluster in --state-dir)")
+@click.option("--name", "cluster", default=None, help="cluster name")
+@click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
+def forget_worker_command(worker: str, zk: str | None, cluster: str | None, state_dir: Path) -> None:
+    """Stop listing WORKER as LOST (a worker that will not come back; one that does is listed again anyway)."""
+    from streamlet.backends.cluster.tree.lost import forget
+
+    async def forget_it(settings: StoreSettings) -> bool:
+        async with settings.open() as store:
+            return await forget(store, worker)
+
+    try:
+        forgotten = anyio.run(forget_it, _settings(zk, cluster, state_dir, _client_secret("forget-worker", state_dir)))
+    except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
+        _fail(exc)
+    click.echo(f"forgot lost worker '{worker}'" if forgotten else f"no lost worker '{worker}' is listed")
+
+
 @cluster_group.command("down")
 @click.option("--state-dir", default=DEFAULT_STATE_DIR, show_default=True, type=click.Path(path_type=Path))
 def cluster_down(state_dir: Path) -> None:

@@ -75,6 +75,9 @@ def format_status(status: dict[str, Any]) -> str:
             f"  {worker['id']:<12} {worker['address']:<22} {worker['state']:<18} {worker['load']:<11} "
             f"{worker['cpu']:>4} {worker['queued']:>6} {worker['rss_mb']:>7}  {beat}"
         )
+        if worker.get("lost"):
+            lost = worker["lost"]
+            lines.append(f"      lost: {lost['why']}; it held {', '.join(lost['jobs']) or 'no job'}")
         if worker["labels"]:
             lines.append(f"      labels: {', '.join(worker['labels'])}")
         if worker["instances"]:

@@ -37,6 +37,7 @@ import structlog
 
 from streamlet.backends.cluster.leader import live_changes
 from streamlet.backends.cluster.leader.backup_control import BackupController
+from streamlet.backends.cluster.leader.lost_workers import LostWorkers
 from streamlet.backends.cluster.leader.scheduler import place, state_holders
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree import paths
@@ -154,6 +155,7 @@ class Leader:
         self._backups_placed_at = -BACKUP_ROUND
         self._boots: dict[str, str] = {}  # live worker -> its boot, as of this round
         self._busy: dict[str, dict[str, Any]] = {}  # worker -> what holds its loop, while it is BUSY
+        self.lost = LostWorkers(store, self.fence, clock, epoch)  # workers gone, kept listed as LOST
         # when this leader last began to see the store (its term began, or its connection came back): a
         # heartbeat missed before then (the store down, out of quorum, or out of this leader's reach) is not
         # held against a worker, which gets STALE_AFTER from then on to beat
@@ -180,10 +182,12 @@ class Leader:
 
     async def round(self) -> list[str]:
         """Look at every job once; returns a line per decision taken."""
-        views = live(await workers(self.store), self.clock(), self.seeing_since)
+        registered = await workers(self.store)
+        views = live(registered, self.clock(), self.seeing_since)
         live_ids = {view.worker_id for view in views}
         self._boots = {view.worker_id: str(view.info.get("boot", "")) for view in views}
         self._note_busy(views)
+        await self.lost.look(views, registered)
         decisions = []
         for job in await self.store.children(paths.JOBS):
             state = await self.store.get(paths.state(job))

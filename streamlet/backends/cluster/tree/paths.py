@@ -49,6 +49,7 @@ EPOCH = "/epoch"
 CANDIDATES = "/candidates"
 WORKERS = "/workers"
 DASHBOARD = "/dashboard"  # ephemeral: the leader's dashboard URL, {"url", "master"}
+LOST = "/lost"  # private (job names): workers the leader lost, until they come back or are forgotten
 LOADS = "/loads"
 JOBS = "/jobs"
 CPU_HINTS = "/cpu-hints"  # private (job data): topology and task names
@@ -208,6 +209,11 @@ def candidate_prefix() -> str:
 def worker(worker_id: str) -> NodePath[WorkerInfo]:
     """A worker's ephemeral registration."""
     return NodePath(f"{WORKERS}/{worker_id}")
+
+
+def lost(worker_id: str) -> str:
+    """A lost worker's record: ``{"since", "why", "jobs"}`` (see ``leader.lost_workers``)."""
+    return f"{LOST}/{worker_id}"
 
 
 def load(worker_id: str) -> str:

@@ -40,10 +40,17 @@ function drawCluster(view) {
   const problem = document.getElementById("problem");
   problem.hidden = !view.problem;
   problem.textContent = view.problem ? `not fresh: ${view.problem}` : "";
-  fill(document.querySelector("#workers tbody"), view.workers.map((w) => row([
-    cell(w.id), cell(w.address), cell(w.state), cell(w.load, w.load), num(w.cpu), num(w.rss_mb),
-    num(w.in_per_s), num(w.out_per_s), num(w.instances.length), cell(w.heartbeat || (w.stale ? "stale" : "ok")),
-  ])));
+  fill(document.querySelector("#workers tbody"), view.workers.map((w) => {
+    const lost = w.state === "LOST";  // in red until it comes back or 'cluster forget-worker' removes it
+    const tr = row([
+      cell(w.id), cell(w.address), cell(w.state, lost ? "LOST" : null), cell(w.load, w.load), num(w.cpu),
+      num(w.rss_mb), num(w.in_per_s), num(w.out_per_s), num(w.instances.length),
+      cell(w.heartbeat || (w.stale ? "stale" : "ok"), lost ? "LOST" : null),
+    ]);
+    if (lost) tr.title = `lost: ${w.lost.why}; it held ${w.lost.jobs.join(", ") || "no job"}`;
+    if (lost) tr.className = "lost";
+    return tr;
+  }));
   const head = document.querySelector("#matrix thead");
   const headRow = row([cell("instance"), ...view.matrix.workers.map((w) => cell(w))]);
   head.replaceChildren(headRow);
