@@ -22,6 +22,7 @@ import structlog
 
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.election import LeaderFence
+from streamlet.backends.cluster.tree.jobs import held_instances
 from streamlet.backends.cluster.tree.lifecycle import JobState
 from streamlet.backends.cluster.tree.registry import WorkerView
 from streamlet.backends.cluster.tree.store import ClusterStore, Create, Delete
@@ -70,6 +71,7 @@ class LostWorkers:
             if state is None or JobState(state.data["state"]).ended:
                 continue
             assignment = await self.store.get(paths.assignment(job))
-            for worker in (assignment.data.get("instances") or {}).values() if assignment is not None else ():
+            placed = {} if assignment is None else await held_instances(self.store, job, assignment.data)
+            for worker in placed.values():  # live changes included: where its instances run now
                 held.setdefault(worker, set()).add(job)
         return {worker: sorted(jobs) for worker, jobs in held.items()}

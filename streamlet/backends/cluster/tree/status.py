@@ -22,11 +22,10 @@ async def read_status(zk: ClusterStore) -> dict[str, Any]:
     now = world.wall_time()
     jobs = await all_jobs(zk)
     held: dict[str, list[str]] = {}
-    for job in jobs:
+    for job in jobs:  # where each instance runs now: the assignment with its live changes, as jobs shows it
         if JobState(job["state"]).ended:
             continue
-        found = await zk.get(paths.assignment(job["job"]))
-        for instance, worker in ({} if found is None else found.data["instances"]).items():
+        for instance, worker in job["instances"].items():
             held.setdefault(worker, []).append(f"{job['job']}/{instance}")
     dashboard = await zk.get(paths.DASHBOARD)
     registered = await workers(zk)

@@ -23,6 +23,7 @@ from streamlet.backends.cluster.client import live_changes as client_changes
 from streamlet.backends.cluster.client import savepoints
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree import paths
+from streamlet.backends.cluster.tree.status import read_status
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.state.savepoints import read_savepoint
 from streamlet.testing import ExactlyOnceSink, JobOutcome, SimulatedCluster
@@ -277,8 +278,11 @@ async def test_instances_migrate_to_another_worker_with_their_state(gate: asynci
         with pytest.raises(sl.ReconfigurationError, match=r"worker-9 cannot take count\.0: it is not a live worker"):
             await migrate(cluster, "rescaled", 0, "worker-9")
         layout = await cluster.store.get(paths.layout("rescaled"))
+        status = await read_status(cluster.store)  # cluster status: where they run now, as jobs says
+        shown = {instance: row["id"] for row in status["workers"] for instance in row["instances"]}
         gate.set()
         outcome = await job.outcome()
+    assert {index: shown[f"rescaled/count.{index}"] for index in (0, 1)} == moves
     assert (first["reason"], second["reconfigurations"]) == (f"change 1 done: count.0 runs on {moves[0]}", 2)
     assert layout is not None
     assert layout[0]["placed"] == {f"count.{i}": moves[i] for i in (0, 1)}
