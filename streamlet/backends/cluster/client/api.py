@@ -116,8 +116,8 @@ async def change(settings: StoreSettings, job: str, request: ReconfigureRequest,
     """Ask for a live change of running ``job`` and wait until the leader has carried it out (or refused it)."""
     async with settings.open() as store:
         asked_at = world.wall_time()
-        before = await live_changes.ask(store, job, request)
-        return await live_changes.wait_done(store, job, before, asked_at, seconds)
+        asked = await live_changes.ask(store, job, request)
+        return await live_changes.wait_done(store, job, asked, asked_at, seconds)
 
 
 async def rebalance(

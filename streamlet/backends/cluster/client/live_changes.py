@@ -4,6 +4,7 @@ rebalance's moves one after the other.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -20,9 +21,17 @@ from streamlet.errors import NodeExists, ReconfigurationError
 POLL = 0.1  # seconds between looks while a client waits for a change (as ``submit --wait`` does)
 
 
-async def ask(store: ClusterStore, job: str, request: ReconfigureRequest) -> int:
-    """Check ``request`` against the running job and leave it for the leader; returns the job's count of
-    reconfigurations before it (what :func:`wait_done` waits past)."""
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """Where the job stood when a change was asked: its count of changes done and its attempt."""
+
+    reconfigurations: int
+    attempt: int
+
+
+async def ask(store: ClusterStore, job: str, request: ReconfigureRequest) -> Asked:
+    """Check ``request`` against the running job and leave it for the leader; returns where the job stood
+    (what :func:`wait_done` follows it from)."""
     status = await jobs.job_status(store, job)
     if status["state"] != JobState.RUNNING.value:
         raise ReconfigurationError(f"job '{job}' is {status['state']}: only a RUNNING job changes shape")
@@ -36,21 +45,32 @@ async def ask(store: ClusterStore, job: str, request: ReconfigureRequest) -> int
         await store.create(paths.reconfigure_request(job), request)
     except NodeExists:
         raise ReconfigurationError(f"a change of job '{job}' is waiting already: one at a time") from None
-    return int(status["reconfigurations"])
+    return Asked(int(status["reconfigurations"]), int(status["attempt"]))
 
 
-async def wait_done(store: ClusterStore, job: str, before: int, asked_at: float, seconds: float) -> dict[str, Any]:
-    """Follow the job until the change is done (its status then) or refused (a :class:`ReconfigurationError`)."""
+async def wait_done(store: ClusterStore, job: str, asked: Asked, asked_at: float, seconds: float) -> dict[str, Any]:
+    """Follow the job until the change is done (its status then), or refused or dropped (a
+    :class:`ReconfigurationError` at once, saying why)."""
     with anyio.move_on_after(seconds):
         while True:
             status = await jobs.job_status(store, job)
-            if int(status["reconfigurations"]) > before and status["state"] == JobState.RUNNING.value:
+            if int(status["reconfigurations"]) > asked.reconfigurations and status["state"] == JobState.RUNNING.value:
                 return status
             if JobState(status["state"]).ended:
                 raise ReconfigurationError(f"job '{job}' ended ({status['state']}) before the change was done")
             refused = await store.get(paths.reconfigure_refused(job))
             if refused is not None and float(refused.data["at"]) >= asked_at:
+                if refused.data.get("dropped"):
+                    raise ReconfigurationError(
+                        f"the cluster dropped the change ({refused.data['error']}): job '{job}' runs on in its "
+                        "old shape, in a new attempt from its last checkpoint; ask again once it runs"
+                    )
                 raise ReconfigurationError(f"the leader refused the change: {refused.data['error']}")
+            if int(status["attempt"]) > asked.attempt:  # the leader fell back to a new attempt: in the old shape
+                raise ReconfigurationError(
+                    f"the cluster dropped the change: job '{job}' went on to attempt {status['attempt']} in its "
+                    "old shape; ask again once it runs"
+                )
             await anyio.sleep(POLL)
     raise ReconfigurationError(f"job '{job}' has not finished the change after {seconds:g} s ({status['reason']})")
 
@@ -62,7 +82,7 @@ async def carry_out(store: ClusterStore, job: str, moves: list[Migration], secon
         asked_at = world.wall_time()
         request = request_node(paths.task_of(move.instance), migrate=(move.index, move.target))
         try:
-            before = await ask(store, job, request)
-            await wait_done(store, job, before, asked_at, seconds)
+            asked = await ask(store, job, request)
+            await wait_done(store, job, asked, asked_at, seconds)
         except ReconfigurationError as exc:
             raise ReconfigurationError(f"{exc} (moving {move.instance}; {done} of {len(moves)} moves done)") from exc

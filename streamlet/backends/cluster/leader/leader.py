@@ -27,7 +27,7 @@ leader's epoch, which workers check too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,6 +258,8 @@ class Leader:
         if view.involved <= set(view.done):
             return await self._move(view, JobState.FINISHED, f"every worker finished ({len(view.done)})")
         lost = sorted((view.involved - live_ids) | self._restarted(view))
+        if lost and state == JobState.RECONFIGURING and view.change is not None:  # the client following it is told
+            return await self._drop_change(view, f"lost {', '.join(lost)} during change {view.change['id']}")
         if lost:
             return await self._next_attempt(view, f"lost {', '.join(lost)}", {})
         if state == JobState.RECONFIGURING:
@@ -362,13 +364,7 @@ class Leader:
                 ident, topology, layout, request, instances, view.attempt, self.epoch, room, set(view.done)
             )
         except ReconfigurationError as exc:
-            refused = await self.store.get(paths.reconfigure_refused(view.name))
-            why = {"error": str(exc), "at": self.clock()}
-            answer = (
-                Create(paths.reconfigure_refused(view.name), why)
-                if refused is None
-                else SetData(paths.reconfigure_refused(view.name), why, refused.version)
-            )
+            answer = await self._answer_change(view, {"error": str(exc), "at": self.clock()})
             if not await self.fence.commit([Delete(paths.reconfigure_request(view.name), version), answer]):
                 return None  # the request or the answer moved meanwhile, or this leader was deposed: look again
             return f"refused a live change: {exc}"
@@ -390,6 +386,19 @@ class Leader:
             return Create(path, live_changes.held(None, ident))
         return SetData(path, live_changes.held(found.data, ident), found.version)
 
+    async def _answer_change(self, view: JobView, why: dict[str, Any]) -> Op:
+        """The step that tells the client following a change why it is not done (refused, or dropped)."""
+        refused = await self.store.get(paths.reconfigure_refused(view.name))
+        if refused is None:
+            return Create(paths.reconfigure_refused(view.name), why)
+        return SetData(paths.reconfigure_refused(view.name), why, refused.version)
+
+    async def _drop_change(self, view: JobView, why: str) -> str | None:
+        """The change cannot finish: the next attempt, in the old shape, and (in the same transaction) the
+        client following the change told why."""
+        answer = await self._answer_change(view, {"error": why, "at": self.clock(), "dropped": True})
+        return await self._next_attempt(view, why, {}, [answer])
+
     async def _follow_change(self, view: JobView) -> str | None:
         """Every worker done with the change: RUNNING again, one more reconfiguration, the new layout, the
         checkpoint trigger released. A worker that failed its part: the next attempt, from the last checkpoint."""
@@ -399,16 +408,16 @@ class Leader:
         gone = set(change["workers"]) - set(self._boots)  # a worker joining by the change died, say
         gone |= {w for w, boot in change.get("boots", {}).items() if self._boots.get(w, boot) != boot}  # or restarted
         if self._boots and gone:
-            return await self._next_attempt(view, f"lost {', '.join(sorted(gone))} during change {change['id']}", {})
+            return await self._drop_change(view, f"lost {', '.join(sorted(gone))} during change {change['id']}")
         failed = {worker: report for worker, report in view.changed.items() if "error" in report}
         if failed:
             worker, report = sorted(failed.items())[0]
-            return await self._next_attempt(view, f"change {change['id']} failed on {worker}: {report['error']}", {})
+            return await self._drop_change(view, f"change {change['id']} failed on {worker}: {report['error']}")
         if not set(change["workers"]) <= set(view.changed):
             ended = sorted(set(change["workers"]) & set(view.done) - set(view.changed))
             if ended:  # its part ended first (the input ran out): the change can never complete on it
                 why = f"change {change['id']} cannot complete: {', '.join(ended)} ended its part of it first"
-                return await self._next_attempt(view, why, {})
+                return await self._drop_change(view, why)
             return None
         topology = await self._topology(view)
         if not isinstance(topology, Topology):
@@ -438,8 +447,11 @@ class Leader:
         """The boot of each worker ``mapping`` places instances on (what :meth:`_restarted` compares)."""
         return {worker: self._boots[worker] for worker in sorted(set(mapping.values())) if worker in self._boots}
 
-    async def _next_attempt(self, view: JobView, why: str, avoid: dict[str, set[str]]) -> str | None:
-        """The next attempt over the live workers (RECOVERING), or STALLED when none can take it."""
+    async def _next_attempt(
+        self, view: JobView, why: str, avoid: dict[str, set[str]], also: Sequence[Op] = ()
+    ) -> str | None:
+        """The next attempt over the live workers (RECOVERING), or STALLED when none can take it; ``also``:
+        steps of the same transaction."""
         assert view.assignment is not None
         topology = await self._topology(view)
         if not isinstance(topology, Topology):
@@ -450,7 +462,7 @@ class Leader:
             spread = await cpu_bound_tasks(self.store, topology.name)
             mapping = place(topology, loads, avoid, holders, spread)  # where the state is: a recovery moves little
         except DispatchError as exc:
-            return await self._move(view, JobState.STALLED, f"{why}; no live worker can take it: {exc}")
+            return await self._move(view, JobState.STALLED, f"{why}; no live worker can take it: {exc}", [*also])
         current, version = view.assignment
         attempt = int(current["attempt"]) + 1
         new: Assignment = {
@@ -460,7 +472,7 @@ class Leader:
             "boots": self._booted(mapping),
         }
         step = SetData(paths.assignment(view.name), new, version)
-        return await self._move(view, JobState.RECOVERING, f"attempt {attempt}: {why}", [step], attempt)
+        return await self._move(view, JobState.RECOVERING, f"attempt {attempt}: {why}", [step, *also], attempt)
 
     async def _crashed(self, view: JobView, errors: dict[str, dict[str, Any]]) -> str | None:
         """A task failed: instance failover when every error asks for a retry, else the job fails."""

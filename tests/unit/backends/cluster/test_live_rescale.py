@@ -91,8 +91,8 @@ def count_records_on(outcome: JobOutcome, attempt: int, worker: str) -> int:
 async def rescale(cluster: SimulatedCluster, job: str, instances: int) -> dict[str, object]:
     """Ask as ``streamlet rescale`` does and wait until the leader says it is done."""
     asked_at = time.time()
-    before = await client_changes.ask(cluster.store, job, reconfigure.request_node("count", instances))
-    return await client_changes.wait_done(cluster.store, job, before, asked_at, 30)
+    asked = await client_changes.ask(cluster.store, job, reconfigure.request_node("count", instances))
+    return await client_changes.wait_done(cluster.store, job, asked, asked_at, 30)
 
 
 @pytest.mark.parametrize("interval", [None, 0.05], ids=["no-checkpoints", "checkpoints"])
@@ -152,17 +152,27 @@ def stuck() -> sl.Topology:
 
 async def test_a_worker_lost_during_a_change_falls_back_to_the_next_attempt_exactly_once() -> None:
     """The change cannot finish (the count's output is held); the worker of count.0 dies: RECONFIGURING ->
-    RECOVERING, attempt 2 with the old layout, and the sink still holds every running count exactly once."""
+    RECOVERING, attempt 2 with the old layout, the client told so at once, and the sink still holds every running
+    count exactly once."""
     Hold.gate = asyncio.Event()
     try:
         async with SimulatedCluster(workers=3, capacity=4) as cluster:
             job = await cluster.submit(stuck, checkpoint_interval=0.05)
             await job.wait_for("RUNNING")
-            await client_changes.ask(cluster.store, "stuck", reconfigure.request_node("count", 3))
+            asked_at = time.time()
+            asked = await client_changes.ask(cluster.store, "stuck", reconfigure.request_node("count", 3))
             await job.wait_for("RECONFIGURING")
             victim = (await job.instances())["count.0"]
             await cluster.kill_worker(victim)
             await job.wait_for("RECOVERING")
+            # the client following the change hears at once that it was dropped, and why (not "not finished
+            # after 600 s" once its wait is over)
+            dropped = (
+                rf"^the cluster dropped the change \(lost {victim} during change 1\): job 'stuck' runs on in its old "
+                "shape, in a new attempt from its last checkpoint; ask again once it runs$"
+            )
+            with pytest.raises(sl.ReconfigurationError, match=dropped):
+                await client_changes.wait_done(cluster.store, "stuck", asked, asked_at, 600)
             Hold.gate.set()
             outcome = await job.outcome()
             layout = await cluster.store.get(paths.layout("stuck"))
