@@ -4,6 +4,7 @@ instance, rows as dicts, errors that follow ``on_error``."""
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 
@@ -84,6 +85,36 @@ def test_a_key_with_two_rows_is_a_lookup_error_that_skip_dead_letters(customers:
     ]  # fmt: skip
 
 
-def test_postgres_lookup_refuses_an_empty_query() -> None:
-    with pytest.raises(ValueError, match=r"^PostgresLookup: query must be a SELECT statement, got ' '$"):
+def test_postgres_lookup_refuses_an_empty_query_and_a_bound_that_is_no_time() -> None:
+    with pytest.raises(
+        ValueError, match=r"^PostgresLookup: query must be a SELECT statement or a table name, got ' '$"
+    ):
         sl.PostgresLookup("postgresql://x", " ", key="id")
+    with pytest.raises(ValueError, match=r"^PostgresLookup: reconnect_within must be seconds above 0, got 0$"):
+        sl.PostgresLookup("postgresql://x", "users", key="id", reconnect_within=0)
+
+
+async def test_a_table_name_is_a_query_of_all_its_rows(customers: str) -> None:
+    """'customers' as PostgresSource takes it (before: a SQL syntax error)."""
+    lookup = sl.PostgresLookup(customers, "customers", key="id")
+    assert await lookup([2]) == {2: {"id": 2, "name": "Bob Kahn", "tier": "silver"}}
+
+
+def test_a_database_out_of_reach_fails_the_join_naming_it_the_database_and_the_bound() -> None:
+    """Nothing listens at the DSN's port: after reconnect_within (0.5 s here, tried again meanwhile) the job fails
+    with a TaskError naming the join and its instance, the database (password masked) and the cause (before: a
+    bare ConnectionRefusedError after 30 s, naming neither)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        dsn = f"postgresql://app:S3cret@127.0.0.1:{port}/shop"
+        lookup = sl.PostgresLookup(dsn, "customers", key="id", reconnect_within=0.5)
+        with pytest.raises(sl.TaskError) as failed:
+            sl.run(orders(lookup))
+    assert re.fullmatch(
+        rf"task 'customer' instance 0 could not open its lookup: ConnectorError: PostgresLookup 'customers': "
+        rf"PostgreSQL at postgresql://app:\*\*\*@127\.0\.0\.1:{port}/shop not reachable within 0\.5 s: "
+        r"ConnectionRefusedError: .*",
+        str(failed.value),
+    ), str(failed.value)
+    assert "S3cret" not in str(failed.value)

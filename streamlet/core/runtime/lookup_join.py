@@ -18,6 +18,7 @@ not stored: it is only a cache.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from streamlet.core.runtime.async_calls import CALLING, DONE, EMITTED, UNCALLED,
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.instances import Environment
 from streamlet.core.runtime.outputs import RoutedOutputs
+from streamlet.errors import TaskError
 
 if TYPE_CHECKING:
     from streamlet.core.model.topology import Node
@@ -125,8 +127,13 @@ class LookupJoinInstance(MapAsyncInstance):
             self.lookup = task.lookup
             await super().run()
             return
-        async with connect() as lookup:
-            self.lookup = lookup
+        async with contextlib.AsyncExitStack() as opened:
+            try:
+                self.lookup = await opened.enter_async_context(connect())
+            except Exception as exc:  # say which join could not open it (the lookup says which database, why)
+                where = f"task '{self.node.name}' instance {self.index}"
+                message = f"{where} could not open its lookup: {type(exc).__name__}: {exc}"
+                raise TaskError(message, task=self.node.name, instance=self.index, key=None) from exc
             await super().run()
 
     def _full(self) -> bool:
