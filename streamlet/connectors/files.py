@@ -109,6 +109,10 @@ class FileSink(Sink):
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
 
+    def exactly_once_with_checkpoints(self) -> bool:
+        """Staged per checkpoint, renamed into place when it completes."""
+        return True
+
     def open(self, context: SinkContext) -> ElementWriter:
         """A writer for instance ``context.index``, staging under ``context.attempt``."""
         return _FileWriter(self.directory, context.index, context.attempt)

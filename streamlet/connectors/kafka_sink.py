@@ -124,6 +124,10 @@ class KafkaSink(Sink):
         self.producer_options = dict(producer_options or {})
         self.consumer_options = dict(consumer_options or {})
 
+    def exactly_once_with_checkpoints(self) -> bool:
+        """Transactional: its transactions commit with the checkpoints."""
+        return self.transactional
+
     def open(self, context: SinkContext) -> SinkWriter:
         """A writer for instance ``context.index``; it connects on first use."""
         require_aiokafka()

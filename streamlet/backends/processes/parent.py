@@ -52,7 +52,7 @@ from streamlet.backends.processes.placement import spread
 from streamlet.backends.processes.results import Checkpoints, PartReport, merged
 from streamlet.backends.processes.wire import Control
 from streamlet.core.model.topology import Topology
-from streamlet.core.model.validation import unconsumed_ports
+from streamlet.core.model.validation import surprising_defaults, unconsumed_ports
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import refuse_checkpoints_with_cycles
 from streamlet.core.runtime.job import JobResult, new_attempt
@@ -96,6 +96,8 @@ def run_in_processes(
             effect="records emitted there are dropped (counted in statistics.discarded)",
         )  # fmt: skip
     store: CheckpointStore | None = options.get("checkpoint_store")
+    for event, fields in surprising_defaults(resolved, checkpointed=store is not None):
+        log.warning(event, job=resolved.name, **fields)
     restore = None if store is None else _restore_point(store, options.get("from_savepoint"), resolved)
     job_options: dict[str, Any] = {name: options[name] for name in _JOB_OPTIONS if name in options}
     launch = Launch(

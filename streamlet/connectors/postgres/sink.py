@@ -98,6 +98,10 @@ class PostgresSink(Sink):
         self.conflict = None if conflict is None else tuple(conflict)
         self.batch_rows, self.on_error, self.reconnect_within = batch_rows, on_error, reconnect_within
 
+    def exactly_once_with_checkpoints(self) -> bool:
+        """Staged per checkpoint, moved into the table when it completes."""
+        return True
+
     def open(self, context: SinkContext) -> ElementWriter:
         """A writer for instance ``context.index``; it connects on first use."""
         require_asyncpg()

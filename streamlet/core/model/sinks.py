@@ -167,6 +167,12 @@ class Sink(ABC):
     #: instead of as elements made by the sending edge.
     takes_columns: ClassVar[bool] = False
 
+    def exactly_once_with_checkpoints(self) -> bool:
+        """Whether the sink stages its output per checkpoint and publishes it once the checkpoint completes:
+        exactly-once output, with checkpoints only (without them it is at-least-once, and a job that runs
+        one without checkpoints is warned at start)."""
+        return False
+
     @abstractmethod
     def open(self, context: SinkContext) -> Writer:
         """A writer for instance ``context.index``: a :class:`SinkWriter` or an :class:`ElementWriter`."""

@@ -220,3 +220,47 @@ def unconsumed_ports(topology: TopologyData) -> list[tuple[str, int]]:
         for port in range(node.outputs)
         if (node.name, port) not in wired
     ]
+
+
+def surprising_defaults(topology: TopologyData, checkpointed: bool) -> list[tuple[str, dict[str, str]]]:
+    """What a job does by default that its topology suggests the user did not mean: ``(event, fields)`` for one
+    warning each when it starts.
+
+    - A window on processing time (``TimeWindow(60)``'s default) fed, through any path, by a source that gives
+      event time (its ``watermarks`` set): its records are windowed by when they arrive, not by their ``ts``.
+    - A sink that is exactly-once only with checkpoints (``FileSink``, ``PostgresSink``, a transactional
+      ``KafkaSink``) in a job without them: its output is at-least-once.
+    """
+    found: list[tuple[str, dict[str, str]]] = []
+    for node in topology.nodes.values():
+        window = node.window
+        if node.kind == "task" and window is not None and getattr(window, "time", None) == "processing":
+            timed = sorted(
+                name for name in _upstream(topology, node.name) if topology.nodes[name].watermarks is not None
+            )
+            if timed:
+                found.append(("window on processing time fed by event time", {
+                    "task": node.name, "sources": ", ".join(timed),
+                    "effect": "records are windowed by when they arrive, not by their ts: pass time='event'",
+                }))  # fmt: skip
+        staged = node.kind == "sink" and node.sink is not None and node.sink.exactly_once_with_checkpoints()
+        if staged and not checkpointed:
+            found.append(("exactly-once sink without checkpoints", {
+                "sink": node.name,
+                "effect": "its output is at-least-once: give the job checkpoint_dir (or checkpoint_store) "
+                "and checkpoint_interval to make it exactly-once",
+            }))  # fmt: skip
+    return found
+
+
+def _upstream(topology: TopologyData, name: str) -> set[str]:
+    """Every node with a path to ``name``."""
+    seen: set[str] = set()
+    waiting = [name]
+    while waiting:
+        current = waiting.pop()
+        for edge in topology.edges:
+            if edge.downstream == current and edge.upstream not in seen:
+                seen.add(edge.upstream)
+                waiting.append(edge.upstream)
+    return seen

@@ -26,7 +26,7 @@ from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sinks import check_attempt
 from streamlet.core.model.sources import END_OF_FEED
 from streamlet.core.model.topology import Topology
-from streamlet.core.model.validation import unconsumed_ports
+from streamlet.core.model.validation import surprising_defaults, unconsumed_ports
 from streamlet.core.runtime.channel import ChannelFactory
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import Quiescence, refuse_checkpoints_with_cycles, refuse_cycles
@@ -177,8 +177,10 @@ class Job:
         self._began = self._ended = 0.0
         self._loop_lag: LoopLag | None = None  # how late this job's event loop runs (a real loop only)
         self.log = structlog.get_logger("streamlet").bind(job=self.name)
-        if placement is None:  # on a cluster the submitting client warns, not every worker
+        if placement is None:  # a part of a job placed over processes or workers: its launcher warns, once
             self._warn_unconsumed_ports()
+            for event, fields in surprising_defaults(topology, checkpointed=self._coordinator is not None):
+                self.log.warning(event, **fields)
 
     def _warn_unconsumed_ports(self) -> None:
         for node, port in unconsumed_ports(self.topology):
