@@ -117,7 +117,10 @@ def run_command(
             interval = checkpoint_interval or DEFAULT_CHECKPOINT_INTERVAL
             checkpoints = {"checkpoint_dir": state_dir, "checkpoint_interval": interval}
         tune_gc()  # this process is streamlet's own: the streaming GC policy (see streamlet.gc_policy)
-        result = run_topology(topology, batch_size=batch_size, processes=processes, **checkpoints)
+        if processes == 1 and not as_json and sys.stderr.isatty():  # someone watches: a progress line meanwhile
+            result = _run_watched(topology, batch_size=batch_size, **checkpoints)
+        else:
+            result = run_topology(topology, batch_size=batch_size, processes=processes, **checkpoints)
     except Exception as exc:  # noqa: BLE001 - user code too: one line and a non-zero exit, never a traceback
         _fail(exc)
     options = ReportOptions(rows, sort, resumed_from, state_dir)
@@ -139,6 +142,17 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{name} given twice", param_hint="'--param'")
         params[name] = value
     return params
+
+
+def _run_watched(topology: Any, **options: Any) -> Any:
+    """Run in this process with a progress line on stderr (see ``streamlet.run_progress``)."""
+    from rich.console import Console
+
+    from streamlet.backends.local import loop_options
+    from streamlet.run_progress import run_showing_progress
+
+    watched = partial(run_showing_progress, topology, Console(stderr=True), **options)
+    return anyio.run(watched, backend="asyncio", backend_options=loop_options(True))
 
 
 def _resume_point(state_dir: Path | None, job: str) -> int | None:

@@ -80,10 +80,10 @@ def run(
     if type(processes) is not int or processes != 1:
         from streamlet.backends.processes import run_in_processes
 
-        return run_in_processes(topology, processes, options, _backend_options(use_uvloop), adapt)
+        return run_in_processes(topology, processes, options, loop_options(use_uvloop), adapt)
     check_adapt(adapt, topology)
     run_job = partial(_run_job, topology, options, adapt)
-    return anyio.run(run_job, backend="asyncio", backend_options=_backend_options(use_uvloop))
+    return anyio.run(run_job, backend="asyncio", backend_options=loop_options(use_uvloop))
 
 
 def job_options(
@@ -153,7 +153,8 @@ async def adapting(job: Job, adapt: AdaptSettings | None) -> AsyncIterator[None]
             group.cancel_scope.cancel()
 
 
-def _backend_options(use_uvloop: bool) -> dict[str, Any]:
+def loop_options(use_uvloop: bool) -> dict[str, Any]:
+    """anyio's asyncio backend options: uvloop's loop when asked for and installed (not on Windows)."""
     if not use_uvloop or sys.platform == "win32":
         return {}
     try:
