@@ -40,6 +40,7 @@ class Submission:
     checkpoint: dict[str, Any] | None = None  # {"interval": seconds, "replicas": K or None (one when possible)}
     from_savepoint: Path | None = None  # start from this savepoint (on a path every worker reaches)
     adapt: dict[str, Any] | None = None  # AdaptSettings.to_data(): the adaptation policies it runs under
+    params: dict[str, str] = field(default_factory=dict)  # --param: the building function's arguments, as text
 
 
 Watcher = Callable[[ClusterStore, dict[str, Any]], Awaitable[None]]  # sees each status read while waiting
@@ -53,7 +54,9 @@ async def submit_and_wait(
     status read to ``watch`` (``submit``'s progress line)."""
     secret = _secret_of(settings, "submit")
     async with settings.open() as store:  # the secret is checked before any code is loaded
-        spec = job_commands.new_spec(submission.target, submission.parallelism, submission.checkpoint, submission.adapt)
+        spec = job_commands.new_spec(
+            submission.target, submission.parallelism, submission.checkpoint, submission.adapt, submission.params
+        )
         if submission.from_savepoint is not None:
             if spec["checkpoint"] is None:
                 raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
@@ -180,6 +183,8 @@ def describe_listed(status: dict[str, Any]) -> str:
     lines = [f"{status['job']:<24} {status['state']:<13} attempt {status['attempt']:<3} workers: {workers}"]
     why = "failed: " if status["state"] == JobState.FAILED.value else ""
     lines.append(f"{'':<24} {why}{status['reason']}")
+    if status.get("params"):
+        lines.append(f"{'':<24} params: {', '.join(f'{k}={v}' for k, v in sorted(status['params'].items()))}")
     letters = dead_letters_of(status["done"])
     if letters.count:
         shown = f" (the first {len(letters.first)})" if len(letters.first) < letters.count else ""

@@ -22,14 +22,17 @@ def new_spec(
     parallelism: dict[str, int],
     checkpoint: dict[str, Any] | None,
     adapt: dict[str, Any] | None = None,
+    params: dict[str, str] | None = None,
 ) -> JobSpec:
-    """An unsigned spec; a file target is made absolute so that every worker finds the same file."""
+    """An unsigned spec; a file target is made absolute so that every worker finds the same file. ``params``
+    (``--param``) go to the function that builds the topology, in every process that builds it, exactly as
+    ``streamlet run`` passes them: nothing of the submitting shell's environment reaches the cluster."""
     location, colon, name = target.partition(":")
     if location.endswith(".py"):
         target = str(Path(location).resolve()) + colon + name
     return {
         "target": target, "parallelism": parallelism, "checkpoint": checkpoint, "submitted": world.wall_time(),
-        "uid": world.token_hex(6), "adapt": adapt,
+        "uid": world.token_hex(6), "adapt": adapt, "params": dict(params or {}),
     }  # fmt: skip
 
 

@@ -24,7 +24,9 @@ from streamlet.loading import load_topology
 def topology_of(spec: JobSpec | dict[str, Any]) -> Topology:
     """Load and validate the job's topology from its reference; refuse what the cluster cannot run."""
     # from the bytes the spec signs (when signed): an edited file resubmitted is new code, never a cached copy
-    topology = load_topology(spec["target"], spec.get("parallelism") or {}, digest=spec.get("module_sha256"))
+    topology = load_topology(
+        spec["target"], spec.get("parallelism") or {}, spec.get("params") or {}, digest=spec.get("module_sha256")
+    )
     topology.validate()
     if spec.get("checkpoint") is not None:
         refuse_checkpoints_with_cycles(topology)  # at submit, before anything is written or started
@@ -60,6 +62,7 @@ async def job_status(store: ClusterStore, job: str) -> dict[str, Any]:
     done = await read_all(store, paths.done(job, attempt)) if attempt else {}
     held = {} if assignment is None else await held_instances(store, job, assignment.data)
     decisions = await read_all(store, paths.decisions(job))
+    spec = await store.get(paths.spec(job))
     state = state_of(node)
     errors = [node["reason"]] if state == JobState.FAILED else []
     return {
@@ -68,6 +71,7 @@ async def job_status(store: ClusterStore, job: str) -> dict[str, Any]:
         "workers": sorted(set(held.values())), "instances": held,
         "started": node.get("started"), "ended": node.get("ended"), "done": done, "errors": errors,
         "decisions": [decisions[name] for name in sorted(decisions)],
+        "params": {} if spec is None else dict(spec.data.get("params") or {}),
     }  # fmt: skip
 
 
@@ -87,7 +91,7 @@ def public(status: dict[str, Any]) -> dict[str, Any]:
     ``{"count": N, "first": [...]}``, added up over the current attempt's reports."""
     keys = (
         "name", "state", "reason", "attempt", "reconfigurations", "workers", "instances", "decisions", "started",
-        "ended",
+        "ended", "params",
     )  # fmt: skip
     letters = dead_letters_of(status["done"])
     return {**{key: status[key] for key in keys}, "dead_letters": {"count": letters.count, "first": letters.first}}
