@@ -545,6 +545,12 @@ def _cluster_options(command: Any) -> Any:
     help=f"pass NAME=VALUE to the function that builds the topology, in every process that builds it (as "
     f"'streamlet run' does; recorded in the signed spec, listed by 'jobs'; repeatable). {PARAM_RULE}",
 )  # fmt: skip
+@click.option(
+    "--spread", is_flag=True,
+    help="put each node's instances on different workers from the start (default: co-located on as few workers "
+    "as fit, which keeps records off the network; the adaptation's 'spread' policy moves CPU-bound tasks later, "
+    "'streamlet rebalance' moves instances of a running job)",
+)  # fmt: skip
 @click.option("--wait/--no-wait", default=True, show_default=True, help="wait until the job ends")
 @click.option(
     "--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="seconds to wait"
@@ -577,8 +583,8 @@ def _cluster_options(command: Any) -> Any:
 @click.option("--adapt-cooldown", default=6.0, show_default=True, type=float, help="seconds after a decision")
 @_cluster_options
 def submit_command(
-    target: str, job_name: str | None, parallelism: tuple[str, ...], params: dict[str, str], wait: bool,
-    timeout: float,
+    target: str, job_name: str | None, parallelism: tuple[str, ...], params: dict[str, str], spread: bool,
+    wait: bool, timeout: float,
     results: Path | None, checkpoint_interval: float | None, replicas: int | None, replica_placement: str,
     from_savepoint: Path | None, adapt: str | None, bounds: tuple[str, ...], adapt_interval: float,
     adapt_cooldown: float, zk: str | None, cluster: str | None, state_dir: Path,
@@ -601,7 +607,9 @@ def submit_command(
             raise click.UsageError(
                 "--replicas and --replica-placement need --checkpoint-interval (they copy checkpoints)"
             )
-        submission = cluster_client.Submission(target, job_name, counts, checkpoint, from_savepoint, adapting, params)
+        submission = cluster_client.Submission(
+            target, job_name, counts, checkpoint, from_savepoint, adapting, params, spread
+        )
         settings = _settings(zk, cluster, state_dir, _client_secret("submit", state_dir))
         with _progress(wait) as watch:
             run = partial(cluster_client.submit_and_wait, watch=watch)

@@ -41,6 +41,7 @@ class Submission:
     from_savepoint: Path | None = None  # start from this savepoint (on a path every worker reaches)
     adapt: dict[str, Any] | None = None  # AdaptSettings.to_data(): the adaptation policies it runs under
     params: dict[str, str] = field(default_factory=dict)  # --param: the building function's arguments, as text
+    spread: bool = False  # --spread: every node's instances over different workers from the start
 
 
 Watcher = Callable[[ClusterStore, dict[str, Any]], Awaitable[None]]  # sees each status read while waiting
@@ -55,7 +56,12 @@ async def submit_and_wait(
     secret = _secret_of(settings, "submit")
     async with settings.open() as store:  # the secret is checked before any code is loaded
         spec = job_commands.new_spec(
-            submission.target, submission.parallelism, submission.checkpoint, submission.adapt, submission.params
+            submission.target,
+            submission.parallelism,
+            submission.checkpoint,
+            submission.adapt,
+            submission.params,
+            submission.spread,
         )
         if submission.from_savepoint is not None:
             if spec["checkpoint"] is None:

@@ -27,7 +27,7 @@ leader's epoch, which workers check too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,7 +295,8 @@ class Leader:
         if not isinstance(topology, Topology):
             return await self._cannot_run(view, topology)
         loads = await live_loads(self.store, self.clock(), since=self.seeing_since)
-        spread = await cpu_bound_tasks(self.store, topology.name)
+        hinted_tasks = await cpu_bound_tasks(self.store, topology.name)
+        spread = self._spread(view, topology, hinted_tasks)
         try:
             mapping = place(topology, loads, spread=spread)
         except DispatchError as exc:
@@ -304,9 +305,18 @@ class Leader:
             "epoch": self.epoch, "attempt": 1, "instances": mapping, "boots": self._booted(mapping),
         }  # fmt: skip
         workers_ = ", ".join(sorted(set(mapping.values())))
-        hinted = f" ({', '.join(sorted(spread))} spread: CPU hint)" if spread else ""
+        if view.spec.get("spread"):
+            hinted = " (every node's instances spread: --spread)"
+        else:
+            hinted = f" ({', '.join(sorted(spread))} spread: CPU hint)" if spread else ""
         created = Create(paths.assignment(view.name), assignment)
         return await self._move(view, JobState.SCHEDULED, f"assigned to {workers_}{hinted}", [created], attempt=1)
+
+    @staticmethod
+    def _spread(view: JobView, topology: Topology, hinted: Collection[str]) -> set[str]:
+        """The nodes whose instances go to different workers while some have room: those a CPU hint names,
+        and with ``submit --spread`` every node (co-location otherwise keeps a job on as few workers as fit)."""
+        return set(hinted) | (set(topology.nodes) if view.spec.get("spread") else set())
 
     async def _topology(self, view: JobView) -> Topology | str | None:
         """The job's topology as live changes left it, why it cannot run (a bad signature, code that does not
@@ -459,7 +469,7 @@ class Leader:
         try:
             loads = await live_loads(self.store, self.clock(), exclude=view.name, since=self.seeing_since)
             holders = await state_holders(self.store, view.name, view.assignment.data)
-            spread = await cpu_bound_tasks(self.store, topology.name)
+            spread = self._spread(view, topology, await cpu_bound_tasks(self.store, topology.name))
             mapping = place(topology, loads, avoid, holders, spread)  # where the state is: a recovery moves little
         except DispatchError as exc:
             return await self._move(view, JobState.STALLED, f"{why}; no live worker can take it: {exc}", [*also])

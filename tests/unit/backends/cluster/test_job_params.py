@@ -50,3 +50,25 @@ async def test_without_params_a_function_that_needs_one_is_refused_naming_it(clu
     with pytest.raises(StreamletError, match=missing):
         jobs.topology_of(job_commands.new_spec(cluster.module(WIDE), {}, None))
     assert await cluster.client.get(paths.spec("wide")) is None
+
+
+async def placed(cluster: MemoryCluster, job: str, spread: bool) -> dict[str, set[str]]:
+    """Node -> the workers its instances went to, for ``job`` (WIDE at width 3) submitted with or without spread."""
+    spec = job_commands.new_spec(cluster.module(WIDE), {}, None, params={"width": "3"}, spread=spread)
+    await job_commands.submit(cluster.client, job, spec, SECRET)
+    await cluster.leader.round()
+    found: dict[str, set[str]] = {}
+    for instance, worker in (await cluster.assignment(job))["instances"].items():  # type: ignore[attr-defined]
+        found.setdefault(paths.task_of(instance), set()).add(worker)
+    return found
+
+
+async def test_spread_puts_each_nodes_instances_on_different_workers_from_the_start(cluster: MemoryCluster) -> None:
+    """Three workers with room for everything: co-located by default (one worker), spread with --spread."""
+    for worker in ("w0", "w1", "w2"):
+        await cluster.add_worker(worker, capacity=16)
+    assert [len(workers) for workers in (await placed(cluster, "together", spread=False)).values()] == [1, 1, 1]
+    apart = await placed(cluster, "apart", spread=True)
+    assert (len(apart["spread"]), apart["spread"] <= {"w0", "w1", "w2"}) == (3, True)
+    state, reason = await cluster.state("apart")
+    assert (state, reason.endswith("(every node's instances spread: --spread)")) == ("SCHEDULED", True)
