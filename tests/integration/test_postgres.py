@@ -147,6 +147,20 @@ def test_an_unknown_table_fails_the_attempt(postgres_dsn: str) -> None:
         sl.run(topology)
 
 
+@pytest.mark.parametrize(("table", "cause"), [("my table", "InvalidNameError"), ("a.b.c.d", "PostgresSyntaxError")])
+def test_a_table_name_the_catalog_cannot_read_fails_naming_it(postgres_dsn: str, table: str, cause: str) -> None:
+    """An unquotable name is a SinkError naming it and saying what a name looks like (not a bare InvalidNameError)."""
+    topology = sl.Topology("bad-table-name")
+    topology.add_sink("out", sl.PostgresSink(postgres_dsn, table)).set_input(topology.add_source("in", [1]))
+    with pytest.raises(sl.SinkError) as failed:
+        sl.run(topology)
+    assert str(failed.value).startswith(
+        f"sink 'out' instance 0 failed writing to table {table!r}: it is no table name PostgreSQL reads (name or "
+        "schema.name; quote what needs it, '\"My Table\"'): "
+    ), str(failed.value)
+    assert type(failed.value.__cause__).__name__ == cause
+
+
 def test_a_server_not_back_within_the_bound_fails_with_the_cause(tmp_path: Path) -> None:
     """Nothing listens at the DSN: after reconnect_within seconds the attempt fails, naming the server."""
     dsn = "postgresql://postgres:secret@127.0.0.1:9/nothing"

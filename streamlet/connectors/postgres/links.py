@@ -106,6 +106,10 @@ class WriterLinks:
             table, columns = await schema.table_columns(connection, self.sink.table)
         except exceptions.UndefinedTableError as exc:
             raise self._error(f"writing to table {self.sink.table!r}: it does not exist", exc) from exc
+        except (exceptions.InvalidNameError, exceptions.PostgresSyntaxError) as exc:  # 'my table', 'a.b.c.d'
+            # the one statement here is "SELECT $1::regclass": a syntax error in it is the name's
+            why = "it is no table name PostgreSQL reads (name or schema.name; quote what needs it, '\"My Table\"')"
+            raise self._error(f"writing to table {self.sink.table!r}: {why}", exc) from exc
         names = self.names
         unknown = [name for name in (*names, *(self.sink.conflict or ())) if name not in columns]
         if unknown:
