@@ -8,24 +8,29 @@ opened with it, and ZooKeeper refuses writes from anyone without it).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 
 from streamlet.adaptation.rebalance import Migration
 from streamlet.backends.cluster.client import job_commands, live_changes, savepoints
 from streamlet.backends.cluster.tree import jobs, rebalancing
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree.lifecycle import JobState
-from streamlet.backends.cluster.tree.paths import ReconfigureRequest
+from streamlet.backends.cluster.tree.outline import BUILD_SECONDS
+from streamlet.backends.cluster.tree.paths import JobSpec, ReconfigureRequest
 from streamlet.backends.cluster.tree.reports import dead_letters_of
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.backends.cluster.tree.zk import StoreSettings, ZkStore
 from streamlet.core.model import world
-from streamlet.errors import CoordinationError, JobError
+from streamlet.core.model.topology import Topology
+from streamlet.errors import BuildFailed, CoordinationError, JobError
 
 POLL = 0.1
 
@@ -45,6 +50,37 @@ class Submission:
 
 
 Watcher = Callable[[ClusterStore, dict[str, Any]], Awaitable[None]]  # sees each status read while waiting
+
+
+async def build_within(spec: JobSpec, seconds: float) -> Topology:
+    """The spec's topology, built here (its errors raised as they are) in a thread of its own, within ``seconds``:
+    a build that never returns (a loop, a wait for what never comes) is a :class:`BuildFailed` saying so, and
+    nothing is submitted. (The thread is a daemon's: the command exits without it. The cluster bounds its own
+    builds the same way, in a process it kills.)"""
+    outcome: dict[str, Any] = {}
+    finished = anyio.Event()
+    token = anyio.lowlevel.current_token()
+
+    def build() -> None:
+        try:
+            outcome["topology"] = jobs.topology_of(spec)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there as it was
+            outcome["error"] = exc
+        with contextlib.suppress(RuntimeError):  # the caller gave up and its loop is gone
+            anyio.from_thread.run_sync(finished.set, token=token)
+
+    threading.Thread(target=build, name="build-topology", daemon=True).start()
+    with anyio.move_on_after(seconds):
+        await finished.wait()
+    if "error" in outcome:
+        raise outcome["error"]
+    if "topology" not in outcome:
+        raise BuildFailed(
+            f"building the topology of {spec['target']} took longer than {seconds:g} s in this client (it never "
+            "returned: a loop, or a wait for something that does not come); nothing was submitted"
+        )
+    topology: Topology = outcome["topology"]
+    return topology
 
 
 async def submit_and_wait(
@@ -67,7 +103,7 @@ async def submit_and_wait(
             if spec["checkpoint"] is None:
                 raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
             spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, spec)
-        name = job_commands.check_job_name(submission.job or jobs.topology_of(spec).name)
+        name = job_commands.check_job_name(submission.job or (await build_within(spec, BUILD_SECONDS)).name)
         await job_commands.submit(store, name, spec, secret)
         status = await jobs.job_status(store, name)
         if not wait:
