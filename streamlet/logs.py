@@ -19,6 +19,7 @@ environment (:meth:`LogSettings.environment`), where the options read them.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -61,6 +62,29 @@ class LogSettings:
     def from_data(cls, data: dict[str, Any] | None) -> LogSettings | None:
         """Settings as ``cluster.json`` records them (``None``: none recorded)."""
         return None if data is None else cls(str(data["level"]), str(data["format"]))
+
+
+class RepeatedLibraryLines(logging.Filter):
+    """Lets a library's line through once per ``window`` seconds per *shape* (its text with numbers and
+    addresses taken out): kazoo says "Connection dropped: ..." for every try while a ZooKeeper member is down,
+    thirteen lines for one event; the first says it, the rest say nothing new. streamlet's own lines all pass."""
+
+    LIBRARIES = ("kazoo", "aiokafka")
+
+    def __init__(self, window: float = 60.0) -> None:
+        super().__init__()
+        self.window = window
+        self._shown: dict[tuple[str, str], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.LIBRARIES):
+            return True
+        shape = (record.name, re.sub(r"[0-9a-fA-F.:\[\]]*[0-9][0-9a-fA-F.:\[\]]*", "#", record.getMessage()))
+        last = self._shown.get(shape)
+        if last is not None and record.created - last < self.window:
+            return False
+        self._shown[shape] = record.created
+        return True
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -113,6 +137,7 @@ def configure_logging(settings: LogSettings) -> None:
         structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer,
     ]))  # fmt: skip
     handler.set_name("streamlet")
+    handler.addFilter(RepeatedLibraryLines())
     root = logging.getLogger()
     for old in [h for h in root.handlers if h.get_name() == "streamlet"]:
         root.removeHandler(old)

@@ -102,3 +102,26 @@ def test_unknown_settings_are_refused() -> None:
         LogSettings("loud")
     with pytest.raises(ValueError, match=r"^log format 'xml' is not one of console, json$"):
         LogSettings("info", "xml")
+
+
+def test_a_librarys_repeated_line_is_shown_once_and_streamlets_own_lines_all(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """13 kazoo warnings for one member down (each try, another address or errno): one line; a different one
+    passes; streamlet's own repeated lines are never held back."""
+    configure_logging(LogSettings(level="warning", format="json"))  # the fixture gives logging back after
+    kazoo = logging.getLogger("kazoo.client")
+    refused = "Connection dropped: socket connection error: Connection refused (127.0.0.%d:%d)"
+    for attempt in range(13):
+        kazoo.warning(refused, 2 + attempt % 3, 2181 + attempt)
+    kazoo.warning("Session expired")
+    own = structlog.get_logger("streamlet.test")
+    own.warning("data link down")
+    own.warning("data link down")
+    events = [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()]
+    assert events == [
+        "Connection dropped: socket connection error: Connection refused (127.0.0.2:2181)",
+        "Session expired",
+        "data link down",
+        "data link down",
+    ]

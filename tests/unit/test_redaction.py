@@ -11,6 +11,7 @@ import structlog
 from streamlet.backends.cluster.tree.lifecycle import JobState, moved, submitted
 from streamlet.logs import LogSettings, configure_logging
 from streamlet.redaction import redacted, scrub
+from tests.support.logging_state import restored_logging
 
 SECRET = "S3cret"
 
@@ -57,13 +58,14 @@ def test_a_job_failure_reason_is_recorded_without_the_password() -> None:
 
 def test_a_log_line_is_written_without_the_password(capsys: pytest.CaptureFixture[str]) -> None:
     """The processes' logs (JSON here): every text of a line, the event and its values, is scrubbed."""
-    configure_logging(LogSettings(level="info", format="json"))
-    try:
-        structlog.get_logger("streamlet.test").warning(
-            "connection lost to postgresql://u:S3cret@h/db", error="ConnectionRefusedError: host=h password=S3cret"
-        )
-    finally:
-        structlog.reset_defaults()
+    with restored_logging():
+        configure_logging(LogSettings(level="info", format="json"))
+        try:
+            structlog.get_logger("streamlet.test").warning(
+                "connection lost to postgresql://u:S3cret@h/db", error="ConnectionRefusedError: host=h password=S3cret"
+            )
+        finally:
+            structlog.reset_defaults()
     [line] = capsys.readouterr().err.splitlines()
     entry = json.loads(line)
     assert SECRET not in line
