@@ -143,6 +143,16 @@ async def staged_instances(connection: Any, submission: str, sink: str, run: str
     return [(rows_table(table), instance) for table, instance in found]
 
 
+LINEAGE = "sink = $1 AND attempt <> $2 AND starts_with(attempt, $3)"
+
+
+async def drop_lineage(connection: Any, sink: str, lineage: str, run: str) -> None:
+    """Delete what earlier attempts of ``lineage`` (one submission: runs named ``<lineage>.<n>``) staged for
+    ``sink``: an attempt ``run`` that starts from nothing follows attempts no checkpoint completed for, so no
+    commit can publish their batches any more."""
+    await delete_batches(connection, LINEAGE, sink, run, f"{lineage}.")
+
+
 async def drop_aborted(
     connection: Any, submission: str, sink: str, keep: Sequence[str], restored: str | None, epoch: int
 ) -> None:

@@ -203,6 +203,8 @@ class PostgresWriter(WriterLinks, ElementWriter):
         context = self.context
         restored = None if point is None else point.attempt
         self.submission = await self._submission(connection, restored)
+        if point is None and context.lineage is not None:  # from nothing: earlier attempts' staging is garbage
+            await epochs.drop_lineage(connection, context.node, context.lineage, context.attempt)
         if point is None or restored is None:
             return
         found = await epochs.staged_instances(connection, self.submission, context.node, restored, point.epoch)

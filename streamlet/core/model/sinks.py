@@ -36,6 +36,11 @@ class SinkContext:
     this run of the job: a transactional writer stages under it, so two runs of
     the same instance (a restarted one and a stale one still running) never
     write into each other's files. It is a safe file name (see :func:`check_attempt`).
+    ``lineage`` is shared by the attempts that continue one submission (a
+    cluster job's attempt ``N + 1`` after a failover; ``None`` in-process,
+    where each run stands alone): an attempt that starts from nothing (no
+    checkpoint completed) may discard what earlier attempts of its lineage
+    staged, which no commit can publish any more.
     """
 
     node: str
@@ -43,6 +48,7 @@ class SinkContext:
     parallelism: int
     job_id: str = "local"
     attempt: str = "0"
+    lineage: str | None = None
 
     def __post_init__(self) -> None:
         check_attempt(self.attempt)

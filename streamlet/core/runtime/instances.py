@@ -85,6 +85,7 @@ class Environment:
     checkpoints: CheckpointAcks | None = None
     job_id: str = "local"  # the job, the same in every run (see ``SinkContext``)
     attempt: str = "0"  # this run of the job
+    lineage: str | None = None  # what the attempts of one submission share (a cluster's: see ``SinkContext``)
     on_idle: Callable[[], None] | None = None  # set while ``Job.settle`` waits: an instance went idle
     event_time: bool = False  # watermarks flow: the job has event-time windows or sources that declare them
     reconfiguration: ActiveReconfiguration | None = None  # a rescale or segment move under way
@@ -684,7 +685,7 @@ class SinkInstance(Receiver):
     def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
         assert node.sink is not None
-        context = SinkContext(node.name, index, node.parallelism, env.job_id, env.attempt)
+        context = SinkContext(node.name, index, node.parallelism, env.job_id, env.attempt, env.lineage)
         with self._failing("to open"):
             self.writer: Writer = node.sink.open(context)
         self._async = inspect.iscoroutinefunction(self.writer.write)

@@ -89,7 +89,8 @@ class Job:
     (default: a new random one). Both reach sinks through ``SinkContext``,
     and checkpoints record the attempt that took them, so a restore
     publishes what that run staged. A cluster passes its own, and its job's
-    ``name`` for the log lines (default: the topology's name).
+    ``name`` for the log lines (default: the topology's name), and a
+    ``lineage`` its attempts of one submission share (see ``SinkContext``).
 
     ``cpu_turns(fill)`` schedules the instances on the event loop: how many
     batches an instance takes before the others run, given its input queue's
@@ -120,6 +121,7 @@ class Job:
         cpu_turns: Callable[[float], int] | None = None,
         name: str | None = None,
         loop_warning: float | None = None,
+        lineage: str | None = None,
     ) -> None:
         if not isinstance(topology, Topology):
             raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
@@ -142,7 +144,13 @@ class Job:
         self._channel_capacity = channel_capacity
         self.name = name or topology.name  # what its log lines call it (a cluster job may be named apart)
         self._env = Environment(
-            batch_size, self.clock, job_id=self.job_id, attempt=self.attempt, turns=cpu_turns, job=self.name
+            batch_size,
+            self.clock,
+            job_id=self.job_id,
+            attempt=self.attempt,
+            turns=cpu_turns,
+            job=self.name,
+            lineage=lineage,
         )
         self._env.event_time = topology.uses_event_time()
         self._env.loop_warning = _loop_warning(default_loop_warning() if loop_warning is None else loop_warning)

@@ -512,6 +512,7 @@ class WorkerJobs:
             topology, channel_factory=LocalChannel, placement=placement,
             coordinator=None if checkpoints is None else checkpoints.coordinator(),
             job_id=f"{self.zk.cluster}.{job}", attempt=run, name=job,  # sinks stage per run; Kafka ids per job
+            lineage=f"{job}.{spec['uid']}",  # every attempt of this submission: a fresh one cleans the others' staging
             quiescence=ClusterQuiescence(self.zk, LoopAttempt(job, attempt, self.me, attempt_workers(assignment))),
         )  # fmt: skip
         part.built = running
