@@ -144,6 +144,30 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, str]:
     return params
 
 
+def _parse_secret_params(items: tuple[str, ...]) -> dict[str, str]:
+    """``("dsn=@/etc/app/dsn",)`` -> ``{"dsn": <the file's text, without its trailing newline>}``. A value on
+    the command line is refused: it would show in ``ps`` and the shell's history."""
+    params: dict[str, str] = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        name = name.strip()
+        if not equals or not name.isidentifier() or not value.startswith("@"):
+            raise click.BadParameter(
+                f"expected NAME=@FILE (the value read from FILE: on the command line it would show in ps and the "
+                f"shell's history), got {name + '=...' if equals else repr(item)}",
+                param_hint="'--secret-param'",
+            )
+        if name in params:
+            raise click.BadParameter(f"{name} given twice", param_hint="'--secret-param'")
+        try:
+            params[name] = Path(value[1:]).read_text(encoding="utf-8").rstrip("\n")
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot read {value[1:]}: {exc.strerror}", param_hint="'--secret-param'"
+            ) from None
+    return params
+
+
 def _run_watched(topology: Any, **options: Any) -> Any:
     """Run in this process with a progress line on stderr (see ``streamlet.run_progress``)."""
     from rich.console import Console
@@ -546,6 +570,13 @@ def _cluster_options(command: Any) -> Any:
     f"'streamlet run' does; recorded in the signed spec, listed by 'jobs'; repeatable). {PARAM_RULE}",
 )  # fmt: skip
 @click.option(
+    "--secret-param", "secret_params", multiple=True, metavar="NAME=@FILE",
+    callback=lambda _c, _p, v: _parse_secret_params(v),
+    help="pass NAME to the function that builds the topology, its value read from FILE (a DSN with its password): "
+    "sealed with the cluster secret in the spec, opened only where the topology is built, never shown "
+    "(jobs lists its name); repeatable",
+)  # fmt: skip
+@click.option(
     "--spread", is_flag=True,
     help="put each node's instances on different workers from the start (default: co-located on as few workers "
     "as fit, which keeps records off the network; the adaptation's 'spread' policy moves CPU-bound tasks later, "
@@ -583,8 +614,8 @@ def _cluster_options(command: Any) -> Any:
 @click.option("--adapt-cooldown", default=6.0, show_default=True, type=float, help="seconds after a decision")
 @_cluster_options
 def submit_command(
-    target: str, job_name: str | None, parallelism: tuple[str, ...], params: dict[str, str], spread: bool,
-    wait: bool, timeout: float,
+    target: str, job_name: str | None, parallelism: tuple[str, ...], params: dict[str, str],
+    secret_params: dict[str, str], spread: bool, wait: bool, timeout: float,
     results: Path | None, checkpoint_interval: float | None, replicas: int | None, replica_placement: str,
     from_savepoint: Path | None, adapt: str | None, bounds: tuple[str, ...], adapt_interval: float,
     adapt_cooldown: float, zk: str | None, cluster: str | None, state_dir: Path,
@@ -607,8 +638,11 @@ def submit_command(
             raise click.UsageError(
                 "--replicas and --replica-placement need --checkpoint-interval (they copy checkpoints)"
             )
+        clash = sorted(set(params) & set(secret_params))
+        if clash:
+            raise click.UsageError(f"{', '.join(clash)} given as --param and --secret-param")
         submission = cluster_client.Submission(
-            target, job_name, counts, checkpoint, from_savepoint, adapting, params, spread
+            target, job_name, counts, checkpoint, from_savepoint, adapting, params, spread, secret_params
         )
         settings = _settings(zk, cluster, state_dir, _client_secret("submit", state_dir))
         with _progress(wait) as watch:

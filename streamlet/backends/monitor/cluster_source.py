@@ -33,7 +33,7 @@ class ClusterSource:
         self.zookeepers = zookeepers  # the connect string: each member's mode is shown, and a lost quorum said
         self.zookeeper_tls = zookeeper_tls  # members reached on their TLS client ports are asked over TLS
         self.secret = secret
-        self.outlines = Outlines() if outlines is None else outlines  # the leader's: each job built once
+        self.outlines = Outlines(secret=secret) if outlines is None else outlines  # the leader's: each job built once
         self._graphs: dict[str, dict[str, Any]] = {}  # spec uid -> graph
 
     async def read(self) -> Reading:

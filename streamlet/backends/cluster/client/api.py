@@ -26,6 +26,7 @@ from streamlet.backends.cluster.tree.lifecycle import JobState
 from streamlet.backends.cluster.tree.outline import BUILD_SECONDS
 from streamlet.backends.cluster.tree.paths import JobSpec, ReconfigureRequest
 from streamlet.backends.cluster.tree.reports import dead_letters_of
+from streamlet.backends.cluster.tree.sealed import seal
 from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.backends.cluster.tree.zk import StoreSettings, ZkStore
 from streamlet.core.model import world
@@ -47,6 +48,7 @@ class Submission:
     adapt: dict[str, Any] | None = None  # AdaptSettings.to_data(): the adaptation policies it runs under
     params: dict[str, str] = field(default_factory=dict)  # --param: the building function's arguments, as text
     spread: bool = False  # --spread: every node's instances over different workers from the start
+    secret_params: dict[str, str] = field(default_factory=dict)  # --secret-param: sealed in the spec, never shown
 
 
 Watcher = Callable[[ClusterStore, dict[str, Any]], Awaitable[None]]  # sees each status read while waiting
@@ -99,11 +101,15 @@ async def submit_and_wait(
             submission.params,
             submission.spread,
         )
+        # built here with the secret parameters in clear; recorded with them sealed (``tree.sealed``)
+        plain: JobSpec = {**spec, "params": {**spec["params"], **submission.secret_params}}
         if submission.from_savepoint is not None:
             if spec["checkpoint"] is None:
                 raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
-            spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, spec)
-        name = job_commands.check_job_name(submission.job or (await build_within(spec, BUILD_SECONDS)).name)
+            spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, plain)
+        name = job_commands.check_job_name(submission.job or (await build_within(plain, BUILD_SECONDS)).name)
+        if submission.secret_params:
+            spec["sealed"] = seal(submission.secret_params, secret, spec["uid"])
         await job_commands.submit(store, name, spec, secret)
         status = await jobs.job_status(store, name)
         if not wait:
@@ -161,7 +167,7 @@ async def change(settings: StoreSettings, job: str, request: ReconfigureRequest,
     """Ask for a live change of running ``job`` and wait until the leader has carried it out (or refused it)."""
     async with settings.open() as store:
         asked_at = world.wall_time()
-        asked = await live_changes.ask(store, job, request)
+        asked = await live_changes.ask(store, job, request, settings.secret)
         return await live_changes.wait_done(store, job, asked, asked_at, seconds)
 
 
@@ -171,9 +177,9 @@ async def rebalance(
     """Spread running ``job`` over the live workers by live migrations, one after the other (``dry_run``:
     only say which); returns the moves and the job's status after them."""
     async with settings.open() as store:
-        moves = await rebalancing.planned_moves(store, job, world.wall_time())
+        moves = await rebalancing.planned_moves(store, job, world.wall_time(), settings.secret)
         if not dry_run:
-            await live_changes.carry_out(store, job, moves, seconds)
+            await live_changes.carry_out(store, job, moves, seconds, settings.secret)
         return moves, await jobs.job_status(store, job)
 
 
@@ -227,6 +233,8 @@ def describe_listed(status: dict[str, Any]) -> str:
     lines.append(f"{'':<24} {why}{status['reason']}")
     if status.get("params"):
         lines.append(f"{'':<24} params: {', '.join(f'{k}={v}' for k, v in sorted(status['params'].items()))}")
+    if status.get("secret_params"):
+        lines.append(f"{'':<24} secret params: {', '.join(f'{name}=(sealed)' for name in status['secret_params'])}")
     letters = dead_letters_of(status["done"])
     if letters.count:
         shown = f" (the first {len(letters.first)})" if len(letters.first) < letters.count else ""

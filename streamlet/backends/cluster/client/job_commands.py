@@ -53,7 +53,7 @@ async def submit(store: ClusterStore, job: str, spec: JobSpec, secret: bytes) ->
     """Record a signed job, SUBMITTED; the leader schedules it. The topology is loaded here first, to fail early."""
     check_job_name(job)
     signed = sign(spec, secret)  # the digest of the bytes read once; the check loads exactly those
-    topology = topology_of(signed)
+    topology = topology_of(signed, secret)
     if "shed" in (spec.get("adapt") or {}).get("policies", ()) and topology.qos is None:
         raise JobError(f"--adapt shed keeps a QoS: topology '{topology.name}' has none (topology.set_qos(...))")
     await _refuse_replicas_beyond_workers(store, spec.get("checkpoint"))

@@ -29,7 +29,7 @@ class Asked:
     attempt: int
 
 
-async def ask(store: ClusterStore, job: str, request: ReconfigureRequest) -> Asked:
+async def ask(store: ClusterStore, job: str, request: ReconfigureRequest, secret: bytes | None = None) -> Asked:
     """Check ``request`` against the running job and leave it for the leader; returns where the job stood
     (what :func:`wait_done` follows it from)."""
     status = await jobs.job_status(store, job)
@@ -39,7 +39,7 @@ async def ask(store: ClusterStore, job: str, request: ReconfigureRequest) -> Ask
     if found is None:
         raise ReconfigurationError(f"job '{job}' has no spec")
     layout = await store.get(paths.layout(job))
-    topology = with_layout(jobs.topology_of(found.data), None if layout is None else layout.data)
+    topology = with_layout(jobs.topology_of(found.data, secret), None if layout is None else layout.data)
     new_table(topology, None if layout is None else layout.data, request)  # refused here, with the reason, at once
     try:
         await store.create(paths.reconfigure_request(job), request)
@@ -75,14 +75,16 @@ async def wait_done(store: ClusterStore, job: str, asked: Asked, asked_at: float
     raise ReconfigurationError(f"job '{job}' has not finished the change after {seconds:g} s ({status['reason']})")
 
 
-async def carry_out(store: ClusterStore, job: str, moves: list[Migration], seconds: float) -> None:
+async def carry_out(
+    store: ClusterStore, job: str, moves: list[Migration], seconds: float, secret: bytes | None = None
+) -> None:
     """Each move as a live migration, waiting for one before asking the next (the leader takes one change
     at a time); a refused or unfinished one stops here, saying how far it got."""
     for done, move in enumerate(moves):
         asked_at = world.wall_time()
         request = request_node(paths.task_of(move.instance), migrate=(move.index, move.target))
         try:
-            asked = await ask(store, job, request)
+            asked = await ask(store, job, request, secret)
             await wait_done(store, job, asked, asked_at, seconds)
         except ReconfigurationError as exc:
             raise ReconfigurationError(f"{exc} (moving {move.instance}; {done} of {len(moves)} moves done)") from exc

@@ -102,7 +102,7 @@ class AdaptationLoop:
         self.secret = secret
         self.fence = fence
         self.clock = clock
-        self.outlines = Outlines() if outlines is None else outlines  # the leader's: each job built once
+        self.outlines = Outlines(secret=secret) if outlines is None else outlines  # the leader's: each job built once
         self._watches: dict[str, _Watch] = {}
         self._burning = False  # some live worker burns CPU_BOUND of a core, as of this look's beats
 

@@ -147,7 +147,7 @@ class Leader:
         self.clock = clock
         #: The jobs' topologies, built away from this loop (``outline``); shared with the adaptation loop and
         #: the dashboard of this master.
-        self.outlines = Outlines() if outlines is None else outlines
+        self.outlines = Outlines(secret=secret) if outlines is None else outlines
         self._builds: anyio.abc.TaskGroup | None = None  # run(): builds go on here while rounds go on
         self._building: set[str] = set()
         self.fence = LeaderFence(store, epoch)  # every write of this term goes through it

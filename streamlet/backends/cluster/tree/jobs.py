@@ -14,6 +14,7 @@ from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.lifecycle import JobState, state_of
 from streamlet.backends.cluster.tree.paths import Assignment, JobSpec
 from streamlet.backends.cluster.tree.reports import dead_letters_of
+from streamlet.backends.cluster.tree.sealed import opened
 from streamlet.backends.cluster.tree.store import ClusterStore, read_all
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.cycles import refuse_checkpoints_with_cycles
@@ -21,12 +22,12 @@ from streamlet.errors import JobError
 from streamlet.loading import load_topology
 
 
-def topology_of(spec: JobSpec | dict[str, Any]) -> Topology:
-    """Load and validate the job's topology from its reference; refuse what the cluster cannot run."""
+def topology_of(spec: JobSpec | dict[str, Any], secret: bytes | None = None) -> Topology:
+    """Load and validate the job's topology from its reference, its parameters and (with the cluster ``secret``)
+    its sealed ones; refuse what the cluster cannot run."""
     # from the bytes the spec signs (when signed): an edited file resubmitted is new code, never a cached copy
-    topology = load_topology(
-        spec["target"], spec.get("parallelism") or {}, spec.get("params") or {}, digest=spec.get("module_sha256")
-    )
+    params = {**(spec.get("params") or {}), **opened(spec, secret)}
+    topology = load_topology(spec["target"], spec.get("parallelism") or {}, params, digest=spec.get("module_sha256"))
     topology.validate()
     if spec.get("checkpoint") is not None:
         refuse_checkpoints_with_cycles(topology)  # at submit, before anything is written or started
@@ -72,6 +73,7 @@ async def job_status(store: ClusterStore, job: str) -> dict[str, Any]:
         "started": node.get("started"), "ended": node.get("ended"), "done": done, "errors": errors,
         "decisions": [decisions[name] for name in sorted(decisions)],
         "params": {} if spec is None else dict(spec.data.get("params") or {}),
+        "secret_params": [] if spec is None else sorted(spec.data.get("sealed") or {}),  # names: never a value
     }  # fmt: skip
 
 
@@ -91,7 +93,7 @@ def public(status: dict[str, Any]) -> dict[str, Any]:
     ``{"count": N, "first": [...]}``, added up over the current attempt's reports."""
     keys = (
         "name", "state", "reason", "attempt", "reconfigurations", "workers", "instances", "decisions", "started",
-        "ended", "params",
+        "ended", "params", "secret_params",
     )  # fmt: skip
     letters = dead_letters_of(status["done"])
     return {**{key: status[key] for key in keys}, "dead_letters": {"count": letters.count, "first": letters.first}}

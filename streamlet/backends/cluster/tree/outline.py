@@ -31,6 +31,7 @@ import anyio
 import structlog
 
 from streamlet.backends.cluster.tree.paths import JobSpec
+from streamlet.backends.cluster.tree.sealed import with_secrets_opened
 from streamlet.core.model import world
 from streamlet.core.model.partition import Partitioning, PartitionSpec
 from streamlet.core.model.qos import QoS
@@ -114,8 +115,9 @@ class Outlines:
     answer is the description, or the reason the job cannot run.
     """
 
-    def __init__(self, build_seconds: float = BUILD_SECONDS) -> None:
+    def __init__(self, build_seconds: float = BUILD_SECONDS, secret: bytes | None = None) -> None:
         self.build_seconds = build_seconds
+        self.secret = secret  # opens a job's sealed parameters for its build (handed to the build over a pipe)
         self._built: dict[str, dict[str, Any] | str] = {}
         self._building: dict[str, anyio.Event] = {}
 
@@ -150,9 +152,10 @@ class Outlines:
 
     async def _described(self, spec: Spec) -> dict[str, Any] | str:
         try:
+            built = with_secrets_opened(spec, self.secret)
             if str(spec.get("target", "")).startswith(IN_PROCESS):
-                return await world.blocking(_describe_spec, spec)
-            return await _describe_in_a_process(spec, self.build_seconds)
+                return await world.blocking(_describe_spec, built)
+            return await _describe_in_a_process(built, self.build_seconds)
         except BuildFailed as exc:  # the build's own words
             return f"cannot load the job: {exc}"
         except Exception as exc:  # noqa: BLE001 - user code: whatever it raised fails this job, not the master

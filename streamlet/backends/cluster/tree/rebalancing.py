@@ -39,8 +39,8 @@ class Situation:
     may_run: Callable[[str, str], bool]
 
 
-async def situation(store: ClusterStore, job: str, now: float) -> Situation:
-    """Running ``job`` as the move policies see it (see :class:`Situation`)."""
+async def situation(store: ClusterStore, job: str, now: float, secret: bytes | None = None) -> Situation:
+    """Running ``job`` as the move policies see it (see :class:`Situation`; ``secret`` opens sealed params)."""
     status = await jobs.job_status(store, job)
     if status["state"] != JobState.RUNNING.value:
         raise ReconfigurationError(f"job '{job}' is {status['state']}: only a RUNNING job is rebalanced")
@@ -49,7 +49,7 @@ async def situation(store: ClusterStore, job: str, now: float) -> Situation:
         raise ReconfigurationError(f"job '{job}' has no spec or assignment")
     assignment = found.data
     layout = None if (node := await store.get(paths.layout(job))) is None else node.data
-    topology = with_layout(jobs.topology_of(spec.data), layout)
+    topology = with_layout(jobs.topology_of(spec.data, secret), layout)
     held = await held_instances(store, job, assignment)
     attempt = int(assignment["attempt"])
     finished = set(await store.children(paths.done(job, attempt)))
@@ -71,7 +71,7 @@ async def situation(store: ClusterStore, job: str, now: float) -> Situation:
     return Situation(held, room, movable, may_run)
 
 
-async def planned_moves(store: ClusterStore, job: str, now: float) -> list[Migration]:
+async def planned_moves(store: ClusterStore, job: str, now: float, secret: bytes | None = None) -> list[Migration]:
     """The migrations that would spread running ``job`` evenly over the live workers (empty: it is even)."""
-    found = await situation(store, job, now)
+    found = await situation(store, job, now, secret)
     return rebalance(found.placed, found.room, found.movable, found.may_run)

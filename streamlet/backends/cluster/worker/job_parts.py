@@ -479,7 +479,7 @@ class WorkerJobs:
         self.code[job] = (spec["target"], spec.get("module_sha256"))
         found_layout = await self.zk.get(paths.layout(job))
         layout = None if found_layout is None else found_layout.data
-        topology = part.topology = with_layout(topology_of(spec), layout)
+        topology = part.topology = with_layout(topology_of(spec, self.secret), layout)
         # live changes add instances to it; a joining worker starts from where they left them
         assigned = assignment["instances"]
         instances = part.placement = dict(assigned) if joining is None else placed_instances(assigned, layout, attempt)
