@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -604,3 +605,64 @@ def test_map_async_and_lookup_join_on_two_workers_give_the_in_process_output(clu
     for key, value, _ts in json.loads(results.read_text())["out"]:
         collected.setdefault(key, []).append(value)
     assert collected == expected
+
+
+CONFIGURED = """
+import hashlib
+import os
+
+import streamlet as sl
+
+
+def build_topology(width: int, dsn: str, region: str = "none"):
+    # what the submitting shell exported never arrives: the cluster's processes build this
+    seen = os.environ.get("STREAMLET_TEST_REGION", "unset")
+    fingerprint = hashlib.sha256(dsn.encode()).hexdigest()[:12]  # proof the build had the DSN, without it
+    topology = sl.Topology("configured")
+    numbers = topology.add_source("numbers", list(range(6)))
+    tagged = topology.map("tag", lambda r: (r.value, (region, seen, fingerprint)), parallelism=width)
+    topology.add_sink("out", sl.CollectSink()).set_input(tagged.set_input(numbers))
+    return topology
+"""
+
+
+async def every_node(directory: Path) -> str:
+    """The data of every node of the cluster's tree, as one text (read with the secret)."""
+    texts = []
+    async with cluster_store(directory) as store:
+        waiting = [""]
+        while waiting:
+            path = waiting.pop()
+            found = await store.get(path) if path else None
+            texts.append(f"{path}={None if found is None else json.dumps(found.data, default=str)}")
+            waiting.extend(f"{path}/{child}" for child in await store.children(path))
+    return "\n".join(texts)
+
+
+def test_params_and_a_sealed_secret_param_reach_every_build_and_the_secret_nothing_else(cluster: Path) -> None:
+    """submit --param width=2 --param region=eu --secret-param dsn=@FILE from a shell that exports
+    STREAMLET_TEST_REGION: each worker's build gets width as an int (2 instances of 'tag'), region, and the DSN
+    (its fingerprint in every record), and not the shell's variable; the DSN's password is nowhere in the tree,
+    the logs, or what jobs shows (its name only)."""
+    (cluster / "configured.py").write_text(CONFIGURED, encoding="utf-8")
+    dsn = "postgresql://app:Sup3r-s3cret-7c@db:5432/shop"
+    (cluster / "dsn").write_text(dsn + "\n", encoding="utf-8")
+    results = cluster / "configured.json"
+    options = ("--param", "width=2", "--param", "region=eu", "--secret-param", f"dsn=@{cluster / 'dsn'}")
+    shell = {**os.environ, "STREAMLET_TEST_REGION": "from-the-shell"}
+    run = subprocess.run(
+        [sys.executable, "-m", "streamlet.cli", "submit", str(cluster / "configured.py"), "--job", "configured",
+         *options, "--spread", "--results", str(results)],
+        cwd=cluster, capture_output=True, text=True, timeout=120, env=shell,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    fingerprint = hashlib.sha256(dsn.encode()).hexdigest()[:12]
+    rows = sorted((key, tuple(value)) for key, value, _ts in json.loads(results.read_text())["out"])
+    assert rows == [(n, ("eu", "unset", fingerprint)) for n in range(6)]
+    listed = streamlet("jobs", cwd=cluster).stdout
+    assert "params: region=eu, width=2" in listed
+    assert "secret params: dsn=(sealed)" in listed
+    tree = anyio.run(every_node, cluster)
+    logs = "".join(path.read_text(errors="replace") for path in (cluster / ".streamlet").glob("*.log"))
+    assert "Sup3r-s3cret-7c" not in tree + logs + listed + run.stdout + run.stderr
+    assert "/jobs/configured/spec" in tree  # the walk did read the job's nodes
