@@ -205,4 +205,5 @@ def test_without_its_token_the_dashboard_on_loopback_shows_nothing(running_job: 
     for url in (f"{base}{path}", f"{base}{path}?token=not-the-token"):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(url, timeout=10)
+        refused.value.close()  # the error holds the answer's socket open until closed
         assert refused.value.code == 401, url
