@@ -666,3 +666,30 @@ def test_params_and_a_sealed_secret_param_reach_every_build_and_the_secret_nothi
     logs = "".join(path.read_text(errors="replace") for path in (cluster / ".streamlet").glob("*.log"))
     assert "Sup3r-s3cret-7c" not in tree + logs + listed + run.stdout + run.stderr
     assert "/jobs/configured/spec" in tree  # the walk did read the job's nodes
+
+
+UNCHECKPOINTED_FILES = """
+import streamlet as sl
+
+
+def build_topology(out: str):
+    topology = sl.Topology("files")
+    topology.add_sink("files", sl.FileSink(out)).set_input(topology.add_source("numbers", list(range(5))))
+    return topology
+"""
+
+
+def test_submit_warns_once_of_an_exactly_once_sink_without_checkpoints(cluster: Path) -> None:
+    """The client that builds the topology warns (the workers, building parts, do not); with checkpoints, not."""
+    (cluster / "files_job.py").write_text(UNCHECKPOINTED_FILES, encoding="utf-8")
+    target, out = str(cluster / "files_job.py"), str(cluster / "files-out")
+    plain = streamlet("submit", target, "--job", "files", "--param", f"out={out}", cwd=cluster)
+    assert plain.returncode == 0, plain.stderr
+    warned = [line for line in plain.stderr.splitlines() if "exactly-once sink without checkpoints" in line]
+    assert len(warned) == 1, plain.stderr
+    assert "sink=files" in warned[0]
+    checked = streamlet(
+        "submit", target, "--job", "files2", "--param", f"out={out}2", "--checkpoint-interval", "1", cwd=cluster
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert "exactly-once sink without checkpoints" not in checked.stderr

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import structlog
 
 from streamlet.adaptation.rebalance import Migration
 from streamlet.backends.cluster.client import job_commands, live_changes, savepoints
@@ -31,9 +32,13 @@ from streamlet.backends.cluster.tree.store import ClusterStore
 from streamlet.backends.cluster.tree.zk import StoreSettings, ZkStore
 from streamlet.core.model import world
 from streamlet.core.model.topology import Topology
+from streamlet.core.model.validation import surprising_defaults
 from streamlet.errors import BuildFailed, CoordinationError, JobError
 
 POLL = 0.1
+
+
+log = structlog.get_logger("streamlet.client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +112,10 @@ async def submit_and_wait(
             if spec["checkpoint"] is None:
                 raise JobError("--from-savepoint needs --checkpoint-interval (the job keeps checkpoints of its own)")
             spec["checkpoint"]["from_savepoint"] = savepoints.check_for_submit(submission.from_savepoint, plain)
-        name = job_commands.check_job_name(submission.job or (await build_within(plain, BUILD_SECONDS)).name)
+        built = await build_within(plain, BUILD_SECONDS)
+        name = job_commands.check_job_name(submission.job or built.name)
+        for event, fields in surprising_defaults(built, checkpointed=spec["checkpoint"] is not None):
+            log.warning(event, job=name, **fields)  # here, once: the workers build parts, which do not warn
         if submission.secret_params:
             spec["sealed"] = seal(submission.secret_params, secret, spec["uid"])
         await job_commands.submit(store, name, spec, secret)
