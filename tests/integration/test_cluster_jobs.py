@@ -683,13 +683,13 @@ def test_submit_warns_once_of_an_exactly_once_sink_without_checkpoints(cluster: 
     """The client that builds the topology warns (the workers, building parts, do not); with checkpoints, not."""
     (cluster / "files_job.py").write_text(UNCHECKPOINTED_FILES, encoding="utf-8")
     target, out = str(cluster / "files_job.py"), str(cluster / "files-out")
-    plain = streamlet("submit", target, "--job", "files", "--param", f"out={out}", cwd=cluster)
+    plain = streamlet("submit", target, "--job", "unchecked-files", "--param", f"out={out}", cwd=cluster)
     assert plain.returncode == 0, plain.stderr
     warned = [line for line in plain.stderr.splitlines() if "exactly-once sink without checkpoints" in line]
     assert len(warned) == 1, plain.stderr
     assert "sink=files" in warned[0]
     checked = streamlet(
-        "submit", target, "--job", "files2", "--param", f"out={out}2", "--checkpoint-interval", "1", cwd=cluster
+        "submit", target, "--job", "checked-files", "--param", f"out={out}2", "--checkpoint-interval", "1", cwd=cluster
     )
     assert checked.returncode == 0, checked.stderr
     assert "exactly-once sink without checkpoints" not in checked.stderr

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.cluster import running_cluster, streamlet, wait_for_state
+from tests.support.cluster import running_cluster, streamlet, wait_for_node, wait_for_state
 from tests.support.faults import POISON_EVERY_THIRD
 
 pytestmark = pytest.mark.integration
@@ -101,6 +102,10 @@ def test_top_once_shows_both_workers_and_a_running_job_with_its_rates(cluster: P
     assert submitted.returncode == 0, submitted.stderr
     try:
         wait_for_state(cluster, "flow", {"RUNNING"})
+        # the workers' heartbeats carry what their loops last sampled: wait until they show every flow instance
+        assigned = Counter(wait_for_node(cluster, "/jobs/flow/assignment", lambda data: True)["instances"].values())
+        for worker, count in assigned.items():
+            wait_for_node(cluster, f"/loads/{worker}", lambda load, n=count: len(flow_instances(load)) == n)
         top = streamlet("top", "--once", cwd=cluster)
     finally:
         streamlet("kill", "flow", cwd=cluster)
@@ -115,6 +120,11 @@ def test_top_once_shows_both_workers_and_a_running_job_with_its_rates(cluster: P
     assert re.findall(r"^fails +FAILED +1 +- +- +- +- *$", top.stdout, re.M) != [], top.stdout
     rate_in, rate_out, total_in, total_out = (int(cell.replace(",", "")) for cell in row)
     assert (rate_in > 0, rate_out > 0, total_in >= total_out > 0) == (True, True, True), top.stdout
+
+
+def flow_instances(load: dict[str, Any]) -> list[str]:
+    """The flow job's instances a heartbeat counts."""
+    return [key for key in load.get("instances") or {} if key.startswith("flow/")]
 
 
 def log_lines(cluster: Path, process: str) -> list[dict[str, Any]]:
