@@ -19,7 +19,7 @@ from streamlet.backends.local import run as run_topology
 from streamlet.config_file import config_option
 from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE
 from streamlet.core.state.store import DirectoryCheckpointStore
-from streamlet.errors import StreamletError
+from streamlet.errors import ClusterError, StreamletError
 from streamlet.gc_policy import tune_gc
 from streamlet.loading import PARAM_RULE, load_topology
 from streamlet.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, LogSettings, configure_logging
@@ -644,9 +644,11 @@ def submit_command(
         submission = cluster_client.Submission(
             target, job_name, counts, checkpoint, from_savepoint, adapting, params, spread, secret_params
         )
-        settings = _settings(zk, cluster, state_dir, _client_secret("submit", state_dir))
+        secret = _client_secret("submit", state_dir)
+        settings = _settings(zk, cluster, state_dir, secret)
+        relocate = None if zk is not None else partial(_recorded_settings, cluster, state_dir, secret)
         with _progress(wait) as watch:
-            run = partial(cluster_client.submit_and_wait, watch=watch)
+            run = partial(cluster_client.submit_and_wait, watch=watch, relocate=relocate)
             outcome = anyio.run(run, settings, submission, wait, timeout)
     except Exception as exc:  # noqa: BLE001 - one line and a non-zero exit
         _fail(exc)
@@ -886,6 +888,14 @@ def _settings(zk: str | None, name: str | None, state_dir: Path, secret: bytes |
         return StoreSettings(*_where(zk, name, state_dir), secret, tls=_certificates(state_dir / "tls", "client"))
     hosts, cluster = _where(zk, name, state_dir)
     return StoreSettings(hosts, cluster, secret)
+
+
+def _recorded_settings(name: str | None, state_dir: Path, secret: bytes | None) -> StoreSettings | None:
+    """Where the state dir records its cluster now (``None`` while none is: between ``down`` and ``up``)."""
+    try:
+        return _settings(None, name, state_dir, secret)
+    except (ClusterError, OSError, ValueError):  # not recorded, or being written right now
+        return None
 
 
 def _fail(exc: BaseException) -> NoReturn:

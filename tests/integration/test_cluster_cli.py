@@ -20,6 +20,7 @@ import pytest
 
 from streamlet.backends.cluster.local.local_cluster import alive
 from streamlet.backends.cluster.local.run import SESSION_TIMEOUT
+from streamlet.backends.cluster.tree import paths
 from tests.integration.test_cluster_jobs import LIVE
 from tests.support.cluster import (
     cluster_store,
@@ -158,17 +159,107 @@ def test_master_failover_elects_a_candidate_with_a_higher_epoch(
     assert (written["attempt"], written["epoch"], version) == (1, epoch, 0)  # assigned once, by the old leader
 
 
-def test_down_stops_every_process_by_pid(cluster: tuple[Path, list[dict[str, object]]]) -> None:
-    """down stops ZooKeeper, masters and workers and forgets the cluster."""
+# Numbers 0, 1, 2, ... in blocks of 100 until the file RELEASE exists; a keyed (count, sum) per number mod 10.
+# Replayable (position/seek), so a job stopped by 'cluster down' goes on from its checkpoint after 'up'.
+UNTIL_RELEASED = """
+import asyncio
+import os
+import streamlet as sl
+
+RELEASE = {release!r}
+BLOCK = 100
+
+
+class Numbers(sl.Source):
+    def open(self, context):
+        return Reader()
+
+
+class Reader(sl.SourceReader):
+    def __init__(self):
+        self.count = 0
+
+    async def read(self, max_records):
+        if self.count % BLOCK == 0 and os.path.exists(RELEASE):
+            return None
+        await asyncio.sleep(0.02)  # paced: the job is still running when the cluster goes down
+        records = [sl.Record(i % 10, i, 0.0) for i in range(self.count, self.count + BLOCK)]
+        self.count += BLOCK
+        return records
+
+    def position(self):
+        return self.count
+
+    async def seek(self, position):
+        self.count = position
+
+
+class CountAndSum(sl.Task):
+    def execute(self, inputs, outputs):
+        for r in inputs.get():
+            n, total = self.state.get(r.key, (0, 0))
+            self.state.put(r.key, (n + 1, total + r.value))
+
+    def finish(self, outputs):
+        outputs.emit_all(self.state.items())
+
+
+def build_topology():
+    topology = sl.Topology("numbers")
+    numbers = topology.add_source("numbers", Numbers())
+    totals = topology.add_task("totals", CountAndSum, parallelism=2).set_input(numbers, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(totals)
+    return topology
+"""
+
+
+@pytest.mark.timeout(240)  # down (the workers drain), up again (ZooKeeper, 2 masters, 2 workers), the job
+def test_down_stops_every_process_and_a_waiting_submit_follows_its_job_through_up_again(
+    cluster: tuple[Path, list[dict[str, object]]], tmp_path: Path
+) -> None:
+    """down stops ZooKeeper, masters and workers by PID and forgets the cluster; 'up' on the same state dir
+    serves ZooKeeper on other ports, and a 'submit' that was waiting on a checkpointed job reads them again and
+    reports the job FINISHED there, with every number counted once."""
     directory, processes = cluster
-    down = streamlet("cluster", "down", cwd=directory)
-    assert down.returncode == 0, down.stderr
-    assert down.stdout.startswith("stopped 5 processes: worker-0")
-    assert not any(alive(int(str(p["pid"]))) for p in processes)
-    assert not (directory / ".streamlet" / "cluster.json").exists()
-    again = streamlet("cluster", "status", cwd=directory)
-    assert again.returncode == 1
-    assert again.stderr.strip().startswith("error: ClusterError: no cluster recorded in .streamlet")
+    release = tmp_path / "release"
+    job_file = tmp_path / "counted.py"
+    job_file.write_text(UNTIL_RELEASED.format(release=str(release)), encoding="utf-8")
+    results = tmp_path / "numbers.json"
+    options = ("--checkpoint-interval", "0.5", "--adapt", "none", "--timeout", "240", "--results", str(results))
+    submit = subprocess.Popen(
+        [*STREAMLET, "submit", str(job_file), "--job", "numbers", *options],
+        cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_node(directory, paths.checkpoints("numbers") + "/completed", lambda c: c["attempt"] == 1, 120)
+        first_zk = recorded(directory)["zk"]
+        down = streamlet("cluster", "down", cwd=directory)
+        assert down.returncode == 0, down.stderr
+        assert down.stdout.startswith("stopped 5 processes: worker-0")
+        assert not any(alive(int(str(p["pid"]))) for p in processes)
+        assert not (directory / ".streamlet" / "cluster.json").exists()
+        again = streamlet("cluster", "status", cwd=directory)
+        assert again.returncode == 1
+        assert again.stderr.strip().startswith("error: ClusterError: no cluster recorded in .streamlet")
+        assert submit.poll() is None  # still waiting on the job
+        up = streamlet("cluster", "up", "--workers", "2", "--masters", "2", "--name", "cli", "--loopback-hosts",
+                       cwd=directory)  # fmt: skip
+        assert up.returncode == 0, up.stderr
+        assert recorded(directory)["zk"] != first_zk  # ZooKeeper's port is a free one again
+        wait_for_state(directory, "numbers", {"RUNNING"}, seconds=120)
+        release.touch()
+        out, err = submit.communicate(timeout=180)
+    finally:
+        release.touch()
+        stop_submitter(submit)
+    assert submit.returncode == 0, err
+    assert out.splitlines()[0].startswith("job 'numbers' FINISHED on ")
+    assert "cluster moved" in err
+    totals = {key: tuple(value) for key, value, _ts in json.loads(results.read_text())["out"]}
+    sent = sum(n for n, _ in totals.values())
+    assert sent >= 100
+    assert sent % 100 == 0  # whole blocks: the source ends only between blocks
+    assert totals == {k: (sent // 10, sum(range(k, sent, 10))) for k in range(10)}
 
 
 def test_up_on_a_running_cluster_refuses_and_leaves_it_untouched(cluster: tuple[Path, list[dict[str, object]]]) -> None:

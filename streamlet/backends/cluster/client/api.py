@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ import anyio.lowlevel
 import structlog
 
 from streamlet.adaptation.rebalance import Migration
-from streamlet.backends.cluster.client import job_commands, live_changes, savepoints
+from streamlet.backends.cluster.client import following, job_commands, live_changes, savepoints
+from streamlet.backends.cluster.client.following import Relocate, Watcher
 from streamlet.backends.cluster.tree import jobs, rebalancing
 from streamlet.backends.cluster.tree import layouts as reconfigure
 from streamlet.backends.cluster.tree.lifecycle import JobState
@@ -28,15 +28,11 @@ from streamlet.backends.cluster.tree.outline import BUILD_SECONDS
 from streamlet.backends.cluster.tree.paths import JobSpec, ReconfigureRequest
 from streamlet.backends.cluster.tree.reports import dead_letters_of
 from streamlet.backends.cluster.tree.sealed import seal
-from streamlet.backends.cluster.tree.store import ClusterStore
-from streamlet.backends.cluster.tree.zk import StoreSettings, ZkStore
+from streamlet.backends.cluster.tree.zk import StoreSettings
 from streamlet.core.model import world
 from streamlet.core.model.topology import Topology
 from streamlet.core.model.validation import surprising_defaults
-from streamlet.errors import BuildFailed, CoordinationError, JobError
-
-POLL = 0.1
-
+from streamlet.errors import BuildFailed, JobError
 
 log = structlog.get_logger("streamlet.client")
 
@@ -54,9 +50,6 @@ class Submission:
     params: dict[str, str] = field(default_factory=dict)  # --param: the building function's arguments, as text
     spread: bool = False  # --spread: every node's instances over different workers from the start
     secret_params: dict[str, str] = field(default_factory=dict)  # --secret-param: sealed in the spec, never shown
-
-
-Watcher = Callable[[ClusterStore, dict[str, Any]], Awaitable[None]]  # sees each status read while waiting
 
 
 async def build_within(spec: JobSpec, seconds: float) -> Topology:
@@ -92,10 +85,11 @@ async def build_within(spec: JobSpec, seconds: float) -> Topology:
 
 async def submit_and_wait(
     settings: StoreSettings, submission: Submission, wait: bool, seconds: float,
-    watch: Watcher | None = None,
+    watch: Watcher | None = None, relocate: Relocate | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Submit a signed job; with ``wait``, follow its state until it ends (or ``seconds`` pass), showing each
-    status read to ``watch`` (``submit``'s progress line)."""
+    status read to ``watch`` (``submit``'s progress line) and following the cluster to where ``relocate`` says
+    it is recorded when its ZooKeeper goes away (``cluster down`` and ``up`` on the same state dir)."""
     secret = _secret_of(settings, "submit")
     async with settings.open() as store:  # the secret is checked before any code is loaded
         spec = job_commands.new_spec(
@@ -120,29 +114,16 @@ async def submit_and_wait(
             spec["sealed"] = seal(submission.secret_params, secret, spec["uid"])
         await job_commands.submit(store, name, spec, secret)
         status = await jobs.job_status(store, name)
-        if not wait:
-            return status
-        with anyio.move_on_after(seconds):
-            while not JobState(status["state"]).ended:
-                await anyio.sleep(POLL)
-                status = await _riding_out(store, name, status)
-                if watch is not None:
-                    with contextlib.suppress(CoordinationError):  # ZooKeeper away: shown next time
-                        await watch(store, status)
-            return status
-        raise JobError(
-            f"job '{name}' has not ended after {seconds:g} s; it is {status['state']}: {status['reason']} "
-            f"(it goes on; 'streamlet jobs' follows it, 'streamlet kill {name}' stops it)"
-        )
-
-
-async def _riding_out(store: ZkStore, name: str, last: dict[str, Any]) -> dict[str, Any]:
-    """The job's status, or the last one seen while the connection is down (kazoo reconnects by itself;
-    the job goes on without this client, so waiting for it must too)."""
-    try:
-        return await jobs.job_status(store, name)
-    except CoordinationError:
-        return last
+    if not wait:
+        return status
+    follower = following.JobFollower(name, status, watch, relocate)
+    with anyio.move_on_after(seconds):
+        return await follower.until_ended(settings)
+    last = follower.status
+    raise JobError(
+        f"job '{name}' has not ended after {seconds:g} s; it is {last['state']}: {last['reason']} "
+        f"(it goes on; 'streamlet jobs' follows it, 'streamlet kill {name}' stops it)"
+    )
 
 
 async def list_jobs(settings: StoreSettings) -> list[dict[str, Any]]:

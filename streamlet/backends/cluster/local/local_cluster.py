@@ -75,7 +75,7 @@ class ClusterState:
 def streamlet_command() -> list[str]:
     """How to start a ``streamlet`` process, so that ``ps`` shows ``streamlet master ...``."""
     script = shutil.which("streamlet") or str(Path(sys.executable).parent / "streamlet")
-    return [sys.executable, script] if Path(script).exists() else [sys.executable, "-m", "streamlet.cli"]
+    return [sys.executable, script] if Path(script).exists() else [sys.executable, "-P", "-m", "streamlet.cli"]
 
 
 def start_process(

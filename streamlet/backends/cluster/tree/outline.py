@@ -192,7 +192,8 @@ async def _describe_in_a_process(spec: Spec, seconds: float) -> dict[str, Any]:
     """Run :func:`main` in a new process on ``spec``; its description, or :class:`BuildFailed`."""
     environment = {key: value for key, value in os.environ.items() if key not in _ENVIRONMENT_DROPPED}
     environment["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # where this process finds code
-    command = [sys.executable, "-m", "streamlet.backends.cluster.tree.outline"]
+    # -P: the master's working directory (where job files are kept) must not shadow the standard library
+    command = [sys.executable, "-P", "-m", "streamlet.backends.cluster.tree.outline"]
     with anyio.move_on_after(seconds) as scope:
         done = await anyio.run_process(
             command, input=json.dumps(spec).encode(), check=False, env=environment, start_new_session=True

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
 
 import streamlet as sl
 from streamlet.backends.cluster.client import job_commands
@@ -84,6 +85,19 @@ async def test_a_spec_is_built_in_a_process_of_its_own_once(tmp_path: Path) -> N
     assert mark.read_text() == "built\n"
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     assert not any(digest in name for name in __import__("sys").modules)
+
+
+async def test_a_job_file_named_like_a_standard_module_in_the_working_directory_shadows_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master's working directory is where users keep job files: 'numbers.py' there (the standard library's
+    ``numbers``, which streamlet's imports reach) is the job, not the module the build process imports."""
+    path = job_file(tmp_path, SHAPED, name="numbers.py")
+    monkeypatch.chdir(tmp_path)
+    with anyio.fail_after(60):
+        built = await Outlines().build(signed(path))
+    assert isinstance(built, OutlinedTopology), built
+    assert list(built.nodes) == ["numbers", "key", "total", "per10", "out", "windows"]
 
 
 async def test_a_build_past_its_time_limit_is_killed_and_fails_the_job(tmp_path: Path) -> None:
