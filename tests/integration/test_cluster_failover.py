@@ -1,12 +1,15 @@
-"""Node failover with real processes: SIGKILL a worker mid-job; the job reruns on the survivor, exactly."""
+"""Node failover with real processes: SIGKILL a worker mid-job; the job reruns on the survivor, exactly; the
+killed worker stays listed LOST until it is forgotten."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +19,13 @@ import anyio
 import pytest
 
 import streamlet as sl
+from streamlet.backends.cluster.leader.lost_workers import HEARTBEATS_STOPPED, SESSION_ENDED
 from streamlet.backends.cluster.local.local_cluster import alive
+from streamlet.testing.zk_watch import ZkWatch
 from tests.support.cluster import (
     cluster_store,
     running_cluster,
+    secret_of,
     streamlet,
     wait_for_exit,
     wait_for_node,
@@ -241,3 +247,83 @@ def test_sigterm_drains_a_worker_so_that_nothing_is_processed_twice(cluster: dic
     assert sorted(processed) == list(range(NUMBERS))
     assert sorted(record.value for record in sl.read_file_sink(out)) == list(range(NUMBERS))  # ... output exact
     assert "stopping gracefully" in (directory / ".streamlet" / "worker-1.log").read_text()
+
+
+HELD = """
+import asyncio
+import streamlet as sl
+
+async def ticks():
+    n = 0
+    while True:  # until the job is killed
+        await asyncio.sleep(0.01)
+        yield "k", n
+        n += 1
+
+def build_topology():
+    topology = sl.Topology("held")
+    pinned = topology.map("pinned", lambda r: (r.key, r.value), workers=["worker-1"]).set_input(
+        topology.add_source("in", ticks())
+    )
+    topology.add_sink("out", sl.CollectSink()).set_input(pinned)
+    return topology
+"""
+
+
+def listed_workers(directory: Path) -> dict[str, dict[str, Any]]:
+    """The workers 'cluster status --json' lists, by id."""
+    status = streamlet("cluster", "status", "--json", cwd=directory)
+    assert status.returncode == 0, status.stderr
+    return {worker["id"]: worker for worker in json.loads(status.stdout)["workers"]}
+
+
+def test_a_killed_worker_stays_listed_lost_with_the_job_it_held_until_forgotten(cluster: dict[str, Any]) -> None:
+    """SIGKILL the worker a running job's pinned task is on: the leader records /lost/worker-1 (since, why, the
+    job) and warns once; 'cluster status' and its --json list it LOST with that reason and job (still assigned
+    its instances) until 'cluster forget-worker' removes it."""
+    directory = cluster["dir"]
+    (directory / "held_job.py").write_text(HELD, encoding="utf-8")
+    submitted = streamlet("submit", str(directory / "held_job.py"), "--job", "held", "--no-wait", cwd=directory)
+    assert submitted.returncode == 0, submitted.stderr
+    wait_for_state(directory, "held", {"RUNNING"})
+    killed_at = time.time()
+    os.kill(cluster["pids"]["worker-1"], signal.SIGKILL)
+    record = wait_for_node(directory, "/lost/worker-1", lambda data: True, seconds=30)
+    # the leader's next step for the job follows its look at the workers (and the warning it logged then)
+    stalled = wait_for_state(directory, "held", {"STALLED"}, seconds=30)
+    with ZkWatch(cluster["zk"], cluster["name"], secret_of(directory)) as zk:  # listed by its record alone
+        zk.wait_for_children("/workers", lambda registered: "worker-1" not in registered, seconds=30)
+    why = record["why"]  # which came first, a stale heartbeat or the session's end, is the machine's timing
+    assert why in (SESSION_ENDED, HEARTBEATS_STOPPED)
+    assert record["jobs"] == ["held"]
+    assert killed_at < record["since"] < killed_at + 30
+    assert stalled["reason"].startswith("lost worker-1; no live worker can take it: task 'pinned' needs a worker ")
+    master_log = (directory / ".streamlet" / "master-0.log").read_text()
+    warnings = [line for line in master_log.splitlines() if "worker lost" in line]
+    assert len(warnings) == 1, warnings
+    assert re.fullmatch(
+        rf"\S+ \[warning +\] worker lost +epoch=1 jobs=\['held'\] why={re.escape(repr(why))} worker=worker-1",
+        warnings[0],
+    )
+
+    status = streamlet("cluster", "status", cwd=directory)
+    assert status.returncode == 0, status.stderr
+    shown = re.search(
+        rf"^  worker-1 +- +LOST +- +0 +0 +0\.0  lost \d+ s ago\n      lost: {re.escape(why)}; it held held\n"
+        r"      instances: (.+)$",
+        status.stdout,
+        re.M,
+    )
+    assert shown is not None, status.stdout
+    assert "held/pinned.0" in shown[1].split(", ")
+    lost = listed_workers(directory)["worker-1"]
+    assert (lost["state"], lost["address"], lost["lost"]) == ("LOST", "-", record)
+    assert "held/pinned.0" in lost["instances"]
+
+    forgot = streamlet("cluster", "forget-worker", "worker-1", cwd=directory)
+    assert (forgot.returncode, forgot.stdout) == (0, "forgot lost worker 'worker-1'\n"), forgot.stderr
+    after = streamlet("cluster", "status", cwd=directory).stdout
+    assert re.findall(r"^  (worker-\S+)", after, re.M) == ["worker-0"], after
+    assert list(listed_workers(directory)) == ["worker-0"]
+    again = streamlet("cluster", "forget-worker", "worker-1", cwd=directory)
+    assert (again.returncode, again.stdout) == (0, "no lost worker 'worker-1' is listed\n")

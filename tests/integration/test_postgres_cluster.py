@@ -2,11 +2,13 @@
 (key, n) appended and each key's latest n upserted; the first sink instance to commit staged rows hits a
 fault inside that commit (the checkpoint is complete, its rows are not in the tables): its worker is SIGKILLed,
 or SIGSTOPped past its ZooKeeper session and woken after the job finished (a zombie that then commits).
-Either way the tables are exact, and the zombie's commit is refused by the epoch fence and counted."""
+Either way the tables are exact, and the zombie's commit is refused by the epoch fence and counted. A row its
+table refuses fails the job with the SinkError as reason."""
 
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -20,7 +22,7 @@ import asyncpg
 import pytest
 
 from tests.support import postgres_jobs
-from tests.support.cluster import running_cluster, stop_submitter, wait_for_node, wait_for_state
+from tests.support.cluster import running_cluster, stop_submitter, streamlet, wait_for_node, wait_for_state
 from tests.support.postgres import refusals, sql
 
 pytestmark = pytest.mark.integration
@@ -51,7 +53,7 @@ def faulted_worker(cluster: dict[str, Any], mark: Path) -> str:
     """The worker whose sink hit the fault (by the PID it wrote in MARK, once its process left it)."""
     pid = int(mark.read_text())
     [worker] = [name for name, known in cluster["pids"].items() if known == pid]
-    return worker
+    return str(worker)
 
 
 def first_exit(pids: list[int], seconds: float) -> int | None:
@@ -144,3 +146,44 @@ def test_a_zombie_sink_woken_after_the_job_moved_on_commits_nothing_and_is_count
     # many of the four are there): each counted, none moved a row
     assert 1 <= refusals(postgres_dsn) <= 4
     assert_exact(postgres_dsn)
+
+
+REFUSED = """
+import streamlet as sl
+
+def build_topology():
+    topology = sl.Topology("refused")
+    source = topology.add_source("in", [("a", 1), ("b", "two"), ("c", 3)])
+    sink = sl.PostgresSink(DSN, "numbers", row=lambda r: {"name": r.key, "n": r.value}, on_error="fail")
+    topology.add_sink("out", sink).set_input(source)
+    return topology
+"""
+
+
+def test_a_row_its_table_refuses_fails_the_checkpointed_job_with_the_sink_error_as_reason(
+    cluster: dict[str, Any], postgres_dsn: str
+) -> None:
+    """A str into an integer column, on a checkpointed cluster job: FAILED, and the reason (the state node and
+    submit's output) is the SinkError naming sink, key, table and column, as in process; not the exception
+    group the worker's task group raised it in."""
+    directory = cluster["dir"]
+    sql(postgres_dsn, "CREATE TABLE numbers (name text, n integer)")
+    job_file = directory / "refused_job.py"
+    job_file.write_text(f"DSN = {postgres_dsn!r}\n" + REFUSED, encoding="utf-8")
+    run = streamlet("submit", str(job_file), "--job", "refused", "--checkpoint-interval", "0.3", cwd=directory)
+    failed = wait_for_state(directory, "refused", {"FAILED"}, seconds=5)  # submit returned: it has ended
+    assert run.returncode == 1, run.stderr
+    reason = (
+        r"SinkError: sink 'out' instance 0 failed writing the record with key 'b' to table numbers: column 'n' "
+        r"refused its value: TypeError: 'str' object cannot be interpreted as an integer \(on (worker-[01])\)"
+    )
+    found = re.fullmatch(reason, failed["reason"])
+    assert found is not None, failed
+    assert "ExceptionGroup" not in failed["reason"]
+    assert "TaskGroup" not in failed["reason"]
+    assert failed["attempt"] == 1  # a refused value is no fault of a worker: the job is not tried again
+    assert run.stdout.splitlines()[:2] == [
+        f"job 'refused' FAILED on {found[1]}: {failed['reason']}",
+        f"  error: {failed['reason']}",
+    ]
+    assert sql(postgres_dsn, "SELECT count(*) FROM numbers") == [(0,)]  # its one epoch never committed
