@@ -132,6 +132,8 @@ class _KafkaReader(SourceReader):
         self.next_offsets: dict[Any, int] = {}  # TopicPartition -> offset of the next record to emit
         self.seek_to: dict[Partition, int] = {}
         self.ends: dict[Any, int] = {}  # with stop_at_end: TopicPartition -> end offset seen at start
+        self.start_ends: dict[Any, int] = {}  # TopicPartition -> end offset seen at start (for caught_up)
+        self.caught = False  # every partition reached the end offset seen at start
         self.done: set[Any] = set()
         self.newest: dict[Any, float] = {}  # TopicPartition -> largest event time read from it
 
@@ -157,8 +159,9 @@ class _KafkaReader(SourceReader):
                 consumer.seek(partition, offset)
         for partition in mine:  # resolves committed offsets and auto_offset_reset now, for position()
             self.next_offsets[partition] = await consumer.position(partition)
+        self.start_ends = await consumer.end_offsets(mine)
         if self.source.stop_at_end:
-            self.ends = await consumer.end_offsets(mine)
+            self.ends = dict(self.start_ends)
             await self._mark_done()
 
     # -- reading ------------------------------------------------------------------
@@ -176,10 +179,30 @@ class _KafkaReader(SourceReader):
             fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
             batch = self._records(fetched)  # no await from here on: fetched records are never lost
             if batch:
+                self.caught = self.caught or self._at_start_ends()
                 return batch
             if self.source.stop_at_end:
                 await self._mark_done()
+            if not self.caught and await self._reached_start_ends():
+                self.caught = True
+                return []  # an empty read: the runtime asks caught_up() now, not once the next record comes
         return None
+
+    def caught_up(self) -> bool:
+        """Every partition of this instance reached the end offset it had when the reader started."""
+        return self.caught
+
+    def _at_start_ends(self) -> bool:
+        return all(self.next_offsets[partition] >= end for partition, end in self.start_ends.items())
+
+    async def _reached_start_ends(self) -> bool:
+        """Nothing fetched: whether the consumer stands at the start's end offsets (it skips transaction
+        markers, which are never records, so ask it)."""
+        for partition, end in self.start_ends.items():
+            if self.next_offsets[partition] < end:
+                standing = min(await self.consumer.position(partition), end)
+                self.next_offsets[partition] = max(self.next_offsets[partition], standing)
+        return self._at_start_ends()
 
     def _records(self, fetched: dict[Any, list[Any]]) -> Batch:
         source, clock = self.source, self.context.clock

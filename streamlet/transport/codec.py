@@ -67,6 +67,7 @@ class FrameType(enum.IntEnum):
     RECONFIGURE = 10  # [channel, epoch, seq, id, task, senders]: the sender switched to a new layout of task
     ARROW = 11  # [channel, epoch, seq, key, value, ts, ipc(, window_start, window_end)]: Arrow IPC (arrow_frames)
     PING = 12  # [n]: are you there? The data server answers with the same frame (a sender's link keeps alive)
+    CAUGHT_UP = 13  # [channel, epoch, seq]: the sender caught up with its sources (``record.CaughtUp``)
 
 
 # The lengths a body may have once decoded (None: any)
@@ -83,6 +84,7 @@ _SHAPES: dict[FrameType, tuple[int, ...] | None] = {
     FrameType.RECONFIGURE: (6,),
     FrameType.ARROW: (7, 9),
     FrameType.PING: (1,),
+    FrameType.CAUGHT_UP: (3,),
 }
 
 

@@ -32,7 +32,7 @@ import structlog
 
 from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.items import Item
-from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch, Reconfigure, Watermark
+from streamlet.core.model.record import CAUGHT_UP, END_OF_STREAM, Barrier, Batch, Reconfigure, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import FrameError
 from streamlet.transport import auth
@@ -358,6 +358,7 @@ class DataServer:
 
 _DELIVERED = frozenset({
     FrameType.DATA, FrameType.ARROW, FrameType.BARRIER, FrameType.EOS, FrameType.WATERMARK, FrameType.RECONFIGURE,
+    FrameType.CAUGHT_UP,
 })  # fmt: skip
 
 
@@ -380,6 +381,8 @@ def _item(kind: FrameType, body: list[Any], max_frame: int) -> Item:
         if type(ident) is not int or type(task) is not str or type(senders) is not int or senders < 1:
             raise FrameError("malformed RECONFIGURE body")
         return Reconfigure(ident, task, senders)
+    if kind is FrameType.CAUGHT_UP:
+        return CAUGHT_UP
     return END_OF_STREAM
 
 

@@ -41,7 +41,7 @@ import structlog
 from streamlet.core.model import world
 from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.items import Item
-from streamlet.core.model.record import Barrier, Batch, EndOfStream, Reconfigure, Watermark
+from streamlet.core.model.record import Barrier, Batch, CaughtUp, EndOfStream, Reconfigure, Watermark
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import AuthenticationError, FrameError, PeerUnreachable, RecordTooLarge, TransportError
 from streamlet.transport import auth
@@ -205,6 +205,8 @@ class TcpChannel:
             return frame(FrameType.BARRIER, [self.channel_id, self.epoch, seq, item.epoch])
         if isinstance(item, EndOfStream):
             return frame(FrameType.EOS, [self.channel_id, self.epoch, seq])
+        if isinstance(item, CaughtUp):
+            return frame(FrameType.CAUGHT_UP, [self.channel_id, self.epoch, seq])
         if isinstance(item, Watermark):
             return frame(FrameType.WATERMARK, [self.channel_id, self.epoch, seq, item.ts, item.idle])
         if isinstance(item, Reconfigure):

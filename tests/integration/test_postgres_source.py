@@ -162,3 +162,46 @@ def test_columnar_mode_hands_arrow_batches_to_columnar_operators(events: str) ->
     for n in range(25):
         expected[f"u{n % 3}"] = expected.get(f"u{n % 3}", 0) + n
     assert {r.key: r.value for r in result.sink("out")} == expected
+
+
+def test_a_bootstrapping_table_join_enriches_every_click_sent_before_the_table_was_read(postgres_dsn: str) -> None:
+    """The new user's service: clicks arrive before a following PostgresSource has read its table. Without
+    bootstrap most clicks meet no row; with ``bootstrap=True`` each waits until the source has read the rows
+    the table held at start (its snapshot: a short page), then meets its row, while the source goes on
+    following."""
+    sql(postgres_dsn, "CREATE TABLE users (id int PRIMARY KEY, name text NOT NULL)")
+    for n in range(200):
+        sql(postgres_dsn, "INSERT INTO users (id, name) VALUES ($1, $2)", n, f"name{n}")
+    clicks = [(n % 200, n) for n in range(1000)]
+    without = anyio.run(enrich_clicks, postgres_dsn, clicks, False)
+    assert sum(1 for _, (_, name) in without if name is not None) < len(clicks)  # some clicks outran the table
+    assert sorted(anyio.run(enrich_clicks, postgres_dsn, clicks, True)) == sorted(
+        (key, (click, f"name{key}")) for key, click in clicks
+    )
+
+
+async def enrich_clicks(dsn: str, clicks: list[tuple[int, int]], bootstrap: bool) -> list[tuple[Any, Any]]:
+    """Send every click at once, then join them (``how="left"``) with the users table as a following source
+    reads it; once every click came out, stop."""
+    enriched: list[tuple[Any, Any]] = []
+    done = anyio.Event()
+
+    def collect(record: sl.Record) -> None:
+        enriched.append((record.key, tuple(record.value)))
+        if len(enriched) == len(clicks):
+            done.set()
+
+    topology = sl.Topology("clicks")
+    users = sl.PostgresSource(dsn, "users", by=["id"], key="id", value="name", follow=True, batch_rows=50)
+    join = topology.table_join("j", how="left", bootstrap=bootstrap)
+    join.set_input(topology.add_source("clicks", sl.QueueSource()), in_port=sl.LEFT, partitioning=sl.SAME_KEY)
+    join.set_input(topology.add_source("users", users), in_port=sl.RIGHT, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CallbackSink(collect)).set_input(join)
+    async with sl.start(topology) as job:
+        for key, click in clicks:
+            await job.send("clicks", key, click, 0.0)
+        with anyio.fail_after(60):
+            await done.wait()
+        await job.stop()
+        await job.wait()
+    return enriched

@@ -146,24 +146,35 @@ class PostgresReader(SourceReader):
         self.connection: Any = None
         self.after: tuple[Any, ...] | None = None  # the last ``by`` values read
         self.ended = False
+        self.caught = False  # a page came back short: every row there was at that moment has been read
         self.top = float("-inf")  # the largest event time read
 
     async def read(self, max_records: int) -> Any:
         """The next page (waiting for one when following); ``None`` at the end."""
         source = self.source
         while not self.ended:
-            rows = await self._page(min(source.batch_rows, max_records))
+            limit = min(source.batch_rows, max_records)
+            rows = await self._page(limit)
             if rows:
                 last = rows[-1]
                 self.after = tuple(last[column] for column in source.by)
-                if not source.follow and len(rows) < min(source.batch_rows, max_records):
-                    self.ended = True  # a short page: nothing after it (the next read would be empty)
+                if len(rows) < limit:  # a short page: nothing after it (the next read would be empty)
+                    self.caught = True
+                    self.ended = not source.follow
                 return self._emit(rows)
             if not source.follow:
                 self.ended = True
+            elif not self.caught:  # say so now (an empty read), not once the next row comes
+                self.caught = True
+                return []
             else:
                 await self.context.clock.sleep(source.poll_interval)
         return None
+
+    def caught_up(self) -> bool:
+        """Following, every row the query had when the reader started (its snapshot) has been read: a page
+        came back short. (Not following, the source's end says it.)"""
+        return self.caught
 
     async def _page(self, limit: int) -> list[Any]:
         source = self.source

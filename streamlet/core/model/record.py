@@ -215,6 +215,13 @@ class Watermark(Marker):
 
 
 @dataclass(frozen=True, slots=True)
+class CaughtUp(Marker):
+    """The sender has caught up with its sources: what each source upstream held when it started (a
+    ``PostgresSource``'s snapshot, a Kafka topic up to its end offsets at start, a bounded source's whole
+    input) was sent on this channel before this marker (``table_join(bootstrap=True)`` waits for it)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Reconfigure(Marker):
     """Reconfiguration ``id`` of task ``task`` (a rescale or moved segments) passes here, like a barrier.
 
@@ -231,6 +238,7 @@ class Reconfigure(Marker):
 
 
 END_OF_STREAM: Final = EndOfStream()
+CAUGHT_UP: Final = CaughtUp()
 CYCLE_END: Final = CycleEnd()
 
 

@@ -66,6 +66,14 @@ class SourceReader(ABC):
         :meth:`aclose` (the job's final checkpoint). The default does nothing.
         """
 
+    def caught_up(self) -> bool:
+        """Whether the reader has read everything its source held when it started (a table's snapshot, a
+        topic up to the end offsets seen at start). A ``table_join(bootstrap=True)`` fed by this source holds
+        its left records until then; asked before each read, once it said ``True`` never again. Default:
+        ``False``, so only the reader's end counts (right for a bounded source; an unbounded one that never
+        says so keeps such a join waiting)."""
+        return False
+
     async def aclose(self) -> None:
         """Release what the reader holds."""
 

@@ -51,6 +51,8 @@ from streamlet.errors import TopologyError
 NodeKind = Literal["source", "task", "sink"]
 ErrorPolicy = Literal["fail", "skip", "restart"]
 _POLICIES = ("fail", "skip", "restart")
+#: Left records a bootstrapping ``table_join`` instance keeps waiting before it holds its left input back.
+DEFAULT_BOOTSTRAP_BUFFER = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,7 +484,15 @@ class Topology:
         _check_join(name, WindowJoin.kinds, how, fn, options, ttl=False)
         return self.add_task(name, lambda: WindowJoin(how, fn), window=window, **options)
 
-    def table_join(self, name: str, how: str = "inner", fn: JoinFunction | None = None, **options: Any) -> NodeHandle:
+    def table_join(
+        self,
+        name: str,
+        how: str = "inner",
+        fn: JoinFunction | None = None,
+        bootstrap: bool = False,
+        bootstrap_buffer: int = DEFAULT_BOOTSTRAP_BUFFER,
+        **options: Any,
+    ) -> NodeHandle:
         """Join each ``LEFT`` record with its key's row of a table that ``RIGHT`` keeps (Kafka Streams'
         KStream-KTable join), in processing order.
 
@@ -491,9 +501,19 @@ class Topology:
         ``(key, fn(key, value, row))`` only when there is a row, ``"left"`` emits ``fn(key, value, None)``
         without one; ``ts`` is the left record's. ``state_ttl`` expires rows that long after their last
         write. Wire both inputs with ``partitioning=SAME_KEY``.
+
+        ``bootstrap=True`` loads the table before joining (Kafka Streams' GlobalKTable): left records wait
+        until every source feeding ``RIGHT`` has caught up (a bounded source ended, a ``PostgresSource``
+        finished its snapshot, a Kafka source reached the end offsets it saw at start:
+        ``SourceReader.caught_up``), then each is joined with the table as it is then, each key's in arrival
+        order. Waiting records are kept in the checkpointed state; once ``bootstrap_buffer`` of them wait in
+        one instance, its ``LEFT`` input is held back (backpressure). On every start (a restore too) the
+        join waits again, with the restored rows in place. ``state_ttl`` is refused with it (it would expire
+        waiting records).
         """
         _check_join(name, TableJoin.kinds, how, fn, options, ttl=True)
-        return self.add_task(name, lambda: TableJoin(how, fn), **options)
+        _check_bootstrap(name, bootstrap, bootstrap_buffer, options.get("state_ttl"))
+        return self.add_task(name, lambda: TableJoin(how, fn, bootstrap, bootstrap_buffer), **options)
 
     def asof_join(
         self,
@@ -609,6 +629,18 @@ def _check_join(name: str, kinds: tuple[str, ...], how: Any, fn: Any, options: d
         raise TopologyError(f"task '{name}': fn must be a function fn(key, left_value, right_value), got {fn!r}")
     if not ttl and options.get("state_ttl") is not None:
         raise TopologyError(f"task '{name}': this join's state is dropped by the watermark; state_ttl is refused")
+
+
+def _check_bootstrap(name: str, bootstrap: Any, buffer: Any, state_ttl: Any) -> None:
+    if type(bootstrap) is not bool:
+        raise TopologyError(f"task '{name}': bootstrap must be True or False, got {bootstrap!r}")
+    if type(buffer) is not int or buffer < 1:
+        raise TopologyError(f"task '{name}': bootstrap_buffer must be a whole number of records >= 1, got {buffer!r}")
+    if bootstrap and state_ttl is not None:
+        raise TopologyError(
+            f"task '{name}': state_ttl is refused with bootstrap=True (it would expire left records still waiting "
+            "for the table)"
+        )
 
 
 def _check_state_ttl(name: str, state_ttl: float | None) -> None:

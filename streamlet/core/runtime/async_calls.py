@@ -60,11 +60,12 @@ class Call:
 
 
 class HeldWatermark:
-    """A watermark queued behind entries: forwarded once they have all left."""
+    """A watermark queued behind entries: forwarded once they have all left (``None``: ``CAUGHT_UP``, which
+    waits the same way)."""
 
     __slots__ = ("watermark",)
 
-    def __init__(self, watermark: float) -> None:
+    def __init__(self, watermark: float | None) -> None:
         self.watermark = watermark
 
 
@@ -267,7 +268,10 @@ class MapAsyncInstance(TaskInstance):
                 self.segment += 1
                 for call in self.held.pop(self.segment, []):
                     self._emit(call)
-                await Receiver.on_watermark(self, head.watermark)
+                if head.watermark is None:
+                    await Receiver.forward_caught_up(self)
+                else:
+                    await Receiver.on_watermark(self, head.watermark)
             elif head.state == EMITTED:
                 queue.popleft()
             elif ordered and head.state == DONE:
@@ -313,6 +317,16 @@ class MapAsyncInstance(TaskInstance):
             await Receiver.on_watermark(self, watermark)
             return
         self.queue.append(HeldWatermark(watermark))
+        self.tail_segment += 1
+
+    async def forward_caught_up(self) -> None:
+        """Forwarded at once with nothing queued, else queued behind the entries before it (as a watermark):
+        what a source read before it caught up is downstream before the marker. (Not kept in a snapshot: the
+        sources say it again after a restore.)"""
+        if not self.queue:
+            await super().forward_caught_up()
+            return
+        self.queue.append(HeldWatermark(None))
         self.tail_segment += 1
 
     async def on_aligned(self, epoch: int) -> None:

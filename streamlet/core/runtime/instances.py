@@ -31,6 +31,7 @@ from streamlet.core.model.items import Item
 from streamlet.core.model.record import (
     Barrier,
     Batch,
+    CaughtUp,
     CycleEnd,
     DeadLetter,
     EndOfStream,
@@ -43,6 +44,7 @@ from streamlet.core.model.sinks import ElementWriter, RestorePoint, SinkContext,
 from streamlet.core.model.sources import SourceContext, SourceReader, read_elements
 from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.model.world import monotonic
+from streamlet.core.runtime.catch_up import InputCatchUp
 from streamlet.core.runtime.channel import Inbox
 from streamlet.core.runtime.loop_watch import DEFAULT_LOOP_WARNING
 from streamlet.core.runtime.outputs import RoutedOutputs
@@ -191,6 +193,7 @@ class SourceInstance(Instance):
         self._idle_due = False  # the idle timer fired while the read waited
         self._flush_due = False  # woken to reach a batch boundary: flush before reading again
         self.shedder: Shedder | None = None  # load shedding (a job with a QoS): its share is set from outside
+        self._caught_up = False  # the reader said it caught up, and CAUGHT_UP went downstream
 
     def stop(self) -> None:
         """End the source early: stop reading, then end the stream downstream."""
@@ -316,6 +319,9 @@ class SourceInstance(Instance):
             if self._flush_due:
                 self._flush_due = False
                 await outputs.flush()  # a route switch asked for meanwhile goes out before the next read
+            if not self._caught_up and reader.caught_up():
+                self._caught_up = True
+                await outputs.forward_caught_up()  # after every record read so far
             on_idle = self.env.on_idle
             if on_idle is not None:
                 on_idle()  # ``settle`` looks once this task waits (here: in read, when nothing is ready)
@@ -443,6 +449,10 @@ class Receiver(Instance):
         self.aligning: int | None = None
         self.cycle: CycleTracker | None = None
         self.watermarks = InputWatermarks(inbox.channel_count, inbox.loop_channels)
+        self.catch_up = InputCatchUp(inbox.ports, inbox.loop_channels)
+        #: Channels this instance holds back by its own choice (``hold_port``), apart from alignment: blocked
+        #: except while a checkpoint or a reconfiguration aligns (its markers must get through).
+        self.held_channels: set[int] = set()
         self._told_idle = False  # forwarded that every input is idle
         # a reconfiguration aligning here: its marker, and the channels it must arrive on (or end)
         self._reconfiguring: tuple[Reconfigure, set[int]] | None = None
@@ -461,6 +471,7 @@ class Receiver(Instance):
             self.open_ports += 1
         self.port_channels[port] += 1
         self.watermarks.add_channel()
+        self.catch_up.add_channel(port)
         self.channels_changed()
         return channel
 
@@ -573,6 +584,9 @@ class Receiver(Instance):
         if isinstance(marker, Watermark):
             await self._on_watermark_marker(channel, marker)
             return
+        if isinstance(marker, CaughtUp):
+            await self._caught_up_on(channel)
+            return
         if isinstance(marker, EndOfStream | CycleEnd):
             if isinstance(marker, EndOfStream) and self.cycle is not None:
                 self.cycle.external_ended()
@@ -581,10 +595,13 @@ class Receiver(Instance):
                 risen = self.watermarks.close(channel)
                 if risen is not None:
                     await self.on_watermark(risen)
+            await self._caught_up_on(channel)  # an ended channel holds nothing back
         elif isinstance(marker, Barrier):
+            self._open_held()
             self.blocked[channel] = True
             self.aligning = marker.epoch
         elif isinstance(marker, Reconfigure):
+            self._open_held()
             if self._reconfiguring is None:
                 self._reconfiguring = (marker, self._reconfigure_channels(marker))
             self.blocked[channel] = True
@@ -619,6 +636,52 @@ class Receiver(Instance):
         """The input's watermark rose to ``watermark``: pass it on after what was emitted before it."""
         await self.outputs.forward_watermark(Watermark(watermark))
 
+    # -- catching up, and channels held back ------------------------------------------
+
+    async def _caught_up_on(self, channel: int) -> None:
+        port, everything = self.catch_up.arrived(channel)
+        if port is not None:
+            await self.on_port_caught_up(port)
+        if everything and self.open_ports:  # once all ended, end-of-stream says more
+            await self.forward_caught_up()
+
+    async def on_port_caught_up(self, port: int) -> None:
+        """Every channel into ``port`` has caught up with its sources or ended."""
+
+    async def forward_caught_up(self) -> None:
+        """Every input caught up: say so downstream, after everything emitted before."""
+        await self.outputs.forward_caught_up()
+
+    def hold_port(self, port: int) -> None:
+        """Take nothing more from ``port`` (its senders wait once its channels are full) until
+        :meth:`release_port`; a checkpoint's or a reconfiguration's alignment still reads up to its markers."""
+        aligning = self.aligning is not None or self._reconfiguring is not None
+        for channel, its_port in enumerate(self.inbox.ports):
+            if its_port == port and self.channel_open[channel] and channel not in self.held_channels:
+                self.held_channels.add(channel)
+                if not aligning:
+                    self.blocked[channel] = True
+
+    def release_port(self, port: int) -> None:
+        """Take from ``port`` again."""
+        aligning = self.aligning is not None or self._reconfiguring is not None
+        for channel in [c for c in self.held_channels if self.inbox.ports[c] == port]:
+            self.held_channels.discard(channel)
+            if not aligning:  # while aligning, a held channel is open already (or blocked by its marker)
+                self.blocked[channel] = False
+
+    def _open_held(self) -> None:
+        """An alignment begins: its markers must get through the held channels."""
+        if self.held_channels and self.aligning is None and self._reconfiguring is None:
+            for channel in self.held_channels:
+                self.blocked[channel] = False
+
+    def _hold_again(self) -> None:
+        """An alignment ended (everything unblocked): the held channels are held again."""
+        if self.aligning is None and self._reconfiguring is None:
+            for channel in self.held_channels:
+                self.blocked[channel] = True
+
     def _close_channel(self, channel: int) -> None:
         self.channel_open[channel] = False
         port = self.inbox.ports[channel]
@@ -633,6 +696,7 @@ class Receiver(Instance):
                 self._reconfiguring = None
                 await self.on_reconfigure(marker)  # held channels stay held until the state is in place
                 self.blocked[:] = [False] * len(self.blocked)
+                self._hold_again()
             return
         epoch = self.aligning
         if epoch is None:
@@ -640,6 +704,7 @@ class Receiver(Instance):
         if all(self.blocked[c] or not self.channel_open[c] for c in range(self.inbox.channel_count)):
             self.aligning = None
             self.blocked[:] = [False] * len(self.blocked)
+            self._hold_again()
             await self.on_aligned(epoch)
 
     # -- hooks ------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any
 from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.constants import LATE
 from streamlet.core.model.record import (
+    CAUGHT_UP,
     Batch,
     Element,
     Marker,
@@ -163,6 +164,15 @@ class RoutedOutputs:
                 await route.flush()
                 await route.broadcast(marker)
                 route.watermark = marker
+
+    async def forward_caught_up(self) -> None:
+        """Send everything buffered, then ``CAUGHT_UP`` on every edge that carries watermarks (not inside loops:
+        a loop's own records never hold its head back)."""
+        for route in self.routes:
+            if route.send_watermarks and not route.caught_up:
+                await route.flush()
+                await route.broadcast(CAUGHT_UP)
+                route.caught_up = True
 
     async def end(self) -> None:
         """Flush everything and send end-of-stream downstream."""

@@ -14,7 +14,17 @@ from typing import Any, Protocol
 
 from streamlet.core.model.columns import ColumnBatch
 from streamlet.core.model.partition import BROADCAST, ROUND_ROBIN, SAME_KEY, SESSION_TABLE, PartitionSpec
-from streamlet.core.model.record import END_OF_STREAM, Batch, Element, Marker, Reconfigure, Record, Watermark, record_of
+from streamlet.core.model.record import (
+    CAUGHT_UP,
+    END_OF_STREAM,
+    Batch,
+    Element,
+    Marker,
+    Reconfigure,
+    Record,
+    Watermark,
+    record_of,
+)
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable, segment_of
 from streamlet.core.model.views import getrefcount, new_view
 from streamlet.core.runtime.channel import Channel
@@ -52,8 +62,8 @@ class Route(ABC):
     """One edge from an output port to all instances of a downstream node."""
 
     __slots__ = (
-        "add", "buffers", "channels", "columnar", "columns", "cycle", "label", "send_eos", "send_watermarks", "sent",
-        "switch", "watermark",
+        "add", "buffers", "caught_up", "channels", "columnar", "columns", "cycle", "label", "send_eos",
+        "send_watermarks", "sent", "switch", "watermark",
     )  # fmt: skip
 
     #: Buffers one record: the hot path, bound by each subclass to a list append or a small closure.
@@ -69,6 +79,7 @@ class Route(ABC):
         self.label = "edge"  # "edge 'a' -> 'b' input port 0", for messages
         self.switch: Switch | None = None  # a reconfiguration to apply at the next flush
         self.watermark: Watermark | None = None  # the last one sent: a channel added later gets it first
+        self.caught_up = False  # CAUGHT_UP was sent: a channel added later gets it first too
         self.columnar = False  # the receiver takes columnar batches as they are (else they become elements here)
         self.columns: list[tuple[int, ColumnBatch]] = []  # columnar batches to send: (buffer index, batch)
 
@@ -140,10 +151,12 @@ class Route(ABC):
         await self.broadcast(switch.marker)
         old = {id(channel) for channel in self.channels}
         self.retarget(switch.channels, switch.table)
-        if self.watermark is not None:  # a new instance's watermark must not wait for this sender's next rise
-            for channel in switch.channels:
-                if id(channel) not in old:
+        for channel in switch.channels:
+            if id(channel) not in old:  # a new instance learns at once what the others were told
+                if self.watermark is not None:  # its watermark must not wait for this sender's next rise
                     await channel.send(self.watermark)
+                if self.caught_up:
+                    await channel.send(CAUGHT_UP)
         switch.done()
 
     def retarget(self, channels: list[Channel], table: SegmentTable | None) -> None:

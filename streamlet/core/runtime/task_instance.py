@@ -16,6 +16,8 @@ from streamlet.core.model.constants import LATE
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.model.joins import EventTimeJoin, JoinCounters, JoinHooks, JoinTask, WindowJoin
+from streamlet.core.model.joins.base import LEFT, RIGHT
+from streamlet.core.model.joins.table import TableJoin
 from streamlet.core.model.ports import Inputs
 from streamlet.core.model.record import Barrier, Batch, DeadLetter, Element, Reconfigure, iteration_of, record_of
 from streamlet.core.model.task import RecordFailure, ReduceTask, Task, WindowReduceTask, leaves_nothing_on_failure
@@ -59,6 +61,8 @@ class TaskInstance(Receiver):
         self.arrivals = 0  # records a window join's windows have taken (their arrival numbers)
         self.finished = False  # restored from a checkpoint taken after finish(): do not run it again
         task = self._make_task()
+        #: A ``table_join(bootstrap=True)`` whose table side has not caught up yet: its left records wait.
+        self.bootstrapping = isinstance(task, TableJoin) and task.bootstrap
         #: Takes back what a failed call did to state and timers before skip or restart replays; only tasks
         #: under those policies that do not isolate their failed records themselves pay for it.
         self.undo: CallUndo | None = None
@@ -116,6 +120,9 @@ class TaskInstance(Receiver):
         self._advances = isinstance(task, EventTimeJoin)  # a join with work due as the watermark rises
         if isinstance(task, JoinTask):
             task.hooks = JoinHooks(self._join_failed, self.join_counters)
+        if isinstance(task, TableJoin):  # a new object (restart) keeps waiting as long as this instance does
+            task.holding = self.bootstrapping
+            task.recount()
         self._execute: Callable[[Inputs, RoutedOutputs], Any] = self._where_it_runs(task)
         self._async = inspect.iscoroutinefunction(task.execute) or self.node.run_in != "loop"
         # the built-in window_reduce task (not a subclass: that may override execute) only passes results on
@@ -137,6 +144,27 @@ class TaskInstance(Receiver):
     async def open(self) -> None:
         """Prepare the task."""
         self._prepare()
+        if self.bootstrapping and self.catch_up.port_caught_up(RIGHT):  # nothing upstream to wait for
+            await self.on_port_caught_up(RIGHT)
+
+    async def on_port_caught_up(self, port: int) -> None:
+        """A bootstrapping table join's table side caught up: the waiting left records are joined, and the
+        left input flows again."""
+        if not self.bootstrapping or port != RIGHT:
+            return
+        self.bootstrapping = False
+        task = self.task
+        assert isinstance(task, TableJoin)
+        task.release(self.outputs)
+        await self.outputs.flush()
+        self.release_port(LEFT)
+
+    def _bound_waiting(self) -> None:
+        """Hold the left input back once the records waiting fill the join's buffer."""
+        task = self.task
+        assert isinstance(task, TableJoin)
+        if task.waiting >= task.bootstrap_buffer:
+            self.hold_port(LEFT)
 
     def _prepare(self) -> None:
         try:
@@ -206,6 +234,10 @@ class TaskInstance(Receiver):
         """The state was restored, or keys moved in or out: a join indexes what it holds again."""
         if isinstance(self.task, EventTimeJoin):
             self.task.reindex()
+        elif isinstance(self.task, TableJoin):
+            self.task.recount()
+            if not self.bootstrapping and self.task.waiting:  # moved here from an instance still waiting
+                self.task.release(self.outputs)
 
     def final_snapshot(self) -> Any:
         """The snapshot once inputs ended (after finish)."""
@@ -327,6 +359,8 @@ class TaskInstance(Receiver):
                 await self._execute_in_turns(port, batch, self._turn_records)
             else:
                 await self._execute_batch(port, batch)
+            if self.bootstrapping and port == LEFT:
+                self._bound_waiting()
             return
         if isinstance(batch, ColumnBatch):  # a columnar aggregate's window folds it in Arrow
             closed, late_rows = self._columnar_call(port, batch, self._add_columns_to_windows)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from streamlet.core.model.items import Item
-from streamlet.core.model.record import END_OF_STREAM, Barrier, Batch
+from streamlet.core.model.record import CAUGHT_UP, END_OF_STREAM, Barrier, Batch
 from streamlet.core.runtime.channel import Inbox
 from streamlet.errors import RecordTooLarge, TransportError
 from streamlet.transport import auth, tcp_client
@@ -115,14 +115,14 @@ async def refusal(reader: asyncio.StreamReader) -> str:
 
 
 async def test_channel_delivers_batches_and_markers_in_order() -> None:
-    """Batches, a Barrier and EndOfStream arrive in order as equal Records and markers."""
+    """Batches, a Barrier, CaughtUp and EndOfStream arrive in order as equal Records and markers."""
     async with DataServer(SECRET) as server, opened(server) as pipe:
-        items: list[Item] = [batch(1, 2), [(("user", 7), {"n": [1, 2]}, None)], Barrier(3), batch(3)]
+        items: list[Item] = [batch(1, 2), [(("user", 7), {"n": [1, 2]}, None)], Barrier(3), CAUGHT_UP, batch(3)]
         for item in [*items, END_OF_STREAM]:
             await pipe.sender.send(item)
-        assert [await pipe.take() for _ in range(5)] == [*items, END_OF_STREAM]
+        assert [await pipe.take() for _ in range(6)] == [*items, END_OF_STREAM]
         stats = server.statistics()
-        assert (stats.connections, stats.frames, stats.duplicates, stats.bad_frames) == (1, 6, 0, 0)
+        assert (stats.connections, stats.frames, stats.duplicates, stats.bad_frames) == (1, 7, 0, 0)
 
 
 async def test_values_cross_with_their_types() -> None:
