@@ -47,8 +47,9 @@ def _zookeeper_lines(members: list[dict[str, str]] | None) -> list[str]:
 
 
 def _data_plane(workers: list[dict[str, Any]]) -> str:
-    """How the workers' connections are protected, as their registrations say."""
-    secured = {bool(worker.get("tls")) for worker in workers}
+    """How the workers' connections are protected, as their registrations say (a lost worker no longer
+    registered says nothing)."""
+    secured = {bool(worker["tls"]) for worker in workers if worker.get("tls") is not None}
     if secured == {True}:
         return "mutual TLS (the cluster's CA)"
     if secured == {False}:

@@ -57,10 +57,11 @@ def _lost_columns(record: dict[str, Any], now: float) -> dict[str, Any]:
 
 
 def _gone_row(worker: str, instances: list[str]) -> dict[str, Any]:
-    """The row of a lost worker no longer registered: nothing but its name (and instances still assigned)."""
+    """The row of a lost worker no longer registered: nothing but its name (and instances still assigned);
+    ``tls`` unknown (``None``), so it does not make the data plane look mixed."""
     return {
         "id": worker, "address": "-", "metrics": None, "state": "LOST", "load": "-", "cpu": 0, "queued": 0,
-        "rss_mb": 0.0, "labels": [], "tls": False, "instances": sorted(instances), "stale": True, "busy": None,
+        "rss_mb": 0.0, "labels": [], "tls": None, "instances": sorted(instances), "stale": True, "busy": None,
         "heartbeat": "lost",
     }  # fmt: skip
 

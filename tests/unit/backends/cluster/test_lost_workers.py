@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
+from streamlet.backends.cluster.client.status import _data_plane
 from streamlet.backends.cluster.leader.lost_workers import HEARTBEATS_STOPPED, SESSION_ENDED
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.lost import forget, lost_workers
-from streamlet.backends.cluster.tree.status import read_status
+from streamlet.backends.cluster.tree.status import _gone_row, read_status
 from tests.unit.backends.cluster.conftest import MemoryCluster
 
 
@@ -75,3 +76,13 @@ async def test_a_new_leader_reports_none_it_never_saw_live(cluster: MemoryCluste
     cluster.workers["w0"].expire()
     await cluster.leader.round()
     assert await lost_workers(cluster.client) == {}
+
+
+def test_a_lost_worker_no_longer_registered_does_not_make_the_data_plane_look_mixed() -> None:
+    """Its row knows nothing of its TLS (``None``): the data plane is what the registered workers say."""
+    registered = {"id": "w0", "tls": True}
+    gone = _gone_row("w1", ["p/a.0"])
+    assert gone["tls"] is None
+    assert _data_plane([registered, gone]) == "mutual TLS (the cluster's CA)"
+    assert _data_plane([{"id": "w0", "tls": False}, gone]) == "cleartext (--no-tls: loopback only)"
+    assert _data_plane([registered, {"id": "w2", "tls": False}]).startswith("MIXED")
