@@ -46,6 +46,7 @@ from streamlet.core.runtime.clock import ManualClock, SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.statistics import JobStatistics, NodeStatistics
 from streamlet.core.state.keyed import KeyedState
+from streamlet.core.state.rocks import RocksDBState
 from streamlet.core.state.store import CheckpointStore, DirectoryCheckpointStore, InMemoryCheckpointStore
 from streamlet.errors import (
     CheckpointError,
@@ -125,6 +126,7 @@ __all__ = (
     "DirectoryCheckpointStore",
     "InMemoryCheckpointStore",
     "KeyedState",
+    "RocksDBState",
     "StateStore",
     # running
     "balance_segments",

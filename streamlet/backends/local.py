@@ -14,6 +14,7 @@ import anyio
 
 from streamlet.adaptation.settings import AdaptSettings
 from streamlet.core.model.clock import Clock
+from streamlet.core.model.state import StateBackend
 from streamlet.core.model.topology import Topology
 from streamlet.core.runtime.channel import ChannelFactory, LocalChannel
 from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE, DEFAULT_CHANNEL_CAPACITY, Job, JobResult, open_job
@@ -36,6 +37,7 @@ def run(
     adapt: AdaptSettings | None = None,
     processes: int = 1,
     loop_warning: float | None = None,
+    state_backend: StateBackend | None = None,
 ) -> JobResult:
     """Run ``topology`` to completion in a new event loop and return its result.
 
@@ -55,7 +57,9 @@ def run(
     plain ``def execute`` that holds the event loop longer than this many
     seconds (default 0.1, or ``STREAMLET_LOOP_WARNING``) is counted
     (``loop_held``) and warned of once per task (see ``run_in`` in
-    ``Topology.add_task``).
+    ``Topology.add_task``). ``state_backend`` keeps the tasks' keyed state
+    elsewhere than in memory (``streamlet.RocksDBState``; a task's own
+    ``state_backend`` goes first, a task with ``state_ttl`` stays in memory).
     Call it from synchronous code; inside a running loop use :func:`start`.
 
     Example:
@@ -71,6 +75,7 @@ def run(
     options["from_savepoint"] = from_savepoint
     options["cpu_turns"] = cpu_turns(cpu_scheduling)
     options["loop_warning"] = loop_warning
+    options["state_backend"] = state_backend
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -180,6 +185,7 @@ async def start(
     adapt: AdaptSettings | None = None,
     monitor_port: int | None = None,
     loop_warning: float | None = None,
+    state_backend: StateBackend | None = None,
 ) -> AsyncIterator[Job]:
     """Run ``topology`` inside the caller's event loop.
 
@@ -191,7 +197,8 @@ async def start(
     ``job.endpoints["monitor"]`` (needs ``pip install 'streamlet[monitor]'``).
     ``loop_warning`` is as for :func:`run`: a task whose plain ``def execute``
     holds the loop keeps the caller's own coroutines waiting too (give it
-    ``run_in="thread"`` or ``"process"``).
+    ``run_in="thread"`` or ``"process"``). ``state_backend`` is as for
+    :func:`run`.
 
     Example:
         >>> async def service(topology):
@@ -204,6 +211,7 @@ async def start(
     options["from_savepoint"] = from_savepoint
     options["cpu_turns"] = cpu_turns(cpu_scheduling)
     options["loop_warning"] = loop_warning
+    options["state_backend"] = state_backend
     check_adapt(adapt, topology)
     factory = channel_factory or LocalChannel
     async with (

@@ -50,3 +50,25 @@ class StateStore(Protocol):
     def merge(parts: list[Any]) -> Any:
         """Join several snapshots into one."""
         ...
+
+
+class StateBackend(Protocol):
+    """Where a job's (or a task's) keyed state lives, when not in memory: ``streamlet.RocksDBState``."""
+
+    def open(self, job: str, node: str, index: int, segments: int) -> Any:
+        """The (empty) keyed state of instance ``index`` of ``node`` (a ``KeyedState``), its keys in
+        ``segments`` key segments."""
+        ...
+
+    def close(self) -> None:
+        """The job ended: close what was opened and remove what it made."""
+        ...
+
+
+def check_state_backend(where: str, backend: Any) -> None:
+    """``backend`` is a state backend or ``None`` (else a ``TopologyError`` naming ``where``)."""
+    usable = callable(getattr(backend, "open", None)) and callable(getattr(backend, "close", None))
+    if backend is not None and not usable:
+        from streamlet.errors import TopologyError
+
+        raise TopologyError(f"{where}: state_backend must be a state backend (streamlet.RocksDBState), got {backend!r}")

@@ -33,6 +33,7 @@ from streamlet.core.model.run_in import RunIn, check_run_in
 from streamlet.core.model.segments import DEFAULT_SEGMENTS
 from streamlet.core.model.sinks import CallbackSink, Sink
 from streamlet.core.model.sources import IterableSource, Source
+from streamlet.core.model.state import StateBackend, check_state_backend
 from streamlet.core.model.task import (
     FilterTask,
     FlatMapTask,
@@ -94,6 +95,7 @@ class Node:
     async_calls: str = ""  # "map" (map_async) or "lookup" (lookup_join): its instance has calls in flight
     keyed_inputs: bool = False  # a join: every input must be partitioned by SAME_KEY
     run_in: RunIn = "loop"  # where a task's plain ``def execute`` runs: the event loop, a thread, a process
+    state_backend: StateBackend | None = None  # where a task's keyed state lives (None: the job's choice)
 
     def describe(self) -> str:
         """``task 'count'`` style label used in messages."""
@@ -214,6 +216,7 @@ class Topology:
         state_ttl: float | None = None,
         max_parallelism: int = DEFAULT_SEGMENTS,
         run_in: RunIn = "loop",
+        state_backend: StateBackend | None = None,
     ) -> NodeHandle:
         """Add a task: a ``Task`` subclass or zero-argument factory (one object per instance).
 
@@ -229,7 +232,9 @@ class Topology:
         execute`` runs: on the event loop (``"loop"``, the default), in a thread
         (``"thread"``: blocking I/O leaves the loop free) or in a process of a
         pool (``"process"``: CPU-bound code uses other cores; stateless tasks
-        only, see docs/model.md).
+        only, see docs/model.md). ``state_backend`` keeps this task's
+        ``self.state`` elsewhere than in memory (``RocksDBState``; the job's
+        ``state_backend`` otherwise).
         """
         make_task = _task_factory(name, task)
         ports = PortDeclarer()
@@ -250,6 +255,9 @@ class Topology:
             raise TopologyError(f"task '{name}': on_error must be one of {_POLICIES}, got {on_error!r}")
         _check_window(f"task '{name}'", window)
         _check_state_ttl(name, state_ttl)
+        check_state_backend(f"task '{name}'", state_backend)
+        if state_backend is not None and state_ttl is not None:
+            raise TopologyError(f"task '{name}': state_ttl keeps state in memory; it is refused with a state_backend")
         check_run_in(name, run_in, probe, window=window, state_ttl=state_ttl)
         node = Node(
             name, "task", _parallelism(name, "task", parallelism, max_parallelism), ports.inputs, ports.outputs,
@@ -258,7 +266,7 @@ class Topology:
             window=window, workers=None if workers is None else tuple(workers), labels=tuple(labels or ()),
             on_timer=_tracks_event_time(probe), state_ttl=state_ttl, max_parallelism=max_parallelism,
             columnar=getattr(probe, "columnar", False), keyed_inputs=getattr(probe, "keyed_inputs", False),
-            run_in=run_in,
+            run_in=run_in, state_backend=state_backend,
         )  # fmt: skip
         return self._add(node)
 

@@ -42,6 +42,7 @@ from streamlet.core.model.record import (
 )  # fmt: skip
 from streamlet.core.model.sinks import ElementWriter, RestorePoint, SinkContext, WriteFailed, Writer
 from streamlet.core.model.sources import SourceContext, SourceReader, read_elements
+from streamlet.core.model.state import StateBackend
 from streamlet.core.model.watermarks import Watermarks
 from streamlet.core.model.world import monotonic
 from streamlet.core.runtime.catch_up import InputCatchUp
@@ -97,6 +98,7 @@ class Environment:
     job: str = ""  # the job's name, on every line its instances log
     loop_warning: float = DEFAULT_LOOP_WARNING  # seconds one call of user code may hold the loop unreported
     process_pool: ProcessPool | None = None  # where run_in="process" tasks run (a job with one makes it)
+    state_backend: StateBackend | None = None  # where tasks keep keyed state (None: in memory)
     yielded: float = 0.0  # monotonic() when an instance last let the loop run others (it waited, or it yielded)
 
 

@@ -25,6 +25,7 @@ from streamlet.core.model.record import DeadLetter, Record
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sinks import check_attempt
 from streamlet.core.model.sources import END_OF_FEED
+from streamlet.core.model.state import StateBackend, check_state_backend
 from streamlet.core.model.topology import Topology
 from streamlet.core.model.validation import surprising_defaults, unconsumed_ports
 from streamlet.core.runtime.channel import ChannelFactory
@@ -122,6 +123,7 @@ class Job:
         name: str | None = None,
         loop_warning: float | None = None,
         lineage: str | None = None,
+        state_backend: StateBackend | None = None,
     ) -> None:
         if not isinstance(topology, Topology):
             raise TopologyError(f"a job runs a streamlet.Topology, got {type(topology).__name__}: {topology!r:.80}")
@@ -155,6 +157,8 @@ class Job:
         self._env.event_time = topology.uses_event_time()
         self._env.loop_warning = _loop_warning(default_loop_warning() if loop_warning is None else loop_warning)
         self._env.process_pool = process_pool_for(topology, self.job_id)
+        check_state_backend("the job", state_backend)
+        self._env.state_backend = state_backend
         self._coordinator: Coordinator | None = None
         start_from = None  # read and checked before anything that must be closed is made
         if from_savepoint is not None:
@@ -224,6 +228,8 @@ class Job:
                 self._loop_lag.stop()
             if self._env.process_pool is not None:
                 self._env.process_pool.shutdown()
+            for backend in self._state_backends():
+                backend.close()
             if self._coordinator is not None:
                 self._coordinator.close()
             if self._error is not None or not self._started.is_set() or self._unfinished():
@@ -231,6 +237,11 @@ class Job:
             self._started.set()
             self._finished.set()
             self._instance_idle()
+
+    def _state_backends(self) -> list[StateBackend]:
+        """The job's state backend and its tasks' own, each once."""
+        found = [self._env.state_backend, *(node.state_backend for node in self.topology.nodes.values())]
+        return list({id(backend): backend for backend in found if backend is not None}.values())
 
     async def _start(self, instances: anyio.abc.TaskGroup, outer: anyio.abc.TaskGroup) -> bool:
         self._outer = outer

@@ -67,10 +67,16 @@ class TaskInstance(Receiver):
         #: under those policies that do not isolate their failed records themselves pay for it.
         self.undo: CallUndo | None = None
         self.policy = POLICIES[node.on_error]
-        if self.policy.replays and not leaves_nothing_on_failure(task):
+        replays = self.policy.replays and not leaves_nothing_on_failure(task)
+        backend = node.state_backend or (env.state_backend if node.state_ttl is None else None)
+        if backend is not None:  # RocksDB: it journals a failed call's changes itself
+            self.state: KeyedState = backend.open(env.job_id, node.name, index, node.max_parallelism)
+            if replays:
+                self.undo = CallUndo(self.state, self.timers)
+        elif replays:
             state = undoable_state(node.state_ttl, env.clock.now)
             self.undo = CallUndo(state, self.timers)
-            self.state: KeyedState = state
+            self.state = state
         else:  # with a TTL the store needs the clock; without one, the plain dict-backed store pays nothing for it
             self.state = KeyedState() if node.state_ttl is None else ExpiringState(node.state_ttl, env.clock.now)
         self.task = self._adopt(task)

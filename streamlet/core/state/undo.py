@@ -232,14 +232,14 @@ class CallUndo:
 
     __slots__ = ("state", "timers")
 
-    def __init__(self, state: UndoableStore, timers: Timers) -> None:
-        self.state = state
+    def __init__(self, state: KeyedState, timers: Timers) -> None:
+        self.state = state  # an undoable store, or one that journals itself (``RocksKeyedState``)
         self.timers = timers
 
     def begin(self) -> None:
         """A call starts: keep what it changes from now on."""
-        values = self.state.values
-        assert isinstance(values, JournaledValues)  # an undoable store's values always are
+        values: Any = self.state.values
+        assert hasattr(values, "take_back")  # an undoable store's values always journal
         values.before = {}
         if isinstance(self.state, UndoableExpiringState):
             self.state.stamps_before = {}
@@ -247,8 +247,7 @@ class CallUndo:
 
     def take_back(self) -> None:
         """The call failed: its state, TTL and timer changes are undone."""
-        values = self.state.values
-        assert isinstance(values, JournaledValues)
+        values: Any = self.state.values
         values.take_back()
         values.before = None
         if isinstance(self.state, UndoableExpiringState):
@@ -258,9 +257,10 @@ class CallUndo:
 
     def forget(self) -> None:
         """The call succeeded: its changes stand."""
-        values = self.state.values
-        assert isinstance(values, JournaledValues)
-        values.before = values.order_before = None
+        values: Any = self.state.values
+        values.before = None
+        if isinstance(values, JournaledValues):
+            values.order_before = None
         if isinstance(self.state, UndoableExpiringState):
             self.state.stamps_before = None
         self.timers.stop_undo_log()
