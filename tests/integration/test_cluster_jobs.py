@@ -693,3 +693,146 @@ def test_submit_warns_once_of_an_exactly_once_sink_without_checkpoints(cluster: 
     )
     assert checked.returncode == 0, checked.stderr
     assert "exactly-once sink without checkpoints" not in checked.stderr
+
+
+# A bootstrapping table join on both workers: the users source waits for GO before it sends its rows, says it
+# caught up once they are sent, then keeps the job open (no data, no end) until RELEASE exists. Both paths
+# are prepended by the test.
+TABLE_BOOTSTRAP = """
+import asyncio
+import os
+
+import streamlet as sl
+
+USERS = [(f"u{i}", f"name{i}") for i in range(20)]
+CLICKS = [(f"u{i % 20}", i) for i in range(200)] + [("nobody", 200)]  # 'nobody' has no row
+
+
+async def until_exists(path):
+    while not os.path.exists(path):
+        await asyncio.sleep(0.05)
+
+
+class Users(sl.Source):
+    def open(self, context):
+        return UsersReader()
+
+
+class UsersReader(sl.SourceReader):
+    def __init__(self):
+        self.sent = 0
+
+    async def read(self, max_records):
+        if self.sent == 0:
+            await until_exists(GO)
+        if self.sent < len(USERS):
+            batch = USERS[self.sent : self.sent + max_records]
+            self.sent += len(batch)
+            return [sl.Record(key, name, 0.0) for key, name in batch]
+        await until_exists(RELEASE)  # caught up: open, without data, until the test lets it end
+        return None
+
+    def caught_up(self):
+        return self.sent >= len(USERS)
+
+    def position(self):
+        return self.sent
+
+    async def seek(self, position):
+        self.sent = position
+
+
+def build_topology():
+    topology = sl.Topology("table-bootstrap")
+    clicks = topology.add_source("clicks", CLICKS)
+    join = topology.table_join("j", how="left", bootstrap=True, parallelism=2)
+    join.set_input(clicks, in_port=sl.LEFT, partitioning=sl.SAME_KEY)
+    join.set_input(topology.add_source("users", Users()), in_port=sl.RIGHT, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(join)
+    return topology
+"""
+
+
+def wait_for_counters(cluster: Path, job: str, wanted: Any, seconds: float = 30) -> dict[str, Any]:
+    """Block until ``wanted(counters)`` holds, ``counters`` being every instance of ``job`` by its id
+    ("j.0") -> its counters in the last heartbeats of both workers (what 'streamlet top' reads); looked at
+    each time worker-0 beats (once a second), never on a timer."""
+
+    async def watch() -> dict[str, Any]:
+        async with cluster_store(cluster) as store:
+            version: Any = -2
+            counters: dict[str, Any] = {}
+            try:
+                with anyio.fail_after(seconds):
+                    while True:
+                        beat, version = await store.wait_changed(paths.load("worker-0"), version)
+                        other = await store.get(paths.load("worker-1"))
+                        counters = {}
+                        for load in (beat, None if other is None else other[0]):
+                            for name, instance in ((load or {}).get("instances") or {}).items():
+                                if name.startswith(f"{job}/"):
+                                    counters[name.partition("/")[2]] = instance
+                        if wanted(counters):
+                            return counters
+            except TimeoutError:
+                seen = {name: (c.get("records_in"), c.get("records_out")) for name, c in sorted(counters.items())}
+                raise AssertionError(f"not within {seconds} s; last (records in, out): {seen}") from None
+
+    return anyio.run(watch)
+
+
+def counted(counters: dict[str, Any], node: str, field: str) -> int:
+    """``field`` summed over the instances of ``node`` the counters hold."""
+    return sum(int(c.get(field, 0)) for name, c in counters.items() if name.rpartition(".")[0] == node)
+
+
+def test_a_bootstrapping_table_join_on_two_workers_releases_its_clicks_on_caught_up_over_tcp(
+    cluster: Path, tmp_path: Path
+) -> None:
+    """table_join(bootstrap=True, parallelism=2) submitted with --spread: its instances run on both workers,
+    the users source (RIGHT) on one, so one instance learns that the table side caught up from a CAUGHT_UP
+    frame over TCP. The clicks (a list) all reach the join while the users source waits for GO: the sink has
+    nothing (they wait). Then the source sends its rows and says it caught up, but does not end until RELEASE
+    exists. The heartbeats (what 'streamlet top' reads) show the sink holding every click, and both join
+    instances having emitted, while RELEASE does not exist yet: the source has not ended, so the only thing
+    that can have let the clicks through is CAUGHT_UP. Then RELEASE ends the job, and its results hold every
+    click once, joined with its row ('nobody' has none: None)."""
+    go, release = tmp_path / "go", tmp_path / "release"
+    path, results = tmp_path / "table_bootstrap_job.py", tmp_path / "table_bootstrap.json"
+    path.write_text(f"GO = {str(go)!r}\nRELEASE = {str(release)!r}\n{TABLE_BOOTSTRAP}", encoding="utf-8")
+    job = "table-bootstrap"
+    command = [sys.executable, "-m", "streamlet.cli", "submit", str(path), "--job", job, "--spread"]
+    submitter = subprocess.Popen(
+        [*command, "--results", str(results)], cwd=cluster, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_state(cluster, job, {"RUNNING"})
+        placed = job_nodes(cluster, job)["assignment"]["instances"]
+        assert {placed["j.0"], placed["j.1"]} == {"worker-0", "worker-1"}  # the users source is on one of them
+        clicks = 201
+        waiting = wait_for_counters(cluster, job, lambda c: counted(c, "j", "records_in") == clicks)
+        assert counted(waiting, "out", "records_in") == 0  # no row yet: every click waits in the join
+        go.touch()
+        released = wait_for_counters(
+            cluster,
+            job,
+            lambda c: (
+                counted(c, "out", "records_in") == clicks
+                and all(c.get(f"j.{i}", {}).get("records_out", 0) > 0 for i in (0, 1))
+            ),  # each instance released
+        )
+        assert not release.exists()  # so the users source has not ended: CAUGHT_UP let the clicks through
+        assert counted(released, "j", "records_out") == clicks
+        release.touch()
+        _, err = submitter.communicate(timeout=60)
+    finally:
+        go.touch()
+        release.touch()
+        if submitter.poll() is None:  # the test failed before the job ended: end it, freeing the workers' slots
+            streamlet("kill", job, cwd=cluster)
+        stop_submitter(submitter)
+    assert submitter.returncode == 0, err
+    names = {f"u{i}": f"name{i}" for i in range(20)}
+    expected = [[f"u{i % 20}", [i, names[f"u{i % 20}"]]] for i in range(200)] + [["nobody", [200, None]]]
+    out = [[key, value] for key, value, _ts in json.loads(results.read_text())["out"]]
+    assert sorted(out, key=repr) == sorted(expected, key=repr)

@@ -23,12 +23,14 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 import streamlet as sl
 from streamlet.core.runtime.clock import SystemClock
+from tests.support.held_calls import until_true
 from tests.support.kafka_io import Message, commit, committed, consume, produce
 from tests.support.kafka_mock import MockBroker
 
@@ -279,6 +281,148 @@ async def test_barriers_that_cancel_waiting_reads_lose_nothing(
         assert job.statistics().checkpoints >= 10
     result = await job.wait()
     assert sorted(record.value for record in result.sink("out")) == sorted(f"r{i}" for i in range(200))
+
+
+def pairs(batch: Any) -> list[tuple[Any, Any]]:
+    """``(key, value)`` of each element of a batch the Kafka reader returned (``(key, value, ts)`` tuples)."""
+    assert batch is not None
+    return [(element[0], element[1]) for element in batch]
+
+
+async def test_reader_is_caught_up_once_it_read_what_the_topic_held_at_start(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str]
+) -> None:
+    """Ten records over two partitions when the reader starts (its first read), read three at most at a time;
+    six more are produced right after that first read. caught_up() is False until the read that returns the
+    last of the ten on each partition (v8 on partition 0, v9 on partition 1), and True from that read on,
+    while records produced after the start are still unread: the end offsets seen at start count, not the
+    topic's current ones."""
+    topic, bootstrap = new_topic(2), kafka_broker.bootstrap
+    await produce(bootstrap, topic, messages(10, 2))
+    source = sl.KafkaSource(topic, bootstrap, None, poll_timeout=0.05)  # following: never ends
+    async with anyio.create_task_group() as group:
+        reader = source.open(sl.SourceContext("in", 0, 1, SystemClock(), group))
+        try:
+            assert not reader.caught_up()
+            batch = pairs(await reader.read(3))  # starts the consumer: the end offsets are [5, 5] now
+            assert 0 < len(batch) <= 3
+            read = [value for _, value in batch]
+            assert not reader.caught_up()  # three records cannot hold both v8 and v9 (each its partition's 5th)
+            await produce(bootstrap, topic, [Message(None, f"late{i}".encode(), i % 2) for i in range(6)])
+            caught_with_unread = False
+            while len(read) < 16:
+                batch = pairs(await reader.read(3))
+                assert 0 < len(batch) <= 3  # never an empty read: there was data
+                read += [value for _, value in batch]
+                assert reader.caught_up() == ({"v8", "v9"} <= set(read)), read
+                caught_with_unread = caught_with_unread or (reader.caught_up() and len(read) < 16)
+            assert sorted(read) == sorted([f"v{i}" for i in range(10)] + [f"late{i}" for i in range(6)])
+            assert caught_with_unread  # the late records did not delay it
+        finally:
+            await reader.aclose()
+
+
+async def test_reader_of_an_empty_topic_says_it_caught_up_with_an_empty_read(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str]
+) -> None:
+    """Nothing at start: the first read returns [] (not a wait for the first record), after which caught_up()
+    is True; the reader goes on following the topic."""
+    topic, bootstrap = new_topic(2), kafka_broker.bootstrap
+    source = sl.KafkaSource(topic, bootstrap, None, poll_timeout=0.05)
+    async with anyio.create_task_group() as group:
+        reader = source.open(sl.SourceContext("in", 0, 1, SystemClock(), group))
+        try:
+            assert not reader.caught_up()
+            assert await reader.read(10) == []
+            assert reader.caught_up()
+            await produce(bootstrap, topic, [Message(b"k", b"later", 1)])
+            assert pairs(await reader.read(10)) == [("k", "later")]
+            assert reader.caught_up()
+        finally:
+            await reader.aclose()
+
+
+USERS = [(f"u{i}", f"name{i}") for i in range(20)]
+CLICKS = [(f"u{i % 20}", i) for i in range(200)] + [("nobody", 200)]  # 'nobody' has no row
+
+
+class Gated(sl.Source):
+    """``source``, whose readers read nothing until ``gate`` is set: the job cannot read the table yet."""
+
+    def __init__(self, source: sl.Source, gate: anyio.Event) -> None:
+        self.source = source
+        self.gate = gate
+
+    def open(self, context: sl.SourceContext) -> sl.SourceReader:
+        return GatedReader(self.source.open(context), self.gate)
+
+
+class GatedReader(sl.SourceReader):
+    gives_elements = True  # the Kafka reader's (key, value, ts) tuples
+
+    def __init__(self, reader: sl.SourceReader, gate: anyio.Event) -> None:
+        self.reader = reader
+        self.gate = gate
+
+    async def read(self, max_records: int) -> Any:
+        await self.gate.wait()
+        return await self.reader.read(max_records)
+
+    def caught_up(self) -> bool:
+        return self.reader.caught_up()  # the Kafka reader's say
+
+    async def aclose(self) -> None:
+        await self.reader.aclose()
+
+
+def test_a_bootstrapping_table_join_enriches_every_click_sent_before_the_kafka_table_was_read(
+    kafka_broker: MockBroker, new_topic: Callable[[int], str]
+) -> None:
+    """A left table join whose RIGHT is a following KafkaSource (two instances over two partitions) holding the
+    users, whose LEFT is a queue of clicks; every click is in the join before the source may read the topic
+    (its readers wait on a gate the test opens then). Without bootstrap no click meets its row; with
+    ``bootstrap=True`` every click waits (held), and once both readers reached the end offsets they saw at
+    start (the source goes on following) each click meets its row."""
+    topic, bootstrap = new_topic(2), kafka_broker.bootstrap
+    rows = [Message(key.encode(), name.encode(), i % 2) for i, (key, name) in enumerate(USERS)]
+    anyio.run(produce, bootstrap, topic, rows)
+    names = dict(USERS)
+    assert sorted(anyio.run(enrich_clicks, bootstrap, topic, False)) == sorted(
+        (key, (click, None)) for key, click in CLICKS
+    )
+    assert sorted(anyio.run(enrich_clicks, bootstrap, topic, True)) == sorted(
+        (key, (click, names.get(key))) for key, click in CLICKS
+    )
+
+
+async def enrich_clicks(bootstrap: str, topic: str, bootstrap_join: bool) -> list[tuple[Any, Any]]:
+    """Send every click; once the join has taken them all, let the Kafka source read; once every click came
+    out, stop."""
+    enriched: list[tuple[Any, Any]] = []
+    done, gate = anyio.Event(), anyio.Event()
+
+    def collect(record: sl.Record) -> None:
+        enriched.append((record.key, tuple(record.value)))
+        if len(enriched) == len(CLICKS):
+            done.set()
+
+    topology = sl.Topology("clicks")
+    users = Gated(sl.KafkaSource(topic, bootstrap, None, poll_timeout=0.05), gate)
+    join = topology.table_join("j", how="left", bootstrap=bootstrap_join, parallelism=2)
+    join.set_input(topology.add_source("clicks", sl.QueueSource()), in_port=sl.LEFT, partitioning=sl.SAME_KEY)
+    join.set_input(topology.add_source("users", users, parallelism=2), in_port=sl.RIGHT, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CallbackSink(collect)).set_input(join)
+    async with sl.start(topology) as job:
+        for key, click in CLICKS:
+            await job.send("clicks", key, click, 0.0)
+        await until_true(lambda: job.statistics().nodes["j"].records_in == len(CLICKS))  # no row can be in yet
+        assert job.statistics().nodes["j"].held == (len(CLICKS) if bootstrap_join else 0)
+        gate.set()
+        with anyio.fail_after(30):  # a reader that never says it caught up keeps the clicks waiting
+            await done.wait()
+        await job.stop()
+        await job.wait()
+    return enriched
 
 
 def docs_kafka_example() -> str:
