@@ -18,6 +18,7 @@ import click
 from streamlet.backends.local import run as run_topology
 from streamlet.config_file import config_option
 from streamlet.core.runtime.job import DEFAULT_BATCH_SIZE
+from streamlet.core.state.rocks import RocksDBState
 from streamlet.core.state.store import DirectoryCheckpointStore
 from streamlet.errors import ClusterError, StreamletError
 from streamlet.gc_policy import tune_gc
@@ -94,10 +95,20 @@ DEFAULT_CHECKPOINT_INTERVAL = 1.0  # seconds; --state-dir alone should still lea
     "--processes", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
     help="run the instances in N worker processes of this machine (its cores), over TCP on 127.0.0.1",
 )  # fmt: skip
+@click.option(
+    "--state-backend", type=click.Choice(["memory", "rocksdb"]), default="memory", show_default=True,
+    help="where tasks keep keyed state: in memory, or in RocksDB for state bigger than memory (its databases "
+    "under --state-dir/rocksdb, else in a temporary folder; see the State backends page)",
+)  # fmt: skip
+@click.option(
+    "--state-cache-mb", type=click.IntRange(min=1), default=64, show_default=True, metavar="MB",
+    help="RocksDB's block cache, with --state-backend rocksdb",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="print the same report as JSON, for scripts")
 def run_command(
     target: str, params: dict[str, str], state_dir: Path | None, checkpoint_interval: float | None,
-    batch_size: int, rows: int | None, sort: str | None, processes: int, as_json: bool,
+    batch_size: int, rows: int | None, sort: str | None, processes: int, state_backend: str, state_cache_mb: int,
+    as_json: bool,
 ) -> None:  # fmt: skip
     """Run TARGET (path/to/file.py[:NAME]) in-process and show what it produced.
 
@@ -112,15 +123,18 @@ def run_command(
     try:
         topology = load_topology(target, params=params)
         resumed_from = _resume_point(state_dir, topology.name)
-        checkpoints: dict[str, Any] = {}
+        job_options: dict[str, Any] = {}
         if state_dir is not None:
             interval = checkpoint_interval or DEFAULT_CHECKPOINT_INTERVAL
-            checkpoints = {"checkpoint_dir": state_dir, "checkpoint_interval": interval}
+            job_options = {"checkpoint_dir": state_dir, "checkpoint_interval": interval}
+        if state_backend == "rocksdb":
+            place = None if state_dir is None else state_dir / "rocksdb"
+            job_options["state_backend"] = RocksDBState(place, cache_mb=state_cache_mb)
         tune_gc()  # this process is streamlet's own: the streaming GC policy (see streamlet.gc_policy)
         if processes == 1 and not as_json and sys.stderr.isatty():  # someone watches: a progress line meanwhile
-            result = _run_watched(topology, batch_size=batch_size, **checkpoints)
+            result = _run_watched(topology, batch_size=batch_size, **job_options)
         else:
-            result = run_topology(topology, batch_size=batch_size, processes=processes, **checkpoints)
+            result = run_topology(topology, batch_size=batch_size, processes=processes, **job_options)
     except Exception as exc:  # noqa: BLE001 - user code too: one line and a non-zero exit, never a traceback
         _fail(exc)
     options = ReportOptions(rows, sort, resumed_from, state_dir)
@@ -582,6 +596,15 @@ def _cluster_options(command: Any) -> Any:
     "as fit, which keeps records off the network; the adaptation's 'spread' policy moves CPU-bound tasks later, "
     "'streamlet rebalance' moves instances of a running job)",
 )  # fmt: skip
+@click.option(
+    "--state-backend", type=click.Choice(["memory", "rocksdb"]), default="memory", show_default=True,
+    help="where the job's tasks keep keyed state: in memory, or in RocksDB on each worker's disk (under its "
+    "state dir) for state bigger than memory",
+)  # fmt: skip
+@click.option(
+    "--state-cache-mb", type=click.IntRange(min=1), default=64, show_default=True, metavar="MB",
+    help="RocksDB's block cache per job on each worker, with --state-backend rocksdb",
+)  # fmt: skip
 @click.option("--wait/--no-wait", default=True, show_default=True, help="wait until the job ends")
 @click.option(
     "--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="seconds to wait"
@@ -615,7 +638,7 @@ def _cluster_options(command: Any) -> Any:
 @_cluster_options
 def submit_command(
     target: str, job_name: str | None, parallelism: tuple[str, ...], params: dict[str, str],
-    secret_params: dict[str, str], spread: bool, wait: bool, timeout: float,
+    secret_params: dict[str, str], spread: bool, state_backend: str, state_cache_mb: int, wait: bool, timeout: float,
     results: Path | None, checkpoint_interval: float | None, replicas: int | None, replica_placement: str,
     from_savepoint: Path | None, adapt: str | None, bounds: tuple[str, ...], adapt_interval: float,
     adapt_cooldown: float, zk: str | None, cluster: str | None, state_dir: Path,
@@ -641,8 +664,9 @@ def submit_command(
         clash = sorted(set(params) & set(secret_params))
         if clash:
             raise click.UsageError(f"{', '.join(clash)} given as --param and --secret-param")
+        state = None if state_backend == "memory" else {"backend": state_backend, "cache_mb": state_cache_mb}
         submission = cluster_client.Submission(
-            target, job_name, counts, checkpoint, from_savepoint, adapting, params, spread, secret_params
+            target, job_name, counts, checkpoint, from_savepoint, adapting, params, spread, secret_params, state
         )
         secret = _client_secret("submit", state_dir)
         settings = _settings(zk, cluster, state_dir, secret)

@@ -52,19 +52,26 @@ FINISHED_ON_ONE = "job 'gated' FINISHED on {}: every worker finished (1)"
 FINISHED_ON_TWO = "job 'gated' FINISHED on worker-0, worker-1: every worker finished (2)"
 
 
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 def test_worker_sigkill_mid_job_recovers_from_the_checkpoint_with_exact_totals(
-    new_cluster: Callable[..., LocalCluster], tmp_path: Any, figures: Callable[[str], None]
+    new_cluster: Callable[..., LocalCluster], tmp_path: Any, figures: Callable[[str], None], backend: str
 ) -> None:
     """SIGKILL a worker of a checkpointed job: RECOVERING, attempt 2 on the survivor restored from the last
-    completed checkpoint, FINISHED with exact totals. Measured: kill -> RECOVERING, kill -> FINISHED."""
+    completed checkpoint, FINISHED with exact totals; the same with the count's state in RocksDB on each
+    worker's disk. Measured: kill -> RECOVERING, kill -> FINISHED."""
     cluster = new_cluster()
     job = GatedJob(tmp_path).write()
-    submit = cluster.submit(job.file, JOB, "--checkpoint-interval", "0.2")
+    submit = cluster.submit(job.file, JOB, "--checkpoint-interval", "0.2", "--state-backend", backend)
     with watching(cluster) as zk:
         states = zk.follow(paths.state(JOB))
         states.wait_for(lambda s: s["state"] == "RUNNING")
         before = zk.wait_for(f"{paths.checkpoints(JOB)}/completed", lambda c: c["attempt"] == 1)
         assert before["workers"] == ["worker-0", "worker-1"]
+        # <worker dir>/rocksdb/<job>.<attempt>/<cluster>.<job>/<node>/<instance>: the count's, as it checkpointed
+        databases = sorted(path.parent.parts[-4:] for path in cluster.state_dir.rglob("rocksdb/**/CURRENT"))
+        assert databases == ([] if backend == "memory" else [
+            (f"{JOB}.1", f"{cluster.name}.{JOB}", "count", str(i)) for i in (0, 1)
+        ])  # fmt: skip
         victim = cluster.pids["worker-1"]
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
@@ -84,7 +91,10 @@ def test_worker_sigkill_mid_job_recovers_from_the_checkpoint_with_exact_totals(
     assert 0 < report["statistics"]["nodes"]["words"]["records_in"] < 40_000  # only the rest was replayed
     assert wait_for_exit(victim)
     to_recovering, to_finished = recovering["at"] - killed_at, finished["ended"] - killed_at
-    figures(f"row 1 worker SIGKILL: kill -> RECOVERING {to_recovering:.2f} s, kill -> FINISHED {to_finished:.2f} s")
+    figures(
+        f"row 1 worker SIGKILL ({backend}): kill -> RECOVERING {to_recovering:.2f} s, "
+        f"kill -> FINISHED {to_finished:.2f} s"
+    )
     assert 0 < to_recovering < to_finished < 30
 
 

@@ -604,13 +604,17 @@ SUMS = [
 ]
 
 
-def test_state_dir_resumes_a_job_that_failed_midway_with_nothing_lost_or_counted_twice(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_state_dir_resumes_a_job_that_failed_midway_with_nothing_lost_or_counted_twice(
+    tmp_path: Path, backend: str
+) -> None:
     """The first run crashes on the second half, after a checkpoint holds the first; the rerun with the same
-    --state-dir says it resumes, reads only the second half and prints the exact sums of all twenty numbers."""
+    --state-dir says it resumes, reads only the second half and prints the exact sums of all twenty numbers. The
+    same with the sums' state in RocksDB (under the state dir: gone once each run ended)."""
     path = write(tmp_path, "cli_resumable.py", RESUMABLE)
     (tmp_path / "crash-once").touch()
     state = tmp_path / "state"
-    options = ("--state-dir", str(state), "--checkpoint-interval", "0.01", "--sort", "key")
+    options = ("--state-dir", str(state), "--checkpoint-interval", "0.01", "--sort", "key", "--state-backend", backend)
 
     crashed = invoke("run", str(path), *options)
     assert (crashed.exit_code, crashed.stdout) == (1, "")
@@ -628,6 +632,7 @@ def test_state_dir_resumes_a_job_that_failed_midway_with_nothing_lost_or_counted
         ["numbers", "source", "1", "10", "10", "0"], ["crash-once", "task", "1", "10", "10", "0"],
         ["sum", "task", "1", "10", "3", "0"], ["sums", "sink", "1", "3", "-", "0"],
     ]  # fmt: skip
+    assert not any((state / "rocksdb").rglob("CURRENT"))  # the working copies closed and removed
 
 
 def test_state_dir_of_a_finished_job_starts_afresh(tmp_path: Path) -> None:

@@ -137,6 +137,11 @@ class RocksValues(MutableMapping[Any, Any]):
             self._db = self._make_db()
         return self._db
 
+    @property
+    def made(self) -> bool:
+        """Whether the database was made (the state was touched)."""
+        return self._db is not None
+
     def close(self) -> None:
         """Close the database, if one was made."""
         self.cache.clear()
@@ -287,6 +292,8 @@ class RocksKeyedState(KeyedState):
     def checkpoint(self) -> bytes:
         """The whole map packed, as the in-memory state packs it."""
         values = self.values
+        if not values.made and not values.cache:  # never touched (a stateless task): no database to make
+            return pack_exact({}, "keyed state")
         values.flush()
         return pack_exact({values.key_of(raw): unpackb(packed) for raw, packed in values.db.items()}, "keyed state")
 
@@ -295,11 +302,14 @@ class RocksKeyedState(KeyedState):
         values = self.values
         values.cache.clear()
         values.before = None
+        restored = _unpack(snapshot)
+        if not values.made and not restored:  # nothing to hold: no database to make
+            return
         for raw in list(values.db.keys()):
             values.db.delete(raw)
         rocksdict = _rocksdict()
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for key, value in _unpack(snapshot).items():
+        for key, value in restored.items():
             batch.put(values.raw_key(key), pack_exact(value, "keyed state"))
         values.db.write(batch)
 
@@ -309,4 +319,11 @@ class RocksKeyedState(KeyedState):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-StateFactory = Callable[[str, str, int, int], KeyedState]
+def backend_from(settings: dict[str, Any] | None, path: Path) -> RocksDBState | None:
+    """The backend a cluster job's spec names (``{"backend": "rocksdb", "cache_mb": N}``: ``submit
+    --state-backend rocksdb``), its databases under ``path``; ``None``: in memory."""
+    if not settings:
+        return None
+    if settings.get("backend") != "rocksdb":
+        raise StreamletError(f"unknown state backend {settings.get('backend')!r} (this worker knows rocksdb)")
+    return RocksDBState(path, cache_mb=int(settings.get("cache_mb", 64)))

@@ -50,6 +50,7 @@ class Submission:
     params: dict[str, str] = field(default_factory=dict)  # --param: the building function's arguments, as text
     spread: bool = False  # --spread: every node's instances over different workers from the start
     secret_params: dict[str, str] = field(default_factory=dict)  # --secret-param: sealed in the spec, never shown
+    state: dict[str, Any] | None = None  # --state-backend rocksdb: {"backend": "rocksdb", "cache_mb": N}
 
 
 async def build_within(spec: JobSpec, seconds: float) -> Topology:
@@ -99,6 +100,7 @@ async def submit_and_wait(
             submission.adapt,
             submission.params,
             submission.spread,
+            submission.state,
         )
         # built here with the secret parameters in clear; recorded with them sealed (``tree.sealed``)
         plain: JobSpec = {**spec, "params": {**spec["params"], **submission.secret_params}}

@@ -24,6 +24,7 @@ def new_spec(
     adapt: dict[str, Any] | None = None,
     params: dict[str, str] | None = None,
     spread: bool = False,
+    state: dict[str, Any] | None = None,
 ) -> JobSpec:
     """An unsigned spec; a file target is made absolute so that every worker finds the same file. ``params``
     (``--param``) go to the function that builds the topology, in every process that builds it, exactly as
@@ -33,7 +34,7 @@ def new_spec(
         target = str(Path(location).resolve()) + colon + name
     return {
         "target": target, "parallelism": parallelism, "checkpoint": checkpoint, "submitted": world.wall_time(),
-        "uid": world.token_hex(6), "adapt": adapt, "params": dict(params or {}), "spread": spread,
+        "uid": world.token_hex(6), "adapt": adapt, "params": dict(params or {}), "spread": spread, "state": state,
     }  # fmt: skip
 
 

@@ -97,6 +97,7 @@ class JobSpec(TypedDict, total=False):
     checkpoint: dict[str, Any] | None  # {"interval": seconds, "replicas": K or None (one when possible)}
     adapt: dict[str, Any] | None  # AdaptSettings.to_data(): the adaptation policies it runs under
     spread: bool  # --spread: every node's instances over different workers from the start
+    state: dict[str, Any] | None  # --state-backend rocksdb: {"backend": "rocksdb", "cache_mb": N}; None: in memory
     sealed: dict[str, str]  # --secret-param NAME=@FILE: sealed with the cluster secret (see ``tree.sealed``)
     params: dict[str, str]  # --param NAME=VALUE: the building function's arguments, as text (signed with the rest)
     submitted: float

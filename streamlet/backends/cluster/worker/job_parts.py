@@ -59,6 +59,7 @@ from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.job import Job, JobResult
 from streamlet.core.runtime.plan import Placement
 from streamlet.core.runtime.reconfiguration import ReconfigurationPlan
+from streamlet.core.state.rocks import backend_from
 from streamlet.errors import (
     CoordinationError,
     JobError,
@@ -118,6 +119,7 @@ class WorkerJobs:
         self.on_part_built = on_part_built
         self.secret = secret
         self.replicas = ReplicaService(state_dir, registration.worker_id, server, client)
+        self.state_dir = state_dir
         self.replicas.on_stored = partial(acknowledge_stored, zk, registration.worker_id)
         self.registration = registration
         self.me = registration.worker_id
@@ -514,6 +516,7 @@ class WorkerJobs:
             job_id=f"{self.zk.cluster}.{job}", attempt=run, name=job,  # sinks stage per run; Kafka ids per job
             lineage=f"{job}.{spec['uid']}",  # every attempt of this submission: a fresh one cleans the others' staging
             quiescence=ClusterQuiescence(self.zk, LoopAttempt(job, attempt, self.me, attempt_workers(assignment))),
+            state_backend=backend_from(spec.get("state"), self.state_dir / "rocksdb" / f"{job}.{attempt}"),
         )  # fmt: skip
         part.built = running
         if self.on_part_built is not None:
