@@ -22,6 +22,7 @@ from benchmarks import (
     rescale,
     routing,
     spark,
+    state,
     surge,
     tcp,
     windows,
@@ -55,6 +56,7 @@ def main() -> None:
         "joins",
         "enrich",
         "postgres",
+        "state",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -104,6 +106,8 @@ def main() -> None:
         line = rescale.main(0, args.repeats)
     elif args.name == "routing":
         line = routing.main(args.records or 2_000_000, args.repeats)
+    elif args.name == "state":
+        line = state.main(args.records or 2_000_000, min(args.repeats, 3))
     elif args.name == "checkpoint":
         line = checkpoint.main(args.records or 3_000_000, args.repeats)
     else:

@@ -35,6 +35,7 @@ from streamlet.errors import StreamletError
 _SEGMENT = struct.Struct(">H")
 _MISSING: Any = object()
 DEFAULT_CACHE_ENTRIES = 4096
+WRITE_BATCH = 1024  # values written back that go to the database together
 
 
 def _rocksdict() -> Any:
@@ -92,9 +93,14 @@ class RocksDBState:
             options = rocksdict.Options(raw_mode=True)
             table = rocksdict.BlockBasedOptions()
             table.set_block_cache(self._cache)
+            table.set_bloom_filter(10, False)  # a read of a key never written (a new key) skips the files
             options.set_block_based_table_factory(table)
             self.opened.append((job, node, index))
-            return rocksdict.Rdict(str(folder), options)
+            db = rocksdict.Rdict(str(folder), options)
+            unlogged = rocksdict.WriteOptions()
+            unlogged.disable_wal = True  # a working copy: what survives a crash is the checkpoint, not this
+            db.set_write_options(unlogged)
+            return db
 
         state = RocksKeyedState(RocksValues(make, segments, self.cache_entries), folder)
         self._opened.append(state)
@@ -128,7 +134,12 @@ class RocksValues(MutableMapping[Any, Any]):
         self.segments = segments
         self.limit = cache_entries
         self.cache: OrderedDict[Any, Any] = OrderedDict()
+        self.raw_of: dict[Any, bytes] = {}  # the stored key of each cached key (computed once)
+        #: Written back but not yet in the database: stored key -> packed value (``None``: deleted). Written as
+        #: one batch once it holds ``WRITE_BATCH`` entries (one RocksDB write per key costs several times more).
+        self.pending: dict[bytes, bytes | None] = {}
         self.before: dict[Any, Any] | None = None
+        self._missed: tuple[Any, bytes] | None = None  # the last key a get did not find, and its stored key
 
     @property
     def db(self) -> Any:
@@ -145,6 +156,8 @@ class RocksValues(MutableMapping[Any, Any]):
     def close(self) -> None:
         """Close the database, if one was made."""
         self.cache.clear()
+        self.raw_of.clear()
+        self.pending.clear()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -163,38 +176,53 @@ class RocksValues(MutableMapping[Any, Any]):
     # -- the mapping ----------------------------------------------------------------
 
     def __getitem__(self, key: Any) -> Any:
-        self._note(key)
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if self.before is not None:
+            self._note(key)
         cache = self.cache
         if key in cache:
             cache.move_to_end(key)
             return cache[key]
-        raw = self.db.get(self.raw_key(key))
-        if raw is None:
-            raise KeyError(key)
-        value = unpackb(raw)
-        self._remember(key, value)
+        raw = self.raw_key(key)
+        packed = self._stored(raw)
+        if packed is None:
+            self._missed = (key, raw)  # a get then a put of a new key (a count's first record) packs it once
+            return default
+        value = unpackb(packed)
+        self._remember(key, value, raw)
         return value
 
-    def get(self, key: Any, default: Any = None) -> Any:
-        try:
-            return self[key]
-        except KeyError:
-            return default
+    def _stored(self, raw: bytes) -> bytes | None:
+        """The packed value stored under ``raw`` (written back or in the database), ``None`` if absent."""
+        pending = self.pending
+        if raw in pending:
+            return pending[raw]
+        found: bytes | None = self.db.get(raw)
+        return found
 
     def __contains__(self, key: object) -> bool:
-        return key in self.cache or self.db.get(self.raw_key(key)) is not None
+        return key in self.cache or self._stored(self.raw_key(key)) is not None
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._note(key)
-        self._remember(key, value)
+        if self.before is not None:
+            self._note(key)
+        missed = self._missed
+        same = missed is not None and type(missed[0]) is type(key) and missed[0] == key  # 1 and 1.0 pack apart
+        self._remember(key, value, missed[1] if same and missed is not None else None)
+        self._missed = None
 
     def __delitem__(self, key: Any) -> None:
         self._note(key)
         cached = self.cache.pop(key, _MISSING)
-        raw = self.raw_key(key)
-        if cached is _MISSING and self.db.get(raw) is None:
+        raw = self.raw_of.pop(key, None) or self.raw_key(key)
+        if cached is _MISSING and self._stored(raw) is None:
             raise KeyError(key)
-        self.db.delete(raw)
+        self._write_back(raw, None)
 
     def __iter__(self) -> Iterator[Any]:
         """The keys (a list taken now, so the state may change while it is walked)."""
@@ -218,7 +246,7 @@ class RocksValues(MutableMapping[Any, Any]):
             value = cache.get(key, _MISSING)
             if value is _MISSING:
                 value = unpackb(packed)
-                self._remember(key, value)
+                self._remember(key, value, raw)
             yield key, value
 
     def values(self) -> Any:
@@ -230,23 +258,47 @@ class RocksValues(MutableMapping[Any, Any]):
 
     # -- the cache ------------------------------------------------------------------
 
-    def _remember(self, key: Any, value: Any) -> None:
+    def _remember(self, key: Any, value: Any, raw: bytes | None) -> None:
         cache = self.cache
+        if key in cache:
+            cache.move_to_end(key)
+        elif raw is not None:
+            self.raw_of[key] = raw
         cache[key] = value
-        cache.move_to_end(key)
         if len(cache) > self.limit:
             old, kept = cache.popitem(last=False)
-            self.db[self.raw_key(old)] = pack_exact(kept, "keyed state")
+            stored = self.raw_of.pop(old, None) or self.raw_key(old)
+            self._write_back(stored, pack_exact(kept, "keyed state"))
 
-    def flush(self) -> None:
-        """Write every cached value back (they stay cached)."""
-        if not self.cache:
+    def _write_back(self, raw: bytes, packed: bytes | None) -> None:
+        pending = self.pending
+        pending[raw] = packed
+        if len(pending) >= WRITE_BATCH:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        """Everything written back into the database, as one batch."""
+        if not self.pending:
             return
         rocksdict = _rocksdict()
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for key, value in self.cache.items():
-            batch.put(self.raw_key(key), pack_exact(value, "keyed state"))
+        for raw, packed in self.pending.items():
+            if packed is None:
+                batch.delete(raw)
+            else:
+                batch.put(raw, packed)
         self.db.write(batch)
+        self.pending.clear()
+
+    def flush(self) -> None:
+        """Write every cached value back (they stay cached), and whatever waits to be written."""
+        raw_of = self.raw_of
+        for key, value in self.cache.items():
+            stored = raw_of.get(key)
+            if stored is None:
+                stored = raw_of[key] = self.raw_key(key)
+            self.pending[stored] = pack_exact(value, "keyed state")
+        self._write_pending()
 
     # -- taking a failed call back -----------------------------------------------------
 
@@ -257,17 +309,15 @@ class RocksValues(MutableMapping[Any, Any]):
             if value is not _MISSING:
                 before[key] = pack_exact(value, "keyed state")
             else:
-                before[key] = self.db.get(self.raw_key(key))  # None: absent before the call
+                before[key] = self._stored(self.raw_key(key))  # None: absent before the call
 
     def take_back(self) -> None:
         """Put back every key the call touched as it was before the call."""
         before, self.before = self.before or {}, None
         for key, packed in before.items():
             self.cache.pop(key, None)
-            if packed is None:
-                self.db.delete(self.raw_key(key))
-            else:
-                self.db[self.raw_key(key)] = packed
+            raw = self.raw_of.pop(key, None) or self.raw_key(key)
+            self._write_back(raw, packed)
 
 
 class RocksKeyedState(KeyedState):
@@ -301,6 +351,8 @@ class RocksKeyedState(KeyedState):
         """Replace the contents with a checkpoint's map (of either backend)."""
         values = self.values
         values.cache.clear()
+        values.raw_of.clear()
+        values.pending.clear()
         values.before = None
         restored = _unpack(snapshot)
         if not values.made and not restored:  # nothing to hold: no database to make

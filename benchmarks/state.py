@@ -1,0 +1,76 @@
+"""Keyed state in memory vs in RocksDB: a keyed count over many distinct keys, each backend in a process of its
+own (so each reports its own peak RSS).
+
+The job is the word count's (``benchmarks.wordcount.build``: a list source, a pairing map, the count writing
+``self.state.values`` in its hot loop) over ``keys`` distinct words, each seen ``records / keys`` times. The
+baseline is the same job on the in-memory dict (the default backend, the fastest); the measured figure is the
+job on ``RocksDBState(cache_mb=64)``. ``ratio`` = RocksDB / dict (target >= 0.4 at 1 M keys). Each variant runs
+``repeats`` times in a fresh interpreter; medians.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.common import report
+
+VARIANT = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+import streamlet as sl
+from benchmarks.wordcount import build
+
+keys, records, backend = {keys}, {records}, {backend!r}
+words = [f"w{{i % keys}}" for i in range(records)]
+state = None if backend == "memory" else sl.RocksDBState({folder!r}, cache_mb=64)
+began = time.perf_counter()
+result = sl.run(build(words), state_backend=state)
+seconds = time.perf_counter() - began
+assert len(result.sink("totals")) == keys
+print(json.dumps({{"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+
+
+def run_variant(backend: str, keys: int, records: int) -> dict[str, float]:
+    """One run of the count on ``backend`` in a new interpreter: its seconds and peak RSS (MB)."""
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    with tempfile.TemporaryDirectory() as folder:
+        code = VARIANT.format(root=root, keys=keys, records=records, backend=backend, folder=folder)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    measured: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return measured
+
+
+def main(records: int, repeats: int, keys: int = 1_000_000) -> dict[str, Any]:
+    """Alternate the backends ``repeats`` times; median rates and peak RSS of each."""
+    keys = min(keys, records)  # a short run (--records) counts fewer distinct keys
+    runs: dict[str, list[dict[str, float]]] = {"memory": [], "rocksdb": []}
+    began = time.perf_counter()
+    for turn in range(repeats):
+        for backend in ("memory", "rocksdb") if turn % 2 == 0 else ("rocksdb", "memory"):
+            runs[backend].append(run_variant(backend, keys, records))
+
+    def rate(backend: str) -> float:
+        return records / statistics.median(run["seconds"] for run in runs[backend])
+
+    def rss(backend: str) -> float:
+        return round(statistics.median(run["peak_rss_mb"] for run in runs[backend]), 1)
+
+    return report(
+        "state",
+        rate("rocksdb"),
+        rate("memory"),
+        keys=keys,
+        records=records,
+        repeats=repeats,
+        rocksdb_peak_rss_mb=rss("rocksdb"),
+        memory_peak_rss_mb=rss("memory"),
+        cache_mb=64,
+        wall_seconds=round(time.perf_counter() - began, 1),
+    )
