@@ -49,9 +49,10 @@ def _rocksdict() -> Any:
 class RocksDBState:
     """Keep keyed state in RocksDB, under ``path`` (a temporary folder when ``None``).
 
-    ``cache_mb``: RocksDB's block cache, shared by the job's instances of this backend. ``cache_entries``: the
-    decoded values each instance keeps in memory (its write-back cache). The in-memory dict (the default
-    backend) is faster; choose RocksDB for state that does not fit in memory.
+    ``cache_mb``: RocksDB's block cache, shared by the job's instances of this backend (each instance's
+    memtables take up to half as much again). ``cache_entries``: the decoded values each instance keeps in
+    memory (its write-back cache). The in-memory dict (the default backend) is faster; choose RocksDB for
+    state that does not fit in memory.
 
     Example:
         >>> backend = RocksDBState(cache_mb=16)
@@ -91,6 +92,10 @@ class RocksDBState:
             shutil.rmtree(folder, ignore_errors=True)  # a working copy: a restore starts from the checkpoint
             folder.mkdir(parents=True)
             options = rocksdict.Options(raw_mode=True)
+            # memtables count against memory too: RocksDB's default (64 MB each) would hold a whole state of
+            # that size in memory before a flush; a quarter of the cache each, two at most
+            options.set_write_buffer_size(max(1, self.cache_mb // 4) * 1024 * 1024)
+            options.set_max_write_buffer_number(2)
             table = rocksdict.BlockBasedOptions()
             table.set_block_cache(self._cache)
             table.set_bloom_filter(10, False)  # a read of a key never written (a new key) skips the files
