@@ -175,11 +175,12 @@ def test_a_live_rescale_2_3_1_of_the_blocking_task_in_attempt_1(
     record: both changes are done in attempt 1 (the calls go in pieces of about 50 ms, so the control plane gets
     its turns). The source sends blocks of 1 000 words until the test releases it after the changes, so the
     input cannot end mid-change on a slow machine; the counts are exactly those of the words sent (a whole number
-    of blocks: a record lost or counted twice breaks the sum or the split over the words). At 5 ms the batches
-    hold 250 records (1.25 s of loop each), so what is queued when the source is released drains in seconds."""
+    of blocks: a record lost or counted twice breaks the sum or the split over the words). The batches hold 250
+    records at 1.6 ms (0.4 s of loop each) and 100 at 5 ms (0.5 s), so what is queued when the source is released
+    drains in seconds."""
     cluster = new_cluster(workers=3)
     release = tmp_path / "release"
-    piece = 1000 if per_record < 0.002 else 250
+    piece = 250 if per_record < 0.002 else 100  # small batches: what is queued at the release drains in seconds
     with running(cluster, tmp_path, per_record, checkpointed=False, release=release, piece=piece) as run:
         for parallelism in ("3", "1"):
             change = cluster.run("rescale", JOB, "count", parallelism, timeout=180)
