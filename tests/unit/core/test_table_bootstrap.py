@@ -190,3 +190,58 @@ def test_bootstrap_refuses_a_state_ttl_and_a_bad_buffer() -> None:
         topology.table_join("j", bootstrap=True, bootstrap_buffer=0)
     with pytest.raises(sl.TopologyError, match=r"task 'j': bootstrap must be True or False, got 'yes'"):
         topology.table_join("j", bootstrap="yes")
+
+
+def bounded(rows: list[tuple[str, str | None]], how: str, parallelism: int = 2) -> sl.Topology:
+    """Clicks (a queue) joined with a bounded table side (its end is its catching up), ``how`` as given."""
+    topology = sl.Topology("bounded")
+    clicks = topology.add_source("clicks", sl.QueueSource())
+    users = topology.add_source("users", [sl.Record(key, value, 0.0) for key, value in rows])
+    join = topology.table_join("j", how=how, fn=lambda key, click, name: [click, name], bootstrap=True,
+                               parallelism=parallelism)  # fmt: skip
+    join.set_input(clicks, in_port=sl.LEFT, partitioning=sl.SAME_KEY)
+    join.set_input(users, in_port=sl.RIGHT, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(join)
+    return topology
+
+
+# u1's and u4's rows deleted before the table caught up (u1 may have a click waiting by then, u4 never has)
+ROWS = [("u1", "Ada"), ("u1", None), ("u2", "Grace"), ("u3", "Linus"), ("u4", "Old"), ("u4", None)]
+
+
+@pytest.mark.parametrize(("how", "expected"), [
+    ("left", [("nobody", (3, None)), ("u1", (1, None)), ("u2", (2, "Grace"))]),
+    ("inner", [("u2", (2, "Grace"))]),
+])  # fmt: skip
+async def test_waiting_clicks_meet_the_table_as_it_is_once_loaded_tombstones_included(
+    how: str, expected: list[tuple[str, Any]]
+) -> None:
+    """A row deleted before the table caught up is no row; a key the table lacks meets none (an inner join
+    drops the click); after the release a click for a key the table lacks is dropped too."""
+    async with sl.start(bounded(ROWS, how)) as job:
+        for key, click in [("u1", 1), ("u2", 2), ("nobody", 3)]:
+            await job.send("clicks", key, click, 0.0)
+        await until_true(lambda: job.statistics().nodes["out"].records_in == len(expected))
+        await job.send("clicks", "stranger", 4, 0.0)  # after the release: no entry at all for its key
+        await job.send("clicks", "u4", 5, 0.0)  # its row was deleted: none
+        await job.close_source("clicks")
+        result = await job.wait()
+    after = [("stranger", (4, None)), ("u4", (5, None))] if how == "left" else []
+    assert joined(result.sink("out")) == sorted([*expected, *after])
+
+
+async def test_a_rescale_after_the_release_joins_no_click_twice() -> None:
+    """Released entries keep nothing waiting: moving their keys (2 -> 3 instances, then 1) joins each click once."""
+    async with sl.start(bounded(ROWS, "left")) as job:
+        for n in range(30):
+            await job.send("clicks", f"u{n % 4}", n, 0.0)
+        await until_true(lambda: job.statistics().nodes["out"].records_in == 30)
+        await job.rescale("j", 3)
+        await job.send("clicks", "u2", 30, 0.0)
+        await job.rescale("j", 1)
+        await job.close_source("clicks")
+        result = await job.wait()
+    names = {"u0": None, "u1": None, "u2": "Grace", "u3": "Linus"}  # u4 gets no click here
+    assert joined(result.sink("out")) == sorted(
+        [(f"u{n % 4}", (n, names[f"u{n % 4}"])) for n in range(30)] + [("u2", (30, "Grace"))]
+    )

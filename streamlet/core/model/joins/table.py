@@ -30,9 +30,7 @@ class TableJoin(StreamJoin):
 
     kinds = ("inner", "left")
 
-    def __init__(
-        self, how: str = "inner", fn: JoinFunction | None = None, bootstrap: bool = False, bootstrap_buffer: int = 0
-    ) -> None:
+    def __init__(self, how: str, fn: JoinFunction | None, bootstrap: bool, bootstrap_buffer: int) -> None:
         super().__init__(how, fn)
         self.bootstrap = bootstrap
         self.bootstrap_buffer = bootstrap_buffer
@@ -98,8 +96,7 @@ class TableJoin(StreamJoin):
                 state.delete(key)
             else:
                 state.put(key, [row, []])
-            self.waiting -= len(records)
-            self.hooks.counters.hold(-len(records))
+            self.hooks.counters.hold(-len(records))  # (``waiting`` no longer matters: counted again at a restore)
             batch = [(key, value, ts) for value, ts in records]
             self._join_now(batch, outputs, {} if row is None else {key: row})
 
