@@ -43,7 +43,8 @@ class SourceReader(ABC):
 
     @abstractmethod
     async def read(self, max_records: int) -> Batch | list[Record] | None:
-        """Up to ``max_records`` records, waiting for at least one; ``None`` at the end.
+        """Up to ``max_records`` records, waiting for at least one; ``None`` at the end. An empty list hands
+        control back without data (a reader does so once when it has just caught up: see :meth:`caught_up`).
 
         Items may be :class:`Record` objects, plain ``(key, value, ts)``
         tuples (cheaper: the runtime carries records as such tuples),
