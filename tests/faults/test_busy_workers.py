@@ -153,7 +153,7 @@ def assert_busy_never_lost(cluster: LocalCluster, reasons: list[str]) -> None:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("per_record", [0.0016, 0.005], ids=["1.6ms", "5ms"])
+@pytest.mark.parametrize("per_record", [0.005], ids=["5ms"])  # 1.6 ms runs to its end exact in the rescale test
 def test_a_job_that_holds_the_loop_finishes_in_attempt_1_exact(
     new_cluster: Callable[..., LocalCluster], tmp_path: Path, per_record: float
 ) -> None:
