@@ -23,6 +23,7 @@ from benchmarks import (
     routing,
     spark,
     state,
+    state_checkpoint,
     surge,
     tcp,
     windows,
@@ -57,6 +58,7 @@ def main() -> None:
         "enrich",
         "postgres",
         "state",
+        "state-checkpoint",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -108,6 +110,8 @@ def main() -> None:
         line = routing.main(args.records or 2_000_000, args.repeats)
     elif args.name == "state":
         line = state.main(args.records or 2_000_000, min(args.repeats, 3))
+    elif args.name == "state-checkpoint":  # --records: the keys held
+        line = state_checkpoint.main(args.records or 10_000_000, args.repeats)
     elif args.name == "checkpoint":
         line = checkpoint.main(args.records or 3_000_000, args.repeats)
     else:

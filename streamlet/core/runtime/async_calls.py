@@ -346,10 +346,10 @@ class MapAsyncInstance(TaskInstance):
 
     # -- checkpoints ----------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, incremental: bool = False) -> dict[str, Any]:
         """The task's snapshot with the entries not yet emitted, in input order: ``(key, value, ts, answer)``
         with ``answer`` a held ``[key, value]``, ``None`` to call again, or ``False`` for a held drop."""
-        snapshot = super().snapshot()
+        snapshot = super().snapshot(incremental)
         snapshot["calls"] = pack_exact(self._stored_entries(), f"task '{self.node.name}'")
         return snapshot
 

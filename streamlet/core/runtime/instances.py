@@ -99,6 +99,8 @@ class Environment:
     loop_warning: float = DEFAULT_LOOP_WARNING  # seconds one call of user code may hold the loop unreported
     process_pool: ProcessPool | None = None  # where run_in="process" tasks run (a job with one makes it)
     state_backend: StateBackend | None = None  # where tasks keep keyed state (None: in memory)
+    #: Checkpoints may hold what changed in a task's state since the previous one (a store that keeps chunks).
+    incremental_checkpoints: bool = False
     yielded: float = 0.0  # monotonic() when an instance last let the loop run others (it waited, or it yielded)
 
 

@@ -173,6 +173,7 @@ class Job:
         if coordinator is not None:
             self._coordinator = coordinator
             self._env.checkpoints = coordinator
+            self._env.incremental_checkpoints = coordinator.incremental
         elif checkpoint_interval is not None:
             raise JobError("checkpoint_interval needs a checkpoint store (checkpoint_dir=...)")
         if start_from is not None:

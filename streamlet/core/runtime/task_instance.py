@@ -202,12 +202,14 @@ class TaskInstance(Receiver):
 
     section: Section | None = "tasks"
 
-    def snapshot(self) -> dict[str, Any]:
-        """State (with its write times under a TTL), open windows, timers and whether finish() already ran."""
+    def snapshot(self, incremental: bool = False) -> dict[str, Any]:
+        """State (with its write times under a TTL), open windows, timers and whether finish() already ran.
+        ``incremental``: for a checkpoint that may hold only what changed in the state since the last one."""
         self.task.settle_state()
         window = None if self.window is None else self.window.snapshot()
         try:
-            snapshot = {"state": self.state.checkpoint(), "window": window, "finished": self.finished}
+            state = self.state.checkpoint_increment() if incremental else self.state.checkpoint()
+            snapshot = {"state": state, "window": window, "finished": self.finished}
             if isinstance(self.state, ExpiringState):
                 snapshot["state_written"] = self.state.checkpoint_written()
             snapshot["timers"] = self.timers.checkpoint()
@@ -247,11 +249,11 @@ class TaskInstance(Receiver):
 
     def final_snapshot(self) -> Any:
         """The snapshot once inputs ended (after finish)."""
-        return self.snapshot()
+        return self.snapshot(self.env.incremental_checkpoints)
 
     async def on_aligned(self, epoch: int) -> None:
         """Snapshot, report, and pass the barrier on."""
-        self._ack(epoch, self.snapshot())
+        self._ack(epoch, self.snapshot(self.env.incremental_checkpoints))
         await self.outputs.flush()
         await self.outputs.broadcast(Barrier(epoch))
 

@@ -43,8 +43,9 @@ from streamlet.core.model.clock import Clock
 from streamlet.core.model.encoding import encoding_error, first_unencodable
 from streamlet.core.model.histogram import LatencyHistogram
 from streamlet.core.model.hooks import maybe_await
+from streamlet.core.state.changelog import store_increments
 from streamlet.core.state.participant import SECTIONS, Participant
-from streamlet.core.state.store import CheckpointStore, encode
+from streamlet.core.state.store import CheckpointStore, encode, keeps_chunks
 from streamlet.errors import EncodingError, JobError
 
 log = structlog.get_logger("streamlet")
@@ -60,7 +61,8 @@ class _Pending:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointInfo:
-    """The last completed checkpoint: epoch, encoded size and time from trigger to saved."""
+    """The last completed checkpoint: epoch, bytes written (the document and its new chunks) and time from
+    trigger to saved."""
 
     epoch: int
     size_bytes: int
@@ -121,6 +123,12 @@ class Coordinator:
         self.layout: Callable[[], dict[str, Any]] = dict
         #: A savepoint to start from instead of the store's newest checkpoint (set by the job).
         self.start_from: tuple[int, dict[str, Any]] | None = None
+
+    @property
+    def incremental(self) -> bool:
+        """Whether a checkpoint may hold only what changed in a state (its store keeps chunks; alone only:
+        the parts of a job on several processes are replicated and merged whole)."""
+        return self.agreement is None and keeps_chunks(self.store)
 
     def attach(self, instances: Sequence[Participant], last_epoch: int | None, attempt: str) -> None:
         """The instances of run ``attempt`` of the job; epochs continue after ``last_epoch``."""
@@ -284,19 +292,21 @@ class Coordinator:
 
     async def _complete(self, epoch: int, finished: bool = False) -> None:
         pending = self._pending[epoch]
-        try:
-            data = encode(self._document(epoch, pending, finished))  # on the loop: the state is bytes already
-        except (TypeError, ValueError, OverflowError) as exc:  # a value in a window or a position: say whose
-            raise _unencodable(epoch, pending.snapshots) from exc
+        document = self._document(epoch, pending, finished)
         # Not in a worker thread: while the loop keeps the GIL busy, a thread waits ~5 ms to get it back
         # after each system call (the convoy effect), which made a 2 ms save take most of a second.
+        chunks = store_increments(document, self.store.save_chunk) if self.incremental else 0  # type: ignore[attr-defined]
+        try:
+            data = encode(document)  # on the loop: the state is bytes already
+        except (TypeError, ValueError, OverflowError) as exc:  # a value in a window or a position: say whose
+            raise _unencodable(epoch, pending.snapshots) from exc
         await maybe_await(self.store.save(epoch, data))
         if self.agreement is not None:
             self._saved[epoch] = len(data)  # committed when the agreement says every process has its part
             await self.agreement.saved(epoch, len(data), finished)
             return
         await self._commit(epoch)
-        self._completed(epoch, len(data))
+        self._completed(epoch, len(data) + chunks)
 
     async def commit_through(self, epoch: int) -> None:
         """Every process has saved its part of ``epoch``: commit it and every earlier local part."""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from streamlet.core.model.encoding import pack_exact
-from streamlet.core.state.keyed import KeyedState, _unpack
+from streamlet.core.state.keyed import KeyedState, StateSnapshot, _unpack
 
 
 class ExpiringState(KeyedState):
@@ -87,7 +87,7 @@ class ExpiringState(KeyedState):
         self._sweep_all(self._now())
         return len(self.values)
 
-    def checkpoint(self) -> bytes:
+    def checkpoint(self) -> StateSnapshot:
         """Like :meth:`KeyedState.checkpoint`, without the expired entries (swept first)."""
         self._sweep_all(self._now())
         return super().checkpoint()
@@ -96,7 +96,7 @@ class ExpiringState(KeyedState):
         """The write times of the entries :meth:`checkpoint` saw, as bytes (a key -> time map)."""
         return pack_exact(dict(self.written), "keyed state write times")
 
-    def restore(self, snapshot: bytes) -> None:
+    def restore(self, snapshot: StateSnapshot) -> None:
         """Replace the contents with :meth:`checkpoint`'s data; every entry counts as written now
         until :meth:`restore_written` says otherwise."""
         super().restore(snapshot)

@@ -16,6 +16,10 @@ from typing import Any
 
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
+from streamlet.core.state.changelog import values_of
+
+#: A keyed state's checkpoint: the in-memory state's packed map, or RocksDB's changelog (``core.state.changelog``).
+StateSnapshot = bytes | dict[str, Any]
 
 
 class KeyedState:
@@ -56,7 +60,7 @@ class KeyedState:
     def __len__(self) -> int:
         return len(self.values)
 
-    def checkpoint(self) -> bytes:
+    def checkpoint(self) -> StateSnapshot:
         """A consistent snapshot: the key/value map as bytes (:func:`~streamlet.core.model.encoding.packb`).
 
         Packed at once in C: one object however many keys, so a snapshot
@@ -66,12 +70,17 @@ class KeyedState:
         """
         return pack_exact(self.values, "keyed state")
 
-    def restore(self, snapshot: bytes) -> None:
-        """Replace the contents with :meth:`checkpoint`'s data."""
+    def checkpoint_increment(self) -> Any:
+        """What a checkpoint keeps of this state: here the whole map (:meth:`checkpoint`); a backend that
+        checkpoints incrementally returns what changed since its previous checkpoint."""
+        return self.checkpoint()
+
+    def restore(self, snapshot: StateSnapshot) -> None:
+        """Replace the contents with :meth:`checkpoint`'s data (of either backend)."""
         self.values = _unpack(snapshot)
 
     @staticmethod
-    def partition(snapshot: bytes, parts: int, owner: Callable[[Any], int] | None = None) -> list[bytes]:
+    def partition(snapshot: Any, parts: int, owner: Callable[[Any], int] | None = None) -> list[bytes]:
         """Split a snapshot by key into ``parts``: part i holds the keys ``owner`` gives instance i
         (default: the ``SAME_KEY`` rule for ``parts`` instances, see ``core.model.segments``)."""
         owner = owner or default_owner(parts)
@@ -81,7 +90,7 @@ class KeyedState:
         return [pack_exact(part, "keyed state") for part in split]
 
     @staticmethod
-    def merge(parts: list[bytes]) -> bytes:
+    def merge(parts: list[Any]) -> bytes:
         """Join snapshots of several instances into one."""
         merged: dict[Any, Any] = {}
         for part in parts:
@@ -94,8 +103,11 @@ def default_owner(parts: int) -> Callable[[Any], int]:
     return SegmentTable.contiguous(DEFAULT_SEGMENTS, parts).owner_function()
 
 
-def _unpack(snapshot: bytes) -> dict[Any, Any]:
-    """A snapshot's map: keys and values with the types they were put with (tuple keys are tuples again)."""
+def _unpack(snapshot: StateSnapshot) -> dict[Any, Any]:
+    """A snapshot's map: keys and values with the types they were put with (tuple keys are tuples again).
+    Either backend's: the in-memory state's packed map or RocksDB's changelog (``core.state.changelog``)."""
+    if isinstance(snapshot, dict):
+        return values_of(snapshot)
     values = unpackb(snapshot)
     if type(values) is not dict:
         raise ValueError(f"a keyed state snapshot is a map, not {type(values).__name__}")

@@ -29,6 +29,15 @@ from typing import Any
 
 from streamlet.core.model.encoding import pack_exact, packb, unpackb
 from streamlet.core.model.segments import segment_of
+from streamlet.core.state.changelog import (
+    CHANGELOG,
+    Increment,
+    changelog,
+    chunk_entries,
+    digest,
+    is_changelog,
+    pack_chunk,
+)
 from streamlet.core.state.keyed import KeyedState, _unpack
 from streamlet.errors import StreamletError
 
@@ -36,6 +45,9 @@ _SEGMENT = struct.Struct(">H")
 _MISSING: Any = object()
 DEFAULT_CACHE_ENTRIES = 4096
 WRITE_BATCH = 1024  # values written back that go to the database together
+RESTORE_BATCH = 10_000  # entries a restore writes together
+MAX_CHAIN = 64
+"""Chunks at most in an incremental checkpoint's chain (a full one and its increments): what a restore reads."""
 
 
 def _rocksdict() -> Any:
@@ -107,7 +119,8 @@ class RocksDBState:
             db.set_write_options(unlogged)
             return db
 
-        state = RocksKeyedState(RocksValues(make, segments, self.cache_entries), folder)
+        values = RocksValues(make, segments, self.cache_entries, changelog_limit=self.cache_mb << 20)
+        state = RocksKeyedState(values, folder)
         self._opened.append(state)
         return state
 
@@ -133,18 +146,29 @@ class RocksValues(MutableMapping[Any, Any]):
     keeps its packed value from before the call, so :meth:`take_back` can put it back.
     """
 
-    def __init__(self, make_db: Callable[[], Any], segments: int, cache_entries: int) -> None:
+    def __init__(
+        self, make_db: Callable[[], Any], segments: int, cache_entries: int, changelog_limit: int = 64 << 20
+    ) -> None:
         self._make_db = make_db
         self._db: Any = None
         self.segments = segments
         self.limit = cache_entries
         self.cache: OrderedDict[Any, Any] = OrderedDict()
         self.raw_of: dict[Any, bytes] = {}  # the stored key of each cached key (computed once)
+        #: A cached key's value as the database holds it (packed): a value packed the same is not written back
+        #: (a read-mostly key costs no write, and a checkpoint's changelog holds the keys that changed).
+        self.as_stored: dict[Any, bytes] = {}
         #: Written back but not yet in the database: stored key -> packed value (``None``: deleted). Written as
         #: one batch once it holds ``WRITE_BATCH`` entries (one RocksDB write per key costs several times more).
         self.pending: dict[bytes, bytes | None] = {}
         self.before: dict[Any, Any] | None = None
         self._missed: tuple[Any, bytes] | None = None  # the last key a get did not find, and its stored key
+        #: What went into the database since the last checkpoint took it (stored key -> packed value, ``None``:
+        #: deleted), for an incremental checkpoint; ``None`` once it held more than ``changelog_limit`` bytes
+        #: (then the next checkpoint is a full one).
+        self.changed: dict[bytes, bytes | None] | None = {}
+        self.changed_bytes = 0
+        self.changelog_limit = changelog_limit
 
     @property
     def db(self) -> Any:
@@ -162,6 +186,7 @@ class RocksValues(MutableMapping[Any, Any]):
         """Close the database, if one was made."""
         self.cache.clear()
         self.raw_of.clear()
+        self.as_stored.clear()
         self.pending.clear()
         if self._db is not None:
             self._db.close()
@@ -200,6 +225,7 @@ class RocksValues(MutableMapping[Any, Any]):
             return default
         value = unpackb(packed)
         self._remember(key, value, raw)
+        self.as_stored[key] = packed
         return value
 
     def _stored(self, raw: bytes) -> bytes | None:
@@ -224,6 +250,7 @@ class RocksValues(MutableMapping[Any, Any]):
     def __delitem__(self, key: Any) -> None:
         self._note(key)
         cached = self.cache.pop(key, _MISSING)
+        self.as_stored.pop(key, None)
         raw = self.raw_of.pop(key, None) or self.raw_key(key)
         if cached is _MISSING and self._stored(raw) is None:
             raise KeyError(key)
@@ -252,6 +279,7 @@ class RocksValues(MutableMapping[Any, Any]):
             if value is _MISSING:
                 value = unpackb(packed)
                 self._remember(key, value, raw)
+                self.as_stored[key] = packed
             yield key, value
 
     def values(self) -> Any:
@@ -273,7 +301,9 @@ class RocksValues(MutableMapping[Any, Any]):
         if len(cache) > self.limit:
             old, kept = cache.popitem(last=False)
             stored = self.raw_of.pop(old, None) or self.raw_key(old)
-            self._write_back(stored, pack_exact(kept, "keyed state"))
+            packed = pack_exact(kept, "keyed state")
+            if self.as_stored.pop(old, None) != packed:
+                self._write_back(stored, packed)
 
     def _write_back(self, raw: bytes, packed: bytes | None) -> None:
         pending = self.pending
@@ -293,16 +323,34 @@ class RocksValues(MutableMapping[Any, Any]):
             else:
                 batch.put(raw, packed)
         self.db.write(batch)
+        self._note_changed()
         self.pending.clear()
 
+    def _note_changed(self) -> None:
+        changed = self.changed
+        if changed is None:
+            return
+        changed.update(self.pending)
+        self.changed_bytes += sum(len(raw) + len(packed or b"") for raw, packed in self.pending.items())
+        if self.changed_bytes > self.changelog_limit:  # bounded memory: the next checkpoint is a full one
+            self.changed = None
+
+    def take_changed(self) -> dict[bytes, bytes | None] | None:
+        """What went into the database since the last call (``None``: too much to keep); starts afresh."""
+        changed, self.changed, self.changed_bytes = self.changed, {}, 0
+        return changed
+
     def flush(self) -> None:
-        """Write every cached value back (they stay cached), and whatever waits to be written."""
-        raw_of = self.raw_of
+        """Write back every cached value that changed (they stay cached), and whatever waits to be written."""
+        raw_of, as_stored = self.raw_of, self.as_stored
         for key, value in self.cache.items():
+            packed = pack_exact(value, "keyed state")
+            if as_stored.get(key) == packed:
+                continue
             stored = raw_of.get(key)
             if stored is None:
                 stored = raw_of[key] = self.raw_key(key)
-            self.pending[stored] = pack_exact(value, "keyed state")
+            self.pending[stored] = as_stored[key] = packed
         self._write_pending()
 
     # -- taking a failed call back -----------------------------------------------------
@@ -321,21 +369,26 @@ class RocksValues(MutableMapping[Any, Any]):
         before, self.before = self.before or {}, None
         for key, packed in before.items():
             self.cache.pop(key, None)
+            self.as_stored.pop(key, None)
             raw = self.raw_of.pop(key, None) or self.raw_key(key)
             self._write_back(raw, packed)
 
 
 class RocksKeyedState(KeyedState):
-    """:class:`KeyedState` whose ``values`` live in RocksDB (:class:`RocksValues`). Its checkpoints have the
-    in-memory state's format, so they restore on either backend and regroup by key the same way."""
+    """:class:`KeyedState` whose ``values`` live in RocksDB (:class:`RocksValues`). Its checkpoints are
+    changelogs (``core.state.changelog``), whole or incremental; either backend restores and regroups both
+    backends' checkpoints."""
 
-    __slots__ = ("folder",)
+    __slots__ = ("base_bytes", "chain", "chain_bytes", "folder")
 
     values: RocksValues  # type: ignore[assignment]
 
     def __init__(self, values: RocksValues, folder: Path) -> None:
         self.values = values
         self.folder = folder
+        self.chain: list[str] = []  # the chunks the last incremental checkpoint restores from, oldest first
+        self.chain_bytes = 0  # their size
+        self.base_bytes = 0  # the size of the first (full) one
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         """This instance's ``(key, value)`` pairs, read as they are walked."""
@@ -344,31 +397,83 @@ class RocksKeyedState(KeyedState):
     def __len__(self) -> int:
         return len(self.values)
 
-    def checkpoint(self) -> bytes:
-        """The whole map packed, as the in-memory state packs it."""
+    def checkpoint(self) -> dict[str, Any]:
+        """The whole state as a changelog of one chunk (``core.state.changelog``), read as it is packed."""
         values = self.values
         if not values.made and not values.cache:  # never touched (a stateless task): no database to make
-            return pack_exact({}, "keyed state")
+            return changelog([], values.segments)
         values.flush()
-        return pack_exact({values.key_of(raw): unpackb(packed) for raw, packed in values.db.items()}, "keyed state")
+        return changelog([pack_chunk(values.db.items())], values.segments)
 
-    def restore(self, snapshot: bytes) -> None:
-        """Replace the contents with a checkpoint's map (of either backend)."""
+    def checkpoint_increment(self) -> Any:
+        """What changed since the previous checkpoint, as an :class:`~streamlet.core.state.changelog.Increment`
+        (its chain names the chunks to restore from); a full chunk that starts a new chain when there is no
+        chain yet (the first checkpoint, or one after a restore or a hand-over), when the chain is
+        :data:`MAX_CHAIN` long, when its increments weigh more than its full chunk (so a restore reads at most
+        about twice the state), or when more was written than the changelog may hold in memory."""
         values = self.values
-        values.cache.clear()
-        values.raw_of.clear()
-        values.pending.clear()
+        if not values.made and not values.cache:
+            return changelog([], values.segments)
+        values.flush()
+        changed = values.take_changed()
+        chain = self.chain
+        if chain and changed is not None and len(chain) < MAX_CHAIN and self.chain_bytes <= 2 * self.base_bytes:
+            chunk = pack_chunk(changed.items())
+            self.chain_bytes += len(chunk)
+        else:
+            chunk = pack_chunk(values.db.items())
+            chain.clear()
+            self.chain_bytes = self.base_bytes = len(chunk)
+        chain.append(digest(chunk))
+        return Increment(tuple(chain), chunk, values.segments)
+
+    def restore(self, snapshot: Any) -> None:
+        """Replace the contents with a checkpoint's (of either backend); the next checkpoint is a full one."""
+        values = self.values
         values.before = None
-        restored = _unpack(snapshot)
-        if not values.made and not restored:  # nothing to hold: no database to make
+        self.chain.clear()
+        whole = snapshot if is_changelog(snapshot) else None
+        if whole is None:
+            restored = _unpack(snapshot)
+            entries: Iterator[tuple[bytes, bytes | None]] = (
+                (values.raw_key(key), pack_exact(value, "keyed state")) for key, value in restored.items()
+            )
+            chunks_empty = not restored
+        else:
+            entries = self._entries(whole)
+            chunks_empty = not any(whole[CHANGELOG])
+        if values.made:
+            values.close()  # a fresh database: emptying one key by key costs as much as filling it
+        else:
+            values.cache.clear()
+            values.raw_of.clear()
+            values.as_stored.clear()
+            values.pending.clear()
+        values._missed = None
+        if chunks_empty:
+            values.take_changed()
             return
-        for raw in list(values.db.keys()):
-            values.db.delete(raw)
         rocksdict = _rocksdict()
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for key, value in restored.items():
-            batch.put(values.raw_key(key), pack_exact(value, "keyed state"))
+        batch, size = rocksdict.WriteBatch(raw_mode=True), 0
+        for raw, packed in entries:
+            if packed is None:
+                batch.delete(raw)
+            else:
+                batch.put(raw, packed)
+            size += 1
+            if size == RESTORE_BATCH:
+                values.db.write(batch)
+                batch, size = rocksdict.WriteBatch(raw_mode=True), 0
         values.db.write(batch)
+        values.take_changed()  # what a restore wrote is in the chain the next (full) checkpoint starts
+
+    def _entries(self, whole: dict[str, Any]) -> Iterator[tuple[bytes, bytes | None]]:
+        """A changelog's entries as this database stores them (keys placed again if its segments differ)."""
+        values = self.values
+        same = whole["segments"] == values.segments
+        for chunk in whole[CHANGELOG]:
+            for raw, packed in chunk_entries(chunk):
+                yield (raw if same else values.raw_key(values.key_of(raw))), packed
 
     def close(self) -> None:
         """Close the database and remove its folder."""

@@ -36,6 +36,7 @@ import msgpack
 import structlog
 
 from streamlet.core.model.encoding import packb, unpackb
+from streamlet.core.state.changelog import chunks_named, digest, resolve
 from streamlet.core.state.durable import reason, write_file
 from streamlet.errors import CheckpointError
 
@@ -73,6 +74,31 @@ class CheckpointStore(Protocol):
     def epochs(self) -> list[int]:
         """Epochs stored, oldest first (intact or not)."""
         ...
+
+
+class ChunkStore(Protocol):
+    """A :class:`CheckpointStore` that also keeps the chunks of incremental checkpoints (RocksDB state's,
+    ``core.state.changelog``): a chunk is saved once under its digest and shared by every checkpoint whose
+    chain names it; ``latest`` puts the chunks' bytes back into the document it returns, and chunks no
+    document kept names any more are removed. With ``incremental`` false, checkpoints are written whole."""
+
+    incremental: bool
+
+    def save_chunk(self, name: str, data: bytes) -> None:
+        """Keep ``data`` under ``name`` (its digest), durably, before the document naming it is saved."""
+        ...
+
+
+def keeps_chunks(store: CheckpointStore) -> bool:
+    """Whether ``store`` takes incremental checkpoints (a :class:`ChunkStore` with ``incremental`` on)."""
+    return bool(getattr(store, "incremental", False)) and callable(getattr(store, "save_chunk", None))
+
+
+def _checked_chunk(name: str, data: bytes) -> bytes:
+    """A chunk read back, refused (``ValueError``) unless its content is the digest it is named by."""
+    if digest(data) != name:
+        raise ValueError(f"changelog chunk {name} is damaged")
+    return data
 
 
 def encode(snapshot: dict[str, Any]) -> bytes:
@@ -134,18 +160,32 @@ def _check_legacy(data: bytes) -> None:
 
 
 class InMemoryCheckpointStore:
-    """Checkpoints in this process's memory (encoded, as a directory store would keep them)."""
+    """Checkpoints in this process's memory (encoded, as a directory store would keep them), with the chunks
+    of incremental checkpoints (:class:`ChunkStore`; ``incremental=False``: whole checkpoints only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, incremental: bool = True) -> None:
         self._data: dict[int, bytes] = {}
+        self.chunks: dict[str, bytes] = {}
+        self.incremental = incremental
 
     def save(self, epoch: int, data: bytes) -> None:
         """Keep the encoded checkpoint."""
         self._data[epoch] = data
 
+    def save_chunk(self, name: str, data: bytes) -> None:
+        """Keep a chunk of an incremental checkpoint."""
+        self.chunks[name] = data
+
     def latest(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest intact checkpoint."""
-        return _newest_intact(self.epochs(), lambda epoch: self._data[epoch], lambda epoch: f"checkpoint {epoch}")
+        """The newest intact checkpoint (with its chunks)."""
+        return _newest_intact(
+            self.epochs(), lambda epoch: self._data[epoch], lambda epoch: f"checkpoint {epoch}", self._chunk
+        )
+
+    def _chunk(self, name: str) -> bytes:
+        if name not in self.chunks:
+            raise ValueError(f"changelog chunk {name} is missing")
+        return _checked_chunk(name, self.chunks[name])
 
     def epochs(self) -> list[int]:
         """Stored epochs, oldest first."""
@@ -157,11 +197,16 @@ class InMemoryCheckpointStore:
 
 
 class DirectoryCheckpointStore:
-    """Checkpoints as files ``checkpoint-<epoch>.msgpack`` in ``directory``; keeps the newest ``keep``."""
+    """Checkpoints as files ``checkpoint-<epoch>.msgpack`` in ``directory``; keeps the newest ``keep``.
 
-    def __init__(self, directory: str | os.PathLike[str], keep: int = 3) -> None:
+    The chunks of incremental checkpoints (:class:`ChunkStore`) are files ``chunks/<digest>.chunk``, removed
+    once no checkpoint kept names them; ``incremental=False`` writes every checkpoint whole.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], keep: int = 3, incremental: bool = True) -> None:
         self.directory = Path(directory)
         self.keep = keep
+        self.incremental = incremental
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a file in the way, no permission: say which directory, at once
@@ -182,16 +227,59 @@ class DirectoryCheckpointStore:
             write_file(final, data)
         except OSError as exc:
             raise CheckpointError(f"cannot save checkpoint {epoch} to {final}: {reason(exc)}") from exc
-        for old in self.epochs()[: -self.keep]:
+        dropped = self.epochs()[: -self.keep]
+        for old in dropped:
             os.unlink(self.path(old))
+        if dropped:
+            self._drop_unnamed_chunks()
+
+    def chunk_path(self, name: str) -> Path:
+        """The file of chunk ``name``."""
+        return self.directory / "chunks" / f"{name}.chunk"
+
+    def save_chunk(self, name: str, data: bytes) -> None:
+        """Write a chunk (once: a chunk's name is its content's digest) and fsync it."""
+        path = self.chunk_path(name)
+        if path.exists():
+            return
+        try:
+            path.parent.mkdir(exist_ok=True)
+            write_file(path, data)
+        except OSError as exc:
+            raise CheckpointError(f"cannot save changelog chunk {path}: {reason(exc)}") from exc
+
+    def _drop_unnamed_chunks(self) -> None:
+        """Remove the chunks no checkpoint kept names (an unreadable checkpoint keeps every chunk: it may be
+        read again)."""
+        folder = self.directory / "chunks"
+        if not folder.is_dir():
+            return
+        named: set[str] = set()
+        for epoch in self.epochs():
+            try:
+                named |= chunks_named(decode(self.path(epoch).read_bytes(), str(self.path(epoch))))
+            except (OSError, ValueError, CheckpointError, msgpack.UnpackException):
+                return
+        for path in folder.glob("*.chunk"):
+            if path.stem not in named:
+                path.unlink(missing_ok=True)
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest checkpoint file that reads back intact.
+        """The newest checkpoint file that reads back intact (with every chunk it names).
 
         Raises :class:`~streamlet.errors.CheckpointError` when that file is of
         another format version (see the module docstring).
         """
-        return _newest_intact(self.epochs(), lambda epoch: self.path(epoch).read_bytes(), lambda e: str(self.path(e)))
+        return _newest_intact(
+            self.epochs(), lambda epoch: self.path(epoch).read_bytes(), lambda e: str(self.path(e)), self._chunk
+        )
+
+    def _chunk(self, name: str) -> bytes:
+        try:
+            data = self.chunk_path(name).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"changelog chunk {name}: {reason(exc)}") from exc
+        return _checked_chunk(name, data)
 
     def epochs(self) -> list[int]:
         """Epochs with a file, oldest first."""
@@ -204,12 +292,12 @@ class DirectoryCheckpointStore:
 
 
 def _newest_intact(
-    epochs: list[int], read: Callable[[int], bytes], name: Callable[[int], str]
+    epochs: list[int], read: Callable[[int], bytes], name: Callable[[int], str], chunk: Callable[[str], bytes]
 ) -> tuple[int, dict[str, Any]] | None:
-    """Newest first: torn or corrupt checkpoints are skipped; one of another format version raises."""
+    """Newest first: torn or corrupt checkpoints (or chunks) are skipped; one of another format version raises."""
     for epoch in reversed(epochs):
         try:
-            return epoch, decode(read(epoch), name(epoch))
+            return epoch, resolve(decode(read(epoch), name(epoch)), chunk)
         except (OSError, ValueError, msgpack.UnpackException) as exc:
             log.warning("skipping unreadable checkpoint", epoch=epoch, reason=str(exc))
     return None

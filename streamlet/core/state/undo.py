@@ -26,7 +26,7 @@ from typing import Any
 from streamlet.core.model.kept import keep, put_back
 from streamlet.core.model.timers import Timers
 from streamlet.core.state.expiring import ExpiringState
-from streamlet.core.state.keyed import KeyedState
+from streamlet.core.state.keyed import KeyedState, StateSnapshot
 
 _MISSING: Any = object()  # the key was absent before the call
 
@@ -143,7 +143,7 @@ class UndoableState(KeyedState):
     def __init__(self, values: dict[Any, Any] | None = None) -> None:
         super().__init__(JournaledValues(values or {}))
 
-    def restore(self, snapshot: bytes) -> None:
+    def restore(self, snapshot: StateSnapshot) -> None:
         """Replace the contents with a checkpoint's data (still journaled)."""
         super().restore(snapshot)
         self.values = JournaledValues(self.values)
@@ -162,7 +162,7 @@ class UndoableExpiringState(ExpiringState):
         self.stamps_before: dict[Any, Any] | None = None
         super().__init__(ttl, now, JournaledValues(values or {}))
 
-    def restore(self, snapshot: bytes) -> None:
+    def restore(self, snapshot: StateSnapshot) -> None:
         """Replace the contents with a checkpoint's data (still journaled)."""
         super().restore(snapshot)
         self.values = JournaledValues(self.values)

@@ -1,5 +1,5 @@
 """Keyed state in RocksDB (``sl.RocksDBState``): the store itself (a write-back cache of decoded values over the
-database, checkpoints in the in-memory state's format, a failed call taken back), and operators giving the same
+database, checkpoints that either backend restores, a failed call taken back), and operators giving the same
 answers on it as on the in-memory dict: user state, reduce, each join, an error policy, a checkpoint and restore,
 a live rescale."""
 
@@ -43,7 +43,7 @@ def test_values_changed_in_place_persist_past_the_cache_and_come_back_with_their
     assert len(store) == 10
 
 
-def test_a_checkpoint_has_the_in_memory_format_and_restores_on_either_backend(store: RocksKeyedState) -> None:
+def test_a_checkpoint_restores_on_either_backend_and_regroups_by_key(store: RocksKeyedState) -> None:
     for n in range(20):
         store.put(f"k{n}", {"n": n, "seen": [n, n + 1]})
     snapshot = store.checkpoint()
