@@ -472,18 +472,21 @@ def instance_worker(cluster: Path, job: str, instance: str) -> str:
 
 def test_rescale_and_migrate_change_a_running_job_in_the_same_attempt(cluster: Path, tmp_path: Path) -> None:
     """streamlet rescale live count 3, then 1, then streamlet migrate live count.0 to the other worker, while
-    the job runs: attempt 1 throughout, 'jobs --json' counts 3 reconfigurations, and every word's running
-    counts come out exactly once, in order."""
+    the job runs with the count's state in RocksDB: attempt 1 throughout, 'jobs --json' counts 3
+    reconfigurations, and every word's running counts come out exactly once, in order."""
     gate, path, results = tmp_path / "gate", tmp_path / "live.py", tmp_path / "live.json"
     os.mkfifo(gate)
     path.write_text(LIVE.format(gate=str(gate)), encoding="utf-8")
     command = [sys.executable, "-m", "streamlet.cli", "submit", str(path), "--job", "live", "--results", str(results)]
+    command += ["--state-backend", "rocksdb"]
     submitter = subprocess.Popen(command, cwd=cluster, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_state(cluster, "live", {"RUNNING"})
         up = streamlet("rescale", "live", "count", "3", cwd=cluster)
         assert up.returncode == 0, up.stderr
         assert up.stdout.strip() == "job 'live': change 1 done: count runs 3 instances (attempt 1, 1 reconfiguration)"
+        databases = sorted(path.parent.name for path in cluster.rglob("rocksdb/live.1/*/count/*/CURRENT"))
+        assert databases == ["0", "1", "2"]  # the new instance holds the keys it took in its own database
         down = streamlet("rescale", "live", "count", "1", cwd=cluster)
         assert down.returncode == 0, down.stderr
         refused = streamlet("rescale", "live", "nope", "2", cwd=cluster)

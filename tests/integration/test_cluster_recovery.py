@@ -90,27 +90,30 @@ def zk_read(cluster: dict[str, Any], *paths: str) -> list[Any]:
     return anyio.run(read)
 
 
-def kill_and_wipe(cluster: dict[str, Any], worker: str) -> None:
-    """SIGKILL the worker and delete its folder, as a machine lost with its disk."""
+def kill_and_wipe(cluster: dict[str, Any], worker: str, databases: bool = False) -> None:
+    """SIGKILL the worker and delete its folder, as a machine lost with its disk (``databases``: it held
+    RocksDB databases there)."""
     pid = cluster["pids"][worker]
     os.kill(pid, signal.SIGKILL)
     assert wait_for_exit(pid), f"{worker} did not die"
     folder = cluster["dir"] / ".streamlet" / worker
     assert (folder / "checkpoints").is_dir()  # it did keep its parts there
+    assert any(folder.rglob("rocksdb/**/CURRENT")) == databases
     shutil.rmtree(folder)
 
 
 def test_a_killed_worker_whose_disk_is_gone_is_restored_from_its_replicas_with_exact_counts(
     cluster: dict[str, Any],
 ) -> None:
-    """Kill the worker running count.1 after checkpoints completed, delete its folder: attempt 2 restores the
-    last checkpoint attempt 1 completed, puts each of the lost instances on a worker holding a replica (nothing
-    is fetched) and the totals equal a plain count."""
+    """Kill the worker running count.1 after checkpoints completed, delete its folder (with the RocksDB database
+    the count keeps its state in): attempt 2 restores the last checkpoint attempt 1 completed, puts each of the
+    lost instances on a worker holding a replica (nothing is fetched) and the totals equal a plain count."""
     directory = cluster["dir"]
     job_file = directory / "slow_count.py"
     job_file.write_text(SLOW_COUNT, encoding="utf-8")
     results = directory / "totals.json"
     command = [*STREAMLET, "submit", str(job_file), "--job", "slow", "--results", str(results)]
+    command += ["--state-backend", "rocksdb"]
     submit = subprocess.Popen(
         [*command, "--checkpoint-interval", "0.3"], cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -125,7 +128,7 @@ def test_a_killed_worker_whose_disk_is_gone_is_restored_from_its_replicas_with_e
             [assignment] = zk_read(cluster, "/jobs/slow/assignment")
             victim = assignment["instances"]["count.1"]
             lost = sorted(instance for instance, worker in assignment["instances"].items() if worker == victim)
-            kill_and_wipe(cluster, victim)
+            kill_and_wipe(cluster, victim, databases=True)
             out, err = submit.communicate(timeout=90)
             seen = [data for data in completions.data() if data is not None]
     finally:
