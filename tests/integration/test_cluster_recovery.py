@@ -99,6 +99,7 @@ def kill_and_wipe(cluster: dict[str, Any], worker: str, databases: bool = False)
     folder = cluster["dir"] / ".streamlet" / worker
     assert (folder / "checkpoints").is_dir()  # it did keep its parts there
     assert any(folder.rglob("rocksdb/**/CURRENT")) == databases
+    assert any(folder.rglob("checkpoints/**/chunks/*.chunk")) == databases  # its parts were incremental
     shutil.rmtree(folder)
 
 

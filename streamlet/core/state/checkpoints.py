@@ -126,9 +126,8 @@ class Coordinator:
 
     @property
     def incremental(self) -> bool:
-        """Whether a checkpoint may hold only what changed in a state (its store keeps chunks; alone only:
-        the parts of a job on several processes are replicated and merged whole)."""
-        return self.agreement is None and keeps_chunks(self.store)
+        """Whether a checkpoint may hold only what changed in a state (its store keeps chunks)."""
+        return keeps_chunks(self.store)
 
     def attach(self, instances: Sequence[Participant], last_epoch: int | None, attempt: str) -> None:
         """The instances of run ``attempt`` of the job; epochs continue after ``last_epoch``."""

@@ -94,7 +94,7 @@ def keeps_chunks(store: CheckpointStore) -> bool:
     return bool(getattr(store, "incremental", False)) and callable(getattr(store, "save_chunk", None))
 
 
-def _checked_chunk(name: str, data: bytes) -> bytes:
+def checked_chunk(name: str, data: bytes) -> bytes:
     """A chunk read back, refused (``ValueError``) unless its content is the digest it is named by."""
     if digest(data) != name:
         raise ValueError(f"changelog chunk {name} is damaged")
@@ -185,7 +185,7 @@ class InMemoryCheckpointStore:
     def _chunk(self, name: str) -> bytes:
         if name not in self.chunks:
             raise ValueError(f"changelog chunk {name} is missing")
-        return _checked_chunk(name, self.chunks[name])
+        return checked_chunk(name, self.chunks[name])
 
     def epochs(self) -> list[int]:
         """Stored epochs, oldest first."""
@@ -231,7 +231,7 @@ class DirectoryCheckpointStore:
         for old in dropped:
             os.unlink(self.path(old))
         if dropped:
-            self._drop_unnamed_chunks()
+            self.drop_unnamed_chunks()
 
     def chunk_path(self, name: str) -> Path:
         """The file of chunk ``name``."""
@@ -248,7 +248,21 @@ class DirectoryCheckpointStore:
         except OSError as exc:
             raise CheckpointError(f"cannot save changelog chunk {path}: {reason(exc)}") from exc
 
-    def _drop_unnamed_chunks(self) -> None:
+    def has_chunk(self, name: str) -> bool:
+        """Whether chunk ``name`` is here (intact or not)."""
+        return self.chunk_path(name).exists()
+
+    def read_chunk(self, name: str) -> bytes:
+        """Chunk ``name``'s bytes; ``ValueError`` when it is missing or damaged."""
+        return self._chunk(name)
+
+    def read(self, epoch: int) -> dict[str, Any]:
+        """Checkpoint ``epoch`` with its chunks' bytes in (whole snapshots); ``ValueError`` / ``OSError`` when
+        it, or a chunk it names, is missing, torn or corrupt."""
+        path = self.path(epoch)
+        return resolve(decode(path.read_bytes(), str(path)), self._chunk)
+
+    def drop_unnamed_chunks(self) -> None:
         """Remove the chunks no checkpoint kept names (an unreadable checkpoint keeps every chunk: it may be
         read again)."""
         folder = self.directory / "chunks"
@@ -279,7 +293,7 @@ class DirectoryCheckpointStore:
             data = self.chunk_path(name).read_bytes()
         except OSError as exc:
             raise ValueError(f"changelog chunk {name}: {reason(exc)}") from exc
-        return _checked_chunk(name, data)
+        return checked_chunk(name, data)
 
     def epochs(self) -> list[int]:
         """Epochs with a file, oldest first."""

@@ -48,7 +48,7 @@ from streamlet.core.state.checkpoints import Coordinator
 from streamlet.core.state.durable import write_file
 from streamlet.core.state.parts import merge_parts
 from streamlet.core.state.savepoints import read_savepoint
-from streamlet.core.state.store import decode
+from streamlet.core.state.store import decode, encode
 from streamlet.errors import NodeExists, SpecError, VersionConflict
 
 log = structlog.get_logger("streamlet")
@@ -283,8 +283,9 @@ class ZkAgreement:
         publishes it complete."""
         data = await world.blocking(self.store.path(epoch).read_bytes)
         export = self.exports.pop(epoch, None)
-        if export is not None:  # a savepoint: its parts go to the folder the client reads
-            await world.blocking(write_file, Path(export) / f"{self.info.worker}.msgpack", data)
+        if export is not None:  # a savepoint: its parts go to the folder the client reads, whole (chunks in)
+            whole = encode(await world.blocking(self.store.read, epoch))
+            await world.blocking(write_file, Path(export) / f"{self.info.worker}.msgpack", whole)
         replicas = await self.replicator.replicate(epoch, data)
         part = decode(data, f"part {epoch}")
         # the run that took it and its job id: a worker restoring only sinks (no state) still needs them to

@@ -42,6 +42,7 @@ from streamlet.backends.cluster.worker.replica_service import (
     piece,
 )
 from streamlet.core.model import world
+from streamlet.core.state.changelog import chunks_named
 from streamlet.core.state.parts import instances_per_task
 from streamlet.core.state.store import decode
 from streamlet.errors import CheckpointError, NodeExists, UnusableCheckpoint
@@ -92,6 +93,11 @@ class PartReplicator:
         self.replicas = replicas
         self.insist = False  # the job asked for this many copies: say so each time fewer are live
         self.me = service.me
+        #: The chunks (of incremental checkpoints) each backup acknowledged holding, by the boot of the backup
+        #: that did: a piece carries only the chunks its backup lacks. A backup that fails to acknowledge, or
+        #: that started again since (its disk may be new), is sent every chunk its piece names.
+        self.sent: dict[str, tuple[str, set[str]]] = {}
+        self._boots: dict[str, str] = {}
 
     # -- saving -------------------------------------------------------------------
 
@@ -133,16 +139,31 @@ class PartReplicator:
         acks = paths.checkpoint_acks(self.job, self.attempt, epoch)
         await riding_out(self.zk.ensure, acks)
         extra = {"owner": self.me, "job_name": self.job, "job_key": self.key, "attempt_number": self.attempt}
+        pieces = {backup: {**piece(document, held), **extra} for backup, held in by_backup.items()}
+        named = {backup: chunks_named(each) for backup, each in pieces.items()}
+        for backup, each in pieces.items():
+            boot, held = self.sent.get(backup, ("", set()))
+            lacking = named[backup] - (held if boot == self._boots.get(backup, "") else set())
+            if lacking:
+                each["chunks"] = await world.blocking(self.service.chunks_for, self.key, self.attempt, lacking)
         async with anyio.create_task_group() as group:
-            for backup, held in by_backup.items():
-                group.start_soon(self._push_one, backup, addresses[backup], {**piece(document, held), **extra}, failed)
+            for backup, each in pieces.items():
+                group.start_soon(self._push_one, backup, addresses[backup], each, failed)
         waiting = set(by_backup) - failed
         with anyio.move_on_after(ACK_TIMEOUT):
             for backup in sorted(waiting):  # one-shot watches: each returns once its node exists
                 await riding_out(
                     self.zk.wait_changed, paths.replica_ack(self.job, self.attempt, epoch, self.me, backup), None
                 )
-        return failed | (waiting - _acknowledged(await riding_out(self.zk.children, acks), self.me))
+        lagging = failed | (waiting - _acknowledged(await riding_out(self.zk.children, acks), self.me))
+        for backup in by_backup:
+            if backup in lagging:
+                self.sent.pop(backup, None)
+            else:
+                boot = self._boots.get(backup, "")
+                held = self.sent[backup][1] if self.sent.get(backup, ("", set()))[0] == boot else set()
+                self.sent[backup] = (boot, held | named[backup])
+        return lagging
 
     async def _push_one(self, backup: str, address: Address, document: dict[str, Any], failed: set[str]) -> None:
         try:
@@ -158,6 +179,7 @@ class PartReplicator:
     async def _live_addresses(self) -> dict[str, Address]:
         # ridden out: a suspended session (the store out of reach a moment) must not fail the checkpoint
         views = await riding_out(workers, self.zk)
+        self._boots = {view.worker_id: str(view.info.get("boot", "")) for view in views}
         return {view.worker_id: (view.info["host"], int(view.info["data_port"])) for view in views}
 
     # -- restoring ----------------------------------------------------------------

@@ -4,6 +4,7 @@ Every worker keeps its files under its own directory (``<state-dir>/<worker-id>/
 
     checkpoints/<job>/attempt-<n>/<worker>/checkpoint-<epoch>.msgpack   its parts, as it saved them
     replicas/<job>/<owner>/checkpoint-<epoch>.msgpack                   copies of other workers' parts
+    .../chunks/<digest>.chunk        beside each: the chunks of incremental checkpoints (core.state.changelog)
 
 A *part* is a checkpoint document holding some instances of some nodes (see
 ``checkpoints``); a *replica* is the piece of an owner's part that holds the
@@ -14,10 +15,14 @@ Two one-off transfers ride on the data server's on-demand channels:
 - **push** (``replica/<id>``): the owner sends a piece as a blob; the backup
   checks its checksum, writes it (fsync, rename), keeps the newest
   :data:`KEEP` per owner and job (superseded ones go), then calls
-  ``on_stored`` (which acknowledges it in ZooKeeper);
+  ``on_stored`` (which acknowledges it in ZooKeeper). A piece of an
+  incremental checkpoint carries the chunks its backup lacks (``chunks``:
+  name -> bytes); the backup stores them first (each checked against its
+  name, the digest of its content) and refuses a piece naming a chunk it
+  still lacks;
 - **fetch** (``fetch/<id>``): a restoring worker asks a holder for some
   instances of a part; the holder answers on a channel the asker registered,
-  with the piece or ``{"error": ...}``.
+  with the piece (its chunks put back in: whole) or ``{"error": ...}``.
 
 Nothing but msgpack travels or is stored: never pickle. A request that is not
 what this module sends is dropped and counted (``bad_requests``).
@@ -42,8 +47,9 @@ from streamlet.backends.cluster.tree.paths import instance_id
 from streamlet.core.model import world
 from streamlet.core.model.encoding import packb, unpackb
 from streamlet.core.runtime.channel import Inbox
+from streamlet.core.state.changelog import chunks_named
 from streamlet.core.state.participant import SECTIONS
-from streamlet.core.state.store import DirectoryCheckpointStore, decode, encode
+from streamlet.core.state.store import DirectoryCheckpointStore, checked_chunk, decode, encode
 from streamlet.errors import CheckpointError
 from streamlet.transport.blobs import DEFAULT_MAX_BLOB, receive_blob, send_blob
 from streamlet.transport.tcp import DataServer
@@ -95,6 +101,22 @@ def instances_of(document: dict[str, Any]) -> list[str]:
     ]
 
 
+def _store_chunks(store: DirectoryCheckpointStore, document: dict[str, Any], chunks: Any) -> bytes:
+    """Save a pushed piece's chunks (each checked against its name) and return the piece to save without
+    them; ``ValueError`` when the piece names a chunk this worker then still lacks (never acknowledged: the
+    owner sends everything to the backup it chooses next)."""
+    if type(chunks) is not dict:
+        raise ValueError("a pushed replica's chunks are a map")
+    for name, data in chunks.items():
+        if type(name) is not str or not SAFE_NAME.fullmatch(name) or type(data) is not bytes:
+            raise ValueError("a pushed chunk is named bytes")
+        store.save_chunk(name, checked_chunk(name, data))
+    missing = sorted(name for name in chunks_named(document) if not store.has_chunk(name))
+    if missing:
+        raise ValueError(f"a pushed replica names chunks this worker lacks: {missing[:3]}")
+    return encode(document)
+
+
 def piece(document: dict[str, Any], instances: Iterable[str]) -> dict[str, Any]:
     """The part ``document`` cut down to ``instances`` (the header fields stay)."""
     wanted = set(instances)
@@ -141,10 +163,9 @@ class ReplicaService:
         if not folder.is_dir():  # asked for what was never here: no folder is made for it
             raise FileNotFoundError(f"{folder} does not exist")
         store = self.parts(job, attempt) if owner == self.me else self.replicas(job, owner)
-        path = store.path(epoch)
-        document = decode(path.read_bytes(), str(path))
+        document = store.read(epoch)  # with the chunks of incremental checkpoints in: whole snapshots
         if int(document.get("epoch", -1)) != epoch:
-            raise ValueError(f"{path} holds another checkpoint")
+            raise ValueError(f"{store.path(epoch)} holds another checkpoint")
         return document
 
     def sweep(self, job: str, keep: dict[int, int] | None) -> int:
@@ -160,10 +181,12 @@ class ReplicaService:
             return removed
         oldest = min(keep)
         for store in self._stores_of(job):
-            for epoch in store.epochs():
-                if epoch < oldest:
-                    store.path(epoch).unlink(missing_ok=True)
-                    removed += 1
+            old = [epoch for epoch in store.epochs() if epoch < oldest]
+            for epoch in old:
+                store.path(epoch).unlink(missing_ok=True)
+                removed += 1
+            if old:
+                store.drop_unnamed_chunks()
         attempts = self.root / "checkpoints" / job
         needed = {f"attempt-{attempt}" for attempt in keep.values()}
         newest = max(keep.values())
@@ -192,6 +215,11 @@ class ReplicaService:
         if missing:
             raise ValueError(f"{self.me} holds no {sorted(missing)}")
         return piece(document, instances)
+
+    def chunks_for(self, job: str, attempt: int, names: Iterable[str]) -> dict[str, bytes]:
+        """This worker's chunks ``names`` of its parts of ``attempt`` (what a backup that lacks them is sent)."""
+        store = self.parts(job, attempt)
+        return {name: store.read_chunk(name) for name in names}
 
     # -- serving ------------------------------------------------------------------
 
@@ -230,7 +258,11 @@ class ReplicaService:
     async def _store(self, blob: bytes) -> None:
         document = decode(blob, "a pushed replica")  # the checksum: a corrupt push is never stored
         job, owner, epoch = _name(document["job_key"]), _name(document["owner"]), int(document["epoch"])
-        await world.blocking(self.replicas(job, owner).save, epoch, blob)
+        chunks = document.pop("chunks", None)
+        store = self.replicas(job, owner)
+        if chunks is not None:  # an incremental checkpoint's new chunks, before the piece naming them
+            blob = await world.blocking(_store_chunks, store, document, chunks)
+        await world.blocking(store.save, epoch, blob)
         self.counts["stored"] += 1
         if self.on_stored is not None:
             await self.on_stored(document, owner, len(blob))

@@ -18,6 +18,7 @@ from streamlet.backends.cluster.client import job_commands
 from streamlet.backends.cluster.tree import paths
 from streamlet.backends.cluster.tree.registry import WorkerRegistration
 from streamlet.backends.cluster.tree.store import MemoryClusterStore, MemoryTree
+from streamlet.backends.cluster.worker import part_replicator
 from streamlet.backends.cluster.worker import replica_service as replicas
 from streamlet.backends.cluster.worker.checkpoint_agreement import merge_parts
 from streamlet.backends.cluster.worker.job_parts import files_to_keep
@@ -29,6 +30,9 @@ from streamlet.backends.cluster.worker.part_replicator import (
 )
 from streamlet.backends.cluster.worker.replica_service import ReplicaService, instances_of
 from streamlet.core.runtime.channel import Inbox
+from streamlet.core.state.changelog import store_increments
+from streamlet.core.state.keyed import KeyedState
+from streamlet.core.state.rocks import RocksDBState
 from streamlet.core.state.store import encode
 from streamlet.errors import JobError, TransportError, UnusableCheckpoint
 from streamlet.transport.blobs import CHUNK, BlobTooLarge, receive_blob, send_blob
@@ -297,3 +301,73 @@ async def test_a_blob_past_max_bytes_is_refused_by_its_receiver() -> None:
     inbox.put_nowait(channel, [(0, b"a" * 10, None), (10, b"b" * 10, None)])
     with pytest.raises(BlobTooLarge, match=r"^a blob passed the 15 bytes its receiver takes \(20 so far\)$"):
         await receive_blob(inbox, channel, max_bytes=15)
+
+
+def incremental_part(epoch: int, state: Any, store: Any) -> dict[str, Any]:
+    """A worker's part of ``epoch`` holding 'count' instance 0's incremental checkpoint (its new chunk saved in
+    ``store`` first, as the coordinator does)."""
+    document = {"epoch": epoch, "job": "c.wc", "finished": False, "attempt": "wc.u.1", "sources": {},
+                "tasks": {"count": [[0, {"state": state.checkpoint_increment()}]]}, "layout": {}}  # fmt: skip
+    store_increments(document, store.save_chunk)
+    return document
+
+
+async def test_incremental_parts_carry_only_the_chunks_their_backup_lacks_and_restore_whole(tmp_path: Path) -> None:
+    """Three incremental checkpoints of w0's count.0 (RocksDB state): w1 is sent the full chunk once, then one
+    new chunk a checkpoint; with w0's folder gone, w2 fetches count.0 from w1 as the whole state."""
+    backend = RocksDBState(tmp_path / "rocks")
+    state = backend.open("wc", "count", 0, 128)
+    async with workers(tmp_path, ["w0", "w1", "w2"]) as found:
+        owner = found["w0"]
+        pushed: list[int] = []
+        push = owner.service.push
+
+        async def counting_push(address: Any, document: dict[str, Any], backup: str | None = None) -> None:
+            pushed.append(len(document.get("chunks", {})))
+            await push(address, document, backup)
+
+        owner.service.push = counting_push  # type: ignore[method-assign]
+        expected: dict[str, int] = {}
+        for epoch in (1, 2, 3):
+            for n in range(2000 if epoch == 1 else 5):
+                state.put(f"k{n}", epoch)
+                expected[f"k{n}"] = epoch
+            chosen = await save_and_replicate(owner, incremental_part(epoch, state, owner.service.parts("wc", 1)))
+        assert pushed == [1, 1, 1]  # the full chunk, then each checkpoint's increment
+        assert len(list((tmp_path / "w1" / "replicas" / "wc" / "w0" / "chunks").glob("*.chunk"))) == 3
+        shutil.rmtree(tmp_path / "w0")
+        [fetched] = await found["w2"].read(completed(3, ("w0", chosen)), {"count.0"})
+        restored = KeyedState()
+        restored.restore(fetched["tasks"]["count"][0][1]["state"])
+        assert restored.values == expected
+    backend.close()
+
+
+async def test_a_piece_naming_a_chunk_its_backup_lost_is_refused_and_sent_whole_next_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """w1 loses the chunks it stored (its process did not start again, so w0 cannot know): the next increment,
+    naming them, is refused, never acknowledged and counted, so that checkpoint has no copy on w1; w0 then sends
+    w1 every chunk of the chain, and w1 acknowledges."""
+    monkeypatch.setattr(part_replicator, "ACK_TIMEOUT", 1.0)  # the wait for an acknowledgement that never comes
+    backend = RocksDBState(tmp_path / "rocks")
+    state = backend.open("wc", "count", 0, 128)
+    async with workers(tmp_path, ["w0", "w1"]) as found:
+        owner, backup = found["w0"], found["w1"]
+        for n in range(100):
+            state.put(n, n)
+        await save_and_replicate(owner, incremental_part(1, state, owner.service.parts("wc", 1)))
+        shutil.rmtree(tmp_path / "w1" / "replicas" / "wc" / "w0" / "chunks")
+        state.put(0, -1)
+        with anyio.fail_after(60):
+            refused = await save_and_replicate(owner, incremental_part(2, state, owner.service.parts("wc", 1)))
+        assert refused == {"count.0": []}  # no other worker to back it up
+        assert backup.service.counts["bad_requests"] == 1
+        state.put(1, -1)
+        with anyio.fail_after(60):
+            acknowledged = await save_and_replicate(owner, incremental_part(3, state, owner.service.parts("wc", 1)))
+        assert acknowledged == {"count.0": ["w1"]}
+        restored = KeyedState()
+        restored.restore(backup.service.replicas("wc", "w0").read(3)["tasks"]["count"][0][1]["state"])
+        assert restored.values == {**{n: n for n in range(100)}, 0: -1, 1: -1}
+    backend.close()
