@@ -134,6 +134,20 @@ class RocksDBState:
         self._root = None
 
 
+def stored_form(key: Any) -> Any:
+    """The form a key is stored in, so that keys Python holds equal are one key, as in a dict (and as
+    ``SAME_KEY`` routing holds them): ``True`` and ``1.0`` are stored as ``1``, also inside a tuple. A key
+    read back from the database (``items()``) comes in this form."""
+    kind = type(key)
+    if kind is str or kind is int or kind is bytes:
+        return key
+    if kind is bool or (kind is float and key.is_integer()):
+        return int(key)
+    if kind is tuple:
+        return tuple(stored_form(part) for part in key)
+    return key
+
+
 def _safe(name: str) -> str:
     """A node or job name as one folder name."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
@@ -195,8 +209,8 @@ class RocksValues(MutableMapping[Any, Any]):
     # -- keys ---------------------------------------------------------------------
 
     def raw_key(self, key: Any) -> bytes:
-        """``key`` as stored: its segment, then the key packed."""
-        return _SEGMENT.pack(segment_of(key, self.segments)) + packb(key)
+        """``key`` as stored: its segment, then the key packed in its stored form (:func:`stored_form`)."""
+        return _SEGMENT.pack(segment_of(key, self.segments)) + packb(stored_form(key))
 
     @staticmethod
     def key_of(raw: bytes) -> Any:

@@ -20,6 +20,7 @@ import os
 import secrets
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,17 +184,21 @@ class HostCluster:
         self._launch(process_id, list(record["command"]), Path(record["cwd"]))
 
     def stop(self) -> list[int]:
-        """Stop every process by PID (workers and masters first, ZooKeeper last); the PIDs still alive."""
+        """Stop every process by PID (workers and masters together first, ZooKeeper's members together last,
+        each group given 15 s before SIGKILL); the PIDs still alive."""
         for process in self.processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGCONT)  # a paused one must run to end
-        order = sorted(self.processes, key=lambda process_id: process_id.startswith("zookeeper"))
-        for process_id in order:
-            process = self.processes[process_id]
-            if process.poll() is None:
+        members = {process_id for process_id in self.processes if process_id.startswith("zookeeper")}
+        for group in (set(self.processes) - members, members):
+            running = [self.processes[process_id] for process_id in sorted(group)]
+            running = [process for process in running if process.poll() is None]
+            for process in running:
                 process.terminate()
+            deadline = time.monotonic() + 15
+            for process in running:
                 try:
-                    process.wait(timeout=15)
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait(timeout=15)

@@ -59,6 +59,19 @@ def test_a_checkpoint_restores_on_either_backend_and_regroups_by_key(store: Rock
     assert regrouped.values == {f"k{n}": {"n": n, "seen": [n, n + 1]} for n in range(20)}
 
 
+def test_keys_python_holds_equal_are_one_key_as_in_a_dict(store: RocksKeyedState) -> None:
+    """1, 1.0 and True (also inside tuples) are one key, cached or read back from the database."""
+    store.put(1, "int")
+    store.put(1.0, "float")
+    store.put((True, 2.0), "tuple")
+    for n in range(10):  # push both out of the 3-entry cache
+        store.put(f"filler{n}", n)
+    assert (store.get(True), store.get(1), store.get((1, 2))) == ("float", "float", "tuple")
+    store.delete(1.0)
+    assert store.get(1, "gone") == "gone"
+    assert dict(store.items()) == {(1, 2): "tuple", **{f"filler{n}": n for n in range(10)}}
+
+
 def test_a_failed_call_is_taken_back_whole(store: RocksKeyedState) -> None:
     """What a call changed (in place, put, delete, a new key) is as before once taken back, cached or not."""
     values = store.values
