@@ -180,7 +180,7 @@ class RocksValues(MutableMapping[Any, Any]):
         #: What went into the database since the last checkpoint took it (stored key -> packed value, ``None``:
         #: deleted), for an incremental checkpoint; ``None`` once it held more than ``changelog_limit`` bytes
         #: (then the next checkpoint is a full one).
-        self.changed: dict[bytes, bytes | None] | None = {}
+        self.changed: dict[bytes, bytes | None] | None = None  # kept from the first incremental checkpoint on
         self.changed_bytes = 0
         self.changelog_limit = changelog_limit
 
@@ -350,7 +350,8 @@ class RocksValues(MutableMapping[Any, Any]):
             self.changed = None
 
     def take_changed(self) -> dict[bytes, bytes | None] | None:
-        """What went into the database since the last call (``None``: too much to keep); starts afresh."""
+        """What went into the database since the last call (``None``: too much to keep, or not kept before
+        the first call); keeps it from now on, afresh."""
         changed, self.changed, self.changed_bytes = self.changed, {}, 0
         return changed
 
@@ -464,8 +465,8 @@ class RocksKeyedState(KeyedState):
             values.as_stored.clear()
             values.pending.clear()
         values._missed = None
+        values.changed = None  # the next checkpoint is a full one
         if chunks_empty:
-            values.take_changed()
             return
         rocksdict = _rocksdict()
         batch, size = rocksdict.WriteBatch(raw_mode=True), 0
@@ -479,7 +480,6 @@ class RocksKeyedState(KeyedState):
                 values.db.write(batch)
                 batch, size = rocksdict.WriteBatch(raw_mode=True), 0
         values.db.write(batch)
-        values.take_changed()  # what a restore wrote is in the chain the next (full) checkpoint starts
 
     def _entries(self, whole: dict[str, Any]) -> Iterator[tuple[bytes, bytes | None]]:
         """A changelog's entries as this database stores them (keys placed again if its segments differ)."""
