@@ -62,6 +62,7 @@ def main() -> None:
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
+    parser.add_argument("--keys", type=int, default=None, help="state: distinct keys (default 1 000 000)")
     parser.add_argument("--repeats", type=int, default=None, help="default 5 (checkpoint: 7)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--plot", default=None, help="surge: write a PNG of the run to this file")
@@ -109,7 +110,8 @@ def main() -> None:
     elif args.name == "routing":
         line = routing.main(args.records or 2_000_000, args.repeats)
     elif args.name == "state":
-        line = state.main(args.records or 2_000_000, min(args.repeats, 3))
+        keys = args.keys or 1_000_000
+        line = state.main(args.records or max(2_000_000, keys), min(args.repeats, 3), keys)
     elif args.name == "state-checkpoint":  # --records: the keys held
         line = state_checkpoint.main(args.records or 10_000_000, args.repeats)
     elif args.name == "checkpoint":

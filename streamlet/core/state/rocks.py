@@ -22,13 +22,16 @@ import os
 import shutil
 import struct
 import tempfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from streamlet.core.model.encoding import pack_exact, packb, unpackb
-from streamlet.core.model.segments import segment_of
+from streamlet.core.model.segments import segment_of, spread
 from streamlet.core.state.changelog import (
     CHANGELOG,
     Increment,
@@ -43,6 +46,8 @@ from streamlet.errors import StreamletError
 
 _SEGMENT = struct.Struct(">H")
 _MISSING: Any = object()
+_IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})  # values nobody can change in place
+_SCALARS = _IMMUTABLE  # values plain msgpack packs as the state codec does
 DEFAULT_CACHE_ENTRIES = 4096
 WRITE_BATCH = 1024  # values written back that go to the database together
 RESTORE_BATCH = 10_000  # entries a restore writes together
@@ -165,6 +170,7 @@ class RocksValues(MutableMapping[Any, Any]):
     ) -> None:
         self._make_db = make_db
         self._db: Any = None
+        self._pack = msgpack.Packer(use_bin_type=True).pack  # its own: instances may run in threads
         self.segments = segments
         self.limit = cache_entries
         self.cache: OrderedDict[Any, Any] = OrderedDict()
@@ -210,6 +216,11 @@ class RocksValues(MutableMapping[Any, Any]):
 
     def raw_key(self, key: Any) -> bytes:
         """``key`` as stored: its segment, then the key packed in its stored form (:func:`stored_form`)."""
+        kind = type(key)
+        if kind is str or kind is bytes or (kind is int and -(1 << 63) <= key < 1 << 64):
+            # packed once: these pack as SAME_KEY routing hashes them, so the segment comes from the same bytes
+            packed: bytes = self._pack(key)
+            return _SEGMENT.pack(spread(zlib.crc32(packed), self.segments)) + packed
         return _SEGMENT.pack(segment_of(key, self.segments)) + packb(stored_form(key))
 
     @staticmethod
@@ -292,8 +303,9 @@ class RocksValues(MutableMapping[Any, Any]):
             value = cache.get(key, _MISSING)
             if value is _MISSING:
                 value = unpackb(packed)
-                self._remember(key, value, raw)
-                self.as_stored[key] = packed
+                if type(value) not in _IMMUTABLE:  # it may be changed in place: cached, so that the change stays
+                    self._remember(key, value, raw)
+                    self.as_stored[key] = packed
             yield key, value
 
     def values(self) -> Any:
@@ -315,9 +327,19 @@ class RocksValues(MutableMapping[Any, Any]):
         if len(cache) > self.limit:
             old, kept = cache.popitem(last=False)
             stored = self.raw_of.pop(old, None) or self.raw_key(old)
-            packed = pack_exact(kept, "keyed state")
+            packed = self.packed(kept)
             if self.as_stored.pop(old, None) != packed:
                 self._write_back(stored, packed)
+
+    def packed(self, value: Any) -> bytes:
+        """``value`` packed with the state codec (a plain scalar by this instance's own packer: the same bytes)."""
+        if type(value) in _SCALARS:
+            try:
+                found: bytes = self._pack(value)
+                return found
+            except OverflowError:
+                pass  # an int past 64 bits: the codec's own extension type
+        return pack_exact(value, "keyed state")
 
     def _write_back(self, raw: bytes, packed: bytes | None) -> None:
         pending = self.pending
@@ -359,7 +381,7 @@ class RocksValues(MutableMapping[Any, Any]):
         """Write back every cached value that changed (they stay cached), and whatever waits to be written."""
         raw_of, as_stored = self.raw_of, self.as_stored
         for key, value in self.cache.items():
-            packed = pack_exact(value, "keyed state")
+            packed = self.packed(value)
             if as_stored.get(key) == packed:
                 continue
             stored = raw_of.get(key)
