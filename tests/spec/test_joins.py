@@ -749,6 +749,7 @@ def run_ordered(
     parallelism: int,
     batch_size: int,
     processes: int,
+    state_backend: sl.RocksDBState | None = None,
 ) -> None:
     # no record can be late and nothing depends on the interleaving: the model may take the left
     # records, then the right ones, with no watermark before the end
@@ -761,7 +762,7 @@ def run_ordered(
         node.set_input(source, in_port=port, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sl.CollectSink()).set_input(node)
     topology.add_sink("late", sl.CollectSink()).set_input(node, out_port=sl.LATE)
-    result = sl.run(topology, batch_size=batch_size, processes=processes)
+    result = sl.run(topology, batch_size=batch_size, processes=processes, state_backend=state_backend)
 
     got = Counter(out_row(r) for r in result.sink("out"))
     want = model_out(expected.outputs)
@@ -781,10 +782,16 @@ def ordered_cases(draw: st.DrawFn, processes: int) -> tuple[Any, ...]:
 
 @pytest.mark.timeout(240)
 @examples(0.5)
-@given(case=ordered_cases(processes=1), parallelism=st.sampled_from([1, 3]), batch_size=st.integers(1, 6))
-def test_joins_ordered_run_in_process(case, parallelism, batch_size):
+@given(
+    case=ordered_cases(processes=1), parallelism=st.sampled_from([1, 3]), batch_size=st.integers(1, 6),
+    rocks=st.booleans(),
+)  # fmt: skip
+def test_joins_ordered_run_in_process(case, parallelism, batch_size, rocks):
+    """In process, the held records (and a failed call's undo) in the in-memory state or in RocksDB."""
     (d, left, right), join, policy = case
-    run_ordered(d, left, right, join, policy, parallelism, batch_size, processes=1)
+    with tempfile.TemporaryDirectory() as directory:
+        backend = sl.RocksDBState(directory, cache_entries=4) if rocks else None
+        run_ordered(d, left, right, join, policy, parallelism, batch_size, processes=1, state_backend=backend)
 
 
 @pytest.mark.timeout(240)
@@ -833,26 +840,36 @@ def _as_json(rows: Any) -> Counter[Any]:
 @examples(0.25)
 @given(case=ordered_cases(processes=1), parallelism=st.sampled_from([1, 3]), data=st.data())
 def test_joins_resume_from_a_checkpoint_taken_at_a_random_point(case, parallelism, data):
-    """Left records, then right ones (none can be late), a checkpoint after a random record, a crash a few
+    """Left records, then right ones (none can be late), two checkpoints after random records, a crash a few
     records later, a run resumed from the checkpoint fed what came after it: the exactly-once FileSink holds
-    the model's pairs."""
+    the model's pairs. The held records are in the in-memory state or in RocksDB (there the second checkpoint
+    is incremental: the restore reads a chain), in either run."""
     (d, left, right), join, _ = case
     records = [*left, *right]
     expected = join.expect(records, make_policy("default"))
     taken = data.draw(st.integers(0, len(records)), label="checkpoint after")
+    first = data.draw(st.integers(0, taken), label="first checkpoint after")
     crash = data.draw(st.integers(taken, len(records)), label="crash after")
+    backends = data.draw(st.tuples(*[st.sampled_from(["memory", "rocksdb"])] * 2), label="backends")
     with tempfile.TemporaryDirectory() as directory:
         store, out = Path(directory) / "checkpoints", Path(directory) / "out"
 
+        def backend(run: int) -> sl.RocksDBState | None:
+            return sl.RocksDBState(Path(directory) / f"rocks{run}") if backends[run] == "rocksdb" else None
+
         async def first_run() -> None:
-            async with sl.start(_fed_join(join, d, parallelism, sl.FileSink(out)), checkpoint_dir=store) as job:
-                await _feed_sides(job, records[:taken])
+            topology = _fed_join(join, d, parallelism, sl.FileSink(out))
+            async with sl.start(topology, checkpoint_dir=store, state_backend=backend(0)) as job:
+                await _feed_sides(job, records[:first])
+                await job.checkpoint()
+                await _feed_sides(job, records[first:taken])
                 await job.checkpoint()
                 await _feed_sides(job, records[taken:crash])
                 raise Crash
 
         async def resumed() -> None:
-            async with sl.start(_fed_join(join, d, parallelism, sl.FileSink(out)), checkpoint_dir=store) as job:
+            topology = _fed_join(join, d, parallelism, sl.FileSink(out))
+            async with sl.start(topology, checkpoint_dir=store, state_backend=backend(1)) as job:
                 await _feed_sides(job, records[taken:])
                 await _close_sides(job)
                 await job.wait()
@@ -868,19 +885,26 @@ def test_joins_resume_from_a_checkpoint_taken_at_a_random_point(case, parallelis
 @examples(0.25)
 @given(case=ordered_cases(processes=1), parallelism=st.sampled_from([1, 3]), data=st.data())
 def test_joins_through_a_live_rescale_at_a_random_point(case, parallelism, data):
-    """The join rescaled (1 <-> 3 instances) after a random record: the model's pairs, as without it."""
+    """The join rescaled (1 <-> 3 instances) after a random record: the model's pairs, as without it; its
+    held records in the in-memory state or in RocksDB."""
     (d, left, right), join, _ = case
     records = [*left, *right]
     expected = join.expect(records, make_policy("default"))
     at = data.draw(st.integers(0, len(records)), label="rescale after")
+    rocks = data.draw(st.booleans(), label="on RocksDB")
 
     async def run() -> sl.JobResult:
-        async with sl.start(_fed_join(join, d, parallelism, sl.CollectSink())) as job:
-            await _feed_sides(job, records[:at])
-            await job.rescale(JOIN, 1 if parallelism == 3 else 3)
-            await _feed_sides(job, records[at:])
-            await _close_sides(job)
-            return await job.wait()
+        with tempfile.TemporaryDirectory() as directory:
+            backend = sl.RocksDBState(directory) if rocks else None
+            async with sl.start(_fed_join(join, d, parallelism, sl.CollectSink()), state_backend=backend) as job:
+                return await fed_and_rescaled(job)
+
+    async def fed_and_rescaled(job: sl.Job) -> sl.JobResult:
+        await _feed_sides(job, records[:at])
+        await job.rescale(JOIN, 1 if parallelism == 3 else 3)
+        await _feed_sides(job, records[at:])
+        await _close_sides(job)
+        return await job.wait()
 
     result = asyncio.run(run())
     got = Counter(out_row(r) for r in result.sink("out"))

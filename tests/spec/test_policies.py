@@ -17,10 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import shutil
+import tempfile
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -241,6 +244,7 @@ def check_user_task(
     batch_size: int,
     out_of_orderness: int,
     processes: int = 1,
+    rocks: bool = False,
 ) -> None:
     expected = model.user_task(records, batch_size, out_of_orderness, f.model_failing(), f.model_timer_fails())
     topology = sl.Topology(unique("spec-policies"))
@@ -252,7 +256,9 @@ def check_user_task(
     task.set_input(source, partitioning=sl.SAME_KEY)
     topology.add_sink("out", sl.CollectSink()).set_input(task)
 
-    result = sl.run(topology, batch_size=batch_size, processes=processes)
+    with tempfile.TemporaryDirectory() as directory:
+        backend = sl.RocksDBState(directory, cache_entries=2) if rocks else None  # a cache smaller than the keys
+        result = sl.run(topology, batch_size=batch_size, processes=processes, state_backend=backend)
 
     got = rows_of(result.sink("out"))
     want = expected.outputs
@@ -282,11 +288,12 @@ def task_cases(draw: st.DrawFn, restart: bool = True) -> tuple[list[Rec], Failur
 
 @pytest.mark.timeout(240)
 @examples()
-@given(case=task_cases(), **task_runs)
-def test_a_failed_record_leaves_nothing_behind(case, asynchronous, parallelism, batch_size, out_of_orderness):
+@given(case=task_cases(), rocks=st.booleans(), **task_runs)
+def test_a_failed_record_leaves_nothing_behind(case, rocks, asynchronous, parallelism, batch_size, out_of_orderness):
     """Under "skip" the failing records (and timers) have no effect at all and are the dead letters; under
     "restart" a transient failure changes nothing: outputs (each key's in order, timers' included), dead
-    letters and the final state (emitted by ``finish``) are the model's."""
+    letters and the final state (emitted by ``finish``) are the model's; with the state in memory or in
+    RocksDB (``rocks``)."""
     records, f = case
     check_user_task(
         records,
@@ -295,6 +302,7 @@ def test_a_failed_record_leaves_nothing_behind(case, asynchronous, parallelism, 
         parallelism=parallelism,
         batch_size=batch_size,
         out_of_orderness=out_of_orderness,
+        rocks=rocks,
     )
 
 
@@ -348,6 +356,12 @@ def test_a_failed_record_leaves_nothing_behind_across_a_crash(
     timer is cancelled: after a restore a timer may fire on another watermark than in one run)."""
     f = data.draw(failures(len(records)), label="failures")
     taken_at_checkpoint = data.draw(st.integers(0, len(records)), label="checkpoint after")
+    backends = data.draw(st.tuples(*[st.sampled_from(["memory", "rocksdb"])] * 2), label="backends")
+    folder = Path(tempfile.mkdtemp(prefix="spec-policies-rocks-"))
+
+    def backend(run: int) -> sl.RocksDBState | None:
+        return sl.RocksDBState(folder / str(run), cache_entries=2) if backends[run] == "rocksdb" else None
+
     expected = model.user_task(
         records, batch_size, out_of_orderness, f.model_failing(), f.model_timer_fails(), timer_reads_state=False
     )
@@ -371,7 +385,11 @@ def test_a_failed_record_leaves_nothing_behind_across_a_crash(
 
     async def first_run() -> None:
         with contextlib.suppress(Crash):
-            async with sl.start(build(parallelism), batch_size=batch_size, checkpoint_store=store) as job:
+            async with sl.start(
+                build(parallelism), batch_size=batch_size, checkpoint_store=store, state_backend=backend(0)
+            ) as job:
+                await until_true(lambda: job.statistics().nodes["task"].records_in >= taken_at_checkpoint / 2)
+                await asyncio.wait_for(job.checkpoint(), 10.0)  # on RocksDB: a full chunk, then an increment
                 await until_true(lambda: job.statistics().nodes["task"].records_in >= taken_at_checkpoint)
                 await asyncio.wait_for(job.checkpoint(), 10.0)
                 for _ in range(linger):
@@ -379,13 +397,18 @@ def test_a_failed_record_leaves_nothing_behind_across_a_crash(
                 raise Crash
 
     async def second_run() -> None:
-        async with sl.start(build(resume_parallelism), batch_size=batch_size, checkpoint_store=store) as job:
+        async with sl.start(
+            build(resume_parallelism), batch_size=batch_size, checkpoint_store=store, state_backend=backend(1)
+        ) as job:
             await job.close_source("hold")
             await job.wait()
 
-    asyncio.run(first_run())
-    assert store.epochs()
-    asyncio.run(second_run())
+    try:
+        asyncio.run(first_run())
+        assert store.epochs()
+        asyncio.run(second_run())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     job_id = f"local.{name}"
     try:
         got = rows_of(ExactlyOnceSink.committed(job_id)["out"])
