@@ -14,7 +14,8 @@ once (exactly-once output). Two drivers:
   was saved; one or two crashes; each run in one process or (a smaller share) ``processes=2``;
 * ``sl.start`` over a ``QueueSource`` fed by the test, which settles and takes ``await job.checkpoint()`` at
   random points, rescales the keyed tasks live (``job.rescale``), leaves the ``async with`` block with an
-  exception and, in the next run, sends again what it sent after its last checkpoint.
+  exception and, in the next run, sends again what it sent after its last checkpoint; each run keeps its
+  keyed state in memory or in RocksDB (drawn per run: incremental checkpoints, restored on either backend).
 
 The columnar ``aggregate`` of ``test_columnar`` (nulls, dictionaries, big ints, ``mean``; per batch, at the
 end, per on-time window) crashes and resumes the same way: its ``FileSink`` must hold the model's results once.
@@ -324,6 +325,7 @@ class QueueCase:
     batch_size: int
     parallelism: list[int]  # per run
     runs: list[list[tuple[Any, ...]]]  # per run: ("send", n), ("checkpoint",), ("rescale", task, n), ("settle",)
+    backends: list[str] = field(default_factory=list)  # per run: the keyed state "memory" or in "rocksdb"
 
 
 @st.composite
@@ -349,6 +351,7 @@ def queue_cases(draw: st.DrawFn) -> QueueCase:
         batch_size=draw(st.sampled_from([1, 3, 1000])),
         parallelism=[draw(st.sampled_from([1, 3])) for _ in runs],
         runs=runs,
+        backends=[draw(st.sampled_from(["memory", "rocksdb"])) for _ in runs],
     )
 
 
@@ -360,8 +363,12 @@ async def drive_queue(case: QueueCase, directory: Path) -> sl.JobResult:
         last = run == len(case.runs) - 1
         topology = build(sl.QueueSource(), directory, parallelism, case.size, case.out_of_orderness, None)
         sent = checkpointed
+        rocks = case.backends[run] == "rocksdb"
+        backend = sl.RocksDBState(directory / f"rocks{run}", cache_entries=3) if rocks else None
         try:
-            async with sl.start(topology, checkpoint_dir=directory / "checkpoints", batch_size=case.batch_size) as job:
+            async with sl.start(
+                topology, checkpoint_dir=directory / "checkpoints", batch_size=case.batch_size, state_backend=backend
+            ) as job:
                 for step in steps:
                     if step[0] == "send":
                         for key, value, ts in case.records[sent : sent + step[1]]:
