@@ -20,6 +20,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,15 +192,16 @@ class HostCluster:
                 process.send_signal(signal.SIGCONT)  # a paused one must run to end
         members = {process_id for process_id in self.processes if process_id.startswith("zookeeper")}
         for group in (set(self.processes) - members, members):
-            running = [self.processes[process_id] for process_id in sorted(group)]
-            running = [process for process in running if process.poll() is None]
-            for process in running:
+            running = [(process_id, self.processes[process_id]) for process_id in sorted(group)]
+            running = [(process_id, process) for process_id, process in running if process.poll() is None]
+            for _, process in running:
                 process.terminate()
             deadline = time.monotonic() + 15
-            for process in running:
+            for process_id, process in running:
                 try:
                     process.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
+                    print(f"{process_id} did not stop within 15 s of SIGTERM: SIGKILL", file=sys.stderr)
                     process.kill()
                     process.wait(timeout=15)
         return [process.pid for process in self.processes.values() if process.poll() is None]

@@ -38,7 +38,7 @@ from streamlet.backends.cluster.tree.paths import Assignment, Reconfiguration, i
 from streamlet.backends.cluster.tree.registry import WorkerRegistration, workers
 from streamlet.backends.cluster.tree.reports import dead_letters_report
 from streamlet.backends.cluster.tree.signing import verify
-from streamlet.backends.cluster.tree.store import ClusterStore, write_fenced
+from streamlet.backends.cluster.tree.store import ClusterStore, riding_out, write_fenced
 from streamlet.backends.cluster.worker.checkpoint_agreement import AttemptInfo, RestoreScope, ZkAgreement
 from streamlet.backends.cluster.worker.handoff import ClusterHandoff
 from streamlet.backends.cluster.worker.joining import (
@@ -354,9 +354,19 @@ class WorkerJobs:
         async with anyio.create_task_group() as group:
             for part in list(self.parts.values()):
                 if part.agreement is not None:
-                    group.start_soon(part.agreement.stop_checkpoint)
+                    group.start_soon(self._drain_part, part)
         for part in list(self.parts.values()):
             part.scope.cancel()
+
+    async def _drain_part(self, part: JobPart) -> None:
+        """The stopping checkpoint of ``part``, unless its attempt was superseded (this worker was judged lost
+        while cut off): then no other worker takes part in it, and it would never complete."""
+        found = await riding_out(self.zk.get, paths.assignment(part.job))
+        if found is None or int(found.data["attempt"]) != part.attempt:
+            log.info("nothing to drain: the attempt was superseded", job=part.job, attempt=part.attempt)
+            return
+        assert part.agreement is not None
+        await part.agreement.stop_checkpoint()
 
     def _cancel(self, job: str) -> None:
         for part in self.parts.values():
