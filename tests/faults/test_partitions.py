@@ -113,6 +113,11 @@ def test_a_worker_cut_from_zookeeper_but_not_its_peers_is_replaced(
         hosts.heal_all()
     assert state["attempt"] == 2, state
     assert any(s["state"] == "RECOVERING" for s in states.data() if s)
+    # stopped, the zombie has nothing to drain: no stopping checkpoint of an attempt no one else runs
+    zombie = cluster.processes[victim]
+    zombie.terminate()
+    assert zombie.wait(timeout=12) == 0  # a safety net: waiting on the stopping checkpoint, it never exited
+    assert "nothing to drain: the attempt was superseded" in (cluster.state_dir / f"{victim}.log").read_text()
 
 
 def test_the_leader_cut_from_the_ensembles_majority_hands_over(start: Any, hosts: HostNetwork, tmp_path: Path) -> None:

@@ -363,7 +363,7 @@ class WorkerJobs:
         while cut off): then no other worker takes part in it, and it would never complete."""
         found = await riding_out(self.zk.get, paths.assignment(part.job))
         if found is None or int(found.data["attempt"]) != part.attempt:
-            log.info("nothing to drain: the attempt was superseded", job=part.job, attempt=part.attempt)
+            log.warning("nothing to drain: the attempt was superseded", job=part.job, attempt=part.attempt)
             return
         assert part.agreement is not None
         await part.agreement.stop_checkpoint()
