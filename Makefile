@@ -12,7 +12,7 @@ export JAVA_HOME := $(JAVA_17)
 endif
 endif
 
-.PHONY: run test lint typecheck docs unit spec mutation chaos nemesis bench clean zookeeper java browser nettools postgresql
+.PHONY: run test lint typecheck docs unit spec mutation chaos busy nemesis bench clean zookeeper java browser nettools postgresql
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "streamlet needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
@@ -99,6 +99,10 @@ chaos: $(STAMP)
 
 # 20 seeded fault schedules against a real cluster on test hosts (network namespaces: root), about 35 s each;
 # every answer checked (make test runs two fixed seeds).
+# The busy-worker faults with the live rescale at 1.6 ms and at 5 ms of CPU per record (make test: 1.6 ms).
+busy: $(STAMP) zookeeper java nettools
+	STREAMLET_BUSY_RESCALE_HOLDS=0.0016,0.005 $(BIN)/pytest -q tests/faults/test_busy_workers.py
+
 nemesis: $(STAMP) zookeeper java nettools
 	$(BIN)/python -m streamlet.testing.nemesis --seed 100 --runs 20 --json
 

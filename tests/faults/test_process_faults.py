@@ -237,11 +237,14 @@ class LostWorkers:
         Which of the two it names is the order a busy machine notices them in, not a fact: their heartbeats go
         stale up to a beat apart, so the leader may see one lost (and only that one named) and find the other
         gone too when it places the next attempt, or first move the job onto the other, dead, worker and stall
-        when that one is lost. The facts: at least one is named, only workers of the stalled attempt are, and
-        when it stalled none was live ("no live worker"); both processes are gone."""
-        found = re.fullmatch(r"lost (\S.*); no live worker can take it: no live worker", self.stalled["reason"])
+        when that one is lost; or, stalled once, try again while one still looked live a moment longer ("a
+        worker can take it again") and stall on placing it, which is the STALLED a busy watch may see first.
+        The facts: only workers of the stalled attempt are named, and when it stalled none was live ("no live
+        worker"); both processes are gone."""
+        pattern = r"(?:lost (\S.*)|a worker can take it again); no live worker can take it: no live worker"
+        found = re.fullmatch(pattern, self.stalled["reason"])
         assert found is not None, self.stalled["reason"]
-        named = found.group(1).split(", ")
+        named = [] if found.group(1) is None else found.group(1).split(", ")
         assert named == sorted(set(named)), self.stalled["reason"]
         assert set(named) <= set(self.stalled_assignment["instances"].values()) <= {"worker-0", "worker-1"}
         for victim in self.victims:
