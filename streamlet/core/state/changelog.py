@@ -104,14 +104,12 @@ def store_increments(document: dict[str, Any], save_chunk: Callable[[str, bytes]
     """Replace every :class:`Increment` in a checkpoint document's task snapshots by its reference, handing
     its new chunk to ``save_chunk(name, bytes)`` first; returns the bytes of the chunks handed over."""
     written = 0
-    for entries in document.get("tasks", {}).values():
-        for entry in entries:
-            snapshot = entry[1] if type(entry) is list else entry  # a part of a job holds [index, snapshot]
-            increment = snapshot.get("state") if type(snapshot) is dict else None
-            if type(increment) is Increment:
-                save_chunk(increment.chain[-1], increment.chunk)
-                written += len(increment.chunk)
-                snapshot["state"] = increment.reference()
+    for snapshot in _task_snapshots(document):
+        increment = snapshot.get("state")
+        if type(increment) is Increment:
+            save_chunk(increment.chain[-1], increment.chunk)
+            written += len(increment.chunk)
+            snapshot["state"] = increment.reference()
     return written
 
 
@@ -138,6 +136,6 @@ def resolve(document: dict[str, Any], read_chunk: Callable[[str], bytes]) -> dic
 def _task_snapshots(document: dict[str, Any]) -> Iterator[dict[str, Any]]:
     for entries in (document.get("tasks") or {}).values():
         for entry in entries:
-            snapshot = entry[1] if type(entry) is list else entry
+            snapshot = entry[1] if type(entry) is list else entry  # a part of a job holds [index, snapshot]
             if type(snapshot) is dict:
                 yield snapshot

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 import structlog
@@ -45,7 +45,7 @@ from streamlet.core.model.histogram import LatencyHistogram
 from streamlet.core.model.hooks import maybe_await
 from streamlet.core.state.changelog import store_increments
 from streamlet.core.state.participant import SECTIONS, Participant
-from streamlet.core.state.store import CheckpointStore, encode, keeps_chunks
+from streamlet.core.state.store import CheckpointStore, ChunkStore, encode, keeps_chunks
 from streamlet.errors import EncodingError, JobError
 
 log = structlog.get_logger("streamlet")
@@ -292,13 +292,13 @@ class Coordinator:
     async def _complete(self, epoch: int, finished: bool = False) -> None:
         pending = self._pending[epoch]
         document = self._document(epoch, pending, finished)
-        # Not in a worker thread: while the loop keeps the GIL busy, a thread waits ~5 ms to get it back
-        # after each system call (the convoy effect), which made a 2 ms save take most of a second.
-        chunks = store_increments(document, self.store.save_chunk) if self.incremental else 0  # type: ignore[attr-defined]
+        chunks = store_increments(document, cast(ChunkStore, self.store).save_chunk) if self.incremental else 0
         try:
             data = encode(document)  # on the loop: the state is bytes already
         except (TypeError, ValueError, OverflowError) as exc:  # a value in a window or a position: say whose
             raise _unencodable(epoch, pending.snapshots) from exc
+        # Not in a worker thread: while the loop keeps the GIL busy, a thread waits ~5 ms to get it back
+        # after each system call (the convoy effect), which made a 2 ms save take most of a second.
         await maybe_await(self.store.save(epoch, data))
         if self.agreement is not None:
             self._saved[epoch] = len(data)  # committed when the agreement says every process has its part

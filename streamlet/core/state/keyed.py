@@ -80,7 +80,7 @@ class KeyedState:
         self.values = _unpack(snapshot)
 
     @staticmethod
-    def partition(snapshot: Any, parts: int, owner: Callable[[Any], int] | None = None) -> list[bytes]:
+    def partition(snapshot: StateSnapshot, parts: int, owner: Callable[[Any], int] | None = None) -> list[bytes]:
         """Split a snapshot by key into ``parts``: part i holds the keys ``owner`` gives instance i
         (default: the ``SAME_KEY`` rule for ``parts`` instances, see ``core.model.segments``)."""
         owner = owner or default_owner(parts)
@@ -90,7 +90,7 @@ class KeyedState:
         return [pack_exact(part, "keyed state") for part in split]
 
     @staticmethod
-    def merge(parts: list[Any]) -> bytes:
+    def merge(parts: list[StateSnapshot]) -> bytes:
         """Join snapshots of several instances into one."""
         merged: dict[Any, Any] = {}
         for part in parts:

@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamlet.core.model.encoding import pack_exact
 from streamlet.core.state.changelog import (
     CHANGELOG,
     Increment,
@@ -182,27 +181,18 @@ class RocksKeyedState(KeyedState):
     def restore(self, snapshot: Any) -> None:
         """Replace the contents with a checkpoint's (of either backend); the next checkpoint is a full one."""
         values = self.values
-        values.before = None
         self.chain.clear()
         whole = snapshot if is_changelog(snapshot) else None
         if whole is None:
             restored = _unpack(snapshot)
             entries: Iterator[tuple[bytes, bytes | None]] = (
-                (values.raw_key(key), pack_exact(value, "keyed state")) for key, value in restored.items()
+                (values.raw_key(key), values.packed(value)) for key, value in restored.items()
             )
             chunks_empty = not restored
         else:
             entries = self._entries(whole)
             chunks_empty = not any(whole[CHANGELOG])
-        if values.made:
-            values.close()  # a fresh database: emptying one key by key costs as much as filling it
-        else:
-            values.cache.clear()
-            values.raw_of.clear()
-            values.as_stored.clear()
-            values.pending.clear()
-        values._missed = None
-        values.changed = None  # the next checkpoint is a full one
+        values.reset()  # a fresh database: emptying one key by key costs as much as filling it
         if chunks_empty:
             return
         rocksdict = rocksdict_module()

@@ -91,6 +91,14 @@ class RocksValues(MutableMapping[Any, Any]):
         """Whether the database was made (the state was touched)."""
         return self._db is not None
 
+    def reset(self) -> None:
+        """Forget everything: the database (the next use makes a fresh one), the cache, what waits to be
+        written, a call's journal and the changelog (so the next checkpoint is a full one)."""
+        self.close()
+        self.before = None
+        self._missed = None
+        self.changed = None
+
     def close(self) -> None:
         """Close the database, if one was made."""
         self.cache.clear()

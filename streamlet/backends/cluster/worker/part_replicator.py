@@ -142,8 +142,7 @@ class PartReplicator:
         pieces = {backup: {**piece(document, held), **extra} for backup, held in by_backup.items()}
         named = {backup: chunks_named(each) for backup, each in pieces.items()}
         for backup, each in pieces.items():
-            boot, held = self.sent.get(backup, ("", set()))
-            lacking = named[backup] - (held if boot == self._boots.get(backup, "") else set())
+            lacking = named[backup] - self._held_by(backup)
             if lacking:
                 each["chunks"] = await world.blocking(self.service.chunks_for, self.key, self.attempt, lacking)
         async with anyio.create_task_group() as group:
@@ -160,10 +159,13 @@ class PartReplicator:
             if backup in lagging:
                 self.sent.pop(backup, None)
             else:
-                boot = self._boots.get(backup, "")
-                held = self.sent[backup][1] if self.sent.get(backup, ("", set()))[0] == boot else set()
-                self.sent[backup] = (boot, held | named[backup])
+                self.sent[backup] = (self._boots.get(backup, ""), self._held_by(backup) | named[backup])
         return lagging
+
+    def _held_by(self, backup: str) -> set[str]:
+        """The chunks ``backup`` acknowledged holding since it last started (none if it started again)."""
+        boot, held = self.sent.get(backup, ("", set()))
+        return held if boot == self._boots.get(backup, "") else set()
 
     async def _push_one(self, backup: str, address: Address, document: dict[str, Any], failed: set[str]) -> None:
         try:
