@@ -1,4 +1,4 @@
-"""The seeded simulation of the whole cluster: 150 runs under random faults break no rule, a seed replays event
+"""The seeded simulation of the whole cluster: 100 runs under random faults break no rule, a seed replays event
 for event (in two interpreters too), nothing on the path reads the wall clock or unseeded randomness, and the
 checker catches each guarantee switched off."""
 
@@ -26,7 +26,7 @@ from streamlet.testing.chaos import KINDS, WORKLOADS, check, run_once
 from streamlet.testing.chaos.runner import RunResult, expected_output
 
 ROOT = Path(__file__).resolve().parents[2]
-CI_SEEDS = range(0, 150)
+CI_SEEDS = range(0, 100)
 # Seeds of CI_SEEDS the simulation found a bug with that is not fixed yet, and the rule each breaks: listed in
 # the issue's note, kept here so that a fix shows (the test then asks for the seed to be taken off the list).
 KNOWN_OPEN: dict[int, str] = {}
@@ -45,7 +45,7 @@ def chaos(*args: str, hash_seed: str | None = None, timeout: float = 220) -> tup
 
 
 @pytest.mark.timeout(300)
-def test_a_hundred_and_fifty_seeded_runs_break_no_rule() -> None:
+def test_a_hundred_seeded_runs_break_no_rule() -> None:
     """Every run injects at least 3 faults into 10 000 records; together they draw every kind; the committed
     output equals the in-process run's, every state move is legal, one leader writes per epoch, and every job
     ends once the faults heal. Within 3 minutes on 2 cores."""
