@@ -65,7 +65,8 @@ class HostCluster:
         return self.state.secret()
 
     def start(self) -> None:
-        """Hosts, the ensemble (serving), masters, workers (registered); stops what it started when one fails."""
+        """Hosts, the ensemble (serving), master-0 (leading), the other masters (candidates), workers (registered);
+        stops what it started when one fails."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)
         secret_file = self.state_dir / "secret"
@@ -76,13 +77,16 @@ class HostCluster:
         certificates.make_ca(self.tls_dir, self.name)
         try:
             self._start_ensemble()
-            for index in range(self.masters):
+            self._start_streamlet("master", "master-0")
+            with self.watch() as zk:  # master-0 leads, the others stand by: a seed's faults meet the same roles
+                zk.wait_for(paths.LEADER, lambda leader: bool(leader) and leader["name"] == "master-0", seconds=60)
+            for index in range(1, self.masters):
                 self._start_streamlet("master", f"master-{index}")
             for index in range(self.workers):
                 self._start_streamlet("worker", f"worker-{index}")
             with self.watch() as zk:
                 zk.wait_for_children(paths.WORKERS, lambda found: len(found) == self.workers, seconds=60)
-                zk.wait_for(paths.LEADER, lambda leader: bool(leader), seconds=60)
+                zk.wait_for_children(paths.CANDIDATES, lambda found: len(found) == self.masters, seconds=60)
         except BaseException:
             self.stop()
             raise

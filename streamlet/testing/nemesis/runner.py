@@ -15,7 +15,9 @@ and the checker says what went wrong:
   consecutive versions of its node);
 - a job neither FINISHED within ``bound`` seconds of the last heal nor
   FAILED/STALLED with a reason a user can act on (a STALLED job is judged as
-  it stands at the bound: a holder of its checkpoint may still come back);
+  it stands at the bound: a holder of its checkpoint may still come back;
+  with ``stalled_ends``, as soon as it stalls and every master campaigns
+  again, for a schedule known to lose both copies of a checkpoint);
 - a master, worker or ZooKeeper member that exited on its own (every process
   killed was started again before the last heal).
 """
@@ -37,6 +39,7 @@ from streamlet.testing.chaos.faults import REAL_KINDS, Fault, schedule
 from streamlet.testing.nemesis import workload
 from streamlet.testing.nemesis.cluster import HostCluster
 from streamlet.testing.nemesis.hosts import HostNetwork
+from streamlet.testing.zk_watch import ZkWatch
 
 KINDS = ("kill", "disk", "pause", "partition", "isolate", *REAL_KINDS)  # what real processes can be made to suffer
 MASTERS = ("master-0", "master-1")
@@ -73,15 +76,18 @@ def draw(seed: int, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
     return schedule(seed, MASTERS, WORKERS, kinds=kinds, zookeepers=members)
 
 
-def run_seed(seed: int, directory: Path, faults: list[Fault] | None = None, bound: float = BOUND) -> NemesisRun:
-    """One run in ``directory`` (its cluster's files, the job's output), under ``faults`` (default: the seed's)."""
+def run_seed(
+    seed: int, directory: Path, faults: list[Fault] | None = None, bound: float = BOUND, stalled_ends: bool = False
+) -> NemesisRun:
+    """One run in ``directory`` (its cluster's files, the job's output), under ``faults`` (default: the seed's).
+    ``stalled_ends``: judge a STALLED job once every master campaigns again rather than at the bound."""
     began = time.monotonic()
     run = NemesisRun(seed, draw(seed) if faults is None else faults)
     with HostNetwork() as network:
         cluster = HostCluster(network, directory / ".streamlet", masters=len(MASTERS), workers=len(WORKERS))
         cluster.start()
         try:
-            _drive(cluster, network, directory, run, bound)
+            _drive(cluster, network, directory, run, bound, stalled_ends)
         finally:
             left = cluster.stop()
             if left:
@@ -90,7 +96,9 @@ def run_seed(seed: int, directory: Path, faults: list[Fault] | None = None, boun
     return run
 
 
-def _drive(cluster: HostCluster, network: HostNetwork, directory: Path, run: NemesisRun, bound: float) -> None:
+def _drive(
+    cluster: HostCluster, network: HostNetwork, directory: Path, run: NemesisRun, bound: float, stalled_ends: bool
+) -> None:
     output = directory / "out"
     job = workload.write_job(directory, output)
     submit = [sys.executable, "-m", "streamlet.cli", "submit", str(job), "--job", workload.JOB]
@@ -105,11 +113,14 @@ def _drive(cluster: HostCluster, network: HostNetwork, directory: Path, run: Nem
         zk.wait_for(paths.state(workload.JOB), lambda s: s["state"] == "RUNNING")
         healed_at = Nemesis(cluster, network).play(run.faults)
         ended_at: float | None = None
+        ends = (*ENDED, "STALLED") if stalled_ends else ENDED
         try:  # STALLED is no end: a holder of its checkpoint may come back; judged as it stands at the bound
-            final = zk.wait_for(paths.state(workload.JOB), lambda s: s["state"] in ENDED, seconds=bound)
-            ended_at = time.monotonic()
+            final = zk.wait_for(paths.state(workload.JOB), lambda s: s["state"] in ends, seconds=bound)
+            ended_at = time.monotonic() if final["state"] in ENDED else None
         except TimeoutError:
             final = zk.data(paths.state(workload.JOB))
+        if stalled_ends:  # judged early: what a master's death would show by the bound must show now
+            run.violations += _masters_campaign(zk, max(1.0, healed_at + bound - time.monotonic()))
         run.state, run.reason, run.attempts = final["state"], final["reason"], int(final["attempt"])
         versions = zip(states.versions(), states.data(), strict=True)
         seen = [(version, data["state"]) for version, data in versions if data]
@@ -123,6 +134,21 @@ def _drive(cluster: HostCluster, network: HostNetwork, directory: Path, run: Nem
     got = workload.committed(output)
     run.committed = len(got["out"])
     run.violations += checker.compare_outputs(workload.expected(), got, finished=run.state == "FINISHED")
+
+
+def _masters_campaign(zk: ZkWatch, seconds: float) -> list[str]:
+    """Nothing when every master is a candidate for leadership within ``seconds``; else who is not."""
+    try:
+        zk.wait_for_children(paths.CANDIDATES, lambda found: _campaigning(found) >= set(MASTERS), seconds)
+    except TimeoutError:
+        found = {path: data for path, (data, _version) in zk.tree(paths.CANDIDATES).items()}
+        missing = set(MASTERS) - _campaigning(found)
+        return [f"{name} does not campaign for leadership {seconds:.0f} s on" for name in sorted(missing)]
+    return []
+
+
+def _campaigning(nodes: dict[str, Any]) -> set[str]:
+    return {data["name"] for data in nodes.values() if isinstance(data, dict) and "name" in data}
 
 
 @dataclass
