@@ -56,6 +56,7 @@ from streamlet.core.model.validation import surprising_defaults, unconsumed_port
 from streamlet.core.runtime.clock import SystemClock
 from streamlet.core.runtime.cycles import refuse_checkpoints_with_cycles
 from streamlet.core.runtime.job import JobResult, new_attempt
+from streamlet.core.state.rocks import RocksDBState, forking_is_unsafe
 from streamlet.core.state.savepoints import check_fits, read_savepoint
 from streamlet.core.state.store import CheckpointStore
 from streamlet.errors import JobError, StreamletError, TopologyError
@@ -68,6 +69,7 @@ _JOB_OPTIONS = (
     "channel_capacity",
     "cpu_turns",
     "loop_warning",
+    "state_backend",  # each process opens its own instances' databases under the backend's folder
 )  # what each process's Job is given
 
 
@@ -134,7 +136,20 @@ def _checked(topology: Topology, processes: int, options: dict[str, Any]) -> Top
             raise JobError("checkpoint_interval needs a checkpoint store (checkpoint_dir=...)")
     else:
         refuse_checkpoints_with_cycles(resolved)
+    _refuse_rocksdb_after_fork(resolved, processes, options.get("state_backend"))
     return resolved
+
+
+def _refuse_rocksdb_after_fork(topology: Topology, processes: int, backend: Any) -> None:
+    """A job keeping state in RocksDB cannot be forked from a process that already ran RocksDB (its children
+    would hang at their first flush): said before anything starts."""
+    backends = [backend, *(node.state_backend for node in topology.nodes.values())]
+    if any(isinstance(one, RocksDBState) for one in backends) and forking_is_unsafe():
+        raise JobError(
+            f"processes={processes} forks worker processes, and this process has run RocksDB state already: "
+            "RocksDB's background threads do not survive a fork, so the children would hang. Run this job "
+            "in a program of its own (or before any job of this program keeps state in RocksDB)"
+        )
 
 
 def _restore_point(

@@ -292,6 +292,8 @@ class TaskInstance(Receiver):
             split = split_task_snapshot(self.snapshot(), target, plan.width, self.index, self.node.window)
             if not plan.retiring(self.index):
                 self.restore(split[self.index])
+            else:  # it holds nothing any more: its statistics (a join's held records) count nothing
+                self.state.restore(pack_exact({}, "keyed state"))
             parts = dict(enumerate(split))
         self._state_replaced()
         for importer in plan.targets_of(self.index):

@@ -44,6 +44,16 @@ MAX_CHAIN = 64
 """Chunks at most in an incremental checkpoint's chain (a full one and its increments): what a restore reads."""
 
 
+_USED_HERE = False  # whether this process opened a RocksDB database
+
+
+def forking_is_unsafe() -> bool:
+    """Whether a process forked from this one now could not run RocksDB: this process opened a database, so
+    RocksDB's background threads exist here, and a forked child inherits their locks but not the threads
+    (its first flush waits for them forever)."""
+    return _USED_HERE
+
+
 class RocksDBState:
     """Keep keyed state in RocksDB, under ``path`` (a temporary folder when ``None``).
 
@@ -84,7 +94,8 @@ class RocksDBState:
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="streamlet-rocksdb-")) if self.path is None else self.path
             self._cache = rocksdict.Cache(self.cache_mb * 1024 * 1024)
-        folder = self._root / _safe(job) / _safe(node) / str(index)
+        # one folder per opening: a live rescale opens instance i's new state while the old one's is still open
+        folder = self._root / _safe(job) / _safe(node) / f"{index}.{len(self._opened)}"
 
         def make() -> Any:
             shutil.rmtree(folder, ignore_errors=True)  # a working copy: a restore starts from the checkpoint
@@ -100,6 +111,8 @@ class RocksDBState:
             options.set_block_based_table_factory(table)
             self.opened.append((job, node, index))
             db = rocksdict.Rdict(str(folder), options)
+            global _USED_HERE  # a fact about this process, for whoever would fork it
+            _USED_HERE = True
             unlogged = rocksdict.WriteOptions()
             unlogged.disable_wal = True  # a working copy: what survives a crash is the checkpoint, not this
             db.set_write_options(unlogged)

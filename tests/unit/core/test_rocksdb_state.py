@@ -5,6 +5,8 @@ a live rescale."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -192,3 +194,52 @@ def test_a_task_can_choose_rocksdb_alone_and_a_ttl_is_refused_with_it(tmp_path: 
         topology.add_task("c", CountWords, state_backend="rocksdb")  # type: ignore[arg-type]
     with pytest.raises(sl.StreamletError, match=r"cache_mb must be a whole number of MB >= 1, got 0"):
         sl.RocksDBState(tmp_path, cache_mb=0)
+
+
+FORKED_RUNS = """
+import sys
+import streamlet as sl
+
+class Count(sl.Task):
+    def execute(self, inputs, outputs):
+        for record in inputs.get():
+            self.state.put(record.key, self.state.get(record.key, 0) + 1)
+
+    def finish(self, outputs):
+        outputs.emit_all(sorted(self.state.items()))
+        outputs.emit("state", type(self.state).__name__)
+
+def counted(processes, folder):
+    topology = sl.Topology("forked")
+    source = topology.add_source("in", [(f"k{n % 3}", n) for n in range(30)])
+    node = topology.add_task("count", Count, parallelism=2).set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(node)
+    result = sl.run(topology, processes=processes, state_backend=sl.RocksDBState(folder, cache_entries=2))
+    return sorted((record.key, record.value) for record in result.sink("out"))
+
+print(counted(2, sys.argv[1] + "/first"))
+print(counted(1, sys.argv[1] + "/second"))
+try:
+    counted(2, sys.argv[1] + "/third")
+except sl.JobError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_processes_run_rocksdb_state_in_each_child_and_refuse_to_fork_a_process_that_ran_it(tmp_path: Path) -> None:
+    """processes=2 keeps each child's instances in RocksDB (the job's backend reaches every process); once the
+    program has run RocksDB itself, a fork would leave the children without RocksDB's background threads (they
+    hang at their first flush), so the job is refused before anything starts, saying why."""
+    program = tmp_path / "forked.py"
+    program.write_text(FORKED_RUNS)
+    done = subprocess.run(
+        [sys.executable, str(program), str(tmp_path)], capture_output=True, text=True, timeout=120, check=True
+    )
+    counts = "[('k0', 10), ('k1', 10), ('k2', 10), ('state', 'RocksKeyedState'), ('state', 'RocksKeyedState')]"
+    assert done.stdout.splitlines() == [
+        counts,
+        counts,
+        "refused: processes=2 forks worker processes, and this process has run RocksDB state already: RocksDB's "
+        "background threads do not survive a fork, so the children would hang. Run this job in a program of its "
+        "own (or before any job of this program keeps state in RocksDB)",
+    ]
