@@ -243,3 +243,26 @@ def test_processes_run_rocksdb_state_in_each_child_and_refuse_to_fork_a_process_
         "background threads do not survive a fork, so the children would hang. Run this job in a program of its "
         "own (or before any job of this program keeps state in RocksDB)",
     ]
+
+
+async def test_a_join_scaled_in_on_rocksdb_counts_each_held_record_once(tmp_path: Path) -> None:
+    """2 -> 1 instances of an as-of join holding one left record: the retiring instance hands it over and holds
+    nothing after (it reported the record as still held, so the job counted it twice)."""
+    topology = sl.Topology("held")
+    lefts, rights = topology.add_source("left", sl.QueueSource()), topology.add_source("right", sl.QueueSource())
+    joined = topology.asof_join("j", how="left", parallelism=2)
+    joined.set_input(lefts, in_port=sl.LEFT, partitioning=sl.SAME_KEY)
+    joined.set_input(rights, in_port=sl.RIGHT, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(joined)
+    async with sl.start(topology, state_backend=sl.RocksDBState(tmp_path, cache_entries=2)) as job:
+        await job.send("left", "d", "l0", ts=0)
+        await job.settle()
+        held_before = job.statistics().nodes["j"].held
+        await job.rescale("j", 1)
+        await job.settle()
+        held_after = job.statistics().nodes["j"].held
+        for side in ("left", "right"):
+            await job.close_source(side)
+        result = await job.wait()
+    assert (held_before, held_after) == (1, 1)
+    assert [(record.key, record.value) for record in result.sink("out")] == [("d", ("l0", None))]
