@@ -7,6 +7,7 @@ every process the run started once pytest is gone, however it ends; and the time
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 import streamlet as sl
 from streamlet.backends.cluster.local.zookeeper_server import ZooKeeperServer
+from streamlet.core.runtime.job import Job
 from streamlet.core.runtime.loop_watch import LOOP_WARNING_ENV
 from streamlet.testing.postgres_server import PostgresServer
 from tests.support.exactly_once import Bomb
@@ -38,6 +40,12 @@ def values(records: Iterable[sl.Record | tuple[Any, ...]]) -> list[Any]:
 def pairs(records: Iterable[sl.Record | tuple[Any, ...]]) -> list[tuple[Any, Any]]:
     """``(key, value)`` of ``records`` (records, or elements as the runtime carries them), in order."""
     return [record[:2] if isinstance(record, tuple) else (record.key, record.value) for record in records]
+
+
+def as_listed(rows: list[Any], backend: str) -> list[Any]:
+    """``rows`` emitted in the order the state lists its keys, as a test compares them: as they are with the
+    in-memory state (first written first); sorted (by ``repr``) with RocksDB, which lists keys by layout."""
+    return sorted(rows, key=repr) if backend == "rocksdb" else rows
 
 
 def self_loop() -> sl.Topology:
@@ -63,6 +71,33 @@ def linear() -> Callable[..., sl.JobResult]:
         return sl.run(topology)
 
     return run
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``each_state_backend``: memory and RocksDB, or memory alone for a test marked ``in_memory_state_only``."""
+    if "each_state_backend" in metafunc.fixturenames:
+        only_memory = metafunc.definition.get_closest_marker("in_memory_state_only") is not None
+        metafunc.parametrize("each_state_backend", ["memory"] if only_memory else ["memory", "rocksdb"], indirect=True)
+
+
+@pytest.fixture
+def each_state_backend(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Run the test twice: as written (keyed state in memory), then with every job that chooses no backend on
+    RocksDB (a database folder of its own per job, a cache of 8 values so most reads and writes reach the
+    database). A module opts in with ``pytestmark = pytest.mark.usefixtures("each_state_backend")``; a test
+    of what only the dict does is marked ``in_memory_state_only`` with the reason."""
+    if request.param == "rocksdb":
+        root, numbers = tmp_path_factory.mktemp("rocksdb"), itertools.count()
+        made_by = Job.__init__
+
+        def on_rocksdb(job: Job, *args: Any, state_backend: Any = None, **options: Any) -> None:
+            chosen = state_backend or sl.RocksDBState(root / str(next(numbers)), cache_entries=8)
+            made_by(job, *args, state_backend=chosen, **options)
+
+        monkeypatch.setattr(Job, "__init__", on_rocksdb)
+    return str(request.param)
 
 
 @pytest.fixture

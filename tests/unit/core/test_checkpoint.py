@@ -16,10 +16,12 @@ import pytest
 
 import streamlet as sl
 from streamlet.core.runtime.channel import LocalChannel
-from tests.conftest import self_loop
+from tests.conftest import as_listed, self_loop
 from tests.support import exactly_once
 from tests.support.exact_values import same_shape
 from tests.support.exactly_once import Bomb, expected_output
+
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -373,7 +375,7 @@ def test_a_window_reduce_folding_tuples_resumes_with_tuples(tmp_path: Path, fold
     assert all(same_shape(got, want) for got, want in zip(reduced, expected, strict=True))
 
 
-def test_buffered_window_records_and_state_keep_tuples_across_a_resume(tmp_path: Path) -> None:
+def test_buffered_window_records_and_state_keep_tuples_across_a_resume(tmp_path: Path, each_state_backend: str) -> None:
     """Records buffered in an open window, and self.state values and keys, are restored with their tuples."""
     checkpoints = tmp_path / "checkpoints"
     before: list[tuple[Any, Any]] = [("a", (1, (2, "x"))), (("u", 1), [(3,), {4: (5,)}])]
@@ -382,8 +384,8 @@ def test_buffered_window_records_and_state_keep_tuples_across_a_resume(tmp_path:
     result = _resume(fold, checkpoints, [("a", (6,))])
     expected_buffer = [*before, ("a", (6,))]
     expected_state = [("a", ((1, (2, "x")), (6,))), (("u", 1), ([(3,), {4: (5,)}],))]
-    buffered, kept = _results(result, "buffered"), _results(result, "kept")
+    buffered, kept = _results(result, "buffered"), as_listed(_results(result, "kept"), each_state_backend)
     assert buffered == expected_buffer
     assert same_shape(buffered, expected_buffer)
-    assert kept == expected_state
+    assert kept == as_listed(expected_state, each_state_backend)
     assert same_shape(kept, expected_state)

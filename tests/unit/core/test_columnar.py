@@ -17,6 +17,9 @@ import streamlet as sl
 from streamlet.core.model.columns import ColumnBatch, import_pyarrow
 from streamlet.core.model.segments import SegmentTable
 from streamlet.core.runtime.routing import KeyedRoute
+from tests.conftest import as_listed
+
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
 
 ROWS = 1_000
 BATCH = 100
@@ -236,11 +239,11 @@ def resumed_after_a_crash(how: str, before: Pairs, lost: Pairs, after: Pairs, *,
     return asyncio.run(second_run())
 
 
-def test_aggregate_state_checkpoints_and_restores() -> None:
+def test_aggregate_state_checkpoints_and_restores(each_state_backend: str) -> None:
     """The running sums and means are keyed state: a restart from a checkpoint continues them exactly (what
     came after the checkpoint is lost with the crash)."""
     resumed = resumed_after_a_crash("mean", [("a", 1), ("b", 4), ("a", 2)], [("a", 100)], [("a", 6)])
-    assert resumed == [("a", 3.0), ("b", 4.0)]
+    assert as_listed(resumed, each_state_backend) == [("a", 3.0), ("b", 4.0)]
 
 
 def test_a_where_on_a_missing_field_names_the_task_and_port() -> None:
@@ -457,11 +460,11 @@ def test_an_end_count_holds_batches_aside_and_folds_them_in_the_order_keys_came(
     assert list(task.state.values.items()) == [("b", 2), ("a", 2), ("c", 1), ("d", 1), ("e", 1)]
 
 
-def test_a_checkpoint_holds_the_batches_an_end_count_held_aside() -> None:
+def test_a_checkpoint_holds_the_batches_an_end_count_held_aside(each_state_backend: str) -> None:
     """Batches held aside when a checkpoint is taken are in it: a restart continues with them, exactly."""
     before = [("a", 1), ("b", 1), ("a", 1), ("c", 1)]  # one batch each: all but the first held aside
     resumed = resumed_after_a_crash("count", before, [("a", 1)], [("b", 1)], one_batch_each=True)
-    assert resumed == [("a", 2), ("b", 2), ("c", 1)]
+    assert as_listed(resumed, each_state_backend) == [("a", 2), ("b", 2), ("c", 1)]
 
 
 async def test_a_rescale_moves_the_batches_an_end_count_held_aside_with_its_keys() -> None:
@@ -508,7 +511,7 @@ def test_an_end_integer_sum_past_2_to_the_63_never_wraps() -> None:
     assert run("sum") == [("a", 2**66)]
 
 
-def test_an_end_sum_over_batches_with_dictionaries_of_their_own_is_exact() -> None:
+def test_an_end_sum_over_batches_with_dictionaries_of_their_own_is_exact(each_state_backend: str) -> None:
     """Dictionary-encoded keys, each batch with its own dictionary: folded batch by batch, exact."""
     rows = [["a", "b", "a"], ["c", "a"], ["d", "b", "d"], ["a"]]
     batches = [
@@ -522,7 +525,8 @@ def test_an_end_sum_over_batches_with_dictionaries_of_their_own_is_exact() -> No
     for keys in rows:
         for value, key in enumerate(keys, start=1):
             expected[key] += value
-    assert [(r.key, r.value) for r in sl.run(topology).sink("out")] == list(expected.items())
+    got = [(r.key, r.value) for r in sl.run(topology).sink("out")]
+    assert as_listed(got, each_state_backend) == as_listed(list(expected.items()), each_state_backend)
 
 
 @pytest.mark.parametrize("emit", ["batch", "end"])
@@ -592,6 +596,9 @@ def test_a_sum_past_int64_comes_out_exact_as_records_under_either_emit() -> None
     assert aggregated([near, more], "sum", "end") == [("a", 2**64 + 5)]
 
 
+@pytest.mark.in_memory_state_only(
+    "processes=2 forks this process, which has run RocksDB: refused (tests/unit/core/test_rocksdb_state.py)"
+)
 def test_a_sum_past_64_bits_crosses_between_processes() -> None:
     """processes=2: the aggregate and the sink in different processes, the exact int goes over the frame."""
     past = pa.table({"k": ["a", "a"], "v": pa.array([2**64 - 1, 2], pa.uint64()), "ts": [1, 2]})

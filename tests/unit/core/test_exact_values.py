@@ -28,6 +28,8 @@ from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.store import decode, encode
 from tests.support.exact_values import KEYS, PLAIN_VALUES, VALUES, same_shape
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 
 def test_same_shape_tells_types_apart() -> None:
     """The helper itself: what == calls equal, same_shape does not when a type differs anywhere."""

@@ -19,6 +19,8 @@ from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.savepoints import read_savepoint
 from tests.unit.core.test_joins import Sent, drive, interval, joined, out, so_far
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 Add = Any  # topology -> the join node
 
 
@@ -221,6 +223,9 @@ async def test_asof_a_key_just_joined_is_due_next_at_its_next_left_not_earlier()
                            ("A", ("la", "a1"), 10.0)]  # fmt: skip
 
 
+@pytest.mark.in_memory_state_only(
+    "after a restore, keys due together come in the order the state lists them: the dict's, first written first"
+)
 async def test_asof_after_a_restore_keys_due_together_keep_their_order() -> None:
     """Restored with A (two versions, 0 and 8, grace 4) and B, each with a left at 10: a rise of the watermark
     before 12 does not wake A early, so A's row comes out before B's as it would have without the restore."""
@@ -272,6 +277,9 @@ async def test_interval_a_left_and_a_right_closing_together_come_out_in_arrival_
     assert out(result) == [("B", (None, "b"), 6.0), ("A", ("a", None), 5.0)]
 
 
+@pytest.mark.in_memory_state_only(
+    "after a restore, keys due together come in the order the state lists them: the dict's, first written first"
+)
 async def test_interval_after_a_restore_held_and_the_order_of_keys_closing_together_are_kept() -> None:
     """lower=-2, upper=3. Restored holding, per key, one record closing at 8 or 10 (B1 and A1 at 8, A2 and B2 at
     10, in that order) and a pair for key P: ``held`` counts them all, and they close in their order, after the

@@ -860,6 +860,7 @@ def any_join(draw: st.DrawFn) -> Case:
     return Case(table_join(how, parallelism), lambda: TableModel(how), events)
 
 
+@pytest.mark.usefixtures("each_state_backend")  # in memory, then on RocksDB (tests/spec: the rest)
 @SOME
 @given(join=any_join(), where=st.floats(0.0, 1.0))
 def test_a_checkpoint_and_restore_at_any_point_keeps_what_the_join_holds(join: Case, where: float) -> None:
@@ -887,6 +888,7 @@ def test_a_join_restored_keeps_the_watermark_it_had(join: Case, where: float) ->
     check(run, simulate(join.model(), join.events), "none", None, late_count=False)
 
 
+@pytest.mark.usefixtures("each_state_backend")  # in memory, then on RocksDB (tests/spec: the rest)
 @SOME
 @given(join=any_join(), where=st.floats(0.0, 1.0), instances=parallelisms)
 def test_a_live_rescale_at_any_point_changes_nothing(join: Case, where: float, instances: int) -> None:

@@ -13,6 +13,8 @@ import streamlet as sl
 from streamlet.testing import SimulatedCluster
 from tests.support import join_jobs as jj
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 CASES = [("interval", "outer"), ("asof", "left"), ("window", "outer")]
 COUNTS = {"interval": 2000, "asof": 2000, "window": 600}
 
@@ -28,6 +30,9 @@ def test_in_process_results_equal_the_reference(kind: str, how: str) -> None:
     assert result.statistics.late == 0
 
 
+@pytest.mark.in_memory_state_only(
+    "processes=2 forks this process, which has run RocksDB: refused (tests/unit/core/test_rocksdb_state.py)"
+)
 @pytest.mark.parametrize(("kind", "how"), CASES)
 def test_with_two_processes_results_equal_the_reference(kind: str, how: str) -> None:
     result = sl.run(jj.BUILDERS[kind](how), processes=2)
@@ -121,6 +126,7 @@ def expected_pairs(count: int = 1_000_000) -> int:
     return pairs
 
 
+@pytest.mark.in_memory_state_only("a long stream, its length the point; RocksDB joins: tests/spec")
 @pytest.mark.timeout(120)
 def test_an_interval_join_holds_what_its_interval_needs_not_the_stream() -> None:
     """1 M records 1 ms apart over 1 000 keys through a 10 s interval: never more than 25 000 held at once."""

@@ -12,6 +12,8 @@ import streamlet as sl
 from streamlet.core.model.joins.base import JoinTask, _instance_of, _task_name
 from streamlet.core.model.ports import Inputs
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 
 def _check(ts: Any, where: str = "task 'j' instance 3") -> float:
     topology = sl.Topology("ts")

@@ -14,6 +14,8 @@ import pytest
 
 import streamlet as sl
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 Sent = list[tuple[str, Any, Any, float | None]]  # (side, key, value, ts)
 
 

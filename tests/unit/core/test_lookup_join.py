@@ -20,6 +20,8 @@ import streamlet as sl
 from streamlet.testing import SimulatedCluster
 from tests.support.held_calls import HeldCalls, until_true
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 CUSTOMERS = {"ada": "Ada Lovelace", "bob": "Bob Kahn", "cy": "Cy Young"}
 
 

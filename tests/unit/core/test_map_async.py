@@ -19,6 +19,8 @@ import streamlet as sl
 from streamlet.testing import SimulatedCluster
 from tests.support.held_calls import HeldCalls, until_true
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 
 class Gate(HeldCalls):
     """An async function for ``map_async`` that doubles values and holds the calls of chosen keys."""

@@ -10,6 +10,8 @@ import pytest
 import streamlet as sl
 from tests.conftest import pairs
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 POISON = 3  # the value the tasks below fail on (the 4th record of 0..5)
 
 
@@ -201,6 +203,9 @@ def test_reduce_skip_leaves_an_accumulator_changed_in_place_as_it_was(batch_size
     assert [letter.record.value for letter in result.dead_letters] == [POISON]
 
 
+@pytest.mark.in_memory_state_only(
+    "processes=2 forks this process, which has run RocksDB: refused (tests/unit/core/test_rocksdb_state.py)"
+)
 def test_skip_is_exact_with_processes() -> None:
     """With processes=2 each key's count and sum leave out exactly the poison records."""
     items = [(f"k{index % 4}", index % 7) for index in range(200)]
@@ -235,6 +240,9 @@ class Probe(sl.Task):
 
 @pytest.mark.parametrize(
     ("policy", "kind"), [("fail", "dict"), ("skip", "JournaledValues"), ("restart", "JournaledValues")]
+)
+@pytest.mark.in_memory_state_only(
+    "the types of the dict's journal; RocksDB journals inside RocksValues (test_rocksdb_state.py)"
 )
 def test_only_replaying_policies_journal_the_state(policy: str, kind: str) -> None:
     """``fail`` keeps the plain dict (it pays nothing); skip and restart journal the calls."""

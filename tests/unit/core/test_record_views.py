@@ -13,6 +13,8 @@ from streamlet.core.model import views
 from streamlet.core.model.record import WindowRecord
 from streamlet.core.model.views import RecordViews
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 
 def test_a_record_let_go_is_refilled_and_a_kept_one_is_never_changed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Position by position: the record of a batch nobody holds is refilled with the next batch's element

@@ -18,6 +18,8 @@ import pytest
 import streamlet as sl
 from streamlet.core.model.segments import SegmentTable
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 
 class Count(sl.Task):
     """Per key: how many records so far, with the index of the instance that counted it."""

@@ -18,6 +18,8 @@ from streamlet.core.model.segments import SegmentTable
 from streamlet.core.model.sinks import RestorePoint
 from streamlet.core.state.restore import _sink_entries, layout_of, restore
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 MAX = 8  # key segments of every task here
 
 

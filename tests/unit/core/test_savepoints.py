@@ -10,6 +10,8 @@ import pytest
 import streamlet as sl
 from tests.unit.core.test_rescale import Count, assert_exact_counts, counts_by_key, keyed_count, send_range
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 
 class CountTwice(sl.Task):
     """New code for the same task: counts by two, from the same state."""

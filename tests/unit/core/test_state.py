@@ -14,6 +14,8 @@ import streamlet as sl
 from streamlet.core.model.segments import DEFAULT_SEGMENTS, SegmentTable
 from tests.conftest import pairs
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 SNAPSHOT_KEYS: list[Any] = ["a", "b", 7, -3, 2.5, b"raw", ("user", 1), ("nested", ("x", 2)), None]
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import pytest
+
 import streamlet as sl
+
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
 
 
 class Recorder(sl.Task):

@@ -13,6 +13,8 @@ import pytest
 import streamlet as sl
 from tests.support.held_calls import until_true
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 USERS = {f"u{i}": f"name{i}" for i in range(10)}
 CLICKS = [(f"u{i % 10}", i) for i in range(50)]
 

@@ -16,6 +16,8 @@ import pytest
 import streamlet as sl
 from streamlet.core.state.store import encode
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 Logged = list[tuple[Any, Any, Any]]
 
 

@@ -13,6 +13,8 @@ import streamlet as sl
 from streamlet.core.model.clock import Timer
 from tests.conftest import pairs, values
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
 
 class Collect(sl.Task):
     """Emits one record per window: key ``inputs.window``, value the window's values."""
