@@ -91,7 +91,7 @@ class Timers:
         #: The instance's watermark (set by the runtime as it rises; -inf until the first one, and after a restore).
         self.watermark: float = -math.inf
         #: While a call runs under a replaying error policy: what it set or cancelled, to take back.
-        self._undo_log: list[tuple[_Queue, tuple[Any, float], int | None]] | None = None
+        self._undo_log: list[tuple[Any, ...]] | None = None
 
     def now(self) -> float:
         """The job clock's time: what processing-time timers are set against (``now() + 30``)."""

@@ -54,8 +54,11 @@ class TaskInstance(Receiver):
     def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
         self.inputs = Inputs(node.inputs, f"task '{node.name}' instance {index}")
-        # With a TTL the store needs the clock; without one, the plain dict-backed store pays nothing for it.
-        self.timers = Timers(env.clock.now)
+        backend = node.state_backend or (env.state_backend if node.state_ttl is None else None)
+        opens_timers = getattr(backend, "open_timers", None)  # RocksDB keeps timers too
+        self.timers: Timers = (
+            Timers(env.clock.now) if opens_timers is None else opens_timers(env.job_id, node.name, index, env.clock.now)
+        )
         self.failures = 0
         self.join_counters = JoinCounters()  # a join's late and held records (kept across task objects)
         self.arrivals = 0  # records a window join's windows have taken (their arrival numbers)
@@ -68,7 +71,6 @@ class TaskInstance(Receiver):
         self.undo: CallUndo | None = None
         self.policy = POLICIES[node.on_error]
         replays = self.policy.replays and not leaves_nothing_on_failure(task)
-        backend = node.state_backend or (env.state_backend if node.state_ttl is None else None)
         if backend is not None:  # RocksDB: it journals a failed call's changes itself
             self.state: KeyedState = backend.open(env.job_id, node.name, index, node.max_parallelism)
             if replays:

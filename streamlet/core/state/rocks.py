@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from streamlet.core.state.changelog import (
     pack_chunk,
 )
 from streamlet.core.state.keyed import KeyedState, _unpack
+from streamlet.core.state.rocks_timers import RocksTimers
 from streamlet.core.state.rocks_values import RocksValues, rocksdict_module
 from streamlet.errors import StreamletError
 
@@ -80,7 +81,7 @@ class RocksDBState:
         self.cache_entries = cache_entries
         self._root: Path | None = None
         self._cache: Any = None
-        self._opened: list[RocksKeyedState] = []
+        self._opened: list[RocksKeyedState | RocksTimers] = []
         #: ``(job, node, instance)`` of every state opened, in order (what a test or an operator can check).
         self.opened: list[tuple[str, str, int]] = []
 
@@ -90,38 +91,55 @@ class RocksDBState:
     def open(self, job: str, node: str, index: int, segments: int) -> RocksKeyedState:
         """The (empty) state of instance ``index`` of ``node`` in ``job``; its database is made on first use (a
         stateless task never makes one)."""
-        rocksdict = rocksdict_module()
-        if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="streamlet-rocksdb-")) if self.path is None else self.path
-            self._cache = rocksdict.Cache(self.cache_mb * 1024 * 1024)
-        # one folder per opening: a live rescale opens instance i's new state while the old one's is still open
-        folder = self._root / _safe(job) / _safe(node) / f"{index}.{len(self._opened)}"
+        folder = self._folder(job, node, index, "state")
 
         def make() -> Any:
-            shutil.rmtree(folder, ignore_errors=True)  # a working copy: a restore starts from the checkpoint
-            folder.mkdir(parents=True)
-            options = rocksdict.Options(raw_mode=True)
-            # memtables count against memory too: RocksDB's default (64 MB each) would hold a whole state of
-            # that size in memory before a flush; a quarter of the cache each, two at most
-            options.set_write_buffer_size(max(1, self.cache_mb // 4) * 1024 * 1024)
-            options.set_max_write_buffer_number(2)
-            table = rocksdict.BlockBasedOptions()
-            table.set_block_cache(self._cache)
-            table.set_bloom_filter(10, False)  # a read of a key never written (a new key) skips the files
-            options.set_block_based_table_factory(table)
             self.opened.append((job, node, index))
-            db = rocksdict.Rdict(str(folder), options)
-            global _USED_HERE  # a fact about this process, for whoever would fork it
-            _USED_HERE = True
-            unlogged = rocksdict.WriteOptions()
-            unlogged.disable_wal = True  # a working copy: what survives a crash is the checkpoint, not this
-            db.set_write_options(unlogged)
-            return db
+            return self._database(folder)
 
         values = RocksValues(make, segments, self.cache_entries, changelog_limit=self.cache_mb << 20)
         state = RocksKeyedState(values, folder)
         self._opened.append(state)
         return state
+
+    def open_timers(self, job: str, node: str, index: int, now: Callable[[], float]) -> RocksTimers:
+        """The (empty) timers of instance ``index`` of ``node`` in ``job``; their database is made at the first
+        timer set (a task without timers never makes one)."""
+        folder = self._folder(job, node, index, "timers")
+        timers = RocksTimers(lambda: self._database(folder), folder, now)
+        self._opened.append(timers)
+        return timers
+
+    def _folder(self, job: str, node: str, index: int, kind: str) -> Path:
+        rocksdict = rocksdict_module()
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="streamlet-rocksdb-")) if self.path is None else self.path
+            self._cache = rocksdict.Cache(self.cache_mb * 1024 * 1024)
+        # one folder per opening: a live rescale opens instance i's new state while the old one's is still open
+        return self._root / _safe(job) / _safe(node) / f"{index}.{len(self._opened)}.{kind}"
+
+    def _database(self, folder: Path) -> Any:
+        """A fresh database in ``folder`` (what was there goes: a working copy, a restore starts from the
+        checkpoint)."""
+        rocksdict = rocksdict_module()
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        options = rocksdict.Options(raw_mode=True)
+        # memtables count against memory too: RocksDB's default (64 MB each) would hold a whole state of that
+        # size in memory before a flush; a quarter of the cache each, two at most
+        options.set_write_buffer_size(max(1, self.cache_mb // 4) * 1024 * 1024)
+        options.set_max_write_buffer_number(2)
+        table = rocksdict.BlockBasedOptions()
+        table.set_block_cache(self._cache)
+        table.set_bloom_filter(10, False)  # a read of a key never written (a new key) skips the files
+        options.set_block_based_table_factory(table)
+        db = rocksdict.Rdict(str(folder), options)
+        global _USED_HERE  # a fact about this process, for whoever would fork it
+        _USED_HERE = True
+        unlogged = rocksdict.WriteOptions()
+        unlogged.disable_wal = True  # a working copy: what survives a crash is the checkpoint, not this
+        db.set_write_options(unlogged)
+        return db
 
     def close(self) -> None:
         """Close every database opened and remove what this backend made (the job ended)."""

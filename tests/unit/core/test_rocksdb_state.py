@@ -266,3 +266,34 @@ async def test_a_join_scaled_in_on_rocksdb_counts_each_held_record_once(tmp_path
         result = await job.wait()
     assert (held_before, held_after) == (1, 1)
     assert [(record.key, record.value) for record in result.sink("out")] == [("d", ("l0", None))]
+
+
+class RemindEachKey(sl.Task):
+    """A timer per key at its record's ts + 10; on_timer emits the key and when, and says where timers live."""
+
+    def execute(self, inputs: sl.Inputs, outputs: sl.Outputs) -> None:
+        for record in inputs.get():
+            self.timers.at(record.key, record.ts + 10)
+
+    def on_timer(self, key: Any, when: float, time: str, outputs: sl.Outputs) -> None:
+        outputs.emit(key, (when, type(self.timers).__name__))
+
+
+def test_a_rocksdb_job_keeps_its_timers_in_rocksdb_and_fires_them_in_order(tmp_path: Path) -> None:
+    """5 000 keys, each with a timer: on RocksDB they fire as in memory (as the watermark passes them, by time,
+    then in the order set), each once."""
+    records = [sl.Record(f"k{n}", n, float(n % 50)) for n in range(5000)]
+
+    def fired(backend: sl.RocksDBState | None) -> list[tuple[Any, Any]]:
+        topology = sl.Topology("reminders")
+        source = topology.add_source("in", records)
+        node = topology.add_task("remind", RemindEachKey).set_input(source, partitioning=sl.SAME_KEY)
+        topology.add_sink("out", sl.CollectSink()).set_input(node)
+        return [(record.key, record.value) for record in sl.run(topology, state_backend=backend).sink("out")]
+
+    in_memory, on_rocksdb = fired(None), fired(sl.RocksDBState(tmp_path, cache_entries=8))
+    times = [(key, when) for key, (when, _) in on_rocksdb]
+    assert times == [(key, when) for key, (when, _) in in_memory]  # the same firings, in the same order
+    assert sorted(times) == sorted((record.key, record.ts + 10) for record in records)
+    assert {kind for _, (_, kind) in in_memory} == {"Timers"}
+    assert {kind for _, (_, kind) in on_rocksdb} == {"RocksTimers"}

@@ -8,12 +8,16 @@ input; timers are checkpointed with their keys' exact types.
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import streamlet as sl
+from streamlet.core.model import world
 from streamlet.core.state.store import encode
 
 pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
@@ -450,8 +454,18 @@ async def test_a_resume_with_more_instances_splits_timers_by_key_with_their_stat
 # -- the Timers object ---------------------------------------------------------------------------
 
 
-def test_pending_lists_timers_in_firing_order_and_by_key() -> None:
-    timers = sl.Timers(now=lambda: 100.0)
+@pytest.fixture(params=["memory", "rocksdb"])
+def make_timers(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., sl.Timers]:
+    """Makes empty timers: the in-memory ones, then RocksDB's (``RocksDBState.open_timers``)."""
+    if request.param == "memory":
+        return sl.Timers
+    backend = sl.RocksDBState(tmp_path)
+    opened = itertools.count()
+    return lambda now=world.wall_time: backend.open_timers("job", "task", next(opened), now)
+
+
+def test_pending_lists_timers_in_firing_order_and_by_key(make_timers: Callable[..., sl.Timers]) -> None:
+    timers = make_timers(now=lambda: 100.0)
     timers.at("a", 20)
     timers.at(("t", 1), 10, time="processing")
     timers.at("a", 10)
@@ -470,8 +484,8 @@ def test_pending_lists_timers_in_firing_order_and_by_key() -> None:
     )
 
 
-def test_bad_times_and_kinds_are_refused() -> None:
-    timers = sl.Timers()
+def test_bad_times_and_kinds_are_refused(make_timers: Callable[..., sl.Timers]) -> None:
+    timers = make_timers()
     cases: list[tuple[Any, Any, type[Exception], str]] = [
         (10, "wall", ValueError, "time must be 'event' or 'processing', got 'wall'"),
         ("10", "event", TypeError, "a timer's when must be a number of seconds, got '10'"),
@@ -484,23 +498,25 @@ def test_bad_times_and_kinds_are_refused() -> None:
     assert timers.pending() == []
 
 
-def test_a_snapshot_round_trips_keys_exactly_and_splits_and_merges_by_key() -> None:
-    timers = sl.Timers()
+def test_a_snapshot_round_trips_keys_exactly_and_splits_and_merges_by_key(
+    make_timers: Callable[..., sl.Timers],
+) -> None:
+    timers = make_timers()
     keys: list[Any] = [("user", 1), ("nested", ("x", 2)), "a", 7, b"raw", None]
     for index, key in enumerate(keys):
         timers.at(key, index, time="processing" if index % 2 else "event")
-    restored = sl.Timers()
+    restored = make_timers()
     restored.restore(timers.checkpoint())
     parts = sl.Timers.partition(timers.checkpoint(), 3)
-    merged = sl.Timers()
+    merged = make_timers()
     merged.restore(sl.Timers.merge([*parts, None]))
     assert restored.pending() == merged.pending() == timers.pending()
     assert [type(key) for key, _, _ in restored.pending()] == [type(key) for key in keys]
 
 
-def test_many_cancelled_timers_leave_the_live_ones_in_order() -> None:
+def test_many_cancelled_timers_leave_the_live_ones_in_order(make_timers: Callable[..., sl.Timers]) -> None:
     """Cancelling most timers compacts the heap; the rest still come out in order."""
-    timers = sl.Timers()
+    timers = make_timers()
     for index in range(500):
         timers.at(index, 500 - index)
     for index in range(500):
