@@ -24,6 +24,7 @@ from benchmarks import (
     spark,
     state,
     state_checkpoint,
+    state_rescale,
     surge,
     tcp,
     windows,
@@ -59,6 +60,7 @@ def main() -> None:
         "postgres",
         "state",
         "state-checkpoint",
+        "state-rescale",
     ]
     parser.add_argument("name", choices=names)
     parser.add_argument("--records", type=int, default=None)
@@ -114,6 +116,8 @@ def main() -> None:
         line = state.main(args.records or max(2_000_000, keys), min(args.repeats, 3), keys)
     elif args.name == "state-checkpoint":  # --records: the keys held
         line = state_checkpoint.main(args.records or 10_000_000, args.repeats)
+    elif args.name == "state-rescale":  # --keys: the keys held
+        line = state_rescale.main(args.keys or 1_000_000, min(args.repeats, 3))
     elif args.name == "checkpoint":
         line = checkpoint.main(args.records or 3_000_000, args.repeats)
     else:

@@ -90,12 +90,17 @@ class ReconfigurationPlan:
         segment table never sent it, to an importer: such state is the
         instance's own business and must not be lost).
         """
-        old, new, segments = self.old.owners, self.new.owners, self.old.segments
+        owners, segments = self.segment_owners(exporter), self.old.segments
+        return lambda key: owners[segment_of(key, segments)]
+
+    def segment_owners(self, exporter: int) -> list[int]:
+        """Where each segment's keys held by ``exporter`` belong after the change (see :meth:`target_function`):
+        a key's place depends on its segment alone."""
+        old, new = self.old.owners, self.new.owners
         retiring = self.retiring(exporter)
         fallback = min(self.importers) if self.importers else exporter
 
-        def target(key: Any) -> int:
-            segment = segment_of(key, segments)
+        def target(segment: int) -> int:
             owner = new[segment]
             if old[segment] == exporter and owner != exporter:
                 return owner
@@ -103,7 +108,7 @@ class ReconfigurationPlan:
                 return owner if owner in self.importers else fallback
             return exporter
 
-        return target
+        return [target(segment) for segment in range(self.old.segments)]
 
     @property
     def width(self) -> int:

@@ -8,7 +8,7 @@ import inspect
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from streamlet.core.model.columnar import AggregateTask
 from streamlet.core.model.columns import ColumnBatch
@@ -30,10 +30,12 @@ from streamlet.core.runtime.instances import Environment, Receiver, count_batch
 from streamlet.core.runtime.loop_watch import BLOCKED_AFTER, HOLDER, YIELD_AFTER, first_warning
 from streamlet.core.runtime.offload import in_thread
 from streamlet.core.runtime.outputs import RoutedOutputs
+from streamlet.core.state.changelog import changelog, is_changelog, pack_chunk
 from streamlet.core.state.expiring import ExpiringState
 from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.participant import Section
 from streamlet.core.state.regroup import merge_task_snapshots, split_task_snapshot
+from streamlet.core.state.rocks import RocksKeyedState
 from streamlet.core.state.undo import CallUndo, UndoableState, undoable_state
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.columnar import ColumnarWindowLogic, aggregate_window
@@ -42,7 +44,7 @@ from streamlet.errors import EncodingError, FieldError, StreamletError, TaskErro
 
 if TYPE_CHECKING:
     from streamlet.core.model.topology import Node
-    from streamlet.core.runtime.reconfiguration import ActiveReconfiguration
+    from streamlet.core.runtime.reconfiguration import ActiveReconfiguration, ReconfigurationPlan
 
 _T = TypeVar("_T")
 LATE_PORT = LATE  # the late side output: the last output port of every task
@@ -290,6 +292,8 @@ class TaskInstance(Receiver):
             parts = {self.index: self.snapshot()}
         elif self._plain_state():
             parts = self._move_out(target, plan.importers - {self.index})
+        elif self._rocks_by_segment(plan.old.segments):
+            parts = self._move_segments_out(plan)
         else:
             split = split_task_snapshot(self.snapshot(), target, plan.width, self.index, self.node.window)
             if not plan.retiring(self.index):
@@ -309,6 +313,31 @@ class TaskInstance(Receiver):
             and self.timers.next_due("event") is None
             and self.timers.next_due("processing") is None
         )
+
+    def _rocks_by_segment(self, segments: int) -> bool:
+        """Only keyed values in RocksDB, laid out by the plan's segments: moved by range, segment by segment."""
+        return (
+            isinstance(self.state, RocksKeyedState)
+            and self.state.values.segments == segments
+            and self.window is None
+            and self.timers.next_due("event") is None
+            and self.timers.next_due("processing") is None
+        )
+
+    def _move_segments_out(self, plan: ReconfigurationPlan) -> dict[int, Any]:
+        """Take the segments that leave out of this instance's RocksDB by range (the keys that stay are not
+        read): O(keys moved), where a split snapshot reads and rewrites them all."""
+        state = cast(RocksKeyedState, self.state)
+        segments = state.values.segments
+        moved = state.hand_over_segments(plan.segment_owners(self.index), self.index)
+        return {
+            importer: {
+                "state": changelog([pack_chunk(moved.get(importer, []))], segments),
+                "window": None,
+                "finished": self.finished,
+            }
+            for importer in plan.importers - {self.index}
+        }
 
     def _move_out(self, target: Callable[[Any], int], importers: frozenset[int] | set[int]) -> dict[int, Any]:
         """Take the keys that leave out of this instance's state: O(keys held) lookups, O(keys moved) copies."""
@@ -331,6 +360,16 @@ class TaskInstance(Receiver):
         if self._plain_state() and all(_plain_part(part) for part in parts):
             for part in parts:  # keys held here stay as they are: only the arriving ones are unpacked
                 self.state.values.update(unpackb(part["state"]))
+            self._state_replaced()
+            return
+        segments = getattr(self.state.values, "segments", None)
+        if (
+            segments is not None
+            and self._rocks_by_segment(segments)
+            and all(_by_range(part, segments) for part in parts)
+        ):
+            for part in parts:  # keys held here stay in the database untouched: the arriving ones are added
+                cast(RocksKeyedState, self.state).take_in(part["state"])
             self._state_replaced()
             return
         self.restore(merge_task_snapshots([self.snapshot(), *parts], self.node.window))
@@ -896,6 +935,12 @@ class TaskInstance(Receiver):
 def _plain_part(part: dict[str, Any]) -> bool:
     """A handed-over part holding keyed values only (what :meth:`TaskInstance._move_out` makes)."""
     return part.get("window") is None and not part.get("timers") and "state_written" not in part
+
+
+def _by_range(part: dict[str, Any], segments: int) -> bool:
+    """A handed-over part holding RocksDB entries laid out by ``segments`` only (``_move_segments_out``'s)."""
+    state = part.get("state")
+    return _plain_part(part) and is_changelog(state) and cast(dict[str, Any], state)["segments"] == segments
 
 
 def _pop_batch(inbox: Inbox, channel: int) -> Batch:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,26 @@ class RocksDBState:
         self._root = None
 
 
+_SEGMENT_BYTES = struct.Struct(">H")  # a stored key's first two bytes: its segment (as ``RocksValues`` lays keys)
+
+
+def _runs(owners: Sequence[int], keeper: int) -> Iterator[tuple[int, int, int]]:
+    """``(first, last, owner)`` of each run of consecutive segments going to one owner other than ``keeper``."""
+    start = 0
+    for segment in range(1, len(owners) + 1):
+        if segment == len(owners) or owners[segment] != owners[start]:
+            if owners[start] != keeper:
+                yield start, segment - 1, owners[start]
+            start = segment
+
+
+def _after_segment(last: int) -> bytes:
+    """The least stored key past every key of segment ``last``."""
+    if last + 1 < 1 << 16:
+        return _SEGMENT_BYTES.pack(last + 1)
+    return b"\xff" * 64  # no packed key of the last segment runs this long in 0xff bytes
+
+
 def _safe(name: str) -> str:
     """A node or job name as one folder name."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "_"
@@ -238,6 +259,50 @@ class RocksKeyedState(KeyedState):
                 values.db.write(batch)
                 batch, size = rocksdict.WriteBatch(raw_mode=True), 0
         values.db.write(batch)
+
+    def hand_over_segments(self, owners: Sequence[int], keeper: int) -> dict[int, list[tuple[bytes, bytes]]]:
+        """Take the keys of every segment whose new owner (``owners[segment]``) is not ``keeper`` out of the
+        database, by range: one scan and one range delete per run of segments going to one owner, the keys
+        staying untouched. Each new owner's entries, as stored. The next checkpoint is a full one."""
+        values = self.values
+        moved: dict[int, list[tuple[bytes, bytes]]] = {}
+        if not values.made and not values.cache:
+            return moved
+        values.flush()
+        db = values.db
+        for first, last, owner in _runs(owners, keeper):
+            low, high = _SEGMENT_BYTES.pack(first), _after_segment(last)
+            entries = moved.setdefault(owner, [])
+            cursor = db.iter()
+            cursor.seek(low)
+            while cursor.valid() and cursor.key() < high:
+                entries.append((cursor.key(), cursor.value()))
+                cursor.next()
+            db.delete_range(low, high)
+        values.forget(lambda raw: owners[_SEGMENT_BYTES.unpack_from(raw)[0]] != keeper)
+        self._start_afresh()
+        return moved
+
+    def take_in(self, whole: dict[str, Any]) -> None:
+        """Add a changelog's keys (another instance's segments, handed over) to what this database holds."""
+        rocksdict = rocksdict_module()
+        batch, size = rocksdict.WriteBatch(raw_mode=True), 0
+        for raw, packed in self._entries(whole):
+            if packed is not None:
+                batch.put(raw, packed)
+                size += 1
+            if size == RESTORE_BATCH:
+                self.values.db.write(batch)
+                batch, size = rocksdict.WriteBatch(raw_mode=True), 0
+        if size:
+            self.values.db.write(batch)
+        self.values.forget_misses()
+        self._start_afresh()
+
+    def _start_afresh(self) -> None:
+        """Keys moved in or out behind the changelog's back: the next checkpoint is a full one."""
+        self.chain.clear()
+        self.values.changed = None
 
     def _entries(self, whole: dict[str, Any]) -> Iterator[tuple[bytes, bytes | None]]:
         """A changelog's entries as this database stores them (keys placed again if its segments differ)."""

@@ -268,6 +268,21 @@ class RocksValues(MutableMapping[Any, Any]):
         if self.changed_bytes > self.changelog_limit:  # bounded memory: the next checkpoint is a full one
             self.changed = None
 
+    def forget(self, gone: Callable[[bytes], bool]) -> None:
+        """Drop from the cache every key whose stored key ``gone`` says left the database (moved to another
+        instance by range): nothing of it is written back. Call after :meth:`flush`."""
+        for key in list(self.cache):
+            raw = self.raw_of.get(key)
+            if gone(self.raw_key(key) if raw is None else raw):
+                del self.cache[key]
+                self.raw_of.pop(key, None)
+                self.as_stored.pop(key, None)
+        self._missed = None
+
+    def forget_misses(self) -> None:
+        """Keys came in behind the cache's back (by range): the last key a read did not find may be here now."""
+        self._missed = None
+
     def take_changed(self) -> dict[bytes, bytes | None] | None:
         """What went into the database since the last call (``None``: too much to keep, or not kept before
         the first call); keeps it from now on, afresh."""

@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 
 import streamlet as sl
+from streamlet.core.model.encoding import unpackb
+from streamlet.core.model.segments import segment_of
+from streamlet.core.state.changelog import changelog, pack_chunk
 from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.rocks import RocksKeyedState
 from tests.support import join_jobs as jj
@@ -297,3 +300,63 @@ def test_a_rocksdb_job_keeps_its_timers_in_rocksdb_and_fires_them_in_order(tmp_p
     assert sorted(times) == sorted((record.key, record.ts + 10) for record in records)
     assert {kind for _, (_, kind) in in_memory} == {"Timers"}
     assert {kind for _, (_, kind) in on_rocksdb} == {"RocksTimers"}
+
+
+def test_segments_handed_over_by_range_leave_exactly_the_kept_keys(tmp_path: Path) -> None:
+    """Segments 0-63 stay, 64-95 go to instance 1, 96-127 to 2: each new owner gets exactly its segments' keys
+    as stored, the database keeps exactly the others (a cached value of a moved key is not written back), and
+    the importers' databases take them in beside their own."""
+    backend = sl.RocksDBState(tmp_path, cache_entries=50)
+    exporter = backend.open("job", "count", 0, 128)
+    keys = [f"user-{n}" for n in range(2000)]
+    for n, key in enumerate(keys):
+        exporter.values[key] = n
+    exporter.checkpoint_increment()  # a chain: the hand-over must start a new one
+    owners = [0] * 64 + [1] * 32 + [2] * 32
+    moved = exporter.hand_over_segments(owners, keeper=0)
+    owner_of = {key: owners[segment_of(key, 128)] for key in keys}
+    assert sorted(moved) == [1, 2]
+    for owner in (1, 2):
+        got = {exporter.values.key_of(raw): unpackb(packed) for raw, packed in moved[owner]}
+        assert got == {key: n for n, key in enumerate(keys) if owner_of[key] == owner}
+    assert dict(exporter.items()) == {key: n for n, key in enumerate(keys) if owner_of[key] == 0}
+    assert len(exporter.checkpoint_increment().chain) == 1  # a full chunk, a new chain (else 2: an increment)
+    importer = backend.open("job", "count", 1, 128)
+    importer.values["user-own"] = -1
+    importer.take_in(changelog([pack_chunk(moved[1])], 128))
+    expected = {key: n for n, key in enumerate(keys) if owner_of[key] == 1}
+    assert dict(importer.items()) == {**expected, "user-own": -1}
+    backend.close()
+
+
+async def test_a_live_rescale_of_rocksdb_state_moves_segments_by_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 -> 3 -> 1 instances of a RocksDB count: every exporter hands its segments over by range (none by a
+    split snapshot), and every key's count is exact."""
+    handed: list[int] = []
+    by_range = RocksKeyedState.hand_over_segments
+
+    def counted(state: RocksKeyedState, owners: Any, keeper: int) -> Any:
+        handed.append(keeper)
+        return by_range(state, owners, keeper)
+
+    monkeypatch.setattr(RocksKeyedState, "hand_over_segments", counted)
+    topology = sl.Topology("by-range")
+    source = topology.add_source("in", sl.QueueSource())
+    counts = topology.add_task("count", CountWords, parallelism=2).set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(counts)
+    sent: Counter[str] = Counter()
+    async with sl.start(topology, state_backend=sl.RocksDBState(tmp_path, cache_entries=4)) as job:
+        for rescale_to in (3, 1, None):
+            for n in range(300):
+                key = f"k{n % 37}"
+                await job.send("in", key, 1)
+                sent[key] += 1
+            await job.settle()
+            if rescale_to is not None:
+                await job.rescale("count", rescale_to)
+        await job.close_source("in")
+        result = await job.wait()
+    assert sorted(handed) == [0, 1, 1, 2]  # 2 -> 3: both lose segments; 3 -> 1: 1 and 2 retire, 0 keeps its own
+    assert {record.key: record.value for record in result.sink("out")} == dict(sent)
