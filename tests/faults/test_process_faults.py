@@ -67,10 +67,11 @@ def test_worker_sigkill_mid_job_recovers_from_the_checkpoint_with_exact_totals(
         states.wait_for(lambda s: s["state"] == "RUNNING")
         before = zk.wait_for(f"{paths.checkpoints(JOB)}/completed", lambda c: c["attempt"] == 1)
         assert before["workers"] == ["worker-0", "worker-1"]
-        # <worker dir>/rocksdb/<job>.<attempt>/<cluster>.<job>/<node>/<instance>: the count's, as it checkpointed
-        databases = sorted(path.parent.parts[-4:] for path in cluster.state_dir.rglob("rocksdb/**/CURRENT"))
+        # <worker dir>/rocksdb/<job>.<attempt>/<cluster>.<job>/<node>/<instance>.<opening>.state: the count's
+        folders = sorted(path.parent.parts[-4:] for path in cluster.state_dir.rglob("rocksdb/**/CURRENT"))
+        databases = [(*parts[:3], parts[3].split(".")[0], parts[3].split(".")[-1]) for parts in folders]
         assert databases == ([] if backend == "memory" else [
-            (f"{JOB}.1", f"{cluster.name}.{JOB}", "count", str(i)) for i in (0, 1)
+            (f"{JOB}.1", f"{cluster.name}.{JOB}", "count", str(i), "state") for i in (0, 1)
         ])  # fmt: skip
         victim = cluster.pids["worker-1"]
         killed_at = time.time()

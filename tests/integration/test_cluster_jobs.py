@@ -485,8 +485,10 @@ def test_rescale_and_migrate_change_a_running_job_in_the_same_attempt(cluster: P
         up = streamlet("rescale", "live", "count", "3", cwd=cluster)
         assert up.returncode == 0, up.stderr
         assert up.stdout.strip() == "job 'live': change 1 done: count runs 3 instances (attempt 1, 1 reconfiguration)"
+        # <instance>.<opening>.state: the new instance holds the keys it took in its own database
         databases = sorted(path.parent.name for path in cluster.rglob("rocksdb/live.1/*/count/*/CURRENT"))
-        assert databases == ["0", "1", "2"]  # the new instance holds the keys it took in its own database
+        assert [name.split(".")[0] for name in databases] == ["0", "1", "2"]
+        assert all(name.endswith(".state") for name in databases)
         down = streamlet("rescale", "live", "count", "1", cwd=cluster)
         assert down.returncode == 0, down.stderr
         refused = streamlet("rescale", "live", "nope", "2", cwd=cluster)
