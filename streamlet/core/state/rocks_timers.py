@@ -3,12 +3,18 @@
 The same :class:`~streamlet.core.model.timers.Timers` a task sees, kept in a database of their own (made at
 the first timer set), so a timer per key of a state bigger than memory costs disk, not memory. Two ranges:
 
-- the firing order: ``b"F"``, the time domain (one byte), ``when`` as a sortable 8-byte float, the order it
-  was set in (8 bytes, big-endian) -> ``[key, when]`` packed exactly (so ``pending`` gives back the key and
-  the time as they were set);
+- the firing order: ``b"F"``, the time domain (one byte), ``when`` as 16 bytes whose order is its exact
+  numeric order (the nearest float, sortable, then what a whole number differs from it by), the order it was
+  set in (8 bytes, big-endian) -> ``[key, when]`` packed exactly (so ``pending`` gives back the key and the
+  time as they were set);
 - the live timers: ``b"L"``, the time domain, the key packed in its stored form (keys Python holds equal are
-  one key, as for the state), ``when`` sortable -> the order, so setting a timer again changes nothing and
-  cancelling one finds its place in the firing order.
+  one key, as for the state), ``when`` packed in one form for equal numbers (``5``, ``5.0``, ``-0.0`` and
+  ``0``) -> the order, so setting a timer again changes nothing and cancelling one finds its place in the
+  firing order.
+
+Fired and cancelled timers leave deletion markers at the front of the firing order until RocksDB compacts
+them away; each domain keeps a key at or before its first live timer (``_low``), where every read of the
+firing order starts, so a pass over N timers reads N entries, not N² markers.
 
 Checkpoints are those of :class:`Timers` (every pending timer, whole), so either kind restores the other's.
 """
@@ -29,24 +35,45 @@ from streamlet.core.state.rocks_values import stored_form
 
 _DOUBLE = struct.Struct(">d")
 _ORDER = struct.Struct(">Q")
+_OFFSET = struct.Struct(">Q")
 _FIRING, _LIVE = b"F", b"L"
 _DOMAIN = {"event": b"\x00", "processing": b"\x01"}
-_PAST_DOMAIN = b"\xff" * 17  # after every firing entry of a domain (when and order are 16 bytes)
+_WHEN = 16  # bytes of a firing key's when
+_PAST_DOMAIN = b"\xff" * (_WHEN + _ORDER.size + 1)  # after every firing entry of a domain
+_WHOLE_LIMIT = 1 << 63  # whole-number whens RocksDB's timers keep exactly
 
 
 def sortable(when: float) -> bytes:
-    """``when`` as 8 bytes whose byte order is its numeric order (IEEE 754, sign flipped; negatives inverted)."""
-    raw = _DOUBLE.pack(float(when))
+    """``when`` as 8 bytes whose byte order is its numeric order (IEEE 754, sign flipped; negatives inverted;
+    ``-0.0`` as ``0.0``)."""
+    raw = _DOUBLE.pack(float(when) + 0.0)
     if raw[0] & 0x80:
         return bytes(255 - byte for byte in raw)
     return bytes([raw[0] | 0x80]) + raw[1:]
+
+
+def exact_order(when: float) -> bytes:
+    """``when`` as 16 bytes in its exact numeric order: the nearest float (:func:`sortable`), then how far a
+    whole number is from it (a float is 0 from itself), so whole numbers past 2**53 keep their order."""
+    if type(when) is int:
+        if not -_WHOLE_LIMIT < when < _WHOLE_LIMIT:
+            raise TypeError(f"a timer's when on RocksDB must be within ±2**63 seconds, got {when!r}")
+        return sortable(when) + _OFFSET.pack(when - int(float(when)) + _WHOLE_LIMIT)
+    return sortable(when) + _OFFSET.pack(_WHOLE_LIMIT)
+
+
+def _one_form(when: float) -> Any:
+    """``when`` in one form for numbers Python holds equal (a float that is whole, as the int it equals)."""
+    if type(when) is float and when.is_integer() and -_WHOLE_LIMIT < when < _WHOLE_LIMIT:
+        return int(when)
+    return when
 
 
 class RocksTimers(Timers):
     """:class:`Timers` kept in RocksDB. ``make_db`` opens the (empty) database at the first timer set;
     ``folder`` is where it lives (removed by :meth:`close`)."""
 
-    __slots__ = ("_db", "_folder", "_make_db", "_sequence")
+    __slots__ = ("_db", "_folder", "_low", "_make_db", "_sequence")
 
     def __init__(self, make_db: Callable[[], Any], folder: Path, now: Callable[[], float] = world.wall_time) -> None:
         super().__init__(now)
@@ -54,6 +81,7 @@ class RocksTimers(Timers):
         self._folder = folder
         self._db: Any = None
         self._sequence = itertools.count()
+        self._low = {domain: _FIRING + domain for domain in _DOMAIN.values()}  # at or before each first live timer
 
     @property
     def db(self) -> Any:
@@ -67,13 +95,12 @@ class RocksTimers(Timers):
     def at(self, key: Any, when: float, time: TimeDomain = "event") -> None:
         domain = self._domain(time)
         when = _check_when(when)
+        hash(key)  # an unhashable key is refused, as the in-memory timers refuse it
         live = self._live_key(domain, key, when)
         db = self.db
         if db.get(live) is not None:
             return
-        order = next(self._sequence)
-        db[live] = _ORDER.pack(order)
-        db[_firing_key(domain, when, order)] = pack_exact([key, when], "timers", "timer")
+        self._put(domain, live, key, when, next(self._sequence))
         if self._undo_log is not None:
             self._undo_log.append((time, key, when, None))
 
@@ -95,9 +122,9 @@ class RocksTimers(Timers):
     def pending(self, key: Any = None) -> list[tuple[Any, float, TimeDomain]]:
         entries = []
         for time in TIME_DOMAINS:
-            for when_bytes, order, (found, when) in self._firing(_DOMAIN[time]):
+            for firing, order, (found, when) in self._firing(_DOMAIN[time]):
                 if key is None or found == key:
-                    entries.append((when_bytes, order, found, when, time))
+                    entries.append((firing[2 : 2 + _WHEN], order, found, when, time))
         entries.sort(key=lambda entry: (entry[0], entry[1]))
         return [(found, when, time) for _, _, found, when, time in entries]
 
@@ -125,13 +152,13 @@ class RocksTimers(Timers):
         fired: set[bytes] = set()
         while True:
             taken = None
-            for when_bytes, order, (key, when) in self._firing(domain):  # from the start: the callback may
+            for firing, _, (key, when) in self._firing(domain):  # from the first live one: the callback may
                 if when > until:  # have set an earlier one
                     break
                 live = self._live_key(domain, key, when)
                 if live in fired:
                     continue  # set again by a callback of this pass: the next pass takes it
-                taken = (live, _FIRING + domain + when_bytes + _ORDER.pack(order), key, when)
+                taken = (live, firing, key, when)
                 break
             if taken is None:
                 return
@@ -144,6 +171,7 @@ class RocksTimers(Timers):
     def clear(self) -> None:
         """Forget every timer: the database goes (the next timer set makes a fresh one)."""
         self.close()
+        self._low = {domain: _FIRING + domain for domain in _DOMAIN.values()}
 
     def take_back(self) -> None:
         """Undo what was set or cancelled since :meth:`start_undo_log`, newest first; stop noting."""
@@ -157,8 +185,7 @@ class RocksTimers(Timers):
                     del self.db[live]
                     del self.db[_firing_key(domain, when, _ORDER.unpack(found)[0])]
             else:  # cancelled by the call: pending again, in its old place in the firing order
-                self.db[live] = _ORDER.pack(order)
-                self.db[_firing_key(domain, when, order)] = pack_exact([key, when], "timers", "timer")
+                self._put(domain, live, key, when, order)
 
     def close(self) -> None:
         """Close the database, if one was made, and remove its folder."""
@@ -170,22 +197,36 @@ class RocksTimers(Timers):
     # -- the layout ------------------------------------------------------------------
 
     def _firing(self, domain: bytes) -> Generator[tuple[bytes, int, list[Any]], None, None]:
-        """``(when bytes, order, [key, when])`` of the domain's timers in firing order."""
+        """``(firing key, order, [key, when])`` of the domain's timers in firing order (from its low mark,
+        moved up to the first live one found: the markers before it are never read again)."""
         if self._db is None:
             return
         prefix = _FIRING + domain
         cursor = self._db.iter()
-        cursor.seek(prefix)
+        cursor.seek(self._low[domain])
+        first = True
         while cursor.valid():
             raw = cursor.key()
             if not raw.startswith(prefix):
-                return
-            yield raw[2:10], _ORDER.unpack(raw[10:18])[0], unpackb(cursor.value())
+                break
+            if first:
+                self._low[domain], first = raw, False
+            yield raw, _ORDER.unpack_from(raw, 2 + _WHEN)[0], unpackb(cursor.value())
             cursor.next()
+        if first:  # none live: the next one set lowers the mark to itself
+            self._low[domain] = prefix + _PAST_DOMAIN
+
+    def _put(self, domain: bytes, live: bytes, key: Any, when: float, order: int) -> None:
+        firing = _firing_key(domain, when, order)
+        self.db[live] = _ORDER.pack(order)
+        self.db[firing] = pack_exact([key, when], "timers", "timer")
+        if firing < self._low[domain]:
+            self._low[domain] = firing
 
     @staticmethod
     def _live_key(domain: bytes, key: Any, when: float) -> bytes:
-        return _LIVE + domain + pack_exact(stored_form(key), "timers", "timer key") + sortable(when)
+        packed_key = pack_exact(stored_form(key), "timers", "timer key")
+        return _LIVE + domain + packed_key + pack_exact(_one_form(when), "timers", "timer when")
 
     @staticmethod
     def _domain(time: str) -> bytes:
@@ -196,4 +237,4 @@ class RocksTimers(Timers):
 
 
 def _firing_key(domain: bytes, when: float, order: int) -> bytes:
-    return _FIRING + domain + sortable(when) + _ORDER.pack(order)
+    return _FIRING + domain + exact_order(when) + _ORDER.pack(order)

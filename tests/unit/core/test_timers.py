@@ -526,3 +526,30 @@ def test_many_cancelled_timers_leave_the_live_ones_in_order(make_timers: Callabl
         100,
         [(400, 100), (300, 200), (200, 300), (100, 400), (0, 500)],
     )
+
+
+def test_equal_times_are_one_slot_and_whole_times_keep_their_exact_order(
+    make_timers: Callable[..., sl.Timers],
+) -> None:
+    """0.0 and -0.0 (and 5 and 5.0) are one timer; whole-number times past 2**53, which one float stands for,
+    still fire in their own order (a due one is never skipped for a later one set first)."""
+    timers = make_timers()
+    timers.at("a", 0.0)
+    timers.at("a", -0.0)
+    timers.at("b", 5)
+    timers.at("b", 5.0)
+    late, early = 1_700_000_000_000_000_001, 1_700_000_000_000_000_000  # one float for both
+    timers.at("late", late)
+    timers.at("early", early)
+    assert [(key, when) for key, when, _ in timers.pending()] == [
+        ("a", 0.0),
+        ("b", 5),
+        ("early", early),
+        ("late", late),
+    ]
+    assert list(timers.due("event", 10)) == [("a", 0.0), ("b", 5)]
+    assert (timers.next_due("event"), list(timers.due("event", early))) == (early, [("early", early)])
+    timers.cancel("late", late)
+    assert timers.pending() == []
+    with pytest.raises(TypeError, match="unhashable"):
+        timers.at(["a", "list"], 1.0)
