@@ -40,6 +40,7 @@ from streamlet.core.state.undo import CallUndo, UndoableState, undoable_state
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.columnar import ColumnarWindowLogic, aggregate_window
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
+from streamlet.core.windows.logic import TimeLogic
 from streamlet.errors import EncodingError, FieldError, StreamletError, TaskError, TopologyError
 
 if TYPE_CHECKING:
@@ -95,11 +96,23 @@ class TaskInstance(Receiver):
             else:
                 self.window = logic_for(node.window)
             self.window.fold = getattr(self.task, "window_fold", None)
+            self._keep_windows_in(backend, env, index)
             self.window.emits_results = self._passes_folds_on and self.window.fold is not None
             self.windowed_ports = frozenset(node.windowed_ports)
         self._channels_of: list[list[int]] = []
         self.channels_changed()
         self.joining: ActiveReconfiguration | None = None  # added by a rescale: takes its state before it runs
+
+    def _keep_windows_in(self, backend: Any, env: Environment, index: int) -> None:
+        """A fold's open time windows in the backend's database (RocksDB), not in memory. Not under skip or
+        restart: those copy the open windows before each batch, and a copy of a database is a read of all of it."""
+        window = self.window
+        opens_windows = getattr(backend, "open_windows", None)
+        if opens_windows is None or window is None or window.fold is None or self.policy.replays:
+            return
+        if isinstance(window, TimeLogic) and not isinstance(window, ColumnarWindowLogic):
+            store = opens_windows(env.job_id, self.node.name, index, self.node.max_parallelism)
+            window.new_folded = store.folded
 
     def channels_changed(self) -> None:
         """The channels of each input port (sync mode picks among them)."""

@@ -38,6 +38,7 @@ from streamlet.core.state.changelog import (
 from streamlet.core.state.keyed import KeyedState, _unpack
 from streamlet.core.state.rocks_timers import RocksTimers
 from streamlet.core.state.rocks_values import RocksValues, rocksdict_module
+from streamlet.core.state.rocks_windows import WindowStore
 from streamlet.errors import StreamletError
 
 DEFAULT_CACHE_ENTRIES = 4096
@@ -82,7 +83,7 @@ class RocksDBState:
         self.cache_entries = cache_entries
         self._root: Path | None = None
         self._cache: Any = None
-        self._opened: list[RocksKeyedState | RocksTimers] = []
+        self._opened: list[RocksKeyedState | RocksTimers | WindowStore] = []
         #: ``(job, node, instance)`` of every state opened, in order (what a test or an operator can check).
         self.opened: list[tuple[str, str, int]] = []
 
@@ -110,6 +111,14 @@ class RocksDBState:
         timers = RocksTimers(lambda: self._database(folder), folder, now)
         self._opened.append(timers)
         return timers
+
+    def open_windows(self, job: str, node: str, index: int, segments: int) -> WindowStore:
+        """The open windows of a fold of instance ``index`` of ``node`` in ``job``; their database is made when
+        the first window opens."""
+        folder = self._folder(job, node, index, "windows")
+        store = WindowStore(lambda: self._database(folder), segments, self.cache_entries)
+        self._opened.append(store)
+        return store
 
     def _folder(self, job: str, node: str, index: int, kind: str) -> Path:
         rocksdict = rocksdict_module()

@@ -192,9 +192,13 @@ class RocksValues(MutableMapping[Any, Any]):
         self.flush()
         return self._items()
 
+    def _stored_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every stored key and packed value (RocksDB iterates a snapshot: write-backs meanwhile are fine)."""
+        return iter(self.db.items())
+
     def _items(self) -> Iterator[tuple[Any, Any]]:
         cache = self.cache
-        for raw, packed in self.db.items():  # RocksDB iterates a snapshot: write-backs meanwhile are fine
+        for raw, packed in self._stored_items():
             key = self.key_of(raw)
             self._note(key)
             value = cache.get(key, _MISSING)

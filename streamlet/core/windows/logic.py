@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from streamlet.core.model.encoding import hashable
@@ -82,6 +82,9 @@ class TimeLogic(WindowLogic):
         # keys share an instance)
         self.dirty_keys: dict[int, set[Any]] = {}
         self.whole_seconds = False  # the records' timestamps are ints: whole-second bounds stay ints
+        #: Set by the task instance to keep a fold's open windows elsewhere (RocksDB): makes an open window's
+        #: empty values. A window fired gets its values back as a dict (``_released``).
+        self.new_folded: Callable[[], Any] | None = None
 
     def starts(self, tick: int) -> list[int]:
         """Start ticks of every window that contains ``tick``, latest first."""
@@ -96,11 +99,36 @@ class TimeLogic(WindowLogic):
         """The open window starting at tick ``start`` (opened now if need be)."""
         window = self.windows.get(start)
         if window is None:
-            window = self.windows[start] = self._new_window(start)
+            window = self.windows[start] = self._opened(start)
         return window
 
     def _new_window(self, start: int) -> ClosedWindow:
         return ClosedWindow(self._bound(start), self._bound(start + self.size_ticks), {})
+
+    def _opened(self, start: int) -> ClosedWindow:
+        """A new open window (its fold's values kept where ``new_folded`` says, when it says)."""
+        window = self._new_window(start)
+        if self.new_folded is not None and self.fold is not None:
+            window.folded = self.new_folded()
+        return window
+
+    @staticmethod
+    def _released(window: ClosedWindow) -> ClosedWindow:
+        """A window leaving the open ones, its values a dict again (taken out of where they were kept)."""
+        folded: Any = window.folded  # a dict, or values kept elsewhere (``new_folded``'s)
+        if folded is not None and type(folded) is not dict:
+            window.folded = folded.take_out()
+        return window
+
+    def _rehome(self) -> None:
+        """After a restore: the open windows' values go where ``new_folded`` keeps them."""
+        if self.new_folded is None or self.fold is None:
+            return
+        for window in self.windows.values():
+            if window.folded is not None:
+                kept = self.new_folded()
+                kept.update(window.folded)
+                window.folded = kept
 
     def _bound(self, tick: int) -> float:
         """Tick ``tick`` in seconds (see :meth:`Ticks.bound`)."""
@@ -113,7 +141,7 @@ class TimeLogic(WindowLogic):
         for start in due:
             self.dirty.discard(start)
             self.dirty_keys.pop(start, None)
-        return [_firing(self.windows.pop(start), "on_time") for start in due]
+        return [_firing(self._released(self.windows.pop(start)), "on_time") for start in due]
 
     def close_all(self) -> list[ClosedWindow]:
         return self.close_until(math.inf)
@@ -166,7 +194,12 @@ class TimeLogic(WindowLogic):
         }
 
     def restore(self, snapshot: Any) -> None:
+        for window in self.windows.values():  # the values kept elsewhere go: the snapshot's replace them
+            kept: Any = window.folded
+            if kept is not None and type(kept) is not dict:
+                kept.drop()
         self.windows = {self.ticks.of(w.start): w for w in map(window_from, snapshot["windows"])}
+        self._rehome()
         self.dirty = set(snapshot.get("dirty", ()))
         self.dirty_keys = {start: set(map(hashable, keys)) for start, keys in snapshot.get("dirty_keys", ())}
         # without it (a snapshot from before it was kept) the dirty windows wait for their next record

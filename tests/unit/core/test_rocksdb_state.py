@@ -5,6 +5,7 @@ a live rescale."""
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -19,6 +20,7 @@ from streamlet.core.model.segments import segment_of
 from streamlet.core.state.changelog import changelog, pack_chunk
 from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.rocks import RocksKeyedState
+from streamlet.core.state.rocks_windows import WindowStore
 from tests.support import join_jobs as jj
 
 
@@ -360,3 +362,122 @@ async def test_a_live_rescale_of_rocksdb_state_moves_segments_by_range(
         result = await job.wait()
     assert sorted(handed) == [0, 1, 1, 2]  # 2 -> 3: both lose segments; 3 -> 1: 1 and 2 retire, 0 keeps its own
     assert {record.key: record.value for record in result.sink("out")} == dict(sent)
+
+
+def scattered(count: int, seed: int, disorder: float = 2.0) -> list[sl.Record]:
+    """``count`` records over 200 keys, times rising with up to ``disorder`` seconds of disorder."""
+    chooser, now, records = random.Random(seed), 0.0, []
+    for _ in range(count):
+        now += chooser.random() * 0.05
+        ts = round(now - chooser.random() * disorder, 3)
+        records.append(sl.Record(f"k{chooser.randrange(200)}", chooser.randrange(10), ts))
+    return records
+
+
+def window_sums(size: float, slide: float | None, lateness: float, how: Any, data: Any = None) -> sl.Topology:
+    """A window_reduce of 2 instances over ``data`` (default: a queue)."""
+    topology = sl.Topology("windows")
+    source = topology.add_source("in", sl.QueueSource() if data is None else data)
+    window = sl.TimeWindow(size, slide=slide, allowed_lateness=lateness, time="event")
+    sums = topology.window_reduce("sums", how, window, parallelism=2)
+    sums.set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(sums)
+    return topology
+
+
+def results(records: list[sl.Record]) -> Counter[tuple[Any, Any, Any]]:
+    return Counter((record.key, record.value, record.ts) for record in records)
+
+
+async def windowed_run(
+    topology: sl.Topology, records: list[sl.Record], backend: sl.RocksDBState | None, rescale_at: int | None = None
+) -> Counter[tuple[Any, Any, Any]]:
+    """The results of ``records`` sent live (a live rescale 2 -> 3 -> 1 of the windows after ``rescale_at``)."""
+    async with sl.start(topology, state_backend=backend) as job:
+        for index, record in enumerate(records):
+            await job.send("in", record.key, record.value, ts=record.ts)
+            if index == rescale_at:
+                await job.rescale("sums", 3)
+                await job.rescale("sums", 1)
+        await job.close_source("in")
+        result = await job.wait()
+    return results(result.sink("out"))
+
+
+@pytest.mark.parametrize(
+    ("size", "slide", "lateness", "how"),
+    [(1.0, None, 0.0, "sum"), (2.0, 0.5, 0.0, "count"), (1.0, None, 1.0, "max"), (1.5, 0.5, 0.5, "sum")],
+)
+def test_a_window_reduce_on_rocksdb_gives_what_it_gives_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: float, slide: float | None, lateness: float, how: str
+) -> None:
+    """Tumbling and sliding event-time windows over records up to 2 s out of order, with and without allowed
+    lateness, their open windows' values in RocksDB (a cache of 8 values per window): the results in memory."""
+    opened: list[int] = []
+    made_by = WindowStore.folded
+
+    def counted(store: WindowStore) -> Any:
+        opened.append(1)
+        return made_by(store)
+
+    monkeypatch.setattr(WindowStore, "folded", counted)
+    topology = window_sums(size, slide, lateness, how, scattered(3000, seed=7))
+    in_memory = results(sl.run(topology).sink("out"))
+    on_rocksdb = results(sl.run(topology, state_backend=sl.RocksDBState(tmp_path, cache_entries=8)).sink("out"))
+    assert opened  # the open windows were in RocksDB
+    assert on_rocksdb == in_memory
+    assert sum(in_memory.values()) > 2000
+
+
+async def test_a_live_rescale_of_windows_on_rocksdb_changes_no_result(tmp_path: Path) -> None:
+    """Sliding windows of sums over in-order records, a live rescale 2 -> 3 -> 1 mid-stream (the open windows
+    split by key and written into the new instances' databases): the results of a run in memory."""
+    records = scattered(2000, seed=5, disorder=0.0)
+    topology = window_sums(1.5, 0.5, 0.0, "sum")
+    in_memory = await windowed_run(topology, records, None)
+    rescaled = await windowed_run(topology, records, sl.RocksDBState(tmp_path, cache_entries=8), rescale_at=1000)
+    assert rescaled == in_memory
+    assert sum(in_memory.values()) > 2000
+
+
+async def sent_checkpointed_and_crashed(
+    topology: sl.Topology, records: list[sl.Record], checkpoints: Path, databases: Path
+) -> None:
+    """``records`` into a job on RocksDB, a checkpoint, then a crash."""
+    backend = sl.RocksDBState(databases, cache_entries=8)
+    async with sl.start(topology, checkpoint_dir=checkpoints, state_backend=backend) as job:
+        for record in records:
+            await job.send("in", record.key, record.value, ts=record.ts)
+        await job.settle()
+        await job.checkpoint()
+        raise Crash
+
+
+async def test_open_windows_on_rocksdb_come_back_from_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half the records, a checkpoint, a crash: the resumed job (its open windows written back into RocksDB
+    from the checkpoint; the sink's results from before it kept by the checkpoint) gives what one run gives."""
+    records = scattered(2000, seed=3, disorder=0.0)
+    topology = window_sums(1.0, 0.5, 0.0, "sum")
+    whole = await windowed_run(topology, records, None)
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(Crash):
+        await sent_checkpointed_and_crashed(topology, records[:1000], checkpoints, tmp_path / "first")
+    opened: list[int] = []
+    made_by = WindowStore.folded
+
+    def counted(store: WindowStore) -> Any:
+        opened.append(1)
+        return made_by(store)
+
+    monkeypatch.setattr(WindowStore, "folded", counted)
+    async with sl.start(
+        topology, checkpoint_dir=checkpoints, state_backend=sl.RocksDBState(tmp_path / "second", cache_entries=8)
+    ) as job:
+        assert opened, "the restored open windows are not in RocksDB"  # before any record: the restore's
+        for record in records[1000:]:
+            await job.send("in", record.key, record.value, ts=record.ts)
+        await job.close_source("in")
+        result = await job.wait()
+    assert results(result.sink("out")) == whole
