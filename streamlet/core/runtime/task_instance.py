@@ -661,7 +661,12 @@ class TaskInstance(Receiver):
         stamp = self.window.result_ts(window)
         ts = window.last_ts if stamp is None else stamp
         bounds, firing = (window.start, window.end), window.firing
-        return [(key, value, ts, 0, bounds, firing) for key, value in window.folded.items()]
+        results: Batch = [(key, value, ts, 0, bounds, firing) for key, value in window.folded.items()]
+        kept: Any = window.folded
+        if type(kept) is not dict:  # values a fired window kept in RocksDB: read out once, now they go
+            kept.drop()
+            window.folded = {}
+        return results
 
     def _execute_columns(self, port: int, batch: ColumnBatch) -> None:
         """A built-in columnar task on a columnar batch: its errors stop the job (no record to isolate)."""

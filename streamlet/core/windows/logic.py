@@ -83,7 +83,8 @@ class TimeLogic(WindowLogic):
         self.dirty_keys: dict[int, set[Any]] = {}
         self.whole_seconds = False  # the records' timestamps are ints: whole-second bounds stay ints
         #: Set by the task instance to keep a fold's open windows elsewhere (RocksDB): makes an open window's
-        #: empty values. A window fired gets its values back as a dict (``_released``).
+        #: empty values. A window fired on time hands them over as they are (the task reads them out once and
+        #: drops them); one kept for allowed lateness gets them back as a dict (``_released``).
         self.new_folded: Callable[[], Any] | None = None
 
     def starts(self, tick: int) -> list[int]:
@@ -114,7 +115,7 @@ class TimeLogic(WindowLogic):
 
     @staticmethod
     def _released(window: ClosedWindow) -> ClosedWindow:
-        """A window leaving the open ones, its values a dict again (taken out of where they were kept)."""
+        """``window`` with its values a dict again (taken out of where they were kept)."""
         folded: Any = window.folded  # a dict, or values kept elsewhere (``new_folded``'s)
         if folded is not None and type(folded) is not dict:
             window.folded = folded.take_out()
@@ -141,7 +142,8 @@ class TimeLogic(WindowLogic):
         for start in due:
             self.dirty.discard(start)
             self.dirty_keys.pop(start, None)
-        return [_firing(self._released(self.windows.pop(start)), "on_time") for start in due]
+        # a fold's values kept elsewhere stay there: the task reads them out when it emits the window
+        return [_firing(self.windows.pop(start), "on_time") for start in due]
 
     def close_all(self) -> list[ClosedWindow]:
         return self.close_until(math.inf)
@@ -364,6 +366,7 @@ class EventTimeLogic(TimeLogic):
         fired = self.close_until(tick)
         if self.lateness_ticks:
             for window in fired:
+                self._released(window)  # kept for late records: its values in memory from now on
                 start = self.ticks.of(window.start)
                 held = self.fired.get(start)
                 # After a merge, another instance's keys of this window may have fired already: they are kept
