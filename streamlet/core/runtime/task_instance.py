@@ -320,21 +320,17 @@ class TaskInstance(Receiver):
 
     def _plain_state(self) -> bool:
         """Only keyed values to move (no window, no TTL, no timer pending): moved key by key, not re-packed whole."""
-        return (
-            self.window is None
-            and type(self.state) in (KeyedState, UndoableState)
-            and self.timers.next_due("event") is None
-            and self.timers.next_due("processing") is None
-        )
+        return type(self.state) in (KeyedState, UndoableState) and self._only_keyed_values()
 
     def _rocks_by_segment(self, segments: int) -> bool:
         """Only keyed values in RocksDB, laid out by the plan's segments: moved by range, segment by segment."""
+        state = self.state
+        return isinstance(state, RocksKeyedState) and state.values.segments == segments and self._only_keyed_values()
+
+    def _only_keyed_values(self) -> bool:
+        """No window and no timer pending: the instance's state is its keyed values."""
         return (
-            isinstance(self.state, RocksKeyedState)
-            and self.state.values.segments == segments
-            and self.window is None
-            and self.timers.next_due("event") is None
-            and self.timers.next_due("processing") is None
+            self.window is None and self.timers.next_due("event") is None and self.timers.next_due("processing") is None
         )
 
     def _move_segments_out(self, plan: ReconfigurationPlan) -> dict[int, Any]:

@@ -305,7 +305,6 @@ class RocksKeyedState(KeyedState):
                 batch, size = rocksdict.WriteBatch(raw_mode=True), 0
         if size:
             self.values.db.write(batch)
-        self.values.forget_misses()
         self._start_afresh()
 
     def _start_afresh(self) -> None:

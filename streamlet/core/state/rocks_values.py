@@ -101,10 +101,7 @@ class RocksValues(MutableMapping[Any, Any]):
 
     def close(self) -> None:
         """Close the database, if one was made."""
-        self.cache.clear()
-        self.raw_of.clear()
-        self.as_stored.clear()
-        self.pending.clear()
+        self.forget_all()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -283,9 +280,12 @@ class RocksValues(MutableMapping[Any, Any]):
                 self.as_stored.pop(key, None)
         self._missed = None
 
-    def forget_misses(self) -> None:
-        """Keys came in behind the cache's back (by range): the last key a read did not find may be here now."""
-        self._missed = None
+    def forget_all(self) -> None:
+        """Empty the cache and what waits to be written (nothing of it goes into the database)."""
+        self.cache.clear()
+        self.raw_of.clear()
+        self.as_stored.clear()
+        self.pending.clear()
 
     def take_changed(self) -> dict[bytes, bytes | None] | None:
         """What went into the database since the last call (``None``: too much to keep, or not kept before

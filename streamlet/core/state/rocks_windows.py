@@ -66,10 +66,7 @@ class WindowValues(RocksValues):
 
     def drop(self) -> None:
         """Forget the window: its range deleted, its cache emptied (nothing written back)."""
-        self.cache.clear()
-        self.raw_of.clear()
-        self.as_stored.clear()
-        self.pending.clear()
+        self.forget_all()
         if self._db is not None:
             self._db.delete_range(self.prefix, self._end)
         self._db = None  # the database is the store's: never closed here

@@ -404,6 +404,19 @@ async def windowed_run(
     return results(result.sink("out"))
 
 
+def windows_opened(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets an entry each time a window opens in RocksDB from now on."""
+    opened: list[int] = []
+    made_by = WindowStore.folded
+
+    def counted(store: WindowStore) -> Any:
+        opened.append(1)
+        return made_by(store)
+
+    monkeypatch.setattr(WindowStore, "folded", counted)
+    return opened
+
+
 @pytest.mark.parametrize(
     ("size", "slide", "lateness", "how"),
     [(1.0, None, 0.0, "sum"), (2.0, 0.5, 0.0, "count"), (1.0, None, 1.0, "max"), (1.5, 0.5, 0.5, "sum")],
@@ -413,14 +426,7 @@ def test_a_window_reduce_on_rocksdb_gives_what_it_gives_in_memory(
 ) -> None:
     """Tumbling and sliding event-time windows over records up to 2 s out of order, with and without allowed
     lateness, their open windows' values in RocksDB (a cache of 8 values per window): the results in memory."""
-    opened: list[int] = []
-    made_by = WindowStore.folded
-
-    def counted(store: WindowStore) -> Any:
-        opened.append(1)
-        return made_by(store)
-
-    monkeypatch.setattr(WindowStore, "folded", counted)
+    opened = windows_opened(monkeypatch)
     topology = window_sums(size, slide, lateness, how, scattered(3000, seed=7))
     in_memory = results(sl.run(topology).sink("out"))
     on_rocksdb = results(sl.run(topology, state_backend=sl.RocksDBState(tmp_path, cache_entries=8)).sink("out"))
@@ -464,14 +470,7 @@ async def test_open_windows_on_rocksdb_come_back_from_a_checkpoint(
     checkpoints = tmp_path / "checkpoints"
     with pytest.raises(Crash):
         await sent_checkpointed_and_crashed(topology, records[:1000], checkpoints, tmp_path / "first")
-    opened: list[int] = []
-    made_by = WindowStore.folded
-
-    def counted(store: WindowStore) -> Any:
-        opened.append(1)
-        return made_by(store)
-
-    monkeypatch.setattr(WindowStore, "folded", counted)
+    opened = windows_opened(monkeypatch)
     async with sl.start(
         topology, checkpoint_dir=checkpoints, state_backend=sl.RocksDBState(tmp_path / "second", cache_entries=8)
     ) as job:
