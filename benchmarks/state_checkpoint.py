@@ -25,7 +25,7 @@ from typing import Any
 import streamlet as sl
 from benchmarks.common import report
 from streamlet.core.state import changelog as cl
-from streamlet.core.state.rocks import RocksKeyedState
+from streamlet.core.state.rocks_keyed import RocksKeyedState
 from streamlet.core.state.store import DirectoryCheckpointStore, encode
 
 CHANGED = 0.01

@@ -59,7 +59,7 @@ def run(
     (``loop_held``) and warned of once per task (see ``run_in`` in
     ``Topology.add_task``). ``state_backend`` keeps the tasks' keyed state
     elsewhere than in memory (``streamlet.RocksDBState``; a task's own
-    ``state_backend`` goes first, a task with ``state_ttl`` stays in memory).
+    ``state_backend`` goes first).
     Call it from synchronous code; inside a running loop use :func:`start`.
 
     Example:

@@ -6,7 +6,7 @@ task instance.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 
@@ -55,9 +55,18 @@ class StateStore(Protocol):
 class StateBackend(Protocol):
     """Where a job's (or a task's) keyed state lives, when not in memory: ``streamlet.RocksDBState``."""
 
-    def open(self, job: str, node: str, index: int, segments: int) -> Any:
+    def open(
+        self,
+        job: str,
+        node: str,
+        index: int,
+        segments: int,
+        ttl: float | None = None,
+        now: Callable[[], float] | None = None,
+    ) -> Any:
         """The (empty) keyed state of instance ``index`` of ``node`` (a ``KeyedState``), its keys in
-        ``segments`` key segments."""
+        ``segments`` key segments; with ``ttl``, its entries expire ``ttl`` seconds of ``now()`` after their
+        last write."""
         ...
 
     def close(self) -> None:

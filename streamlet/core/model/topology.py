@@ -256,8 +256,6 @@ class Topology:
         _check_window(f"task '{name}'", window)
         _check_state_ttl(name, state_ttl)
         check_state_backend(f"task '{name}'", state_backend)
-        if state_backend is not None and state_ttl is not None:
-            raise TopologyError(f"task '{name}': state_ttl keeps state in memory; it is refused with a state_backend")
         check_run_in(name, run_in, probe, window=window, state_ttl=state_ttl)
         node = Node(
             name, "task", _parallelism(name, "task", parallelism, max_parallelism), ports.inputs, ports.outputs,

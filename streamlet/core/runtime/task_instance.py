@@ -35,7 +35,8 @@ from streamlet.core.state.expiring import ExpiringState
 from streamlet.core.state.keyed import KeyedState
 from streamlet.core.state.participant import Section
 from streamlet.core.state.regroup import merge_task_snapshots, split_task_snapshot
-from streamlet.core.state.rocks import RocksKeyedState
+from streamlet.core.state.rocks_expiring import RocksExpiringState
+from streamlet.core.state.rocks_keyed import RocksKeyedState
 from streamlet.core.state.undo import CallUndo, UndoableState, undoable_state
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.columnar import ColumnarWindowLogic, aggregate_window
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from streamlet.core.runtime.reconfiguration import ActiveReconfiguration, ReconfigurationPlan
 
 _T = TypeVar("_T")
+TIMED_STATES = (ExpiringState, RocksExpiringState)  # states with a TTL: their write times are checkpointed too
 LATE_PORT = LATE  # the late side output: the last output port of every task
 
 
@@ -57,7 +59,7 @@ class TaskInstance(Receiver):
     def __init__(self, node: Node, index: int, outputs: RoutedOutputs, env: Environment, inbox: Inbox) -> None:
         super().__init__(node, index, outputs, env, inbox)
         self.inputs = Inputs(node.inputs, f"task '{node.name}' instance {index}")
-        backend = node.state_backend or (env.state_backend if node.state_ttl is None else None)
+        backend = node.state_backend or env.state_backend
         opens_timers = getattr(backend, "open_timers", None)  # RocksDB keeps timers too
         self.timers: Timers = (
             Timers(env.clock.now) if opens_timers is None else opens_timers(env.job_id, node.name, index, env.clock.now)
@@ -75,7 +77,9 @@ class TaskInstance(Receiver):
         self.policy = POLICIES[node.on_error]
         replays = self.policy.replays and not leaves_nothing_on_failure(task)
         if backend is not None:  # RocksDB: it journals a failed call's changes itself
-            self.state: KeyedState = backend.open(env.job_id, node.name, index, node.max_parallelism)
+            self.state: KeyedState = backend.open(
+                env.job_id, node.name, index, node.max_parallelism, node.state_ttl, env.clock.now
+            )
             if replays:
                 self.undo = CallUndo(self.state, self.timers)
         elif replays:
@@ -227,7 +231,7 @@ class TaskInstance(Receiver):
         try:
             state = self.state.checkpoint_increment() if incremental else self.state.checkpoint()
             snapshot = {"state": state, "window": window, "finished": self.finished}
-            if isinstance(self.state, ExpiringState):
+            if isinstance(self.state, TIMED_STATES):
                 snapshot["state_written"] = self.state.checkpoint_written()
             snapshot["timers"] = self.timers.checkpoint()
             if isinstance(self.task, EventTimeJoin):  # what decides which records are late, and how many were
@@ -242,7 +246,7 @@ class TaskInstance(Receiver):
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Continue from :meth:`snapshot`'s data (one taken before timers or a TTL existed too)."""
         self.state.restore(snapshot["state"])
-        if isinstance(self.state, ExpiringState):
+        if isinstance(self.state, TIMED_STATES):
             self.state.restore_written(snapshot.get("state_written"))
         self.timers.restore(snapshot.get("timers"))
         if self.window is not None and snapshot["window"] is not None:
@@ -325,7 +329,12 @@ class TaskInstance(Receiver):
     def _rocks_by_segment(self, segments: int) -> bool:
         """Only keyed values in RocksDB, laid out by the plan's segments: moved by range, segment by segment."""
         state = self.state
-        return isinstance(state, RocksKeyedState) and state.values.segments == segments and self._only_keyed_values()
+        return (
+            isinstance(state, RocksKeyedState)
+            and state.ttl is None  # write times move with the keys: a split snapshot carries them
+            and state.values.segments == segments
+            and self._only_keyed_values()
+        )
 
     def _only_keyed_values(self) -> bool:
         """No window and no timer pending: the instance's state is its keyed values."""

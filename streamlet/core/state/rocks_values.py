@@ -155,6 +155,11 @@ class RocksValues(MutableMapping[Any, Any]):
         found: bytes | None = self.db.get(raw)
         return found
 
+    def holds(self, raw: bytes) -> bool:
+        """Whether a value is stored under the stored key ``raw`` (a cached value counts once written back:
+        call after :meth:`flush`)."""
+        return self._stored(raw) is not None
+
     def __contains__(self, key: object) -> bool:
         return key in self.cache or self._stored(self.raw_key(key)) is not None
 
@@ -173,6 +178,14 @@ class RocksValues(MutableMapping[Any, Any]):
         raw = self.raw_of.pop(key, None) or self.raw_key(key)
         if cached is _MISSING and self._stored(raw) is None:
             raise KeyError(key)
+        self._write_back(raw, None)
+
+    def discard(self, key: Any, raw: bytes) -> None:
+        """Delete ``key`` (stored as ``raw``) without reading it first: no error when it is absent."""
+        self._note(key)
+        self.cache.pop(key, None)
+        self.as_stored.pop(key, None)
+        self.raw_of.pop(key, None)
         self._write_back(raw, None)
 
     def __iter__(self) -> Iterator[Any]:

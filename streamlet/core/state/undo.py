@@ -27,6 +27,7 @@ from streamlet.core.model.kept import keep, put_back
 from streamlet.core.model.timers import Timers
 from streamlet.core.state.expiring import ExpiringState
 from streamlet.core.state.keyed import KeyedState, StateSnapshot
+from streamlet.core.state.rocks_expiring import RocksExpiringState
 
 _MISSING: Any = object()  # the key was absent before the call
 
@@ -209,6 +210,7 @@ class UndoableExpiringState(ExpiringState):
 
 
 UndoableStore = UndoableState | UndoableExpiringState
+TIMED_UNDO = (UndoableExpiringState, RocksExpiringState)  # stores whose write times a failed call's undo puts back
 
 
 def undoable_state(ttl: float | None, now: Callable[[], float]) -> UndoableStore:
@@ -241,7 +243,7 @@ class CallUndo:
         values: Any = self.state.values
         assert hasattr(values, "take_back")  # an undoable store's values always journal
         values.before = {}
-        if isinstance(self.state, UndoableExpiringState):
+        if isinstance(self.state, TIMED_UNDO):
             self.state.stamps_before = {}
         self.timers.start_undo_log()
 
@@ -250,7 +252,7 @@ class CallUndo:
         values: Any = self.state.values
         values.take_back()
         values.before = None
-        if isinstance(self.state, UndoableExpiringState):
+        if isinstance(self.state, TIMED_UNDO):
             self.state.take_back_stamps()
             self.state.stamps_before = None
         self.timers.take_back()
@@ -261,6 +263,6 @@ class CallUndo:
         values.before = None
         if isinstance(values, JournaledValues):
             values.order_before = None
-        if isinstance(self.state, UndoableExpiringState):
+        if isinstance(self.state, TIMED_UNDO):
             self.state.stamps_before = None
         self.timers.stop_undo_log()

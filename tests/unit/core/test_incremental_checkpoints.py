@@ -14,7 +14,7 @@ import streamlet as sl
 from streamlet.core.model.encoding import unpackb
 from streamlet.core.state import changelog as cl
 from streamlet.core.state.keyed import KeyedState
-from streamlet.core.state.rocks import MAX_CHAIN, RocksKeyedState
+from streamlet.core.state.rocks_keyed import MAX_CHAIN, RocksKeyedState
 from streamlet.core.state.store import DirectoryCheckpointStore, InMemoryCheckpointStore, decode, encode
 
 

@@ -19,7 +19,7 @@ from streamlet.core.model.encoding import unpackb
 from streamlet.core.model.segments import segment_of
 from streamlet.core.state.changelog import changelog, pack_chunk
 from streamlet.core.state.keyed import KeyedState
-from streamlet.core.state.rocks import RocksKeyedState
+from streamlet.core.state.rocks_keyed import RocksKeyedState
 from streamlet.core.state.rocks_windows import WindowStore
 from tests.support import join_jobs as jj
 
@@ -190,11 +190,17 @@ async def test_a_restore_and_a_live_rescale_on_rocksdb_give_the_reference(tmp_pa
     assert jj.outcome(result.sink("out")) == jj.EXPECTED["interval"]("outer")
 
 
-def test_a_task_can_choose_rocksdb_alone_and_a_ttl_is_refused_with_it(tmp_path: Path) -> None:
-    backend = sl.RocksDBState(tmp_path)
+def test_a_task_can_choose_rocksdb_alone_with_a_ttl_and_bad_backends_are_refused(tmp_path: Path) -> None:
+    """A task's own backend, with state_ttl: the counts of words whose last write is younger than 5 s of the
+    job clock (every word is, in a run this short), in a RocksDB state with its write times beside it."""
+    backend = sl.RocksDBState(tmp_path, cache_entries=4)
     topology = sl.Topology("t")
-    with pytest.raises(sl.TopologyError, match=r"task 'c': state_ttl keeps state in memory; it is refused"):
-        topology.add_task("c", CountWords, state_ttl=5.0, state_backend=backend)
+    source = topology.add_source("in", [sl.Record(word, 1, 0.0) for word in ["a", "b", "a", "c", "a", "b", "d"]])
+    count = topology.add_task("c", CountWords, state_ttl=5.0, state_backend=backend).set_input(source)
+    topology.add_sink("out", sl.CollectSink()).set_input(count)
+    result = sl.run(topology)
+    assert sorted((r.key, r.value) for r in result.sink("out")) == [("a", 3), ("b", 2), ("c", 1), ("d", 1)]
+    assert backend.opened == [("local.t", "c", 0)]
     with pytest.raises(sl.TopologyError, match=r"task 'c': state_backend must be a state backend"):
         topology.add_task("c", CountWords, state_backend="rocksdb")  # type: ignore[arg-type]
     with pytest.raises(sl.StreamletError, match=r"cache_mb must be a whole number of MB >= 1, got 0"):

@@ -6,13 +6,19 @@ Time is the job clock's: a ``ManualClock`` here, advanced by the test.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import streamlet as sl
-from streamlet.core.model.encoding import unpackb
 from streamlet.core.state.expiring import ExpiringState
+from streamlet.core.state.keyed import _unpack
+
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # keyed state in memory, then on RocksDB
+
+TimedState = Callable[[float, Callable[[], float]], Any]
 
 
 class Clock:
@@ -25,16 +31,25 @@ class Clock:
         return self.time
 
 
-def test_an_entry_expires_ttl_seconds_after_its_last_write() -> None:
+@pytest.fixture
+def timed_state(each_state_backend: str, tmp_path: Path) -> TimedState:
+    """Makes a state with a TTL on the backend under test (RocksDB's with a cache of 4 values)."""
+    if each_state_backend == "memory":
+        return ExpiringState
+    backend = sl.RocksDBState(tmp_path, cache_entries=4)
+    return lambda ttl, now: backend.open("job", "task", 0, 4096, ttl, now)
+
+
+def test_an_entry_expires_ttl_seconds_after_its_last_write(timed_state: TimedState) -> None:
     """a written at 0 lives until 10 (exclusive); b rewritten at 12 lives until 22; expired entries are
     neither read, listed nor counted."""
     clock = Clock()
-    state = ExpiringState(10.0, clock.now)
+    state = timed_state(10.0, clock.now)
     state.put("a", 1)
     clock.time = 4.0
     state.put("b", 2)
     clock.time = 9.5
-    assert (state.get("a"), list(state.items()), len(state)) == (1, [("a", 1), ("b", 2)], 2)
+    assert (state.get("a"), sorted(state.items()), len(state)) == (1, [("a", 1), ("b", 2)], 2)
     clock.time = 10.0
     assert (state.get("a", "gone"), list(state.items()), len(state)) == ("gone", [("b", 2)], 1)
     clock.time = 12.0
@@ -45,19 +60,20 @@ def test_an_entry_expires_ttl_seconds_after_its_last_write() -> None:
     assert (state.get("b"), len(state)) == (None, 0)
 
 
-def test_expired_entries_are_reclaimed_on_access_without_a_full_sweep() -> None:
-    """A thousand keys written at 0: one put at 10 drops them all from memory (they are the oldest writes)."""
+def test_expired_entries_are_reclaimed_on_access_without_a_full_sweep(timed_state: TimedState) -> None:
+    """Three thousand keys written at 0: one put at 10 drops them all, values and write times (they are the
+    oldest writes)."""
     clock = Clock()
-    state = ExpiringState(10.0, clock.now)
-    for index in range(1000):
+    state = timed_state(10.0, clock.now)
+    for index in range(3000):
         state.put(index, index)
     clock.time = 10.0
     state.put("new", 1)
-    assert (list(state.values), list(state.written)) == (["new"], ["new"])
+    assert (list(state.values), _unpack(state.checkpoint_written())) == (["new"], {"new": 10.0})
 
 
-def test_a_task_without_state_ttl_gets_plain_keyed_state() -> None:
-    """Only a task with a TTL pays for it: the others get KeyedState itself."""
+def test_a_task_without_state_ttl_gets_plain_keyed_state(each_state_backend: str) -> None:
+    """Only a task with a TTL pays for it: the others get the backend's state itself."""
     kinds: list[str] = []
 
     class Look(sl.Task):
@@ -72,7 +88,8 @@ def test_a_task_without_state_ttl_gets_plain_keyed_state() -> None:
     topology.add_task("plain", Look).set_input(source)
     topology.add_task("timed", Look, state_ttl=5).set_input(source)
     sl.run(topology)
-    assert sorted(kinds) == ["ExpiringState", "KeyedState"]
+    prefix = "" if each_state_backend == "memory" else "Rocks"
+    assert sorted(kinds) == [f"{prefix}ExpiringState", f"{prefix}KeyedState"]
 
 
 async def test_a_reduce_with_state_ttl_starts_a_key_again_once_it_expired(manual_clock: sl.ManualClock) -> None:
@@ -163,7 +180,7 @@ async def test_expired_entries_stay_out_of_checkpoints_and_expiry_goes_on_after_
     latest = store.latest()
     assert latest is not None
     [snapshot] = latest[1]["tasks"]["t"]
-    assert (unpackb(snapshot["state"]), unpackb(snapshot["state_written"])) == ({"b": "y"}, {"b": 6})
+    assert (_unpack(snapshot["state"]), _unpack(snapshot["state_written"])) == ({"b": "y"}, {"b": 6})
     seen: list[sl.Record] = []
     clock = sl.ManualClock(start=15)
     async with sl.start(lasting(seen, 10), clock=clock, checkpoint_store=store) as job:
@@ -200,6 +217,32 @@ async def test_write_times_are_split_by_key_when_a_resume_changes_the_parallelis
         assert await ask(job, seen, *keys) == [(key, key.upper()) for key in keys]
         clock.advance(5)
         assert await ask(job, seen, *keys) == [(key, None) for key in keys]
+        await job.close_source("in")
+        await job.wait()
+
+
+async def test_write_times_move_with_their_keys_in_a_live_rescale() -> None:
+    """Six keys written at 0 by one instance; at 5 the task goes to three instances live, and k0 is written
+    again at 6: at 10 the other five are gone, k0 lives to 16; back to one instance, it still does."""
+    seen: list[sl.Record] = []
+    keys = [f"k{index}" for index in range(6)]
+    clock = sl.ManualClock()
+    async with sl.start(lasting(seen, 10), clock=clock) as job:
+        for key in keys:
+            await job.send("in", key, key.upper())
+        await job.settle()
+        clock.advance(5)
+        await job.rescale("t", 3)
+        clock.advance(1)
+        await job.send("in", "k0", "again")
+        await job.settle()
+        clock.advance(4)
+        assert await ask(job, seen, *keys) == [("k0", "again"), *((key, None) for key in keys[1:])]
+        await job.rescale("t", 1)
+        clock.advance(5.5)
+        assert await ask(job, seen, "k0") == [("k0", "again")]
+        clock.advance(0.5)
+        assert await ask(job, seen, "k0") == [("k0", None)]
         await job.close_source("in")
         await job.wait()
 
