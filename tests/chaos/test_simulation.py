@@ -26,7 +26,7 @@ from streamlet.testing.chaos import KINDS, WORKLOADS, check, run_once
 from streamlet.testing.chaos.runner import RunResult, expected_output
 
 ROOT = Path(__file__).resolve().parents[2]
-CI_SEEDS = range(0, 100)
+CI_SEEDS = range(0, 60)  # every fault kind is drawn within them (make chaos runs 5 000)
 # Seeds of CI_SEEDS the simulation found a bug with that is not fixed yet, and the rule each breaks: listed in
 # the issue's note, kept here so that a fix shows (the test then asks for the seed to be taken off the list).
 KNOWN_OPEN: dict[int, str] = {}
@@ -45,7 +45,7 @@ def chaos(*args: str, hash_seed: str | None = None, timeout: float = 220) -> tup
 
 
 @pytest.mark.timeout(300)
-def test_a_hundred_seeded_runs_break_no_rule() -> None:
+def test_sixty_seeded_runs_break_no_rule() -> None:
     """Every run injects at least 3 faults into 10 000 records; together they draw every kind; the committed
     output equals the in-process run's, every state move is legal, one leader writes per epoch, and every job
     ends once the faults heal. Within 3 minutes on 2 cores."""
@@ -173,7 +173,7 @@ def test_without_the_sinks_idempotent_publish_a_record_is_committed_twice(monkey
             self.book.published[self.sink, self.index, epoch * 1000 + entries] = list(staged)
 
     monkeypatch.setattr(simulated._ExactlyOnceWriter, "_publish", publish_every_time)
-    found = runs(CI_SEEDS[:30], "counts", kinds=("kill", "crash-commit"))
+    found = runs(CI_SEEDS[:10], "counts", kinds=("kill", "crash-commit"))
     doubled = [r.seed for r in found if any("committed 2 times, in-process 1" in v for v in r.violations)]
     assert doubled, [r.violations[:1] for r in found]
 
