@@ -114,7 +114,8 @@ class RocksExpiringState(RocksKeyedState):
 
     def checkpoint_written(self) -> dict[str, Any]:
         """The write times of the entries :meth:`checkpoint` saw: a changelog of ``stored key -> time``."""
-        self._expire(self._now())
+        # no sweep here (as ``ExpiringState``'s): the checkpoint swept at its own time, and a clock that went on
+        # since would drop the write time of an entry its values hold, which a restore would count as new
         segments = self.values.segments
         self._write_stamps()
         if self._stamps is None:

@@ -47,6 +47,12 @@ def _after_segment(last: int) -> bytes:
     return b"\xff" * 64  # no packed key of the last segment runs this long in 0xff bytes
 
 
+def _untouched(values: RocksValues) -> bool:
+    """Whether ``values`` never held anything: no database made, nothing cached and nothing waiting to be written
+    (a value pushed out of the cache waits there before any database exists)."""
+    return not values.made and not values.cache and not values.pending
+
+
 class RocksKeyedState(KeyedState):
     """:class:`KeyedState` whose ``values`` live in RocksDB (:class:`RocksValues`). Its checkpoints are
     changelogs (``core.state.changelog``), whole or incremental; either backend restores and regroups both
@@ -73,7 +79,7 @@ class RocksKeyedState(KeyedState):
     def checkpoint(self) -> dict[str, Any]:
         """The whole state as a changelog of one chunk (``core.state.changelog``), read as it is packed."""
         values = self.values
-        if not values.made and not values.cache:  # never touched (a stateless task): no database to make
+        if _untouched(values):  # a stateless task: no database to make
             return changelog([], values.segments)
         values.flush()
         return changelog([pack_chunk(values.db.items())], values.segments)
@@ -85,7 +91,7 @@ class RocksKeyedState(KeyedState):
         :data:`MAX_CHAIN` long, when its increments weigh more than its full chunk (so a restore reads at most
         about twice the state), or when more was written than the changelog may hold in memory."""
         values = self.values
-        if not values.made and not values.cache:
+        if _untouched(values):
             return changelog([], values.segments)
         values.flush()
         changed = values.take_changed()
@@ -136,7 +142,7 @@ class RocksKeyedState(KeyedState):
         staying untouched. Each new owner's entries, as stored. The next checkpoint is a full one."""
         values = self.values
         moved: dict[int, list[tuple[bytes, bytes]]] = {}
-        if not values.made and not values.cache:
+        if _untouched(values):
             return moved
         values.flush()
         db = values.db

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import streamlet as sl
+from streamlet.core.state.changelog import Increment, changelog
 from streamlet.core.state.expiring import ExpiringState
 from streamlet.core.state.keyed import _unpack
 
@@ -70,6 +71,47 @@ def test_expired_entries_are_reclaimed_on_access_without_a_full_sweep(timed_stat
     clock.time = 10.0
     state.put("new", 1)
     assert (list(state.values), _unpack(state.checkpoint_written())) == (["new"], {"new": 10.0})
+
+
+def test_the_write_times_checkpointed_are_those_of_the_values_even_if_the_clock_moved_between(
+    timed_state: TimedState,
+) -> None:
+    """A wall clock goes on while a checkpoint is taken: a written at 0 is saved by the values' checkpoint at 9.5
+    and must keep its write time in the write times' at 10 (else a restore counts it as written then, and an
+    entry that expired comes back for a whole TTL)."""
+    clock = Clock()
+    state = timed_state(10.0, clock.now)
+    state.put("a", 1)
+    clock.time = 5.0
+    state.put("b", 2)
+    clock.time = 9.5
+    values = state.checkpoint()
+    clock.time = 10.0
+    written = state.checkpoint_written()
+    assert (_unpack(values), _unpack(written)) == ({"a": 1, "b": 2}, {"a": 0.0, "b": 5.0})
+    restored = timed_state(10.0, clock.now)
+    restored.restore(values)
+    restored.restore_written(written)
+    assert (restored.get("a", "gone"), restored.get("b")) == ("gone", 2)
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_value_pushed_out_of_the_cache_before_the_database_was_made_is_checkpointed(
+    timed_state: TimedState, incremental: bool
+) -> None:
+    """On RocksDB (a cache of 4 values) a is pushed out of the cache by e, waiting to be written; b to e are then
+    deleted (the cache is empty, the database still unmade, as nothing was read from it): a is still in the
+    checkpoint, values and write time."""
+    clock = Clock()
+    state = timed_state(10.0, clock.now)
+    for key in "abcde":
+        state.put(key, 1)
+    for key in "bcde":
+        state.delete(key)
+    values = state.checkpoint_increment() if incremental else state.checkpoint()
+    if isinstance(values, Increment):  # RocksDB's first increment: its chunk holds the whole state
+        values = changelog([values.chunk], values.segments)
+    assert (_unpack(values), _unpack(state.checkpoint_written())) == ({"a": 1}, {"a": 0.0})
 
 
 def test_a_task_without_state_ttl_gets_plain_keyed_state(each_state_backend: str) -> None:
