@@ -173,9 +173,10 @@ def own_instance(record: sl.Record, n: int) -> int:
 
 
 def run_streamlet(
-    scenario: Scenario, kind: str, processes: int = 1, partitioning: Any = sl.SAME_KEY
+    scenario: Scenario, kind: str, processes: int = 1, partitioning: Any = sl.SAME_KEY, rocks: bool = False
 ) -> tuple[list[Any], list[Any], Any, list[Any]]:
-    """(results, late records, statistics, what on_late got) of the scenario in streamlet."""
+    """(results, late records, statistics, what on_late got) of the scenario in streamlet (its open windows in
+    RocksDB with ``rocks``, a cache of two values so most are read back from the database)."""
     called: list[Any] = []
     on_late = (lambda record: called.append((record.key, record.value, record.ts))) if processes == 1 else None
     topology = sl.Topology("spec-windows")
@@ -190,7 +191,9 @@ def run_streamlet(
     topology.add_sink("out", sl.CollectSink()).set_input(node)
     if scenario.late_port:
         topology.add_sink("late", sl.CollectSink()).set_input(node, out_port=sl.LATE)
-    result = sl.run(topology, batch_size=scenario.batch_size, processes=processes)
+    with tempfile.TemporaryDirectory() as folder:
+        backend = sl.RocksDBState(folder, cache_entries=2) if rocks else None
+        result = sl.run(topology, batch_size=scenario.batch_size, processes=processes, state_backend=backend)
     out = [(r.key, r.value, r.window, r.firing, r.ts) for r in result.sink("out")]
     late = [(r.key, r.value, r.ts) for r in result.sink("late")] if scenario.late_port else []
     return out, late, result.statistics, called
@@ -237,10 +240,12 @@ def compare(got: list[Any], want: list[Any], parallelism: int, moments: list[Any
             at += len(run)
 
 
-def check(scenario: Scenario, kind: str, processes: int = 1, partitioning: Any = sl.SAME_KEY) -> None:
-    note(f"{kind} {scenario}")
+def check(
+    scenario: Scenario, kind: str, processes: int = 1, partitioning: Any = sl.SAME_KEY, rocks: bool = False
+) -> None:
+    note(f"{kind} {scenario} {'on RocksDB' if rocks else 'in memory'}")
     want, want_late, moments = run_model(scenario, kind)
-    got, got_late, statistics, called = run_streamlet(scenario, kind, processes, partitioning)
+    got, got_late, statistics, called = run_streamlet(scenario, kind, processes, partitioning, rocks)
     note(f"model:     {want}\nstreamlet: {got}\nmodel late: {want_late}\nstreamlet late: {got_late}")
     event(f"records: {len(scenario.records) // 10 * 10}+")
     event(f"late records: {bool(want_late)}")
@@ -326,9 +331,11 @@ def test_the_model_gives_the_page_examples() -> None:
 
 @pytest.mark.timeout(240)
 @examples()
-@given(time_scenarios())
-def test_time_windows_match_the_model(scenario: Scenario) -> None:
-    check(scenario, "time")
+@given(time_scenarios(), st.booleans())
+def test_time_windows_match_the_model(scenario: Scenario, rocks: bool) -> None:
+    """Time windows' results, late records and late firings are the model's, their open windows in memory or
+    in RocksDB (``rocks``)."""
+    check(scenario, "time", rocks=rocks)
 
 
 @pytest.mark.timeout(240)
@@ -350,9 +357,11 @@ def test_time_windows_with_one_key_per_instance_match_the_model(scenario: Scenar
 
 @pytest.mark.timeout(240)
 @examples()
-@given(session_scenarios())
-def test_session_windows_match_the_model(scenario: Scenario) -> None:
-    check(scenario, "session")
+@given(session_scenarios(), st.booleans())
+def test_session_windows_match_the_model(scenario: Scenario, rocks: bool) -> None:
+    """Sessions' results, late records and late firings are the model's, their open sessions in memory or in
+    RocksDB (``rocks``)."""
+    check(scenario, "session", rocks=rocks)
 
 
 @pytest.mark.timeout(240)

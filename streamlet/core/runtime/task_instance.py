@@ -42,6 +42,7 @@ from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.columnar import ColumnarWindowLogic, aggregate_window
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.core.windows.logic import TimeLogic
+from streamlet.core.windows.session import SessionLogic
 from streamlet.errors import EncodingError, FieldError, StreamletError, TaskError, TopologyError
 
 if TYPE_CHECKING:
@@ -117,6 +118,8 @@ class TaskInstance(Receiver):
         if isinstance(window, TimeLogic) and not isinstance(window, ColumnarWindowLogic):
             store = opens_windows(env.job_id, self.node.name, index, self.node.max_parallelism)
             window.new_folded = store.folded
+        elif isinstance(window, SessionLogic):
+            window.keep_in(backend.open_sessions(env.job_id, self.node.name, index, self.node.max_parallelism))
 
     def channels_changed(self) -> None:
         """The channels of each input port (sync mode picks among them)."""

@@ -27,6 +27,7 @@ from typing import Any
 
 from streamlet.core.state.rocks_expiring import RocksExpiringState
 from streamlet.core.state.rocks_keyed import RocksKeyedState
+from streamlet.core.state.rocks_sessions import SessionStore
 from streamlet.core.state.rocks_timers import RocksTimers
 from streamlet.core.state.rocks_values import RocksValues, rocksdict_module
 from streamlet.core.state.rocks_windows import WindowStore
@@ -70,7 +71,7 @@ class RocksDBState:
         self.cache_entries = cache_entries
         self._root: Path | None = None
         self._cache: Any = None
-        self._opened: list[RocksKeyedState | RocksTimers | WindowStore] = []
+        self._opened: list[RocksKeyedState | RocksTimers | WindowStore | SessionStore] = []
         #: ``(job, node, instance)`` of every state opened, in order (what a test or an operator can check).
         self.opened: list[tuple[str, str, int]] = []
 
@@ -119,6 +120,13 @@ class RocksDBState:
         the first window opens."""
         folder = self._folder(job, node, index, "windows")
         store = WindowStore(lambda: self._database(folder), segments, self.cache_entries)
+        self._opened.append(store)
+        return store
+
+    def open_sessions(self, job: str, node: str, index: int, segments: int) -> SessionStore:
+        """The open sessions of a session window fold of instance ``index`` of ``node`` in ``job``; their
+        databases are made when the first session opens."""
+        store = SessionStore(self._database, self._folder(job, node, index, "sessions"), segments, self.cache_entries)
         self._opened.append(store)
         return store
 

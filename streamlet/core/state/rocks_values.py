@@ -78,6 +78,9 @@ class RocksValues(MutableMapping[Any, Any]):
         self.changed: dict[bytes, bytes | None] | None = None  # kept from the first incremental checkpoint on
         self.changed_bytes = 0
         self.changelog_limit = changelog_limit
+        #: Whether every value handed out stays cached until :meth:`release` (their holder changes them through
+        #: references it keeps across reads of other keys).
+        self.holding = False
 
     @property
     def db(self) -> Any:
@@ -142,10 +145,14 @@ class RocksValues(MutableMapping[Any, Any]):
         if packed is None:
             self._missed = (key, raw)  # a get then a put of a new key (a count's first record) packs it once
             return default
-        value = unpackb(packed)
+        value = self.decoded(key, packed)
         self._remember(key, value, raw)
         self.as_stored[key] = packed
         return value
+
+    def decoded(self, key: Any, packed: bytes) -> Any:
+        """``key``'s value from its stored bytes (what :meth:`packed` made of it)."""
+        return unpackb(packed)
 
     def _stored(self, raw: bytes) -> bytes | None:
         """The packed value stored under ``raw`` (written back or in the database), ``None`` if absent."""
@@ -213,7 +220,7 @@ class RocksValues(MutableMapping[Any, Any]):
             self._note(key)
             value = cache.get(key, _MISSING)
             if value is _MISSING:
-                value = unpackb(packed)
+                value = self.decoded(key, packed)
                 if type(value) not in _IMMUTABLE:  # it may be changed in place: cached, so that the change stays
                     self._remember(key, value, raw)
                     self.as_stored[key] = packed
@@ -235,12 +242,22 @@ class RocksValues(MutableMapping[Any, Any]):
         elif raw is not None:
             self.raw_of[key] = raw
         cache[key] = value
-        if len(cache) > self.limit:
-            old, kept = cache.popitem(last=False)
-            stored = self.raw_of.pop(old, None) or self.raw_key(old)
-            packed = self.packed(kept)
-            if self.as_stored.pop(old, None) != packed:
-                self._write_back(stored, packed)
+        if len(cache) > self.limit and not self.holding:
+            self._evict_oldest()
+
+    def _evict_oldest(self) -> None:
+        """The least recently used cached value out of the cache, written back if it changed."""
+        old, kept = self.cache.popitem(last=False)
+        stored = self.raw_of.pop(old, None) or self.raw_key(old)
+        packed = self.packed(kept)
+        if self.as_stored.pop(old, None) != packed:
+            self._write_back(stored, packed)
+
+    def release(self) -> None:
+        """Back within the cache's bound: while ``holding``, nothing was pushed out (the values handed out
+        are still referenced by whoever holds them, and changed through those references)."""
+        while len(self.cache) > self.limit:
+            self._evict_oldest()
 
     def packed(self, value: Any) -> bytes:
         """``value`` packed with the state codec (a plain scalar by this instance's own packer: the same bytes)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import nullcontext
 from operator import attrgetter
 from typing import Any
 
@@ -39,12 +40,34 @@ class SessionLogic(WindowLogic):
     def __init__(self, gap: float, ticks: Ticks | None = None) -> None:
         self.ticks = ticks = ticks or Ticks(0.001)
         self.gap = ticks.of(gap)
-        self.sessions: dict[Any, Session] = {}  # per key, its first session by start: open ones and fired ones kept
+        #: Per key, its first session by start: open ones and fired ones kept (a dict, or a store's chains).
+        self.sessions: Any = {}
         # A key's place in the order of arrival orders sessions with equal bounds (``Session.rank``); a key
         # that has no session left is forgotten and gets a new place when it comes back.
         self.next_rank = 0
-        self.closing = Agenda()  # open sessions by end
-        self.expiring = Agenda()  # fired sessions kept, by end + lateness
+        self.closing: Any = Agenda()  # open sessions by end
+        self.expiring: Any = Agenda()  # fired sessions kept, by end + lateness
+        #: Where the sessions live when not in memory (RocksDB's ``SessionStore``, see :meth:`keep_in`).
+        self.store: Any = None
+
+    def keep_in(self, store: Any) -> None:
+        """Keep the sessions in ``store`` (``core.state.rocks_sessions.SessionStore``: its chains as
+        ``sessions``, its agendas as ``closing`` and ``expiring``) rather than in memory."""
+        self.store = store
+        self.sessions = store.chains
+        self.closing, self.expiring = store.closing, store.expiring
+
+    def _call_starts(self) -> None:
+        """A call of the logic starts: a store goes back within its cache's bound (the sessions the last call
+        held on to are free to go)."""
+        if self.store is not None:
+            self.store.release()
+
+    def _forget_sessions(self) -> None:
+        if self.store is None:
+            self.sessions = {}
+        else:
+            self.store.reset()
 
     # -- placing and merging ------------------------------------------------------
 
@@ -145,7 +168,7 @@ class SessionLogic(WindowLogic):
 
     def _unchain(self, session: Session) -> None:
         key = session.key
-        first = self.sessions[key]
+        first: Session = self.sessions[key]
         if first is session:
             if session.next is None:
                 del self.sessions[key]  # the key is forgotten: it gets a new rank when it comes back
@@ -219,9 +242,10 @@ class SessionLogic(WindowLogic):
 
     def close_all(self) -> list[ClosedWindow]:
         """End of stream: every open session, in firing order (fired ones kept for lateness are done)."""
-        open_sessions = [s for key in self.sessions for s in self.held(key) if not s.fired]
+        with self._walking():
+            open_sessions = [s for key in self.sessions for s in self.held(key) if not s.fired]
         open_sessions.sort(key=_CLOSING_ORDER)
-        self.sessions = {}
+        self._forget_sessions()
         self.closing.clear()
         self.expiring.clear()
         if not open_sessions:
@@ -237,20 +261,32 @@ class SessionLogic(WindowLogic):
     # -- snapshots --------------------------------------------------------------------
 
     def snapshot(self) -> Any:
-        sessions = [
-            [
-                key,
-                first.rank,
-                [[s.start, s.end, s.fired, window_data(self.window_of(s, "on_time"))] for s in self.held(key)],
+        with self._walking():
+            sessions = [
+                [
+                    key,
+                    first.rank,
+                    [[s.start, s.end, s.fired, window_data(self.window_of(s, "on_time"))] for s in self.held(key)],
+                ]
+                for key, first in self.sessions.items()
             ]
-            for key, first in self.sessions.items()
-        ]
         return {"sessions": sessions, "next_rank": self.next_rank, "late": self.late}
 
+    def _walking(self) -> Any:
+        """A context for a walk over every session that changes none: a store reads them through its cache
+        without holding on to them."""
+        return nullcontext() if self.store is None else self.store.walking()
+
     def restore(self, snapshot: Any) -> None:
-        self.sessions = {}
+        self._forget_sessions()
         self.closing.clear()
         self.expiring.clear()
+        with self._walking():  # each chain is complete (its dues set) before it is stored
+            self._restore_chains(snapshot)
+        self.next_rank = snapshot["next_rank"]
+        self.late = snapshot["late"]
+
+    def _restore_chains(self, snapshot: Any) -> None:
         for key_data, rank, held in snapshot["sessions"]:
             key = hashable(key_data)  # plain msgpack gives lists for tuples
             chain = [_restored(key, rank, *data) for data in held]
@@ -261,8 +297,6 @@ class SessionLogic(WindowLogic):
                 else:
                     self.closing.put(session, session.end)
             self.sessions[key] = chain[0]
-        self.next_rank = snapshot["next_rank"]
-        self.late = snapshot["late"]
 
 
 def _restored(key: Any, rank: int, start: int, end: int, fired: bool, data: list[Any]) -> Session:
@@ -282,6 +316,7 @@ class ProcessingTimeSessionLogic(SessionLogic):
     """Records are placed at the clock's time when they arrive; the clock closes sessions."""
 
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
+        self._call_starts()
         tick = self.ticks.of(now)
         closed = self.fire_through(tick)  # what the clock closed goes first, as if on_time had run
         by_key: dict[Any, Batch] = {}  # every record of the batch has the same time: one session per key
@@ -295,6 +330,7 @@ class ProcessingTimeSessionLogic(SessionLogic):
         return closed, []
 
     def on_time(self, now: float) -> list[ClosedWindow]:
+        self._call_starts()
         return self.fire_through(self.ticks.of(now))
 
     def next_deadline(self) -> float | None:
@@ -317,6 +353,7 @@ class EventTimeSessionLogic(SessionLogic):
         self.overdue = False
 
     def add(self, port: int, batch: Batch, now: float) -> tuple[list[ClosedWindow], Batch]:
+        self._call_starts()
         if self.refuse_missing_ts and any(record[2] is None for record in batch):
             raise ValueError("a record has no ts")  # the task instance names it
         fired: list[ClosedWindow] = self._catch_up() if self.overdue else []
@@ -400,6 +437,7 @@ class EventTimeSessionLogic(SessionLogic):
             self.schedule(session)
 
     def advance(self, watermark: float) -> list[ClosedWindow]:
+        self._call_starts()
         tick = self.ticks.of(watermark)
         if tick <= self.watermark:
             return self._catch_up()
@@ -415,6 +453,7 @@ class EventTimeSessionLogic(SessionLogic):
         return self.fire_through(self.watermark)
 
     def on_time(self, now: float) -> list[ClosedWindow]:
+        self._call_starts()
         return self._catch_up()
 
     def next_deadline(self) -> float | None:

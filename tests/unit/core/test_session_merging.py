@@ -19,6 +19,8 @@ from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from tests.spec.budget import capped
 from tests.support.elements import el
 
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # open windows in memory, then on RocksDB
+
 GAP = 3
 KEYS = st.sampled_from(["a", "b", ("t", 1), 7])
 #: (key, value, ts) in whole seconds: sessions of int timestamps have int bounds, as the reference's

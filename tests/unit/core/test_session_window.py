@@ -4,7 +4,11 @@ processing-time jobs on a ManualClock."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -14,7 +18,7 @@ import streamlet as sl
 from streamlet.core.model.encoding import packb, unpackb
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
-from streamlet.core.windows.session import EventTimeSessionLogic, ProcessingTimeSessionLogic
+from streamlet.core.windows.session import EventTimeSessionLogic, ProcessingTimeSessionLogic, SessionLogic
 from tests.conftest import pairs, values
 from tests.support.elements import el
 
@@ -48,10 +52,33 @@ def add(logic: WindowLogic, batch: list[Any], now: float = 0.0) -> tuple[list[An
     return shown(closed), values(late)
 
 
+#: Makes a RocksDB session store for a folding logic; ``None``: folding logics keep their sessions in memory.
+new_store: Callable[[], Any] | None = None
+
+
+@pytest.fixture(autouse=True, params=["memory", "rocksdb"])
+def sessions_kept(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each test twice: folding logics keep their sessions in memory, then in RocksDB (a cache of two chains,
+    so most sessions are read back from the database)."""
+    if request.param == "memory":
+        yield "memory"
+        return
+    backend, numbers = sl.RocksDBState(tmp_path, cache_entries=2), itertools.count()
+    monkeypatch.setattr(
+        sys.modules[__name__], "new_store", lambda: backend.open_sessions("job", "task", next(numbers), 4096)
+    )
+    yield "rocksdb"
+    backend.close()
+
+
 def folding(spec: sl.SessionWindow, how: Any) -> WindowLogic:
-    """The logic of ``spec`` folding with ``how``, as window_reduce sets it up."""
+    """The logic of ``spec`` folding with ``how``, as window_reduce sets it up (its sessions in RocksDB under
+    the rocksdb variant)."""
     logic = logic_for(spec)
     logic.fold = how
+    if how is not None and new_store is not None:
+        assert isinstance(logic, SessionLogic)
+        logic.keep_in(new_store())
     return logic
 
 
@@ -104,6 +131,21 @@ def test_processing_sessions_with_equal_bounds_go_in_key_arrival_order() -> None
     add(logic, now_records("z", "x", "y", "x"), now=1.0)
     assert [values(w.all_records()) for w in logic.close_all()] == [["z0"], ["x1", "x3"], ["y2"]]
     assert logic.close_all() == []
+
+
+@pytest.mark.parametrize("keys", [("z", "x", "y"), ("x", "y", "z"), ("y", "z", "x")])
+def test_folded_sessions_due_together_go_by_start_then_key_arrival(keys: tuple[str, str, str]) -> None:
+    """Three keys' sessions end at one tick: the one that starts first goes first, the other two in the order
+    their keys came (whatever order their keys sort in: RocksDB lays them out by key)."""
+    first, second, third = keys
+    logic = folding(sl.SessionWindow(10, time="event"), "sum")
+    logic.add(0, [el(second, 1, 5.0), el(third, 2, 5.0)], 0.0)
+    logic.add(0, [el(first, 3, 1.0), el(first, 4, 5.0)], 0.0)
+    assert folds(logic.advance(100.0)) == [
+        (1.0, 15.0, {first: 7}, "on_time"),
+        (5.0, 15.0, {second: 1}, "on_time"),
+        (5.0, 15.0, {third: 2}, "on_time"),
+    ]
 
 
 def test_processing_session_folds_one_value_per_session() -> None:

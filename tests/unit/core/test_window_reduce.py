@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 import streamlet as sl
-from tests.conftest import pairs
+from tests.conftest import as_listed, pairs
+
+pytestmark = pytest.mark.usefixtures("each_state_backend")  # open windows in memory, then on RocksDB
 
 
 def reduce_job(items: list[Any], how: Any, window: sl.WindowSpec, **options: Any) -> sl.JobResult:
@@ -39,16 +41,16 @@ def test_count_window_folds_per_key(how: Any, expected: list[tuple[str, int]]) -
     assert pairs(result.sink("out")) == expected
 
 
-def test_event_time_window_results_carry_the_window_end() -> None:
+def test_event_time_window_results_carry_the_window_end(each_state_backend: str) -> None:
     """Each result is stamped with its window's last tick (its end minus 1 ms); late records are counted, not
     folded."""
     items = [
         sl.Record(k, 1, ts) for k, ts in [("x", 1.0), ("y", 2.0), ("x", 9.0), ("x", 12.0), ("y", 25.0), ("x", 3.0)]
     ]
     result = reduce_job(items, "sum", sl.TimeWindow(10, time="event"))
-    assert [(r.key, r.value, r.ts) for r in result.sink("out")] == [
+    assert as_listed([(r.key, r.value, r.ts) for r in result.sink("out")], each_state_backend) == as_listed([
         ("x", 2, 9.999), ("y", 1, 9.999), ("x", 1, 19.999), ("y", 1, 29.999),
-    ]  # fmt: skip
+    ], each_state_backend)  # fmt: skip
     assert result.statistics.late == 1
 
 
