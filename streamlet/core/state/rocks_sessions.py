@@ -66,11 +66,14 @@ class SessionChains(RocksValues):
 class RocksAgenda:
     """Sessions by the tick they are due at (``core.windows.session_agenda.Agenda``'s API), as entries of a
     database: ``prefix`` + the tick (8 bytes, in numeric order) + the session's stored key. A key's sessions are
-    disjoint, so at most one of them is due at a tick on one agenda: the entry finds it in its chain."""
+    disjoint, so at most one of them is due at a tick on one agenda: the entry finds it in its chain, among the
+    open sessions (the closing agenda) or the fired ones (the expiring agenda: ``fired``), since a fired one
+    kept for lateness may be due when an open one of its key ends."""
 
-    def __init__(self, database: Callable[[], Any], prefix: bytes, chains: SessionChains) -> None:
+    def __init__(self, database: Callable[[], Any], prefix: bytes, chains: SessionChains, fired: bool) -> None:
         self._database = database
         self.prefix = prefix
+        self.fired = fired
         self._end = bytes([prefix[0] + 1])
         self.chains = chains
         self.pending: dict[bytes, bool] = {}  # entry -> put (True) or deleted (False), written in one batch
@@ -97,8 +100,9 @@ class RocksAgenda:
         self.pending[self._entry(session, session.due)] = False
         session.due = None
 
-    def pop_through(self, tick: float) -> list[Session]:
-        """Sessions due at or before ``tick`` by tick, start and key rank, taken off the agenda."""
+    def pop_through(self, tick: float, limit: int | None = None) -> list[Session]:
+        """Sessions due at or before ``tick`` by tick, start and key rank, taken off the agenda: all of them, or
+        the first ticks' once they are ``limit`` sessions or more (a tick's sessions go together)."""
         self.write()
         chains, cursor = self.chains, self._database().iter()
         due_at: list[tuple[int, bytes]] = []
@@ -108,7 +112,7 @@ class RocksAgenda:
             if entry >= self._end:
                 break
             when = _TICK.unpack_from(entry, 1)[0] - _TICK_OFFSET
-            if when > tick:
+            if when > tick or (limit is not None and len(due_at) >= limit and when != due_at[-1][0]):
                 break
             due_at.append((when, entry))
             cursor.next()
@@ -125,7 +129,7 @@ class RocksAgenda:
                 taken += through
                 through, at = [], when
             session = chains.get(chains.key_of(entry[1 + _TICK.size :]))
-            while session is not None and session.due != when:
+            while session is not None and (session.due != when or session.fired is not self.fired):
                 session = session.next
             assert session is not None, "an agenda entry without its session"
             session.due = None
@@ -172,8 +176,8 @@ class SessionStore:
         self._agenda_db: Any = None
         self.chains = SessionChains(lambda: make_db(folder / "chains"), segments, cache_entries)
         self.chains.holding = True  # released by the logic at the end of each of its calls
-        self.closing = RocksAgenda(self._agendas, _CLOSING, self.chains)
-        self.expiring = RocksAgenda(self._agendas, _EXPIRING, self.chains)
+        self.closing = RocksAgenda(self._agendas, _CLOSING, self.chains, fired=False)
+        self.expiring = RocksAgenda(self._agendas, _EXPIRING, self.chains, fired=True)
 
     def _agendas(self) -> Any:
         if self._agenda_db is None:

@@ -26,6 +26,7 @@ from streamlet.core.windows.session_agenda import NOTHING, Agenda, Session, comb
 __all__ = ("EventTimeSessionLogic", "ProcessingTimeSessionLogic", "SessionLogic", "combine")
 
 _CLOSING_ORDER = attrgetter("end", "start", "rank")
+FIRING_PART = 10_000  # sessions a store's sweep fires together
 
 
 class SessionLogic(WindowLogic):
@@ -235,13 +236,35 @@ class SessionLogic(WindowLogic):
 
     def fire_through(self, tick: float) -> list[ClosedWindow]:
         """Open sessions that end at or before ``tick``, fired on time in order; fired ones expired."""
+        if self.store is not None:
+            return self._fire_through_in_parts(tick)
         closed = self.fire(self.closing.pop_through(tick), "on_time", tick)
         for session in self.expiring.pop_through(tick):
             self._forget(session)
         return closed
 
+    def _fire_through_in_parts(self, tick: float) -> list[ClosedWindow]:
+        """:meth:`fire_through` over a store: ``FIRING_PART`` sessions at a time, each part's chains let go of
+        before the next is read (a watermark that passes a million sessions holds their results, not them)."""
+        closed: list[ClosedWindow] = []
+        while due := self.closing.pop_through(tick, FIRING_PART):
+            closed += self.fire(due, "on_time", tick)
+            self.store.release()
+        while kept := self.expiring.pop_through(tick, FIRING_PART):
+            for session in kept:
+                self._forget(session)
+            self.store.release()
+        if self.emits_results and len(closed) > 1:  # one window holds a sweep's results, as in memory
+            results = [result for window in closed for result in window.results or ()]
+            closed = [ClosedWindow(closed[0].start, closed[-1].end, {}, firing="on_time", results=results)]
+        return closed
+
     def close_all(self) -> list[ClosedWindow]:
         """End of stream: every open session, in firing order (fired ones kept for lateness are done)."""
+        if self.store is not None:  # the closing agenda holds them in that order: fired part by part
+            closed = self._fire_through_in_parts(math.inf)
+            self._forget_sessions()
+            return closed
         with self._walking():
             open_sessions = [s for key in self.sessions for s in self.held(key) if not s.fired]
         open_sessions.sort(key=_CLOSING_ORDER)

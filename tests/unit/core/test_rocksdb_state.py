@@ -486,3 +486,77 @@ async def test_open_windows_on_rocksdb_come_back_from_a_checkpoint(
         await job.close_source("in")
         result = await job.wait()
     assert results(result.sink("out")) == whole
+
+
+def session_sums(gap: float, lateness: float, how: Any, data: Any = None) -> sl.Topology:
+    """A window_reduce over event-time sessions, 2 instances, over ``data`` (default: a queue)."""
+    topology = sl.Topology("sessions")
+    source = topology.add_source("in", sl.QueueSource() if data is None else data)
+    window = sl.SessionWindow(gap, allowed_lateness=lateness, time="event")
+    sums = topology.window_reduce("sums", how, window, parallelism=2)
+    sums.set_input(source, partitioning=sl.SAME_KEY)
+    topology.add_sink("out", sl.CollectSink()).set_input(sums)
+    return topology
+
+
+def sessions_opened(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets an entry each time an instance opens a RocksDB session store from now on."""
+    opened: list[int] = []
+    made_by = sl.RocksDBState.open_sessions
+
+    def counted(backend: sl.RocksDBState, *args: Any) -> Any:
+        opened.append(1)
+        return made_by(backend, *args)
+
+    monkeypatch.setattr(sl.RocksDBState, "open_sessions", counted)
+    return opened
+
+
+@pytest.mark.parametrize(("gap", "lateness", "how"), [(4.0, 0.0, "sum"), (2.0, 1.0, "count"), (6.0, 3.0, "max")])
+def test_session_windows_on_rocksdb_give_what_they_give_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gap: float, lateness: float, how: str
+) -> None:
+    """Event-time sessions over records up to 2 s out of order (sessions that merge, fire, take late records
+    within the lateness and expire), their chains and agendas in RocksDB with a cache of 8 chains: the results
+    in memory."""
+    opened = sessions_opened(monkeypatch)
+    topology = session_sums(gap, lateness, how, scattered(3000, seed=11))
+    in_memory = results(sl.run(topology).sink("out"))
+    on_rocksdb = results(sl.run(topology, state_backend=sl.RocksDBState(tmp_path, cache_entries=8)).sink("out"))
+    assert len(opened) == 2  # both instances' sessions were in RocksDB
+    assert on_rocksdb == in_memory
+    assert sum(in_memory.values()) > 500
+
+
+async def test_a_live_rescale_of_sessions_on_rocksdb_changes_no_result(tmp_path: Path) -> None:
+    """Sessions of sums, a live rescale 2 -> 3 -> 1 mid-stream (the open sessions split by key and written into
+    the new instances' databases): the results of a run in memory."""
+    records = scattered(2000, seed=5, disorder=0.0)
+    topology = session_sums(3.0, 0.0, "sum")
+    in_memory = await windowed_run(topology, records, None)
+    rescaled = await windowed_run(topology, records, sl.RocksDBState(tmp_path, cache_entries=8), rescale_at=1000)
+    assert rescaled == in_memory
+    assert sum(in_memory.values()) > 500
+
+
+async def test_open_sessions_on_rocksdb_come_back_from_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half the records, a checkpoint, a crash; resumed on RocksDB (the open sessions written back from the
+    checkpoint): what one run in memory gives."""
+    records = scattered(2000, seed=3, disorder=0.0)
+    topology = session_sums(3.0, 1.0, "sum")
+    whole = await windowed_run(topology, records, None)
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(Crash):
+        await sent_checkpointed_and_crashed(topology, records[:1000], checkpoints, tmp_path / "first")
+    opened = sessions_opened(monkeypatch)
+    async with sl.start(
+        topology, checkpoint_dir=checkpoints, state_backend=sl.RocksDBState(tmp_path / "second", cache_entries=8)
+    ) as job:
+        for record in records[1000:]:
+            await job.send("in", record.key, record.value, ts=record.ts)
+        await job.close_source("in")
+        result = await job.wait()
+    assert len(opened) == 2
+    assert results(result.sink("out")) == whole
