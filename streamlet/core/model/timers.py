@@ -218,6 +218,11 @@ class Timers:
         entries = [[time, when, key] for key, when, time in self.pending()]
         return pack_exact(entries, "timers", "timer list")
 
+    def checkpoint_increment(self) -> Any:
+        """What an incremental checkpoint holds of the timers: here :meth:`checkpoint` (RocksDB's timers give
+        what changed since the previous one)."""
+        return self.checkpoint()
+
     def restore(self, snapshot: bytes | None) -> None:
         """Replace the timers with :meth:`checkpoint`'s (``None``, from a checkpoint without timers: none)."""
         self.clear()

@@ -37,6 +37,7 @@ from streamlet.core.state.participant import Section
 from streamlet.core.state.regroup import merge_task_snapshots, split_task_snapshot
 from streamlet.core.state.rocks_expiring import RocksExpiringState
 from streamlet.core.state.rocks_keyed import RocksKeyedState
+from streamlet.core.state.rocks_timers import timer_list
 from streamlet.core.state.undo import CallUndo, UndoableState, undoable_state
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.columnar import ColumnarWindowLogic, aggregate_window
@@ -236,7 +237,7 @@ class TaskInstance(Receiver):
             snapshot = {"state": state, "window": window, "finished": self.finished}
             if isinstance(self.state, TIMED_STATES):
                 snapshot["state_written"] = self.state.checkpoint_written()
-            snapshot["timers"] = self.timers.checkpoint()
+            snapshot["timers"] = self.timers.checkpoint_increment() if incremental else self.timers.checkpoint()
             if isinstance(self.task, EventTimeJoin):  # what decides which records are late, and how many were
                 snapshot["join"] = {"watermark": self.timers.watermark, "late": self.join_counters.late}
             if isinstance(self.task, WindowJoin):  # records restored into windows keep their places
@@ -251,7 +252,7 @@ class TaskInstance(Receiver):
         self.state.restore(snapshot["state"])
         if isinstance(self.state, TIMED_STATES):
             self.state.restore_written(snapshot.get("state_written"))
-        self.timers.restore(snapshot.get("timers"))
+        self.timers.restore(timer_list(snapshot.get("timers")))
         if self.window is not None and snapshot["window"] is not None:
             self.window.restore(snapshot["window"])
         self.finished = snapshot["finished"]

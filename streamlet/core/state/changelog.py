@@ -100,16 +100,58 @@ class Increment:
         return {CHUNKS: list(self.chain), "segments": self.segments}
 
 
+MAX_CHAIN = 64
+"""Chunks at most in an incremental checkpoint's chain (a full one and its increments): what a restore reads."""
+
+
+class Chain:
+    """The chunks the last incremental checkpoint of one RocksDB store restores from (oldest first) and their
+    sizes: what decides whether the next checkpoint adds an increment or starts a new chain with a full chunk."""
+
+    __slots__ = ("base_bytes", "chain_bytes", "names")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.chain_bytes = 0  # the size of every chunk in the chain
+        self.base_bytes = 0  # the size of its first (full) one
+
+    def clear(self) -> None:
+        """The next checkpoint starts a new chain (after a restore, or keys moved behind the changelog's back)."""
+        self.names.clear()
+
+    def next(
+        self, changed: Iterable[Entry] | None, everything: Callable[[], Iterable[Entry]], segments: int
+    ) -> Increment:
+        """The next checkpoint: ``changed`` (the entries written since the previous one) as an increment, or
+        ``everything()`` as a full chunk that starts a new chain when there is no chain yet, when ``changed`` is
+        ``None`` (more was written than could be kept), when the chain is :data:`MAX_CHAIN` long, or when its
+        increments weigh more than its full chunk (so a restore reads at most about twice the whole)."""
+        names = self.names
+        if names and changed is not None and len(names) < MAX_CHAIN and self.chain_bytes <= 2 * self.base_bytes:
+            chunk = pack_chunk(changed)
+            self.chain_bytes += len(chunk)
+        else:
+            chunk = pack_chunk(everything())
+            names.clear()
+            self.chain_bytes = self.base_bytes = len(chunk)
+        names.append(digest(chunk))
+        return Increment(tuple(names), chunk, segments)
+
+
+INCREMENTAL = ("state", "timers")  # the fields of a task's snapshot an incremental checkpoint may hold
+
+
 def store_increments(document: dict[str, Any], save_chunk: Callable[[str, bytes], None]) -> int:
     """Replace every :class:`Increment` in a checkpoint document's task snapshots by its reference, handing
     its new chunk to ``save_chunk(name, bytes)`` first; returns the bytes of the chunks handed over."""
     written = 0
     for snapshot in _task_snapshots(document):
-        increment = snapshot.get("state")
-        if type(increment) is Increment:
-            save_chunk(increment.chain[-1], increment.chunk)
-            written += len(increment.chunk)
-            snapshot["state"] = increment.reference()
+        for field in INCREMENTAL:
+            increment = snapshot.get(field)
+            if type(increment) is Increment:
+                save_chunk(increment.chain[-1], increment.chunk)
+                written += len(increment.chunk)
+                snapshot[field] = increment.reference()
     return written
 
 
@@ -117,9 +159,10 @@ def chunks_named(document: dict[str, Any]) -> set[str]:
     """Every chunk a stored document names."""
     names: set[str] = set()
     for snapshot in _task_snapshots(document):
-        state = snapshot.get("state")
-        if type(state) is dict and CHUNKS in state:
-            names.update(state[CHUNKS])
+        for field in INCREMENTAL:
+            stored = snapshot.get(field)
+            if type(stored) is dict and CHUNKS in stored:
+                names.update(stored[CHUNKS])
     return names
 
 
@@ -127,9 +170,10 @@ def resolve(document: dict[str, Any], read_chunk: Callable[[str], bytes]) -> dic
     """A stored document with its chunks' bytes in again (whole snapshots); ``ValueError`` when a chunk is
     missing or damaged (``read_chunk`` raises it), so that the store falls back to an older checkpoint."""
     for snapshot in _task_snapshots(document):
-        state = snapshot.get("state")
-        if type(state) is dict and CHUNKS in state:
-            snapshot["state"] = changelog([read_chunk(name) for name in state[CHUNKS]], state["segments"])
+        for field in INCREMENTAL:
+            stored = snapshot.get(field)
+            if type(stored) is dict and CHUNKS in stored:
+                snapshot[field] = changelog([read_chunk(name) for name in stored[CHUNKS]], stored["segments"])
     return document
 
 

@@ -19,6 +19,7 @@ from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.timers import Timers
 from streamlet.core.model.windows import WindowSpec
 from streamlet.core.state.keyed import KeyedState
+from streamlet.core.state.rocks_timers import timer_list
 from streamlet.core.windows.split import merge_window_snapshots, split_window_snapshot, unsplittable
 
 Owner = Callable[[Any], int]
@@ -34,7 +35,7 @@ def split_task_snapshot(
 ) -> list[dict[str, Any]]:
     """``snapshot`` as ``parts`` snapshots: part i holds the keys ``owner`` gives i (counters stay at ``home``)."""
     states = KeyedState.partition(snapshot["state"], parts, owner)
-    timers = Timers.partition(snapshot.get("timers"), parts, owner)
+    timers = Timers.partition(timer_list(snapshot.get("timers")), parts, owner)
     windows: list[Any] = [None] * parts
     if window is not None and snapshot.get("window") is not None:
         windows = split_window_snapshot(window, snapshot["window"], owner, parts, home)
@@ -64,7 +65,7 @@ def merge_task_snapshots(snapshots: Sequence[dict[str, Any]], window: WindowSpec
         "state": KeyedState.merge([snapshot["state"] for snapshot in snapshots]),
         "window": None,
         "finished": all(snapshot["finished"] for snapshot in snapshots),
-        "timers": Timers.merge([snapshot.get("timers") for snapshot in snapshots]),
+        "timers": Timers.merge([timer_list(snapshot.get("timers")) for snapshot in snapshots]),
     }
     windows = [snapshot["window"] for snapshot in snapshots if snapshot.get("window") is not None]
     if window is not None and windows:

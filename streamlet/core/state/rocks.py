@@ -111,7 +111,7 @@ class RocksDBState:
         """The (empty) timers of instance ``index`` of ``node`` in ``job``; their database is made at the first
         timer set (a task without timers never makes one)."""
         folder = self._folder(job, node, index, "timers")
-        timers = RocksTimers(lambda: self._database(folder), folder, now)
+        timers = RocksTimers(lambda: self._database(folder), folder, now, changelog_limit=self.cache_mb << 20)
         self._opened.append(timers)
         return timers
 

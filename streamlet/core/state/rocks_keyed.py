@@ -12,10 +12,9 @@ from typing import Any
 
 from streamlet.core.state.changelog import (
     CHANGELOG,
-    Increment,
+    Chain,
     changelog,
     chunk_entries,
-    digest,
     is_changelog,
     pack_chunk,
 )
@@ -23,8 +22,6 @@ from streamlet.core.state.keyed import KeyedState, _unpack
 from streamlet.core.state.rocks_values import RocksValues, rocksdict_module
 
 RESTORE_BATCH = 10_000  # entries a restore writes together
-MAX_CHAIN = 64
-"""Chunks at most in an incremental checkpoint's chain (a full one and its increments): what a restore reads."""
 
 
 _SEGMENT_BYTES = struct.Struct(">H")  # a stored key's first two bytes: its segment (as ``RocksValues`` lays keys)
@@ -58,16 +55,14 @@ class RocksKeyedState(KeyedState):
     changelogs (``core.state.changelog``), whole or incremental; either backend restores and regroups both
     backends' checkpoints."""
 
-    __slots__ = ("base_bytes", "chain", "chain_bytes", "folder")
+    __slots__ = ("chain", "folder")
 
     values: RocksValues  # type: ignore[assignment]
 
     def __init__(self, values: RocksValues, folder: Path) -> None:
         self.values = values
         self.folder = folder
-        self.chain: list[str] = []  # the chunks the last incremental checkpoint restores from, oldest first
-        self.chain_bytes = 0  # their size
-        self.base_bytes = 0  # the size of the first (full) one
+        self.chain = Chain()  # the chunks the last incremental checkpoint restores from
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         """This instance's ``(key, value)`` pairs, read as they are walked."""
@@ -86,25 +81,15 @@ class RocksKeyedState(KeyedState):
 
     def checkpoint_increment(self) -> Any:
         """What changed since the previous checkpoint, as an :class:`~streamlet.core.state.changelog.Increment`
-        (its chain names the chunks to restore from); a full chunk that starts a new chain when there is no
-        chain yet (the first checkpoint, or one after a restore or a hand-over), when the chain is
-        :data:`MAX_CHAIN` long, when its increments weigh more than its full chunk (so a restore reads at most
-        about twice the state), or when more was written than the changelog may hold in memory."""
+        (its chain names the chunks to restore from), or a full chunk that starts a new chain: when there is no
+        chain yet (the first checkpoint, or one after a restore or a hand-over), or as
+        :meth:`~streamlet.core.state.changelog.Chain.next` decides."""
         values = self.values
         if _untouched(values):
             return changelog([], values.segments)
         values.flush()
         changed = values.take_changed()
-        chain = self.chain
-        if chain and changed is not None and len(chain) < MAX_CHAIN and self.chain_bytes <= 2 * self.base_bytes:
-            chunk = pack_chunk(changed.items())
-            self.chain_bytes += len(chunk)
-        else:
-            chunk = pack_chunk(values.db.items())
-            chain.clear()
-            self.chain_bytes = self.base_bytes = len(chunk)
-        chain.append(digest(chunk))
-        return Increment(tuple(chain), chunk, values.segments)
+        return self.chain.next(None if changed is None else changed.items(), values.db.items, values.segments)
 
     def restore(self, snapshot: Any) -> None:
         """Replace the contents with a checkpoint's (of either backend); the next checkpoint is a full one."""

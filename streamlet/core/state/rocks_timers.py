@@ -24,19 +24,21 @@ from __future__ import annotations
 import itertools
 import shutil
 import struct
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from streamlet.core.model import world
 from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.timers import TIME_DOMAINS, TimeDomain, Timers, _check_when
+from streamlet.core.state.changelog import CHANGELOG, Chain, chunk_entries, is_changelog
 from streamlet.core.state.rocks_values import stored_form
 
 _DOUBLE = struct.Struct(">d")
 _ORDER = struct.Struct(">Q")
 _OFFSET = struct.Struct(">Q")
 _FIRING, _LIVE = b"F", b"L"
+_PAST_FIRING = b"G"  # the least key after every firing entry
 _DOMAIN = {"event": b"\x00", "processing": b"\x01"}
 _WHEN = 16  # bytes of a firing key's when
 _PAST_DOMAIN = b"\xff" * (_WHEN + _ORDER.size + 1)  # after every firing entry of a domain
@@ -73,15 +75,38 @@ class RocksTimers(Timers):
     """:class:`Timers` kept in RocksDB. ``make_db`` opens the (empty) database at the first timer set;
     ``folder`` is where it lives (removed by :meth:`close`)."""
 
-    __slots__ = ("_db", "_folder", "_low", "_make_db", "_sequence")
+    __slots__ = (
+        "_db",
+        "_folder",
+        "_low",
+        "_make_db",
+        "_sequence",
+        "chain",
+        "changed",
+        "changed_bytes",
+        "changelog_limit",
+    )
 
-    def __init__(self, make_db: Callable[[], Any], folder: Path, now: Callable[[], float] = world.wall_time) -> None:
+    def __init__(
+        self,
+        make_db: Callable[[], Any],
+        folder: Path,
+        now: Callable[[], float] = world.wall_time,
+        changelog_limit: int = 64 << 20,
+    ) -> None:
         super().__init__(now)
         self._make_db = make_db
         self._folder = folder
         self._db: Any = None
         self._sequence = itertools.count()
         self._low = {domain: _FIRING + domain for domain in _DOMAIN.values()}  # at or before each first live timer
+        self.chain = Chain()  # the chunks the last incremental checkpoint restores from
+        #: The firing entries set (packed ``[key, when]``) or gone (``None``) since the last incremental
+        #: checkpoint; ``None`` before the first one, or once it held more than ``changelog_limit`` bytes (then
+        #: the next checkpoint is a full one).
+        self.changed: dict[bytes, bytes | None] | None = None
+        self.changed_bytes = 0
+        self.changelog_limit = changelog_limit
 
     @property
     def db(self) -> Any:
@@ -115,7 +140,7 @@ class RocksTimers(Timers):
             return
         order = _ORDER.unpack(found)[0]
         del self._db[live]
-        del self._db[_firing_key(domain, when, order)]
+        self._gone(_firing_key(domain, when, order))
         if self._undo_log is not None:
             self._undo_log.append((time, key, when, order))
 
@@ -164,7 +189,7 @@ class RocksTimers(Timers):
                 return
             live, firing, key, when = taken
             del self.db[live]
-            del self.db[firing]
+            self._gone(firing)
             fired.add(live)
             yield key, when
 
@@ -172,6 +197,8 @@ class RocksTimers(Timers):
         """Forget every timer: the database goes (the next timer set makes a fresh one)."""
         self.close()
         self._low = {domain: _FIRING + domain for domain in _DOMAIN.values()}
+        self.chain.clear()
+        self.changed = None
 
     def take_back(self) -> None:
         """Undo what was set or cancelled since :meth:`start_undo_log`, newest first; stop noting."""
@@ -183,7 +210,7 @@ class RocksTimers(Timers):
                 found = self.db.get(live)
                 if found is not None:
                     del self.db[live]
-                    del self.db[_firing_key(domain, when, _ORDER.unpack(found)[0])]
+                    self._gone(_firing_key(domain, when, _ORDER.unpack(found)[0]))
             else:  # cancelled by the call: pending again, in its old place in the firing order
                 self._put(domain, live, key, when, order)
 
@@ -193,6 +220,47 @@ class RocksTimers(Timers):
             self._db.close()
             self._db = None
         shutil.rmtree(self._folder, ignore_errors=True)
+
+    # -- incremental checkpoints --------------------------------------------------------
+
+    def checkpoint_increment(self) -> Any:
+        """What changed since the previous checkpoint: an :class:`~streamlet.core.state.changelog.Increment` of
+        firing entries (``F`` + domain + when + order -> ``[key, when]``), or a full chunk of them that starts a
+        new chain (:meth:`~streamlet.core.state.changelog.Chain.next`). Never set a timer: the in-memory form."""
+        if self._db is None and not self.chain.names:
+            return self.checkpoint()
+        changed, self.changed, self.changed_bytes = self.changed, {}, 0
+        return self.chain.next(None if changed is None else changed.items(), self._firing_entries, 0)
+
+    def restore(self, snapshot: Any) -> None:
+        """Replace the timers with a checkpoint's (either form, :func:`timer_list`); the next incremental
+        checkpoint is a full one."""
+        super().restore(timer_list(snapshot))
+        self.chain.clear()
+        self.changed = None
+
+    def _firing_entries(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every firing entry, as stored."""
+        if self._db is None:
+            return
+        cursor = self._db.iter()
+        cursor.seek(_FIRING)
+        while cursor.valid() and cursor.key() < _PAST_FIRING:
+            yield cursor.key(), cursor.value()
+            cursor.next()
+
+    def _note(self, firing: bytes, packed: bytes | None) -> None:
+        changed = self.changed
+        if changed is None:
+            return
+        changed[firing] = packed
+        self.changed_bytes += len(firing) + len(packed or b"")
+        if self.changed_bytes > self.changelog_limit:  # bounded memory: the next checkpoint is a full one
+            self.changed = None
+
+    def _gone(self, firing: bytes) -> None:
+        del self.db[firing]
+        self._note(firing, None)
 
     # -- the layout ------------------------------------------------------------------
 
@@ -219,7 +287,9 @@ class RocksTimers(Timers):
     def _put(self, domain: bytes, live: bytes, key: Any, when: float, order: int) -> None:
         firing = _firing_key(domain, when, order)
         self.db[live] = _ORDER.pack(order)
-        self.db[firing] = pack_exact([key, when], "timers", "timer")
+        packed = pack_exact([key, when], "timers", "timer")
+        self.db[firing] = packed
+        self._note(firing, packed)
         if firing < self._low[domain]:
             self._low[domain] = firing
 
@@ -238,3 +308,28 @@ class RocksTimers(Timers):
 
 def _firing_key(domain: bytes, when: float, order: int) -> bytes:
     return _FIRING + domain + exact_order(when) + _ORDER.pack(order)
+
+
+_TIME_OF = {domain: time for time, domain in _DOMAIN.items()}
+
+
+def timer_list(snapshot: Any) -> bytes | None:
+    """A timers snapshot in the in-memory timers' form (``Timers.checkpoint``: ``[time, when, key]`` in firing
+    order): a changelog of RocksDB's firing entries (``RocksTimers.checkpoint_increment``) is read into it; the
+    in-memory form (or ``None``) is given back as it is."""
+    if not is_changelog(snapshot):
+        return cast("bytes | None", snapshot)
+    live: dict[bytes, bytes] = {}
+    for chunk in snapshot[CHANGELOG]:
+        for firing, packed in chunk_entries(chunk):
+            if packed is None:
+                live.pop(firing, None)
+            else:
+                live[firing] = packed
+    # by when, then the order they were set in, across both domains: as ``Timers.pending`` lists them
+    ordered = sorted(live.items(), key=lambda entry: entry[0][2:])
+    entries = []
+    for firing, packed in ordered:
+        key, when = unpackb(packed)
+        entries.append([_TIME_OF[firing[1:2]], when, key])
+    return pack_exact(entries, "timers", "timer list")
