@@ -60,7 +60,14 @@ class SessionLogic(WindowLogic):
 
     def _call_starts(self) -> None:
         """A call of the logic starts: a store goes back within its cache's bound (the sessions the last call
-        held on to are free to go)."""
+        held on to are free to go, if it raised before :meth:`_call_ends`)."""
+        if self.store is not None:
+            self.store.release()
+
+    def _call_ends(self) -> None:
+        """A call of the logic that placed records ends: a store goes back within its cache's bound now, not at
+        the next call (an idle instance would hold every chain of its last batch). What the call hands back
+        refers to no session: windows copy them, results carry their values."""
         if self.store is not None:
             self.store.release()
 
@@ -350,6 +357,7 @@ class ProcessingTimeSessionLogic(SessionLogic):
             session = self.merge(key, tick, end, self.touching(key, tick, end))
             self.take(session, port, records)
             self.schedule(session)
+        self._call_ends()
         return closed, []
 
     def on_time(self, now: float) -> list[ClosedWindow]:
@@ -385,6 +393,7 @@ class EventTimeSessionLogic(SessionLogic):
             self.whole_seconds = type(batch[0][2]) is int  # int timestamps: whole-second bounds stay ints
             self._place_all(port, batch, now, late, fired)
         self.late += len(late)
+        self._call_ends()
         return fired, late
 
     def _place_all(self, port: int, batch: Batch, now: float, late: Batch, fired: list[ClosedWindow]) -> None:

@@ -160,6 +160,24 @@ def test_a_kept_session_due_when_an_open_one_of_its_key_ends_is_not_taken_for_it
     assert folds(logic.close_all()) == [(3.0, 4.0, {"a": 7}, "on_time")]
 
 
+@pytest.mark.parametrize("spec", [sl.SessionWindow(10), LATE_5])
+def test_a_call_leaves_no_more_chains_in_memory_than_the_cache_holds(spec: sl.SessionWindow) -> None:
+    """Six keys' sessions opened by one batch: once the call returns, the chains it held go back to the
+    database (a cache of two), and its agenda entries with them; an idle instance holds no more than that."""
+    logic = folding(spec, "sum")
+    assert add(logic, [el(key, 1, 1.0) for key in "abcdef"]) == ([], [])
+    store = getattr(logic, "store", None)
+    if store is not None:  # on RocksDB
+        assert len(store.chains.cache) <= 2
+        assert store.closing.pending == {}
+    assert [result[0] for result in pairs_of(logic.close_all())] == list("abcdef")
+
+
+def pairs_of(windows: list[ClosedWindow]) -> list[tuple[Any, Any]]:
+    """``(key, value)`` of every folded session in ``windows``."""
+    return [pair for window in windows for pair in (window.folded or {}).items()]
+
+
 def test_processing_session_folds_one_value_per_session() -> None:
     """With window_reduce's fold, a session holds {key: value}; each key's sum is its own session's."""
     logic = folding(sl.SessionWindow(10), "sum")
