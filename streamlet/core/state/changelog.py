@@ -138,7 +138,18 @@ class Chain:
         return Increment(tuple(names), chunk, segments)
 
 
-INCREMENTAL = ("state", "timers")  # the fields of a task's snapshot an incremental checkpoint may hold
+#: Where a task's snapshot may hold an incremental checkpoint: its keyed state, its timers, its open sessions.
+INCREMENTAL: tuple[tuple[str, ...], ...] = (("state",), ("timers",), ("window", "chains"))
+
+
+def _fields(snapshot: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
+    """``(holder, name)`` of each field of :data:`INCREMENTAL` that ``snapshot`` has."""
+    for path in INCREMENTAL:
+        holder: Any = snapshot
+        for name in path[:-1]:
+            holder = holder.get(name) if type(holder) is dict else None
+        if type(holder) is dict and path[-1] in holder:
+            yield holder, path[-1]
 
 
 def store_increments(document: dict[str, Any], save_chunk: Callable[[str, bytes], None]) -> int:
@@ -146,12 +157,12 @@ def store_increments(document: dict[str, Any], save_chunk: Callable[[str, bytes]
     its new chunk to ``save_chunk(name, bytes)`` first; returns the bytes of the chunks handed over."""
     written = 0
     for snapshot in _task_snapshots(document):
-        for field in INCREMENTAL:
-            increment = snapshot.get(field)
+        for holder, field in _fields(snapshot):
+            increment = holder[field]
             if type(increment) is Increment:
                 save_chunk(increment.chain[-1], increment.chunk)
                 written += len(increment.chunk)
-                snapshot[field] = increment.reference()
+                holder[field] = increment.reference()
     return written
 
 
@@ -159,8 +170,8 @@ def chunks_named(document: dict[str, Any]) -> set[str]:
     """Every chunk a stored document names."""
     names: set[str] = set()
     for snapshot in _task_snapshots(document):
-        for field in INCREMENTAL:
-            stored = snapshot.get(field)
+        for holder, field in _fields(snapshot):
+            stored = holder[field]
             if type(stored) is dict and CHUNKS in stored:
                 names.update(stored[CHUNKS])
     return names
@@ -170,10 +181,10 @@ def resolve(document: dict[str, Any], read_chunk: Callable[[str], bytes]) -> dic
     """A stored document with its chunks' bytes in again (whole snapshots); ``ValueError`` when a chunk is
     missing or damaged (``read_chunk`` raises it), so that the store falls back to an older checkpoint."""
     for snapshot in _task_snapshots(document):
-        for field in INCREMENTAL:
-            stored = snapshot.get(field)
+        for holder, field in _fields(snapshot):
+            stored = holder[field]
             if type(stored) is dict and CHUNKS in stored:
-                snapshot[field] = changelog([read_chunk(name) for name in stored[CHUNKS]], stored["segments"])
+                holder[field] = changelog([read_chunk(name) for name in stored[CHUNKS]], stored["segments"])
     return document
 
 
