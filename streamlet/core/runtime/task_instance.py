@@ -37,6 +37,7 @@ from streamlet.core.state.participant import Section
 from streamlet.core.state.regroup import merge_task_snapshots, split_task_snapshot
 from streamlet.core.state.rocks_expiring import RocksExpiringState
 from streamlet.core.state.rocks_keyed import RocksKeyedState
+from streamlet.core.state.rocks_sessions import window_form
 from streamlet.core.state.rocks_timers import timer_list
 from streamlet.core.state.undo import CallUndo, UndoableState, undoable_state
 from streamlet.core.windows.build import logic_for
@@ -231,7 +232,9 @@ class TaskInstance(Receiver):
         """State (with its write times under a TTL), open windows, timers and whether finish() already ran.
         ``incremental``: for a checkpoint that may hold only what changed in the state since the last one."""
         self.task.settle_state()
-        window = None if self.window is None else self.window.snapshot()
+        window = None
+        if self.window is not None:
+            window = self.window.snapshot_increment() if incremental else self.window.snapshot()
         try:
             state = self.state.checkpoint_increment() if incremental else self.state.checkpoint()
             snapshot = {"state": state, "window": window, "finished": self.finished}
@@ -254,7 +257,7 @@ class TaskInstance(Receiver):
             self.state.restore_written(snapshot.get("state_written"))
         self.timers.restore(timer_list(snapshot.get("timers")))
         if self.window is not None and snapshot["window"] is not None:
-            self.window.restore(snapshot["window"])
+            self.window.restore(window_form(self.window, snapshot["window"]))
         self.finished = snapshot["finished"]
         self.arrivals = snapshot.get("arrivals", 0)
         join = snapshot.get("join")

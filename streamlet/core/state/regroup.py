@@ -19,6 +19,7 @@ from streamlet.core.model.encoding import pack_exact, unpackb
 from streamlet.core.model.timers import Timers
 from streamlet.core.model.windows import WindowSpec
 from streamlet.core.state.keyed import KeyedState
+from streamlet.core.state.rocks_sessions import window_form
 from streamlet.core.state.rocks_timers import timer_list
 from streamlet.core.windows.split import merge_window_snapshots, split_window_snapshot, unsplittable
 
@@ -38,7 +39,7 @@ def split_task_snapshot(
     timers = Timers.partition(timer_list(snapshot.get("timers")), parts, owner)
     windows: list[Any] = [None] * parts
     if window is not None and snapshot.get("window") is not None:
-        windows = split_window_snapshot(window, snapshot["window"], owner, parts, home)
+        windows = split_window_snapshot(window, window_form(window, snapshot["window"]), owner, parts, home)
     split = [
         {"state": states[i], "window": windows[i], "finished": snapshot["finished"], "timers": timers[i]}
         for i in range(parts)
@@ -67,9 +68,10 @@ def merge_task_snapshots(snapshots: Sequence[dict[str, Any]], window: WindowSpec
         "finished": all(snapshot["finished"] for snapshot in snapshots),
         "timers": Timers.merge([timer_list(snapshot.get("timers")) for snapshot in snapshots]),
     }
-    windows = [snapshot["window"] for snapshot in snapshots if snapshot.get("window") is not None]
-    if window is not None and windows:
-        merged["window"] = merge_window_snapshots(window, windows)
+    if window is not None:
+        windows = [window_form(window, s["window"]) for s in snapshots if s.get("window") is not None]
+        if windows:
+            merged["window"] = merge_window_snapshots(window, windows)
     written = [snapshot["state_written"] for snapshot in snapshots if "state_written" in snapshot]
     if written:
         merged["state_written"] = KeyedState.merge(written)

@@ -24,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from streamlet.core.model.encoding import pack_exact, unpackb
+from streamlet.core.model.windows import WindowSpec
+from streamlet.core.state.changelog import CHANGELOG, Chain, changelog, chunk_entries
 from streamlet.core.state.rocks_values import RocksValues, rocksdict_module
+from streamlet.core.windows.build import logic_for
+from streamlet.core.windows.fold import WindowLogic
+from streamlet.core.windows.session import SessionLogic
 from streamlet.core.windows.session_agenda import NOTHING, ORDER, Session
 
 _TICK = struct.Struct(">Q")
@@ -32,23 +37,55 @@ _TICK_OFFSET = 1 << 63  # ticks may be negative: stored shifted, so byte order i
 _CLOSING, _EXPIRING = b"C", b"X"
 
 
+def chain_of(key: Any, packed: bytes) -> Session | None:
+    """``key``'s chain of sessions from its stored row (:meth:`SessionChains.packed`): the first one."""
+    first: Session | None = None
+    last: Session | None = None
+    for start, end, rank, whole, fired, value, has_value, last_ts, due in unpackb(packed):
+        session = Session(key, start, end, rank, whole, None)
+        session.fired, session.last_ts, session.due = fired, last_ts, due
+        session.value = value if has_value else NOTHING
+        if last is None:
+            first = session
+        else:
+            last.next = session
+        last = session
+    return first
+
+
+def window_form(logic: WindowLogic | WindowSpec, snapshot: Any) -> Any:
+    """A window snapshot in the form ``logic`` (or the logic of a spec) restores: the chains of an incremental
+    one (:meth:`SessionLogic.snapshot_increment`: a changelog of stored chains) read into its ``sessions``
+    list; any other snapshot as it is."""
+    if type(snapshot) is not dict or "chains" not in snapshot:
+        return snapshot
+    if not isinstance(logic, WindowLogic):
+        logic = logic_for(logic)
+    if not isinstance(logic, SessionLogic):
+        raise ValueError("a window snapshot holds session chains, but the window is not a SessionWindow")
+    live: dict[bytes, bytes] = {}
+    for chunk in snapshot["chains"][CHANGELOG]:
+        for raw, packed in chunk_entries(chunk):
+            if packed is None:
+                live.pop(raw, None)
+            else:
+                live[raw] = packed
+    sessions = []
+    for raw, packed in live.items():
+        key = RocksValues.key_of(raw)
+        first = chain_of(key, packed)
+        if first is not None:
+            sessions.append(logic.snapshot_entry(key, first))
+    rest = {name: value for name, value in snapshot.items() if name != "chains"}
+    return {**rest, "sessions": sessions}
+
+
 class SessionChains(RocksValues):
     """Each key's chain of sessions: the first ``Session`` (the others by ``next``), stored as one row per
     session ``[start, end, rank, whole, fired, value, has_value, last_ts, due]``."""
 
     def decoded(self, key: Any, packed: bytes) -> Session | None:
-        first: Session | None = None
-        last: Session | None = None
-        for start, end, rank, whole, fired, value, has_value, last_ts, due in unpackb(packed):
-            session = Session(key, start, end, rank, whole, None)
-            session.fired, session.last_ts, session.due = fired, last_ts, due
-            session.value = value if has_value else NOTHING
-            if last is None:
-                first = session
-            else:
-                last.next = session
-            last = session
-        return first
+        return chain_of(key, packed)
 
     def packed(self, value: Any) -> bytes:
         rows = []
@@ -176,6 +213,7 @@ class SessionStore:
         self._agenda_db: Any = None
         self.chains = SessionChains(lambda: make_db(folder / "chains"), segments, cache_entries)
         self.chains.holding = True  # released by the logic at the end of each of its calls
+        self.chain = Chain()  # the chunks the last incremental checkpoint of the chains restores from
         self.closing = RocksAgenda(self._agendas, _CLOSING, self.chains, fired=False)
         self.expiring = RocksAgenda(self._agendas, _EXPIRING, self.chains, fired=True)
 
@@ -201,8 +239,21 @@ class SessionStore:
         finally:
             self.chains.holding = True
 
+    def checkpoint_increment(self) -> Any:
+        """The chains that changed since the previous checkpoint, as an increment of their chain of chunks, or
+        a full chunk of them all that starts a new chain (:meth:`~streamlet.core.state.changelog.Chain.next`);
+        an empty changelog while no session ever opened."""
+        chains = self.chains
+        if not chains.made and not chains.cache and not chains.pending:
+            return changelog([], chains.segments)
+        chains.flush()
+        changed = chains.take_changed()
+        return self.chain.next(None if changed is None else changed.items(), chains.db.items, chains.segments)
+
     def reset(self) -> None:
-        """Forget every session (a restore or the end of the stream follows)."""
+        """Forget every session (a restore or the end of the stream follows): the next checkpoint is a full
+        one."""
+        self.chain.clear()
         self.chains.reset()
         self.closing.pending.clear()
         self.expiring.pending.clear()

@@ -128,6 +128,11 @@ class WindowLogic(ABC):
     def snapshot(self) -> Any:
         """Open windows and counters as msgpack-able data."""
 
+    def snapshot_increment(self) -> Any:
+        """What an incremental checkpoint holds: :meth:`snapshot` (a logic whose windows are in a store that
+        tracks what changed gives less)."""
+        return self.snapshot()
+
     @abstractmethod
     def restore(self, snapshot: Any) -> None:
         """Continue from :meth:`snapshot`'s data."""

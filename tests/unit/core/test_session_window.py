@@ -16,6 +16,8 @@ import pytest
 
 import streamlet as sl
 from streamlet.core.model.encoding import packb, unpackb
+from streamlet.core.state.changelog import changelog
+from streamlet.core.state.rocks_sessions import window_form
 from streamlet.core.windows.build import logic_for
 from streamlet.core.windows.fold import ClosedWindow, WindowLogic
 from streamlet.core.windows.session import EventTimeSessionLogic, ProcessingTimeSessionLogic, SessionLogic
@@ -414,6 +416,29 @@ def test_restored_logic_continues_exactly_like_the_original(spec: sl.SessionWind
     snapshot = unpackb(packb(original.snapshot()))
     restored = folding(spec, how)
     restored.restore(snapshot)
+    expected = [*drive(original, STEPS[3:]), *finish(original)]
+    assert [*drive(restored, STEPS[3:]), *finish(restored)] == expected
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=repr)
+def test_incremental_snapshots_of_sessions_restore_like_whole_ones(spec: sl.SessionWindow) -> None:
+    """Two incremental snapshots of a folding logic (on RocksDB: its chains' changelog, the second holding only
+    the keys touched since the first), their chunks restored into a logic in memory: it continues exactly
+    like the original; in memory an incremental snapshot is the whole one."""
+    original = folding(spec, lambda acc, value: acc + value)
+    drive(original, STEPS[:2])
+    first = original.snapshot_increment()
+    drive(original, STEPS[2:3])
+    second = original.snapshot_increment()
+    if original.store is None:
+        assert second == original.snapshot()
+        whole = second
+    else:
+        assert (len(first["chains"].chain), second["chains"].chain[:-1]) == (1, first["chains"].chain)
+        whole = {**second, "chains": changelog([first["chains"].chunk, second["chains"].chunk], 4096)}
+    restored = folding(spec, None)
+    restored.fold = original.fold
+    restored.restore(window_form(restored, unpackb(packb(whole))))
     expected = [*drive(original, STEPS[3:]), *finish(original)]
     assert [*drive(restored, STEPS[3:]), *finish(restored)] == expected
 
