@@ -11,7 +11,9 @@ The session logic (``core.windows.session``) runs unchanged over two stores of i
 
 The logic keeps references to the sessions it reads while one of its calls runs (the sessions a batch moved,
 those a watermark fires): the cache holds every chain it hands out until the call ends (``holding``), then goes
-back within its bound. Checkpoints stay the logic's own (whole); a restore writes them back.
+back within its bound. A whole checkpoint is the logic's own snapshot; an incremental one holds the chains
+written since the previous one (:meth:`SessionStore.checkpoint_increment`), which :func:`window_form` reads back
+into that snapshot's form for a restore, a split or a join on either backend.
 """
 
 from __future__ import annotations
