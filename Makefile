@@ -101,7 +101,12 @@ chaos: $(STAMP)
 # every answer checked (make test runs two fixed seeds).
 # The busy-worker faults with the live rescale at 1.6 ms and at 5 ms of CPU per record (make test: 1.6 ms).
 busy: $(STAMP) zookeeper java nettools
-	STREAMLET_BUSY_RESCALE_HOLDS=0.0016,0.005 $(BIN)/pytest -q tests/faults/test_busy_workers.py
+	STREAMLET_EXTENDED=1 STREAMLET_BUSY_RESCALE_HOLDS=0.0016,0.005 $(BIN)/pytest -q tests/faults/test_busy_workers.py
+
+# The tests marked extended: long variants of what make test checks (a second nemesis schedule, the busy job at
+# 5 ms a record, SparkSink on a Spark standalone cluster), left out of make test's 25 minutes.
+extended: $(STAMP) zookeeper java nettools
+	STREAMLET_EXTENDED=1 $(BIN)/pytest -q -m extended
 
 nemesis: $(STAMP) zookeeper java nettools
 	$(BIN)/python -m streamlet.testing.nemesis --seed 100 --runs 20 --json

@@ -73,6 +73,17 @@ def linear() -> Callable[..., sl.JobResult]:
     return run
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``extended`` run only under ``STREAMLET_EXTENDED=1`` (``make extended``, ``make busy``): the
+    longest variants of what ``make test`` already checks, left out of its 25 minutes. Deselected, not skipped."""
+    if os.environ.get("STREAMLET_EXTENDED") == "1":
+        return
+    extended = [item for item in items if item.get_closest_marker("extended") is not None]
+    if extended:
+        config.hook.pytest_deselected(items=extended)
+        items[:] = [item for item in items if item.get_closest_marker("extended") is None]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``each_state_backend``: memory and RocksDB, or memory alone for a test marked ``in_memory_state_only``."""
     if "each_state_backend" in metafunc.fixturenames:

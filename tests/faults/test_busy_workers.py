@@ -156,7 +156,8 @@ def assert_busy_never_lost(cluster: LocalCluster, reasons: list[str]) -> None:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("per_record", [0.005], ids=["5ms"])  # 1.6 ms runs to its end exact in the rescale test
+@pytest.mark.extended("make busy: 1.6 ms a record runs to its end exact in the rescale test")
+@pytest.mark.parametrize("per_record", [0.005], ids=["5ms"])
 def test_a_job_that_holds_the_loop_finishes_in_attempt_1_exact(
     new_cluster: Callable[..., LocalCluster], tmp_path: Path, per_record: float
 ) -> None:

@@ -23,7 +23,10 @@ import pytest
 from tests.support.spark_job import events, expected_sums
 from tests.support.spark_standalone import StandaloneCluster, dying_with_parent
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.extended("make extended: SparkSink on Spark's own cluster; make test runs it on local[*] and workers"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = 1500  # 15 s of event time: 4 windows of 5 s per key, handed over in several checkpoint epochs
