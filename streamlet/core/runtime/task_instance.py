@@ -111,8 +111,9 @@ class TaskInstance(Receiver):
         self.joining: ActiveReconfiguration | None = None  # added by a rescale: takes its state before it runs
 
     def _keep_windows_in(self, backend: Any, env: Environment, index: int) -> None:
-        """A fold's open time windows in the backend's database (RocksDB), not in memory. Not under skip or
-        restart: those copy the open windows before each batch, and a copy of a database is a read of all of it."""
+        """A fold's open time windows or sessions in the backend's databases (RocksDB), not in memory. Not under
+        skip or restart: those copy the open windows before each batch, and a copy of a database is a read of all
+        of it."""
         window = self.window
         opens_windows = getattr(backend, "open_windows", None)
         if opens_windows is None or window is None or window.fold is None or self.policy.replays:

@@ -5,6 +5,7 @@ checkpoint when a chunk is missing or damaged."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -203,33 +204,58 @@ class Crash(Exception):
     """Ends the first run the hard way."""
 
 
-async def first_run_with_checkpoints(tmp_path: Path, sizes: list[int]) -> None:
-    """5 000 keys, then 4 checkpoints with 50 keys changed after each: the bytes of the chunks each one wrote
-    (the sink's output goes into the document whole: a CollectSink keeps it); then a crash."""
+Sent = list[tuple[str, Any, float | None]]  # (key, value, ts) of records sent to a job's one source
+
+
+def files_in(folder: Path) -> set[Path]:
+    return {path for path in folder.rglob("*") if path.is_file()}
+
+
+def chunks_in(folder: Path) -> set[Path]:
+    return set((folder / "chunks").glob("*.chunk"))
+
+
+async def checkpointed_rounds_then_crash(
+    topology: sl.Topology,
+    source: str,
+    backend: sl.RocksDBState,
+    checkpoints: Path,
+    first: Sent,
+    rounds: list[Sent],
+    sizes: list[int],
+    measured: Callable[[Path], set[Path]] = files_in,
+) -> None:
+    """``first`` into the job's ``source``, then a checkpoint before each round of ``rounds`` (sent after it):
+    the bytes each checkpoint wrote (its files among ``measured(checkpoints)``) into ``sizes``; then a crash."""
     seen: set[Path] = set()
-    chunks = tmp_path / "checkpoints" / "chunks"
-    async with sl.start(
-        counting(), checkpoint_dir=tmp_path / "checkpoints", state_backend=sl.RocksDBState(tmp_path / "one")
-    ) as job:
-        for n in range(5000):
-            await job.send("words", f"w{n}", 1)
-        for round_ in range(4):
+    async with sl.start(topology, checkpoint_dir=checkpoints, state_backend=backend) as job:
+        for key, value, ts in first:
+            await job.send(source, key, value, ts=ts)
+        for sent in rounds:
             await job.settle()
             await job.checkpoint()
-            new = set(chunks.glob("*.chunk")) - seen
+            new = measured(checkpoints) - seen
             sizes.append(sum(path.stat().st_size for path in new))
             seen |= new
-            for n in range(50):
-                await job.send("words", f"w{n * 7 + round_}", 1)
+            for key, value, ts in sent:
+                await job.send(source, key, value, ts=ts)
         raise Crash
+
+
+def again(prefix: str, rounds: int, ts: Callable[[int], float | None]) -> list[Sent]:
+    """Per round, a record of 50 of the keys ``prefix0`` .. (keys 7 apart, starting at the round's number)."""
+    return [[(f"{prefix}{n * 7 + round_}", 1, ts(round_)) for n in range(50)] for round_ in range(rounds)]
 
 
 async def test_a_job_writes_what_changed_and_resumes_exactly_from_its_chain(tmp_path: Path) -> None:
     """5 000 keys, then checkpoints with 50 of them changed: each writes a small fraction of the first one's
     bytes; a crash and a restart (another database, in-memory this time) resume with the exact counts."""
     sizes: list[int] = []
-    with pytest.raises(Crash):
-        await first_run_with_checkpoints(tmp_path, sizes)
+    with pytest.raises(Crash):  # the sink's output goes into each document whole (a CollectSink keeps it): chunks
+        await checkpointed_rounds_then_crash(
+            counting(), "words", sl.RocksDBState(tmp_path / "one"), tmp_path / "checkpoints",
+            [(f"w{n}", 1, None) for n in range(5000)], again("w", 4, lambda _: None), sizes, chunks_in,
+        )  # fmt: skip
     assert sizes[0] > 5000 * 8
     assert all(0 < size < sizes[0] / 20 for size in sizes[1:]), sizes
     async with sl.start(counting(), checkpoint_dir=tmp_path / "checkpoints") as job:
@@ -330,37 +356,16 @@ def reminding() -> sl.Topology:
     return topology
 
 
-def files_in(folder: Path) -> set[Path]:
-    return {path for path in folder.rglob("*") if path.is_file()}
-
-
-async def remind_then_crash(tmp_path: Path, sizes: list[int]) -> None:
-    """5 000 keys, then 3 checkpoints with 50 keys given one more record after each: the bytes each checkpoint
-    wrote (its chunks and its document); then a crash."""
-    checkpoints, seen = tmp_path / "checkpoints", set[Path]()
-    async with sl.start(
-        reminding(), checkpoint_dir=checkpoints, state_backend=sl.RocksDBState(tmp_path / "one")
-    ) as job:
-        for n in range(5000):
-            await job.send("words", f"w{n}", 1, ts=0.0)
-        for round_ in range(3):
-            await job.settle()
-            await job.checkpoint()
-            new = files_in(checkpoints) - seen
-            sizes.append(sum(path.stat().st_size for path in new))
-            seen |= new
-            for n in range(50):
-                await job.send("words", f"w{n * 7 + round_}", 1, ts=0.0)
-        raise Crash
-
-
 async def test_a_job_with_a_timer_per_key_writes_what_changed_and_resumes_exactly(tmp_path: Path) -> None:
     """5 000 keys each with a pending timer, then checkpoints with 50 keys given one more: each checkpoint after
     the first writes a small fraction of its bytes (chunks and document: keyed state and timers alike); resumed
     in memory after a crash, every timer set before the last checkpoint fires once."""
     sizes: list[int] = []
     with pytest.raises(Crash):
-        await remind_then_crash(tmp_path, sizes)
+        await checkpointed_rounds_then_crash(
+            reminding(), "words", sl.RocksDBState(tmp_path / "one"), tmp_path / "checkpoints",
+            [(f"w{n}", 1, 0.0) for n in range(5000)], again("w", 3, lambda _: 0.0), sizes,
+        )  # fmt: skip
     assert all(0 < size < sizes[0] / 20 for size in sizes[1:]), sizes
     async with sl.start(reminding(), checkpoint_dir=tmp_path / "checkpoints") as job:
         await job.close_source("words")
@@ -391,25 +396,6 @@ def visits(parallelism: int = 2) -> sl.Topology:
     return topology
 
 
-async def visit_then_crash(tmp_path: Path, sizes: list[int]) -> None:
-    """5 000 users each with a session open, then 3 checkpoints with 50 users visiting again after each: the
-    bytes each checkpoint wrote (chunks and document); then a crash."""
-    checkpoints, seen = tmp_path / "checkpoints", set[Path]()
-    backend = sl.RocksDBState(tmp_path / "one", cache_entries=100)
-    async with sl.start(visits(), checkpoint_dir=checkpoints, state_backend=backend) as job:
-        for n in range(5000):
-            await job.send("clicks", f"u{n}", 1, ts=float(n % 60))
-        for round_ in range(3):
-            await job.settle()
-            await job.checkpoint()
-            new = files_in(checkpoints) - seen
-            sizes.append(sum(path.stat().st_size for path in new))
-            seen |= new
-            for n in range(50):
-                await job.send("clicks", f"u{n * 7 + round_}", 1, ts=100.0 + round_)
-        raise Crash
-
-
 @pytest.mark.parametrize("resumed_by", [2, 3])
 async def test_a_job_with_a_session_per_user_writes_what_changed_and_resumes_exactly(
     tmp_path: Path, resumed_by: int
@@ -420,7 +406,10 @@ async def test_a_job_with_a_session_per_user_writes_what_changed_and_resumes_exa
     the last checkpoint."""
     sizes: list[int] = []
     with pytest.raises(Crash):
-        await visit_then_crash(tmp_path, sizes)
+        await checkpointed_rounds_then_crash(
+            visits(), "clicks", sl.RocksDBState(tmp_path / "one", cache_entries=100), tmp_path / "checkpoints",
+            [(f"u{n}", 1, float(n % 60)) for n in range(5000)], again("u", 3, lambda round_: 100.0 + round_), sizes,
+        )  # fmt: skip
     assert all(0 < size < sizes[0] / 20 for size in sizes[1:]), sizes
     async with sl.start(visits(resumed_by), checkpoint_dir=tmp_path / "checkpoints") as job:
         await job.close_source("clicks")

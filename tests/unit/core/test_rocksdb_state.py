@@ -465,27 +465,36 @@ async def sent_checkpointed_and_crashed(
         raise Crash
 
 
-async def test_open_windows_on_rocksdb_come_back_from_a_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Half the records, a checkpoint, a crash: the resumed job (its open windows written back into RocksDB
-    from the checkpoint; the sink's results from before it kept by the checkpoint) gives what one run gives."""
-    records = scattered(2000, seed=3, disorder=0.0)
-    topology = window_sums(1.0, 0.5, 0.0, "sum")
-    whole = await windowed_run(topology, records, None)
+async def resumed_after_half(
+    topology: sl.Topology, records: list[sl.Record], tmp_path: Path, opened: list[int]
+) -> Counter[tuple[Any, Any, Any]]:
+    """Half of ``records``, a checkpoint, a crash; then the rest into the job resumed on RocksDB from that
+    checkpoint (the sink's results from before it kept by the checkpoint): what it gives. ``opened`` (the
+    windows or session stores opened in RocksDB) is not empty before the resumed job takes any record."""
     checkpoints = tmp_path / "checkpoints"
     with pytest.raises(Crash):
         await sent_checkpointed_and_crashed(topology, records[:1000], checkpoints, tmp_path / "first")
-    opened = windows_opened(monkeypatch)
+    opened.clear()
     async with sl.start(
         topology, checkpoint_dir=checkpoints, state_backend=sl.RocksDBState(tmp_path / "second", cache_entries=8)
     ) as job:
-        assert opened, "the restored open windows are not in RocksDB"  # before any record: the restore's
+        assert opened, "the restored windows are not in RocksDB"  # before any record: the restore's
         for record in records[1000:]:
             await job.send("in", record.key, record.value, ts=record.ts)
         await job.close_source("in")
         result = await job.wait()
-    assert results(result.sink("out")) == whole
+    return results(result.sink("out"))
+
+
+async def test_open_windows_on_rocksdb_come_back_from_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sliding windows resumed from a checkpoint (their open windows written back into RocksDB): what one run
+    in memory gives."""
+    records = scattered(2000, seed=3, disorder=0.0)
+    topology = window_sums(1.0, 0.5, 0.0, "sum")
+    whole = await windowed_run(topology, records, None)
+    assert await resumed_after_half(topology, records, tmp_path, windows_opened(monkeypatch)) == whole
 
 
 def session_sums(gap: float, lateness: float, how: Any, data: Any = None) -> sl.Topology:
@@ -542,21 +551,11 @@ async def test_a_live_rescale_of_sessions_on_rocksdb_changes_no_result(tmp_path:
 async def test_open_sessions_on_rocksdb_come_back_from_a_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Half the records, a checkpoint, a crash; resumed on RocksDB (the open sessions written back from the
-    checkpoint): what one run in memory gives."""
+    """Sessions resumed from a checkpoint (the open sessions written back into both instances' stores): what
+    one run in memory gives."""
     records = scattered(2000, seed=3, disorder=0.0)
     topology = session_sums(3.0, 1.0, "sum")
     whole = await windowed_run(topology, records, None)
-    checkpoints = tmp_path / "checkpoints"
-    with pytest.raises(Crash):
-        await sent_checkpointed_and_crashed(topology, records[:1000], checkpoints, tmp_path / "first")
     opened = sessions_opened(monkeypatch)
-    async with sl.start(
-        topology, checkpoint_dir=checkpoints, state_backend=sl.RocksDBState(tmp_path / "second", cache_entries=8)
-    ) as job:
-        for record in records[1000:]:
-            await job.send("in", record.key, record.value, ts=record.ts)
-        await job.close_source("in")
-        result = await job.wait()
+    assert await resumed_after_half(topology, records, tmp_path, opened) == whole
     assert len(opened) == 2
-    assert results(result.sink("out")) == whole
